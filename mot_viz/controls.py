@@ -1,0 +1,34 @@
+"""Control windows built from the native and translated window blocks (method.md §9.1–§9.2).
+
+All rescaling is per (token, layer) vector, with norms over the H axis (all KV heads concatenated).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _norm(x: torch.Tensor) -> torch.Tensor:
+    return x.norm(dim=-1, keepdim=True)
+
+
+def dir_only(native: torch.Tensor, translated: torch.Tensor) -> torch.Tensor:
+    """Translated direction with the native norm. Blocks [B, N, W, H]."""
+    return translated * _norm(native) / _norm(translated).clamp(min=1e-8)
+
+
+def mag_only(native: torch.Tensor, translated: torch.Tensor) -> torch.Tensor:
+    """Native direction with the translated norm."""
+    return native * _norm(translated) / _norm(native).clamp(min=1e-8)
+
+
+def random_window(native: torch.Tensor, translated: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Norm-matched random control: N + ε/‖ε‖ · ‖Tr − N‖, ε ~ N(0, I), per (token, layer) vector."""
+    eps = torch.randn(native.shape, generator=generator, dtype=native.dtype, device=native.device)
+    return native + eps / _norm(eps).clamp(min=1e-6) * _norm(translated - native)
+
+
+def relative_perturbation(native: torch.Tensor, size: float, generator: torch.Generator | None = None) -> torch.Tensor:
+    """N + a random direction scaled to size·‖N‖: the training-free sweep's injected window (method.md §9.1 (b))."""
+    eps = torch.randn(native.shape, generator=generator, dtype=native.dtype, device=native.device)
+    return native + eps / _norm(eps).clamp(min=1e-6) * size * _norm(native)

@@ -1,0 +1,29 @@
+"""Errors a user can cause. Each carries the fix in its message; the app shows it instead of a traceback."""
+
+
+class MotVizError(Exception):
+    """Base class of every error MoT Viz raises on purpose."""
+
+
+class ModelLoadError(MotVizError):
+    """A model name, path or architecture that cannot be loaded here."""
+
+
+class CheckpointError(MotVizError):
+    """A checkpoint that is corrupt, incomplete, unsafe, or made for another model pair."""
+
+
+class ContextError(MotVizError):
+    """A context that is empty or longer than a model allows."""
+
+
+class ConfigError(MotVizError):
+    """A configuration value outside its valid range."""
+
+
+class DataUnavailableError(MotVizError):
+    """A dataset, split or data package that is not installed or cannot be found."""
+
+
+class DataFormatError(MotVizError):
+    """A data file whose rows are malformed or that holds no usable example."""

@@ -1,0 +1,215 @@
+"""The one module that talks to the transformers cache and attention APIs.
+
+Every supported family (GPT-2, OPT, Llama, Qwen2, Gemma 3) calls the attention function registered
+under ``config._attn_implementation`` with the post-RoPE keys and values of the current forward pass
+and ``module.layer_idx``. MoT Viz registers one function, ``mot_viz``, and installs it on every model it
+loads. With no plan active it is exactly SDPA. With an :class:`AttentionPlan` active (a context
+variable, so two Streamlit sessions in two threads never see each other's plan) it can, per layer:
+
+* substitute injected K/V for the ones the layer computed (method.md §6, the replay),
+* attend sparsely to top-k key positions per query (method.md §6, sparse attention),
+* record the head-averaged attention probabilities (for the sparse index construction).
+
+No copy of a family's forward pass is kept (method.md §12). Everything else in the project works on
+plain tensors in the Hugging Face layout ``[batch, kv_heads, seq, head_dim]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from dataclasses import dataclass, field
+
+import torch
+from transformers import AttentionInterface, DynamicCache
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+ATTN_NAME = "mot_viz"
+
+KV = tuple[torch.Tensor, torch.Tensor]  # (K, V), each [B, n_kv, N, d_h]
+
+
+@dataclass
+class AttentionPlan:
+    """What the registered attention function does differently, per target layer, during one forward."""
+
+    inject: dict[int, KV] = field(default_factory=dict)  # layer -> K/V used in place of the computed ones
+    sparse: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> key indices [B, 1, N, k]
+    record: set[int] = field(default_factory=set)  # layers whose head-averaged attention is recorded
+    recorded: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> probs [B, 1, N_q, N_kv]
+
+
+_ACTIVE_PLAN: contextvars.ContextVar[AttentionPlan | None] = contextvars.ContextVar("mot_viz_plan", default=None)
+
+
+@contextlib.contextmanager
+def active_plan(plan: AttentionPlan | None):
+    """Run the enclosed forward passes under `plan`."""
+    token = _ACTIVE_PLAN.set(plan)
+    try:
+        yield plan
+    finally:
+        _ACTIVE_PLAN.reset(token)
+
+
+def _allowed_positions(q_len: int, kv_len: int, sliding_window: int | None, device) -> torch.Tensor:
+    """Causal (and sliding-window) visibility [q_len, kv_len] for queries at the end of the key sequence."""
+    q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
+    k_pos = torch.arange(kv_len, device=device)[None, :]
+    allowed = k_pos <= q_pos
+    if sliding_window:
+        allowed &= (q_pos - k_pos) < sliding_window
+    return allowed
+
+
+def _softcap(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    return scores if softcap is None else torch.tanh(scores / softcap) * softcap
+
+
+def _dense_probs(module, query, key, scaling, softcap) -> torch.Tensor:
+    """Head-averaged causal attention probabilities [B, 1, N_q, N_kv] (float32)."""
+    key = repeat_kv(key, query.shape[1] // key.shape[1])
+    scores = _softcap(torch.matmul(query.float(), key.float().transpose(-1, -2)) * scaling, softcap)
+    allowed = _allowed_positions(query.shape[2], key.shape[2], getattr(module, "sliding_window", None), query.device)
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    return scores.softmax(dim=-1).mean(dim=1, keepdim=True)
+
+
+def sparse_attention(module, query, key, value, indices, scaling, softcap=None) -> torch.Tensor:
+    """Attention of each query to its own top-k key positions (method.md §6, sparse attention).
+
+    query [B, H, N, d]; key, value [B, n_kv, N, d]; indices [B, 1|H, N, k] (key positions, the sentinel N
+    marks a removed duplicate). Entries after the query position (and outside a sliding window) are masked;
+    the softmax runs in float32. Returns [B, N, H, d] like the stock attention functions.
+    """
+    b, h, n, d = query.shape
+    n_kv, k = key.shape[1], indices.shape[-1]
+    idx = indices.expand(b, n_kv, n, k) if indices.shape[1] == 1 else indices[:, :: h // n_kv]
+    gather_idx = idx.clamp(0, key.shape[2] - 1).reshape(b, n_kv, n * k, 1).expand(-1, -1, -1, d)
+    k_sel = key.gather(2, gather_idx).reshape(b, n_kv, n, k, d)  # (B, n_kv, N, k, d)
+    v_sel = value.gather(2, gather_idx).reshape(b, n_kv, n, k, d)
+    q = query.reshape(b, n_kv, h // n_kv, n, d)  # (B, n_kv, rep, N, d): GQA groups share gathered keys
+    scores = torch.einsum("bgrnd,bgnkd->bgrnk", q.float(), k_sel.float()) * scaling
+    scores = _softcap(scores, softcap)
+    q_pos = torch.arange(key.shape[2] - n, key.shape[2], device=query.device).view(1, 1, 1, n, 1)
+    key_pos = idx.unsqueeze(2)  # (B, n_kv, 1, N, k)
+    masked = key_pos > q_pos
+    window = getattr(module, "sliding_window", None)
+    if window:
+        masked |= (q_pos - key_pos) >= window
+    scores = scores.masked_fill(masked, torch.finfo(scores.dtype).min)  # all masked -> uniform softmax
+    probs = scores.softmax(dim=-1).to(value.dtype)
+    out = torch.einsum("bgrnk,bgnkd->bgrnd", probs, v_sel).reshape(b, h, n, d)
+    return out.transpose(1, 2).contiguous()
+
+
+def mot_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The attention function registered as ``mot_viz``: SDPA, unless the active plan says otherwise."""
+    plan = _ACTIVE_PLAN.get()
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    softcap = kwargs.get("softcap")
+    if plan is not None:
+        layer = module.layer_idx
+        if layer in plan.inject:
+            k_inj, v_inj = plan.inject[layer]
+            if k_inj.shape != key.shape:
+                raise ValueError(f"injected K {tuple(k_inj.shape)} does not match layer {layer} K {tuple(key.shape)}")
+            key, value = k_inj.to(key.dtype), v_inj.to(value.dtype)
+        if layer in plan.record:
+            plan.recorded[layer] = _dense_probs(module, query, key, scaling, softcap)
+        if layer in plan.sparse:
+            return sparse_attention(module, query, key, value, plan.sparse[layer], scaling, softcap), None
+    if softcap is not None:  # SDPA cannot soft-cap; fall back to the same math done by hand
+        probs_full = _softcap(torch.matmul(query, repeat_kv(key, query.shape[1] // key.shape[1]).transpose(-1, -2)) * scaling, softcap)
+        allowed = _allowed_positions(query.shape[2], key.shape[2], getattr(module, "sliding_window", None), query.device)
+        probs_full = probs_full.masked_fill(~allowed, torch.finfo(probs_full.dtype).min).softmax(-1)
+        out = torch.matmul(probs_full, repeat_kv(value, query.shape[1] // value.shape[1]))
+        return out.transpose(1, 2).contiguous(), None
+    return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+
+
+AttentionInterface.register(ATTN_NAME, mot_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_NAME, sdpa_mask)
+
+
+def install_attention(model: torch.nn.Module) -> None:
+    """Route the model's attention through :func:`mot_attention`."""
+    model.set_attn_implementation(ATTN_NAME)
+
+
+# ----- caches as plain tensors ---------------------------------------------------------------------
+
+
+def new_cache() -> DynamicCache:
+    # Plain (non-sliding) layers keep every position, so a cache can be copied and extended exactly;
+    # sliding-window models still get their sliding masks from the mask functions.
+    return DynamicCache()
+
+
+def cache_from_kv(kv: list[KV]) -> DynamicCache:
+    """A fresh cache holding the given per-layer K/V (autograd history is kept)."""
+    cache = new_cache()
+    for layer, (k, v) in enumerate(kv):
+        cache.update(k, v, layer)
+    return cache
+
+
+def kv_from_cache(cache: DynamicCache) -> list[KV]:
+    """Per-layer (K, V), each [B, n_kv, N, d_h]."""
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+@dataclass
+class ForwardResult:
+    logits: torch.Tensor  # [B, N, vocab]
+    kv: list[KV]  # the cache after the forward pass, per layer
+    attention: dict[int, torch.Tensor]  # recorded head-averaged attention, layer -> [B, 1, N, N]
+
+
+def run(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: AttentionPlan | None = None,
+        logits_to_keep: int = 0) -> ForwardResult:
+    """One forward pass of `ids` [B, N] on top of the (copied, never mutated) cache `kv`, under `plan`.
+
+    logits_to_keep: 0 keeps all logits, n > 0 only the last n (saves the big output layer's time).
+    """
+    cache = cache_from_kv(kv) if kv else new_cache()
+    with active_plan(plan):
+        out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=logits_to_keep)
+    return ForwardResult(logits=out.logits, kv=kv_from_cache(cache), attention=dict(plan.recorded) if plan else {})
+
+
+def eos_ids(model, tokenizer) -> set[int]:
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if gen_eos is not None:
+        ids |= set(gen_eos) if isinstance(gen_eos, (list, tuple)) else {gen_eos}
+    return ids
+
+
+@torch.no_grad()
+def greedy_generate(model, kv: list[KV] | None, prompt_ids: torch.Tensor, max_new_tokens: int,
+                    stop_ids: set[int]) -> list[int]:
+    """Greedy decoding for one example: append prompt_ids [1, n] to the cache, then decode.
+
+    Stops at a stop id (not included) or after max_new_tokens.
+    """
+    out = run(model, prompt_ids, kv, logits_to_keep=1)
+    generated: list[int] = []
+    for _ in range(max_new_tokens):
+        token = int(out.logits[0, -1].argmax())
+        if token in stop_ids:
+            break
+        generated.append(token)
+        out = run(model, torch.tensor([[token]], device=prompt_ids.device), out.kv, logits_to_keep=1)
+    return generated
+
+
+@torch.no_grad()
+def continuation_logprob(model, kv: list[KV] | None, prompt_ids: torch.Tensor, continuation: list[int]) -> float:
+    """Mean log p(continuation | cache + prompt) per token (method.md §8 rule a, length-normalised)."""
+    ids = torch.cat([prompt_ids, torch.tensor([continuation], device=prompt_ids.device)], dim=1)
+    logits = run(model, ids, kv, logits_to_keep=len(continuation) + 1).logits[0, :-1].float()
+    logp = logits.log_softmax(-1).gather(-1, torch.tensor(continuation, device=logits.device)[:, None])
+    return float(logp.mean())

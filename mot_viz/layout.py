@@ -1,0 +1,17 @@
+"""The one place where per-layer KV tensors and the translator's block layout are converted (method.md §1)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def to_block(per_layer: list[torch.Tensor]) -> torch.Tensor:
+    """W tensors [B, n_kv, N, d_h] -> block [B, N, W, n_kv·d_h] (head index outer, head_dim inner)."""
+    flat = [t.transpose(1, 2).reshape(t.shape[0], t.shape[2], -1) for t in per_layer]  # each (B, N, H)
+    return torch.stack(flat, dim=2)
+
+
+def from_block(block: torch.Tensor, num_kv_heads: int) -> list[torch.Tensor]:
+    """Block [B, N, W, H] -> W tensors [B, n_kv, N, H/n_kv]."""
+    b, n, w, h = block.shape
+    return [block[:, :, i].reshape(b, n, num_kv_heads, h // num_kv_heads).transpose(1, 2) for i in range(w)]

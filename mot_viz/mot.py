@@ -1,0 +1,235 @@
+"""One edge of MoT end to end: source prefill → token alignment → translation → replay into the target.
+
+:class:`MoT` bundles what a checkpoint holds (translator, channels, replay settings, the two model
+specs); :func:`translate` runs it on a context and returns a :class:`Translation` that every metric,
+figure and page reads from, so the work is done once per input.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+
+from . import hf
+from .alignment import (TokenAlignment, align_ids, apply_alignment, decode, encode, identity_alignment,
+                        remap_sparse_indices)
+from .channels import Channels, sparse_source_layer
+from .errors import CheckpointError, ConfigError, ContextError
+from .layout import from_block, to_block
+from .models import LoadedModel, ModelSpec
+from .translator import KVTranslator, TranslatorConfig, TranslatorOutput
+
+KV = hf.KV
+
+
+@dataclass
+class ReplayConfig:
+    """How the target replays the context with the injected window (method.md §6)."""
+
+    topk_sparse_attn: int | None = 32  # k of sparse attention; None replays densely everywhere
+    num_bottom_full_attn: int = 2  # layers below this stay dense (window layers are always sparse)
+
+    def __post_init__(self):
+        if self.topk_sparse_attn is not None and self.topk_sparse_attn < 1:
+            raise ConfigError("topk_sparse_attn must be >= 1 (or None for dense replay)")
+        if self.num_bottom_full_attn < 0:
+            raise ConfigError("num_bottom_full_attn must be >= 0")
+
+
+class MoT(nn.Module):
+    """A trained (or freshly initialised) translator for one ordered model pair."""
+
+    def __init__(self, source: ModelSpec, target: ModelSpec, channels: Channels, translator: TranslatorConfig,
+                 replay: ReplayConfig | None = None):
+        super().__init__()
+        if translator.window != channels.window:
+            raise ConfigError(f"translator window {translator.window} != {channels.window} channels")
+        if max(channels.source_layers) >= source.num_layers or max(channels.target_layers) >= target.num_layers:
+            raise ConfigError("channels point past the last layer of the source or target model")
+        self.source, self.target, self.channels = source, target, channels
+        self.replay = replay or ReplayConfig()
+        self.translator = KVTranslator(translator)
+
+    @classmethod
+    def build(cls, source: ModelSpec, target: ModelSpec, channels: Channels, replay: ReplayConfig | None = None,
+              **translator_kwargs) -> "MoT":
+        cfg = TranslatorConfig(source.kv_hidden, target.kv_hidden, channels.window, **translator_kwargs)
+        return cls(source, target, channels, cfg, replay)
+
+    def sparse_layers(self) -> list[int]:
+        """Target layers replayed with sparse attention: all from num_bottom_full_attn up, plus the window."""
+        if self.replay.topk_sparse_attn is None:
+            return []
+        nb = self.replay.num_bottom_full_attn
+        return [l for l in range(self.target.num_layers) if l >= nb or l in self.channels.target_layers]
+
+
+@dataclass
+class SourceContext:
+    """The source side of one context, re-tokenized from the target's text and aligned to the target grid."""
+
+    source_ids: torch.Tensor  # [1, N_s]
+    target_ids: torch.Tensor  # [1, N_t]
+    alignment: TokenAlignment
+    source_kv: list[KV]  # every source layer, [1, n_kv_S, N_s, d_S]
+    source_attention: dict[int, torch.Tensor]  # source layer -> head-averaged probs [1, 1, N_s, N_s]
+
+
+@dataclass
+class Translation:
+    """Everything computed for one context on one edge; read by metrics, figures and pages."""
+
+    text: str
+    source: SourceContext
+    translated: TranslatorOutput  # window blocks on the target grid, with routing
+    injected_kv: list[KV]  # the translated K/V per window layer, [1, n_kv_T, N_t, d_T]
+    mixed_kv: list[KV]  # the replayed target cache, all layers
+    native_kv: list[KV] | None  # the target's own cache of the context (dense), all layers
+    sparse_indices: dict[int, torch.Tensor]  # target layer -> [1, 1, N_t, k]
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per stage
+
+    @property
+    def target_ids(self) -> torch.Tensor:
+        return self.source.target_ids
+
+    def native_window_blocks(self, channels: Channels) -> tuple[torch.Tensor, torch.Tensor]:
+        """The native K and V blocks [1, N_t, W, H_T] at the window layers."""
+        if self.native_kv is None:
+            raise ValueError("this translation was computed without the native cache")
+        return (to_block([self.native_kv[t][0] for t in channels.target_layers]),
+                to_block([self.native_kv[t][1] for t in channels.target_layers]))
+
+
+def target_context_ids(target: LoadedModel, text: str, max_tokens: int | None = None) -> torch.Tensor:
+    """The target's token ids [1, N_t] of a context, checked against the model's limit."""
+    if not text or not text.strip():
+        raise ContextError("The context is empty. Type or choose a passage to translate.")
+    ids = encode(target.tokenizer, text)
+    limit = max_tokens or target.spec.max_positions
+    if len(ids) > limit:
+        raise ContextError(
+            f"The context is {len(ids)} target tokens long; this pair allows at most {limit}. Shorten the context."
+        )
+    return torch.tensor([ids])
+
+
+@torch.no_grad()
+def prepare_source(mot: MoT, source: LoadedModel, target: LoadedModel, target_ids: torch.Tensor) -> SourceContext:
+    """Re-tokenize the target context for the source, prefill the source, align the tokens (method.md §2)."""
+    t_ids = target_ids[0].tolist()
+    text = decode(target.tokenizer, t_ids)
+    s_ids = encode(source.tokenizer, text)
+    if not s_ids:
+        raise ContextError("The source tokenizer produced no tokens for this context.")
+    same = source.spec.name == target.spec.name and s_ids == t_ids
+    alignment = identity_alignment(len(t_ids)) if same else align_ids(source.tokenizer, s_ids, target.tokenizer, t_ids, text)
+    needed = {sparse_source_layer(mot.channels, l, mot.source.num_layers) for l in mot.sparse_layers()}
+    plan = hf.AttentionPlan(record=needed)
+    s_tensor = torch.tensor([s_ids])
+    out = hf.run(source.model, s_tensor, plan=plan, logits_to_keep=1)
+    return SourceContext(s_tensor, target_ids, alignment, out.kv, out.attention)
+
+
+def sparse_indices(mot: MoT, src: SourceContext) -> dict[int, torch.Tensor]:
+    """Top-k key indices per sparse target layer, from the mapped source layer, on the target grid."""
+    k_top = mot.replay.topk_sparse_attn
+    per_source: dict[int, torch.Tensor] = {}
+    out = {}
+    for layer in mot.sparse_layers():
+        s_layer = sparse_source_layer(mot.channels, layer, mot.source.num_layers)
+        if s_layer not in per_source:
+            probs = src.source_attention[s_layer]  # (1, 1, N_s, N_s)
+            idx = probs.topk(min(k_top, probs.shape[-1]), dim=-1).indices
+            per_source[s_layer] = idx if src.alignment.identity else remap_sparse_indices(idx, src.alignment)
+        out[layer] = per_source[s_layer]
+    return out
+
+
+def translate_window(mot: MoT, src: SourceContext) -> TranslatorOutput:
+    """Aligned source window blocks through the K and V translators."""
+    s_layers = mot.channels.source_layers
+    keys = apply_alignment(to_block([src.source_kv[s][0] for s in s_layers]), src.alignment)  # (1, N_t, W, H_S)
+    values = apply_alignment(to_block([src.source_kv[s][1] for s in s_layers]), src.alignment)
+    return mot.translator(keys, values)
+
+
+def replay(mot: MoT, target: LoadedModel, target_ids: torch.Tensor, window_keys: torch.Tensor,
+           window_values: torch.Tensor, sparse: dict[int, torch.Tensor] | None,
+           cache_injected_window: bool = False) -> list[KV]:
+    """Replay the context in the target with the window blocks [1, N_t, W, H_T] injected; returns the mixed cache.
+
+    The window layers' cache entries are the native-like K/V recomputed from the perturbed hidden states,
+    unless cache_injected_window (method.md §6, step 3).
+    """
+    n_kv = mot.target.num_kv_heads
+    injected = list(zip(from_block(window_keys, n_kv), from_block(window_values, n_kv)))
+    plan = hf.AttentionPlan(inject=dict(zip(mot.channels.target_layers, injected)), sparse=sparse or {})
+    mixed = hf.run(target.model, target_ids, plan=plan, logits_to_keep=1).kv
+    if cache_injected_window:
+        for layer, kv in zip(mot.channels.target_layers, injected):
+            mixed[layer] = kv
+    return mixed
+
+
+@torch.no_grad()
+def native_cache(target: LoadedModel, target_ids: torch.Tensor) -> list[KV]:
+    """The target's own dense cache of the context."""
+    return hf.run(target.model, target_ids, logits_to_keep=1).kv
+
+
+def translate(mot: MoT, source: LoadedModel, target: LoadedModel, text: str, with_native: bool = True,
+              max_tokens: int | None = None) -> Translation:
+    """Translate one context end to end (no grad). Timings in seconds per stage."""
+    check_pair(mot, source, target)
+    timings = {}
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        target_ids = target_context_ids(target, text, max_tokens)
+        src = prepare_source(mot, source, target, target_ids)
+        timings["source_prefill_and_alignment"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        translated = translate_window(mot, src)
+        timings["translator"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        sparse = sparse_indices(mot, src) if mot.replay.topk_sparse_attn else {}
+        mixed = replay(mot, target, target_ids, translated.keys, translated.values, sparse)
+        timings["replay"] = time.perf_counter() - t0
+        native = None
+        if with_native:
+            t0 = time.perf_counter()
+            native = native_cache(target, target_ids)
+            timings["native_prefill"] = time.perf_counter() - t0
+    n_kv = mot.target.num_kv_heads
+    injected = list(zip(from_block(translated.keys, n_kv), from_block(translated.values, n_kv)))
+    return Translation(text, src, translated, injected, mixed, native, sparse, timings)
+
+
+def check_pair(mot: MoT, source: LoadedModel, target: LoadedModel) -> None:
+    """Raise CheckpointError if the loaded models are not the ones this MoT was made for."""
+    for role, want, got in (("source", mot.source, source.spec), ("target", mot.target, target.spec)):
+        if want.fingerprint != got.fingerprint:
+            raise CheckpointError(
+                f"This MoT was made for {role} model '{want.name}' ({want.model_type}, {want.num_layers} layers, "
+                f"fingerprint {want.fingerprint}), but the loaded {role} is '{got.name}' ({got.model_type}, "
+                f"{got.num_layers} layers, fingerprint {got.fingerprint}). Choose a checkpoint trained for this pair, "
+                "or pick the models it was trained for."
+            )
+
+
+def spec_from_json(d: dict) -> ModelSpec:
+    d = dict(d)
+    d["sliding_layers"] = tuple(d.get("sliding_layers", ()))
+    return ModelSpec(**d)
+
+
+def mot_config_json(mot: MoT) -> dict:
+    return {
+        "source": mot.source.to_json(),
+        "target": mot.target.to_json(),
+        "channels": mot.channels.to_json(),
+        "translator": mot.translator.config.to_json(),
+        "replay": asdict(mot.replay),
+    }

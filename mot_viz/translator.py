@@ -1,0 +1,179 @@
+"""Translators: the cross-layer window translator, the per-token router and their mixture (method.md §4–§5)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from .errors import ConfigError
+
+
+@dataclass
+class TranslatorConfig:
+    """Shape of one edge's translator pair (K and V each get their own modules)."""
+
+    source_kv_hidden: int  # H_S = n_kv·d_h of the source
+    target_kv_hidden: int  # H_T of the target
+    window: int  # W, number of channels
+    dim: int = 128  # D, translator width (reference 1024; CPU-scale default, method.md §12)
+    heads: int = 4  # attention heads over the token axis; D % heads == 0
+    depth: int = 1  # R, recurrent stages over the window
+    mlp_ratio: int = 2  # FFN width multiplier r
+    variant: str = "mot"  # "mot" (mixture of experts) or "single"
+    num_experts: int = 4  # E, experts per K/V path (mot only)
+    top_k: int = 2  # experts kept per token before the softmax
+    output_activation: str = "gelu"  # "gelu" (reference, bounds outputs at ≈ -0.17) or "none"
+
+    def __post_init__(self):
+        if self.dim % self.heads:
+            raise ConfigError(f"translator dim {self.dim} must be divisible by heads {self.heads}")
+        if self.variant not in ("mot", "single"):
+            raise ConfigError(f"variant must be 'mot' or 'single', got '{self.variant}'")
+        if self.variant == "mot" and not 1 <= self.top_k <= self.num_experts:
+            raise ConfigError(f"need 1 <= top_k <= num_experts, got top_k={self.top_k}, E={self.num_experts}")
+        if self.output_activation not in ("gelu", "none"):
+            raise ConfigError(f"output_activation must be 'gelu' or 'none', got '{self.output_activation}'")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class CrossAttentionBlock(nn.Module):
+    """Pre-LN cross-attention of a query stream over one layer's context stream, then an FFN."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: int):
+        super().__init__()
+        self.query_norm = nn.LayerNorm(dim)
+        self.context_norm = nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.ffn_norm = nn.LayerNorm(dim)
+        self.ffn = nn.Sequential(nn.Linear(dim, mlp_ratio * dim), nn.GELU(), nn.Linear(mlp_ratio * dim, dim))
+
+    def forward(self, query: torch.Tensor, context: torch.Tensor) -> torch.Tensor:  # (B, N, D) each
+        c = self.context_norm(context)
+        # no mask: the translator sees the whole context at once (method.md §4, deliberate)
+        query = query + self.attn(self.query_norm(query), c, c, need_weights=False)[0]
+        return query + self.ffn(self.ffn_norm(query))
+
+
+class CrossLayerWindowTranslator(nn.Module):
+    """Maps an aligned source block [B, N, W, H_S] to a target block [B, N, W, H_T] (method.md §4)."""
+
+    def __init__(self, cfg: TranslatorConfig):
+        super().__init__()
+        self.window = cfg.window
+        self.out_hidden = cfg.target_kv_hidden
+        self.input_norm = nn.LayerNorm(cfg.source_kv_hidden)
+        self.input_proj = nn.Linear(cfg.source_kv_hidden, cfg.dim)  # shared by all W layers
+        self.recurrent_blocks = nn.ModuleList(
+            nn.ModuleList(CrossAttentionBlock(cfg.dim, cfg.heads, cfg.mlp_ratio) for _ in range(cfg.window))
+            for _ in range(cfg.depth)
+        )
+        self.output_norm = nn.LayerNorm(cfg.window * cfg.dim)
+        self.output_proj = nn.Linear(cfg.window * cfg.dim, cfg.window * cfg.target_kv_hidden)
+        self.output_act = nn.GELU() if cfg.output_activation == "gelu" else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, w, _ = x.shape
+        p = nn.functional.gelu(self.input_proj(self.input_norm(x)))  # (B, N, W, D)
+        h = p[:, :, 0]
+        for stage in self.recurrent_blocks:
+            outputs = []
+            for i, block in enumerate(stage):
+                h = block(h, p[:, :, i])
+                outputs.append(h)
+        fused = torch.cat(outputs, dim=-1)  # (B, N, W·D), last stage only
+        return self.output_act(self.output_proj(self.output_norm(fused))).view(b, n, w, self.out_hidden)
+
+
+@dataclass
+class Routing:
+    """Per-token routing of one mixture."""
+
+    logits: torch.Tensor  # [B, N, E]
+    gates: torch.Tensor  # [B, N, E], softmax over the kept top-k, zeros elsewhere
+
+
+class Router(nn.Module):
+    """Per-token gate over E experts from the flattened aligned source block (method.md §5)."""
+
+    def __init__(self, in_features: int, dim: int, num_experts: int, top_k: int):
+        super().__init__()
+        hidden = max(64, min(dim, in_features))
+        self.net = nn.Sequential(nn.LayerNorm(in_features), nn.Linear(in_features, hidden), nn.GELU(),
+                                 nn.Linear(hidden, num_experts))
+        self.top_k = top_k
+
+    def forward(self, x: torch.Tensor) -> Routing:  # x: (B, N, W, H_S)
+        logits = self.net(x.flatten(2))  # (B, N, E)
+        masked = logits
+        if self.top_k < logits.shape[-1]:
+            kth = logits.topk(self.top_k, dim=-1).values[..., -1:]
+            masked = logits.masked_fill(logits < kth, float("-inf"))
+        return Routing(logits=logits, gates=masked.softmax(dim=-1))
+
+
+class MixtureOfTranslators(nn.Module):
+    """E window translators mixed per token by a router; all experts run densely, top-k zeroes gates."""
+
+    def __init__(self, cfg: TranslatorConfig):
+        super().__init__()
+        self.translators = nn.ModuleList(CrossLayerWindowTranslator(cfg) for _ in range(cfg.num_experts))
+        self.router = Router(cfg.window * cfg.source_kv_hidden, cfg.dim, cfg.num_experts, cfg.top_k)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, Routing | None]:
+        if len(self.translators) == 1:
+            return self.translators[0](x), None
+        routing = self.router(x)
+        experts = torch.stack([t(x) for t in self.translators], dim=-1)  # (B, N, W, H_T, E)
+        return torch.einsum("bnwhe,bne->bnwh", experts, routing.gates), routing
+
+
+@dataclass
+class TranslatorOutput:
+    """Translated window blocks and the routing that produced them."""
+
+    keys: torch.Tensor  # [B, N_t, W, H_T]
+    values: torch.Tensor  # [B, N_t, W, H_T]
+    key_routing: Routing | None  # None for the single variant
+    value_routing: Routing | None
+
+
+class KVTranslator(nn.Module):
+    """The K path and the V path of one edge; independent modules, no weight sharing."""
+
+    def __init__(self, cfg: TranslatorConfig):
+        super().__init__()
+        self.config = cfg
+        make = MixtureOfTranslators if cfg.variant == "mot" else CrossLayerWindowTranslator
+        self.key_translator = make(cfg)
+        self.value_translator = make(cfg)
+
+    def _path(self, module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, Routing | None]:
+        out = module(x)
+        return out if isinstance(out, tuple) else (out, None)
+
+    def forward(self, keys: torch.Tensor, values: torch.Tensor) -> TranslatorOutput:
+        """keys, values: aligned source blocks [B, N_t, W, H_S]."""
+        k, k_routing = self._path(self.key_translator, keys)
+        v, v_routing = self._path(self.value_translator, values)
+        return TranslatorOutput(keys=k, values=v, key_routing=k_routing, value_routing=v_routing)
+
+
+def gate_balance(gates: torch.Tensor) -> dict[str, float]:
+    """CV² of importance and load, and the importance entropy, of one mixture's gates [B, N, E] (method.md §5)."""
+    eps = torch.finfo(gates.dtype).eps
+    importance = gates.sum(dim=(0, 1))
+    load = (gates > 0).to(gates.dtype).sum(dim=(0, 1))
+
+    def cv2(v: torch.Tensor) -> float:
+        return float(v.var(unbiased=False) / (v.mean() ** 2 + eps))
+
+    p = (importance / importance.sum().clamp(min=eps)).clamp(min=eps)
+    return {
+        "gate_importance_cv2": cv2(importance),
+        "gate_load_cv2": cv2(load),
+        "gate_importance_entropy": float(-(p * p.log()).sum()),
+    }

@@ -1,0 +1,90 @@
+"""Known-case tests of the QA metrics (SQuAD F1 / EM, post-processing, bootstrap, retained)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from mot_viz.qa_metrics import (
+    bootstrap_ci,
+    exact_match,
+    normalize_answer,
+    postprocess_generation,
+    retained,
+    squad_f1,
+)
+
+
+def test_normalize_answer_drops_case_punctuation_articles_and_extra_space():
+    assert normalize_answer("  The  Eiffel-Tower, in PARIS! ") == "eiffeltower in paris"
+    assert normalize_answer("An apple a day") == "apple day"
+    # articles only count as whole words
+    assert normalize_answer("theatre anthem") == "theatre anthem"
+
+
+def test_exact_match_ignores_articles_and_case():
+    assert exact_match("the Eiffel Tower", ["Eiffel Tower"]) == 1.0
+    assert exact_match("Eiffel Tower.", "eiffel tower") == 1.0
+    assert exact_match("Eiffel", ["Eiffel Tower"]) == 0.0
+    # maximum over golds
+    assert exact_match("Denver Broncos", ["Carolina Panthers", "denver broncos"]) == 1.0
+
+
+def test_squad_f1_partial_overlap_hand_computed():
+    # prediction tokens {denver, broncos, won}, gold {denver, broncos}: P = 2/3, R = 1, F1 = 0.8
+    assert squad_f1("The Denver Broncos won", ["Denver Broncos"]) == pytest.approx(0.8)
+    # P = 1/2 (in, 1858 vs 1858), R = 1 -> 2/3
+    assert squad_f1("in 1858", ["1858"]) == pytest.approx(2 / 3)
+    # tokens are a multiset: "paris paris" vs "paris" overlaps once, P = 1/2, R = 1
+    assert squad_f1("paris paris", ["paris"]) == pytest.approx(2 / 3)
+
+
+def test_squad_f1_takes_max_over_golds_and_handles_empty():
+    assert squad_f1("Saint Bernadette Soubirous", ["Bernadette", "Saint Bernadette Soubirous"]) == 1.0
+    assert squad_f1("nothing shared", ["Denver Broncos"]) == 0.0
+    # both sides normalise to nothing -> 1; only one side empty -> 0
+    assert squad_f1("the", ["a"]) == 1.0
+    assert squad_f1("", ["Denver"]) == 0.0
+    assert squad_f1("Denver", [""]) == 0.0
+    with pytest.raises(ValueError):
+        squad_f1("x", [])
+
+
+def test_postprocess_generation_cuts_at_first_stop_marker():
+    assert postprocess_generation("  Saint Bernadette\nQuestion: next") == "Saint Bernadette"
+    assert postprocess_generation("1858\r\nmore") == "1858"
+    assert postprocess_generation(" Paris Question: what else") == "Paris"
+    assert postprocess_generation("yes Context: blah") == "yes"
+    assert postprocess_generation("no Answer: yes") == "no"
+    # the text is stripped before cutting, so a leading newline does not empty the answer
+    assert postprocess_generation("\n  Denver Broncos  ") == "Denver Broncos"
+    assert postprocess_generation("") == ""
+
+
+def test_bootstrap_ci_contains_mean_and_is_deterministic():
+    values = np.random.default_rng(3).random(200)
+    mean, lo, hi = bootstrap_ci(values, n_boot=500, seed=7)
+    assert mean == pytest.approx(values.mean())
+    assert lo < mean < hi
+    # a 95% interval of a mean of 200 uniforms is about ±0.04 wide
+    assert 0.02 < hi - lo < 0.12
+    assert bootstrap_ci(values, n_boot=500, seed=7) == (mean, lo, hi)
+    assert bootstrap_ci(values, n_boot=500, seed=8) != (mean, lo, hi)
+
+
+def test_bootstrap_ci_narrower_with_larger_alpha_and_degenerate_inputs():
+    values = [0.0, 1.0] * 50
+    _, lo95, hi95 = bootstrap_ci(values, alpha=0.05)
+    _, lo50, hi50 = bootstrap_ci(values, alpha=0.5)
+    assert lo95 <= lo50 < hi50 <= hi95
+    assert bootstrap_ci([0.7]) == (0.7, 0.7, 0.7)
+    assert all(math.isnan(v) for v in bootstrap_ci([]))
+    with pytest.raises(ValueError):
+        bootstrap_ci(values, alpha=1.5)
+
+
+def test_retained():
+    assert retained(0.3, 0.6) == pytest.approx(0.5)
+    assert retained(0.9, 0.6) == pytest.approx(1.5)
+    assert math.isnan(retained(0.3, 0.0))
+    assert math.isnan(retained(0.3, math.nan))
