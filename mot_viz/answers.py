@@ -1,0 +1,90 @@
+"""What the target answers from each cache: native context, no context, MoT-translated, random control.
+
+Used by the evaluator (mot_viz.evaluate) and the app alike, so both score answers the same way
+(method.md §8): the prompt's context part is cached (natively or translated), its suffix is appended
+natively, then the target decodes greedily (extractive) or scores each choice label (closed set, rule a).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from . import hf
+from .alignment import encode
+from .controls import random_window
+from .data import QAExample, build_prompt, choice_label_texts
+from .models import LoadedModel
+from .mot import MoT, Translation, replay, translate
+from .qa_metrics import exact_match, postprocess_generation, squad_f1
+
+CONDITIONS = ("native", "no_context", "mot", "random")
+CONDITION_LABELS = {
+    "native": "Native context (target prefilled the text itself)",
+    "no_context": "No context (question only)",
+    "mot": "MoT-translated cache",
+    "random": "Random-window control (norm-matched noise)",
+}
+
+
+@dataclass
+class Answer:
+    """One condition's answer to one example."""
+
+    condition: str
+    text: str  # post-processed generation, or the chosen label
+    score: float  # F1 (extractive) or correctness 0/1 (closed set)
+    exact_match: float | None  # extractive only
+    choice_logprobs: tuple[float, ...] | None  # closed set only: mean log p per label
+    seconds: float  # time to answer from the cache (excludes building the cache)
+
+
+def random_control_cache(mot: MoT, target: LoadedModel, translation: Translation, seed: int = 0) -> list[hf.KV]:
+    """Replay with the norm-matched random window (method.md §9.2), drawn independently for K and V."""
+    gen = torch.Generator().manual_seed(seed)
+    native_k, native_v = translation.native_window_blocks(mot.channels)
+    with torch.no_grad():
+        k = random_window(native_k, translation.translated.keys, gen)
+        v = random_window(native_v, translation.translated.values, gen)
+        return replay(mot, target, translation.target_ids, k, v, translation.sparse_indices)
+
+
+def answer_from_cache(target: LoadedModel, kv: list[hf.KV] | None, example: QAExample, condition: str,
+                      max_new_tokens: int = 24, suffix_text: str | None = None) -> Answer:
+    """The target's answer to `example` given a cache of its context (None: no context)."""
+    suffix = suffix_text if suffix_text is not None else build_prompt(example).suffix_text
+    suffix_ids = torch.tensor([encode(target.tokenizer, suffix)])
+    start = time.perf_counter()
+    if example.kind == "closed":
+        labels = choice_label_texts(example)
+        logps = tuple(hf.continuation_logprob(target.model, kv, suffix_ids, encode(target.tokenizer, " " + lab))
+                      for lab in labels)
+        pick = max(range(len(labels)), key=lambda i: logps[i])
+        return Answer(condition, labels[pick], float(pick == example.label), None, logps, time.perf_counter() - start)
+    tokens = hf.greedy_generate(target.model, kv, suffix_ids, max_new_tokens, hf.eos_ids(target.model, target.tokenizer))
+    text = postprocess_generation(target.tokenizer.decode(tokens, skip_special_tokens=True))
+    return Answer(condition, text, squad_f1(text, example.answers), exact_match(text, example.answers), None,
+                  time.perf_counter() - start)
+
+
+def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample,
+                     translation: Translation | None = None, seed: int = 0) -> tuple[Translation, dict]:
+    """The translation of the example's context and the cache of every condition."""
+    if translation is None:
+        translation = translate(mot, source, target, build_prompt(example).context_text)
+    caches = {
+        "native": translation.native_kv,
+        "no_context": None,
+        "mot": translation.mixed_kv,
+        "random": random_control_cache(mot, target, translation, seed),
+    }
+    return translation, caches
+
+
+def answer_all(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample,
+               translation: Translation | None = None, seed: int = 0, max_new_tokens: int = 24) -> dict[str, Answer]:
+    """Answers of every condition for one example."""
+    translation, caches = condition_caches(mot, source, target, example, translation, seed)
+    return {c: answer_from_cache(target, kv, example, c, max_new_tokens) for c, kv in caches.items()}

@@ -1,0 +1,397 @@
+"""Train a MoT edge with the Context Correction Loss (method.md §7).
+
+    python -m mot_viz.train --config configs/smollm2-to-gemma3.json --max_steps 300
+    python -m mot_viz.train --output_dir runs/x --resume          # continue a killed run
+    torchrun --nproc_per_node 2 -m mot_viz.train --config ...     # several processes (gloo on CPU, NCCL on GPU)
+
+Both LMs are frozen; only the translator pool trains. Loss per row:
+CE(target on the 64 prompt tokens from the mixed cache, labels) + λ·(MSE_K + MSE_V) over the target
+layers from the window start up. Checkpoints are MoT checkpoint folders plus the optimiser state in
+safetensors, written atomically, so ``--resume`` gives the same result as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from . import hf
+from .channels import (Channels, depth_ratio_candidates, depth_ratio_window, injection_channels, terminal_channels,
+                       window_size_range)
+from .checkpoint import load_checkpoint, save_checkpoint
+from .errors import ConfigError
+from .models import LoadedModel, load_model
+from .mot import MoT, ReplayConfig, native_cache, prepare_source, replay, sparse_indices, translate_window
+from .translator import gate_balance
+
+
+@dataclass
+class TrainConfig:
+    """Everything one training run needs; saved as train_config.json beside the checkpoints."""
+
+    source: str = "smollm2-135m"  # source model: bundled name, Hub id, folder or .gguf
+    target: str = "gemma3-270m"  # target model
+    output_dir: str = "runs/mot"  # run folder: checkpoints, log.jsonl, train_config.json
+    layer_alignment: str = "terminal"  # injection | terminal | depth-ratio
+    min_window_size_ratio: float = 0.3  # depth-ratio/terminal window size, as a share of min(L_S, L_T)
+    max_window_size_ratio: float = 0.3
+    injection_layer_start_idx: int = 0  # injection mode: first target layer
+    injection_window_size: int = 6  # injection mode: window size
+    proxy_steps: int = 32  # depth-ratio search: steps per proxy translator
+    proxy_val_sequences: int = 8  # depth-ratio search: validation rows per proxy score
+    max_steps: int = 300  # optimiser steps
+    batch_size: int = 2  # rows per micro-batch (replay is row-wise)
+    grad_accum_steps: int = 2  # micro-batches per optimiser step
+    total_tokens: int = 128  # tokens per training sequence
+    prefix_tokens: int = 64  # P: the cache holds P-1 tokens, the prompt the next 64
+    num_sequences: int = 2048  # size of the training bank drawn from the prose corpus
+    learning_rate: float = 1e-3  # peak learning rate (reference 1e-4 at 500 steps of 16 rows, on a GPU)
+    weight_decay: float = 0.01
+    warmup_steps: int = 20
+    grad_clip_norm: float = 1.0
+    mse_weight: float = 1.0  # λ in CE + λ·(MSE_K + MSE_V)
+    log_every: int = 5  # optimiser steps per log line
+    save_every: int = 25  # optimiser steps per checkpoint
+    seed: int = 42
+    translator_dim: int = 64
+    translator_heads: int = 4
+    translator_depth: int = 1
+    translator_mlp_ratio: int = 2
+    variant: str = "mot"  # mot | single
+    mot_num_translators: int = 4
+    mot_top_k: int = 2
+    output_activation: str = "gelu"  # gelu (reference) | none
+    topk_sparse_attn: int | None = 32  # None: dense replay
+    num_bottom_full_attn: int = 2
+
+    def __post_init__(self):
+        if self.layer_alignment not in ("injection", "terminal", "depth-ratio"):
+            raise ConfigError(f"layer_alignment must be injection, terminal or depth-ratio, not {self.layer_alignment}")
+        if not (self.max_window_size_ratio >= self.min_window_size_ratio > 0):
+            raise ConfigError("need max_window_size_ratio >= min_window_size_ratio > 0")
+        if not 0 < self.prefix_tokens < self.total_tokens:
+            raise ConfigError("need 0 < prefix_tokens < total_tokens")
+        if self.max_steps < 1 or self.batch_size < 1 or self.grad_accum_steps < 1:
+            raise ConfigError("max_steps, batch_size and grad_accum_steps must be >= 1")
+
+    @classmethod
+    def from_json(cls, data: dict) -> "TrainConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown training config keys: {unknown}")
+        return cls(**data)
+
+
+def lr_at(cfg: TrainConfig, step: int) -> float:
+    """Learning rate for optimiser step `step` (1-based): linear warm-up, then cosine to 0 (method.md §7, §12)."""
+    warmup = max(1, cfg.warmup_steps)
+    total = max(cfg.max_steps, warmup + 1)
+    if step <= warmup:
+        return cfg.learning_rate * step / warmup
+    return cfg.learning_rate * 0.5 * (1 + math.cos(math.pi * (step - warmup) / (total - warmup)))
+
+
+@dataclass
+class LossTerms:
+    total: torch.Tensor
+    ce: float
+    mse_k: float
+    mse_v: float
+
+
+def row_loss(mot: MoT, source: LoadedModel, target: LoadedModel, row: torch.Tensor, prefix_tokens: int,
+             mse_weight: float, return_routing: bool = False):
+    """The Context Correction Loss of one training row [T] (method.md §7)."""
+    context, prompt, labels = row[None, : prefix_tokens - 1], row[None, prefix_tokens - 1 : -1], row[None, prefix_tokens:]
+    src = prepare_source(mot, source, target, context)
+    native = native_cache(target, context)
+    out = translate_window(mot, src)
+    sparse = sparse_indices(mot, src) if mot.replay.topk_sparse_attn else None
+    mixed = replay(mot, target, context, out.keys, out.values, sparse)
+    logits = hf.run(target.model, prompt, mixed).logits
+    ce = torch.nn.functional.cross_entropy(logits[0].float(), labels[0])
+    upper = range(mot.channels.start, mot.target.num_layers)
+    mse_k = torch.stack([((mixed[l][0] - native[l][0]) ** 2).mean() for l in upper]).mean()
+    mse_v = torch.stack([((mixed[l][1] - native[l][1]) ** 2).mean() for l in upper]).mean()
+    terms = LossTerms(ce + mse_weight * (mse_k + mse_v), ce.item(), mse_k.item(), mse_v.item())
+    return (terms, out) if return_routing else terms
+
+
+# ----- distributed helpers: plain all-reduce of gradients keeps every rank's translator identical ----------
+
+
+def _dist():
+    return torch.distributed if torch.distributed.is_available() and torch.distributed.is_initialized() else None
+
+
+def init_distributed() -> tuple[int, int]:
+    """(rank, world size); initialises the process group when launched by torchrun / accelerate."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not torch.distributed.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        torch.distributed.init_process_group(backend)
+    return int(os.environ.get("RANK", "0")), world
+
+
+def _all_reduce_grads(params: list[torch.nn.Parameter], world: int) -> None:
+    dist = _dist()
+    if dist is None:
+        return
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad)
+        p.grad /= world
+
+
+# ----- state on disk: safetensors + JSON only -----------------------------------------------------------
+
+
+def _save_state(run_dir: Path, mot: MoT, optimizer: torch.optim.Optimizer, step: int, cfg: TrainConfig,
+                metrics: dict) -> None:
+    ckpt = run_dir / "checkpoint"
+    save_checkpoint(mot, ckpt, training={**asdict(cfg), "steps_done": step}, metrics=metrics)
+    names = {id(p): n for n, p in mot.translator.named_parameters()}
+    tensors = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in state:
+                    tensors[f"{names[id(p)]}::{key}"] = state[key].contiguous()
+    adam_step = next((float(s["step"]) for s in optimizer.state.values() if "step" in s), 0.0)
+    tmp = run_dir / f"optimizer.safetensors.tmp-{os.getpid()}"
+    save_file(tensors, str(tmp))
+    os.replace(tmp, run_dir / "optimizer.safetensors")
+    tmp_json = run_dir / f"train_state.json.tmp-{os.getpid()}"
+    tmp_json.write_text(json.dumps({"step": step, "adam_step": adam_step}))
+    os.replace(tmp_json, run_dir / "train_state.json")
+
+
+def _load_state(run_dir: Path, mot: MoT, optimizer: torch.optim.Optimizer) -> int:
+    state = json.loads((run_dir / "train_state.json").read_text())
+    trained, _ = load_checkpoint(run_dir / "checkpoint")
+    mot.translator.load_state_dict(trained.translator.state_dict())
+    tensors = load_file(str(run_dir / "optimizer.safetensors"))
+    params = dict(mot.translator.named_parameters())
+    for name, p in params.items():
+        if f"{name}::exp_avg" in tensors:
+            optimizer.state[p] = {
+                "step": torch.tensor(state["adam_step"]),
+                "exp_avg": tensors[f"{name}::exp_avg"].clone(),
+                "exp_avg_sq": tensors[f"{name}::exp_avg_sq"].clone(),
+            }
+    return int(state["step"])
+
+
+# ----- channels -----------------------------------------------------------------------------------------
+
+
+def resolve_channels(cfg: TrainConfig, source: LoadedModel, target: LoadedModel, bank: torch.Tensor,
+                     log=print) -> tuple[Channels, dict]:
+    """The injection window: fixed for injection/terminal, searched with proxy translators for depth-ratio."""
+    l_s, l_t = source.spec.num_layers, target.spec.num_layers
+    if cfg.layer_alignment == "injection":
+        return injection_channels(l_s, l_t, cfg.injection_layer_start_idx, cfg.injection_window_size), {}
+    if cfg.layer_alignment == "terminal":
+        return terminal_channels(l_s, l_t, cfg.max_window_size_ratio), {}
+    return proxy_window_search(cfg, source, target, bank, log)
+
+
+def proxy_window_search(cfg: TrainConfig, source: LoadedModel, target: LoadedModel, bank: torch.Tensor,
+                        log=print) -> tuple[Channels, dict]:
+    """Depth-ratio window search (method.md §3): score windows with small single translators, grow greedily."""
+    l_s, l_t = source.spec.num_layers, target.spec.num_layers
+    n_cand = len(depth_ratio_candidates(l_s, l_t))
+    m_min, m_max = window_size_range(l_s, l_t, cfg.min_window_size_ratio, cfg.max_window_size_ratio)
+    val = bank[-cfg.proxy_val_sequences:]
+    train_rows = bank[: -cfg.proxy_val_sequences]
+    scores: dict[tuple[int, int], float] = {}
+
+    def score(start: int, size: int) -> float:
+        if (start, size) not in scores:
+            torch.manual_seed(cfg.seed)
+            channels = depth_ratio_window(l_s, l_t, start, size)
+            proxy = MoT.build(source.spec, target.spec, channels, ReplayConfig(topk_sparse_attn=None), dim=cfg.translator_dim,
+                              heads=cfg.translator_heads, depth=cfg.translator_depth, mlp_ratio=cfg.translator_mlp_ratio,
+                              variant="single", output_activation=cfg.output_activation)
+            opt = torch.optim.AdamW(proxy.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+            for i in range(cfg.proxy_steps):
+                loss = row_loss(proxy, source, target, train_rows[i % len(train_rows)], cfg.prefix_tokens, cfg.mse_weight)
+                opt.zero_grad()
+                loss.total.backward()
+                opt.step()
+            with torch.no_grad():
+                vals = [float(row_loss(proxy, source, target, r, cfg.prefix_tokens, cfg.mse_weight).total) for r in val]
+            scores[(start, size)] = sum(vals) / len(vals)
+            log(f"proxy window start={start} size={size}: validation loss {scores[(start, size)]:.4f}")
+        return scores[(start, size)]
+
+    best = min(range(n_cand - m_min + 1), key=lambda s: (score(s, m_min), -s))
+    size = m_min
+    while size < m_max:
+        size += 1
+        starts = [s for s in range(best - 2, best + 3) if 0 <= s <= n_cand - size]
+        best = min(starts, key=lambda s: (score(s, size), -s))
+    profile = {f"{s}:{w}": v for (s, w), v in scores.items()}
+    return depth_ratio_window(l_s, l_t, best, size), {"proxy_scores": profile, "start": best, "size": size}
+
+
+# ----- the loop -----------------------------------------------------------------------------------------
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def train(cfg: TrainConfig, resume: bool = False, source: LoadedModel | None = None,
+          target: LoadedModel | None = None, bank: torch.Tensor | None = None, progress: bool = True) -> Path:
+    """Run (or resume) training; returns the run folder. Models and the sequence bank can be passed in (tests)."""
+    from tqdm import tqdm
+
+    rank, world = init_distributed()
+    run_dir = Path(cfg.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = (lambda msg: print(f"[train] {msg}", file=sys.stderr, flush=True)) if rank == 0 else (lambda msg: None)
+    _seed_everything(cfg.seed)
+    source = source or load_model(cfg.source)
+    target = target or load_model(cfg.target)
+    if bank is None:
+        from .data import training_sequences
+
+        bank = training_sequences(target.tokenizer, cfg.total_tokens, n_sequences=cfg.num_sequences, seed=cfg.seed)
+    if resume and (run_dir / "train_state.json").exists():
+        channels = Channels.from_json(json.loads((run_dir / "checkpoint" / "config.json").read_text())["channels"])
+        channel_profile = json.loads((run_dir / "channel_profile.json").read_text()) if (run_dir / "channel_profile.json").exists() else {}
+    else:
+        channels, channel_profile = resolve_channels(cfg, source, target, bank, log)
+    _seed_everything(cfg.seed)  # the translator's init does not depend on whether a search ran
+    mot = MoT.build(source.spec, target.spec, channels,
+                    ReplayConfig(cfg.topk_sparse_attn, cfg.num_bottom_full_attn), dim=cfg.translator_dim,
+                    heads=cfg.translator_heads, depth=cfg.translator_depth, mlp_ratio=cfg.translator_mlp_ratio,
+                    variant=cfg.variant, num_experts=cfg.mot_num_translators, top_k=cfg.mot_top_k,
+                    output_activation=cfg.output_activation)
+    params = [p for p in mot.translator.parameters()]
+    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    step = 0
+    if resume and (run_dir / "train_state.json").exists():
+        step = _load_state(run_dir, mot, optimizer)
+        log(f"resumed from step {step}")
+    elif rank == 0:
+        (run_dir / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2))
+        (run_dir / "resolved_channels.json").write_text(json.dumps({"edge": channels.to_json()}, indent=2))
+        if channel_profile:
+            (run_dir / "channel_profile.json").write_text(json.dumps(channel_profile, indent=2))
+        (run_dir / "log.jsonl").write_text("")
+    mot.train()
+    rows_per_step = cfg.batch_size * cfg.grad_accum_steps * world
+    start_time = time.time()
+    window: list[dict] = []
+    bar = tqdm(total=cfg.max_steps, initial=step, disable=not progress or rank != 0, desc="train", dynamic_ncols=True)
+    last: dict = {}
+    completed = step  # the last step whose optimiser update is in the parameters
+    try:
+        while step < cfg.max_steps:
+            step += 1
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(cfg, step)  # set before the step: no full-LR first step (method.md §12)
+            optimizer.zero_grad(set_to_none=True)
+            terms = {"ce": 0.0, "mse_k": 0.0, "mse_v": 0.0, "loss": 0.0}
+            local_rows = [((step - 1) * rows_per_step + i) % len(bank) for i in range(rank, rows_per_step, world)]
+            routing = None
+            for index in local_rows:
+                t, out = row_loss(mot, source, target, bank[index], cfg.prefix_tokens, cfg.mse_weight, return_routing=True)
+                (t.total / len(local_rows)).backward()
+                routing = out
+                for key, val in (("ce", t.ce), ("mse_k", t.mse_k), ("mse_v", t.mse_v), ("loss", float(t.total))):
+                    terms[key] += val / len(local_rows)
+            _all_reduce_grads(params, world)
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip_norm))
+            optimizer.step()
+            completed = step
+            balance = {}
+            gates = [r.gates for r in (routing.key_routing, routing.value_routing) if r is not None] if routing else []
+            if gates:
+                per = [gate_balance(g.detach()) for g in gates]
+                balance = {k: sum(p[k] for p in per) / len(per) for k in per[0]}
+            window.append({**terms, "grad_norm": grad_norm, **balance})
+            bar.update(1)
+            bar.set_postfix(ce=f"{terms['ce']:.3f}", mse_k=f"{terms['mse_k']:.3f}", mse_v=f"{terms['mse_v']:.3f}")
+            if rank == 0 and (step % cfg.log_every == 0 or step == cfg.max_steps):
+                row = {"step": step, "lr": lr_at(cfg, step), "elapsed_s": round(time.time() - start_time, 1),
+                       **{k: sum(w.get(k, 0.0) for w in window) / len(window) for k in window[0]}}
+                with open(run_dir / "log.jsonl", "a") as f:
+                    f.write(json.dumps(row) + "\n")
+                last, window = row, []
+            if rank == 0 and (step % cfg.save_every == 0 or step == cfg.max_steps):
+                _save_state(run_dir, mot, optimizer, step, cfg, {"last_log": last})
+    except KeyboardInterrupt:
+        if rank == 0 and completed > 0:
+            # an unfinished step's gradients are discarded; the parameters are those of step `completed`
+            _save_state(run_dir, mot, optimizer, completed, cfg, {"last_log": last})
+            log(f"interrupted: checkpoint of step {completed} saved in {run_dir / 'checkpoint'} (continue with --resume)")
+        raise
+    finally:
+        bar.close()
+    mot.eval()
+    log(f"done: {step} steps in {time.time() - start_time:.0f} s -> {run_dir / 'checkpoint'}")
+    dist = _dist()
+    if dist is not None:
+        dist.barrier()
+    return run_dir
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
+    """--config FILE, then --key value overrides for any TrainConfig field, plus --resume."""
+    parser = argparse.ArgumentParser(description="Train a MoT translator with the Context Correction Loss.")
+    parser.add_argument("--config", help="JSON file of TrainConfig fields")
+    parser.add_argument("--resume", action="store_true", help="continue the run in --output_dir from its checkpoint")
+    for f in dataclasses.fields(TrainConfig):
+        parser.add_argument(f"--{f.name}", default=None, help=f"override {f.name} (default {f.default!r})")
+    args = parser.parse_args(argv)
+    data = json.loads(Path(args.config).read_text()) if args.config else {}
+    if args.resume and args.output_dir and not args.config and (Path(args.output_dir) / "train_config.json").exists():
+        data = json.loads((Path(args.output_dir) / "train_config.json").read_text())
+    types = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
+    for name in types:
+        raw = getattr(args, name)
+        if raw is None:
+            continue
+        current = data.get(name, TrainConfig.__dataclass_fields__[name].default)
+        if raw.lower() == "none":
+            data[name] = None
+        elif isinstance(current, bool):
+            data[name] = raw.lower() in ("1", "true", "yes")
+        elif isinstance(current, int) or types[name] in ("int", "int | None"):
+            data[name] = int(raw)
+        elif isinstance(current, float):
+            data[name] = float(raw)
+        else:
+            data[name] = raw
+    return TrainConfig.from_json(data), args.resume
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg, resume = parse_args(argv)
+    try:
+        train(cfg, resume=resume)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
