@@ -213,3 +213,107 @@ def continuation_logprob(model, kv: list[KV] | None, prompt_ids: torch.Tensor, c
     logits = run(model, ids, kv, logits_to_keep=len(continuation) + 1).logits[0, :-1].float()
     logp = logits.log_softmax(-1).gather(-1, torch.tensor(continuation, device=logits.device)[:, None])
     return float(logp.mean())
+
+
+# ===== residual-stream trace (method.md §9.2) ===================================================
+# Added for mot_viz.shift. Forward hooks on the decoder layers and on the sub-modules whose outputs
+# the layers add to the residual stream; nothing above this line depends on it.
+
+
+@dataclass
+class ResidualTrace:
+    """One forward pass with the target's residual stream recorded at every layer boundary.
+
+    For every family h_{l+1} = h_l + attn_l + mlp_l holds (up to float rounding), where attn_l and mlp_l
+    are what block l adds to the residual stream from its attention and its MLP sub-block: the raw
+    sub-block outputs for pre-LN blocks (GPT-2, OPT-125m…, Llama, Qwen2), the post-norm outputs for Gemma's
+    sandwich-norm blocks, and the change across each sub-block (post-norm included) for post-LN OPT.
+    """
+
+    result: ForwardResult
+    residual: torch.Tensor  # [L+1, B, N, D]: h_0 (input of layer 0) … h_L (output of the last layer, before the final norm)
+    attn: torch.Tensor  # [L, B, N, D]
+    mlp: torch.Tensor  # [L, B, N, D]
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's decoder layers in order (``transformer.h``, ``model.layers``, ``model.decoder.layers`` …)."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    n = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer")
+    for _, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == n and \
+                type(module[0]).__name__.endswith(("DecoderLayer", "Block")):
+            return list(module)
+    raise ValueError(f"no list of {n} decoder layers found in {type(model).__name__}")
+
+
+def _block_parts(layer: torch.nn.Module) -> tuple[str, torch.nn.Module, torch.nn.Module]:
+    """(kind, module giving the attention addition, module giving the MLP addition) of one decoder layer.
+
+    kind "add": the modules' outputs are the additions; kind "post": their outputs are the residual
+    states after each sub-block (post-LN), so the additions are differences.
+    """
+    if hasattr(layer, "post_feedforward_layernorm"):  # Gemma 2/3: residual += post_norm(sub-block)
+        return "add", layer.post_attention_layernorm, layer.post_feedforward_layernorm
+    if hasattr(layer, "fc2"):  # OPT: the MLP's last projection is what gets added
+        if getattr(layer, "do_layer_norm_before", True):
+            return "add", layer.self_attn, layer.fc2
+        return "post", layer.self_attn_layer_norm, layer.final_layer_norm  # OPT-350m: post-LN
+    attn = getattr(layer, "self_attn", None) or getattr(layer, "attn", None)
+    mlp = getattr(layer, "mlp", None)
+    if attn is None or mlp is None:
+        raise ValueError(f"do not know how {type(layer).__name__} adds to the residual stream")
+    return "add", attn, mlp
+
+
+_ACTIVE_TRACE: contextvars.ContextVar[dict | None] = contextvars.ContextVar("mot_viz_trace", default=None)
+
+
+def _first(output) -> torch.Tensor:
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+def residual_trace(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: AttentionPlan | None = None,
+                   logits_to_keep: int = 0) -> ResidualTrace:
+    """:func:`run` with the residual stream and each block's attention/MLP additions recorded (no grad).
+
+    Hooks only record while this call's context is active, so other threads' forwards on the same
+    (shared, cached) model are unaffected; they are removed before returning.
+    """
+    layers = decoder_layers(model)
+    rec: dict = {"in": {}, "out": {}, "a": {}, "m": {}}
+    handles = []
+
+    def store(slot: str, index: int, tensor: torch.Tensor) -> None:
+        if _ACTIVE_TRACE.get() is rec:
+            rec[slot][index] = tensor.detach().clone()
+
+    for i, layer in enumerate(layers):
+        kind, attn_mod, mlp_mod = _block_parts(layer)
+        handles.append(layer.register_forward_pre_hook(
+            lambda m, args, kwargs, i=i: store("in", i, args[0] if args else kwargs["hidden_states"]),
+            with_kwargs=True))
+        handles.append(layer.register_forward_hook(lambda m, args, out, i=i: store("out", i, _first(out))))
+        handles.append(attn_mod.register_forward_hook(lambda m, args, out, i=i: store("a", i, _first(out))))
+        handles.append(mlp_mod.register_forward_hook(lambda m, args, out, i=i: store("m", i, _first(out))))
+        rec.setdefault("kind", {})[i] = kind
+    token = _ACTIVE_TRACE.set(rec)
+    try:
+        with torch.no_grad():
+            result = run(model, ids, kv, plan, logits_to_keep)
+    finally:
+        _ACTIVE_TRACE.reset(token)
+        for h in handles:
+            h.remove()
+    n = len(layers)
+    h_in = [rec["in"][i] for i in range(n)]  # each [B, N, D]
+    shape = h_in[0].shape
+    residual = torch.stack(h_in + [rec["out"][n - 1].reshape(shape)])  # (L+1, B, N, D)
+    attn, mlp = [], []
+    for i in range(n):
+        a, m = rec["a"][i].reshape(shape), rec["m"][i].reshape(shape)  # OPT's fc2 output is (B·N, D)
+        if rec["kind"][i] == "post":  # outputs are states after each sub-block: take differences
+            a, m = a - residual[i], m - a  # m − a uses the state after attention, before a is rebound
+        attn.append(a)
+        mlp.append(m)
+    return ResidualTrace(result, residual, torch.stack(attn), torch.stack(mlp))

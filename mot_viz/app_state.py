@@ -1,0 +1,411 @@
+"""The app's shared state: the sidebar, the cached loaders and the one cached translation per input.
+
+The only non-page module that imports Streamlit. Every page reads the *applied* selection (what the
+last "Translate" — or the first visit — chose) through :func:`current_run`; the translation of one
+(source, target, checkpoint, context) is computed once and shared by every page and every browser tab.
+Cached objects are never mutated.
+
+Test mode: with ``MOT_VIZ_TEST_MODELS=1`` the bundled model names load tiny random stand-ins
+(mot_viz.testing), and ``MOT_VIZ_PRETRAINED`` may point the checkpoint list at another folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from .answers import CONDITION_LABELS, Answer, answer_from_cache, condition_caches
+from .checkpoint import load_checkpoint, read_config
+from .data import BUILTIN_DATASETS, QAExample, build_prompt
+from .errors import MotVizError
+from .figures import token_labels
+from .models import BUNDLED_MODELS, DEFAULT_SOURCE, DEFAULT_TARGET, LoadedModel, load_model
+from .mot import MoT, Translation, check_pair, translate
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CHECKPOINT = "smollm2-to-gemma3"
+MAX_CONTEXT_TOKENS = 1024  # the app's cap on target tokens: CPU time grows with the context
+EXAMPLES_PER_DATASET = 50  # examples offered per dataset (load_dataset(name, n=50, seed=0))
+DEFAULT_MAX_NEW_TOKENS = 24  # the evaluator's generation length, so the app's answers match its numbers
+DATASET_LABELS = {"squad": "SQuAD", "boolq": "BoolQ", "arc-easy": "ARC-Easy", "arc-challenge": "ARC-Challenge",
+                  "openbookqa": "OpenBookQA", "mmlu": "MMLU"}
+OTHER = "other (type below)"
+DATASET_MODE, FREE_TEXT_MODE = "Dataset example", "Free text"
+DEFAULT_FREE_TEXT = (
+    "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named after "
+    "the engineer Gustave Eiffel, whose company designed and built the tower from 1887 to 1889.\n"
+)
+
+# Widget keys that outlive the page that shows them (see keep_widget_state); buttons are never listed.
+_DEFAULTS: dict[str, object] = {
+    "sb.source": DEFAULT_SOURCE, "sb.source_other": "", "sb.target": DEFAULT_TARGET, "sb.target_other": "",
+    "sb.checkpoint_other": "", "sb.mode": DATASET_MODE, "sb.dataset": "squad", "sb.example": 0,
+    "sb.text": DEFAULT_FREE_TEXT, "sb.question": "Who designed the tower?", "sb.gold": "Gustave Eiffel",
+}
+PAGE_KEY_PREFIX = "pg."  # pages give their widgets keys starting with this, so they persist too
+
+
+def test_mode() -> bool:
+    """Whether the loaders serve tiny test models (``MOT_VIZ_TEST_MODELS=1``)."""
+    return os.environ.get("MOT_VIZ_TEST_MODELS") == "1"
+
+
+def pretrained_dir() -> Path:
+    """Where the shipped checkpoints live (``$MOT_VIZ_PRETRAINED``, default ``<repo>/pretrained``)."""
+    return Path(os.environ.get("MOT_VIZ_PRETRAINED", REPO_ROOT / "pretrained"))
+
+
+# ----- what the user chose -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The inputs of one translation; hashable, so it keys every cache."""
+
+    source: str  # model name as typed or chosen
+    target: str
+    checkpoint: str  # checkpoint folder path ("" when none was found)
+    text: str  # the context that is translated
+    example: QAExample | None  # the question and gold answers; None for free text without a question
+    suffix: str | None  # the target's native suffix after the context (the question part of the prompt)
+    label: str  # where the context came from, for captions
+
+
+def available_checkpoints() -> dict[str, str]:
+    """Checkpoint folders in pretrained/: name -> path (folders holding a config.json only)."""
+    root = pretrained_dir()
+    if not root.is_dir():
+        return {}
+    return {p.name: str(p) for p in sorted(root.iterdir()) if (p / "config.json").is_file()}
+
+
+def default_checkpoint(source: str, target: str, checkpoints: dict[str, str]) -> str | None:
+    """pretrained/smollm2-to-gemma3 for the default pair if present, else the first made for the chosen names."""
+    if source == DEFAULT_SOURCE and target == DEFAULT_TARGET and DEFAULT_CHECKPOINT in checkpoints:
+        return DEFAULT_CHECKPOINT
+    for name, path in checkpoints.items():
+        try:
+            cfg = read_config(path)
+        except MotVizError:
+            continue
+        if cfg["source"].get("name") == source and cfg["target"].get("name") == target:
+            return name
+    return DEFAULT_CHECKPOINT if DEFAULT_CHECKPOINT in checkpoints else next(iter(checkpoints), None)
+
+
+@st.cache_data(show_spinner=False)
+def dataset_examples(name: str) -> list[QAExample]:
+    """The examples offered for a built-in dataset (the same ones every session)."""
+    from .data import load_dataset
+
+    return load_dataset(name, n=EXAMPLES_PER_DATASET, seed=0)
+
+
+def free_text_selection(text: str, question: str, gold: str) -> tuple[QAExample | None, str | None]:
+    """The example and suffix of a typed context: the question is asked after it, '|' separates gold answers."""
+    if not question.strip():
+        return None, None
+    answers = tuple(a.strip() for a in gold.split("|") if a.strip())
+    example = QAExample("free-text", "free text", text, question.strip(), answers)
+    # the question starts on its own line, as in the dataset prompts (mot_viz.data.build_prompt)
+    suffix = ("" if text.endswith("\n") else "\n") + f"Question: {question.strip()}\nAnswer:"
+    return example, suffix
+
+
+# ----- cached loaders (hashable keys only) ---------------------------------------------------------
+
+
+def _model_loader() -> Callable[[str], LoadedModel]:
+    if test_mode():
+        from .testing import load_test_model
+
+        return load_test_model
+    return load_model
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def _cached_model(name: str, test: bool) -> LoadedModel:
+    return _model_loader()(name)
+
+
+def get_model(name: str) -> LoadedModel:
+    """The loaded model of a name (cached per process); ModelLoadError when it cannot be loaded."""
+    try:
+        return _cached_model(name, test_mode())
+    except MotVizError:
+        raise
+    except Exception as exc:  # a typed Hub id or folder can fail in many ways inside transformers
+        from .errors import ModelLoadError
+
+        raise ModelLoadError(f"Cannot load model '{name}': {type(exc).__name__}: {exc}. "
+                             "Check the name or path, or choose a bundled model.") from exc
+
+
+def checkpoint_stamp(path: str) -> int:
+    """Modification time of the checkpoint's weights, so a re-exported checkpoint is not served stale."""
+    weights = Path(path) / "translator.safetensors"
+    return weights.stat().st_mtime_ns if weights.is_file() else 0
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _cached_checkpoint(path: str, stamp: int) -> tuple[MoT, dict]:
+    return load_checkpoint(path)
+
+
+def get_checkpoint(path: str, source: LoadedModel, target: LoadedModel) -> tuple[MoT, dict]:
+    """The checkpoint's MoT and config, checked against the loaded pair (CheckpointError if it does not fit)."""
+    from .errors import CheckpointError
+
+    if not path:
+        raise CheckpointError(f"No MoT checkpoint was found in {pretrained_dir()}. Train one with "
+                              "`bash scripts/train_pretrained.sh`, or type the path of a checkpoint folder.")
+    mot, config = _cached_checkpoint(path, checkpoint_stamp(path))
+    check_pair(mot, source, target)
+    return mot, config
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def _cached_translation(source: str, target: str, checkpoint: str, stamp: int, text: str, test: bool) -> Translation:
+    src, tgt = get_model(source), get_model(target)
+    mot, _ = get_checkpoint(checkpoint, src, tgt)
+    return translate(mot, src, tgt, text, max_tokens=min(MAX_CONTEXT_TOKENS, tgt.spec.max_positions))
+
+
+def get_translation(sel: Selection, checkpoint: str | None = None) -> Translation:
+    """The translation of the selection's context (optionally with another checkpoint); computed once per input."""
+    path = sel.checkpoint if checkpoint is None else checkpoint
+    return _cached_translation(sel.source, sel.target, path, checkpoint_stamp(path), sel.text, test_mode())
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _cached_condition_caches(sel: Selection, stamp: int, test: bool) -> tuple[dict, float]:
+    src, tgt = get_model(sel.source), get_model(sel.target)
+    mot, _ = get_checkpoint(sel.checkpoint, src, tgt)
+    start = time.perf_counter()
+    _, caches = condition_caches(mot, src, tgt, sel.example, get_translation(sel))
+    return caches, time.perf_counter() - start  # only the random-window replay is new work here
+
+
+def _scorable(example: QAExample) -> QAExample:
+    # answer_from_cache always scores; with no gold answer a placeholder is scored and the score is dropped
+    return example if example.answers else replace(example, answers=("",))
+
+
+@st.cache_resource(show_spinner=False, max_entries=64)
+def _cached_answer(sel: Selection, stamp: int, condition: str, checkpoint: str, max_new_tokens: int,
+                   test: bool) -> Answer:
+    tgt = get_model(sel.target)
+    if condition == "mot" and checkpoint != sel.checkpoint:
+        kv = get_translation(sel, checkpoint).mixed_kv  # the second checkpoint's replayed cache
+    else:
+        kv = _cached_condition_caches(sel, stamp, test)[0][condition]
+    return answer_from_cache(tgt, kv, _scorable(sel.example), condition, max_new_tokens, sel.suffix)
+
+
+def answer_row(sel: Selection, condition: str, max_new_tokens: int, checkpoint: str | None = None) -> dict:
+    """One row of the answers table: the condition's answer, its score vs the gold answers, and its times."""
+    path = checkpoint or sel.checkpoint
+    stamp = checkpoint_stamp(sel.checkpoint)
+    answer = _cached_answer(sel, stamp, condition, path, max_new_tokens, test_mode())
+    translation = get_translation(sel, path)
+    t = translation.timings
+    cache_seconds = {
+        "native": t.get("native_prefill", 0.0),
+        "no_context": 0.0,
+        "mot": t["source_prefill_and_alignment"] + t["translator"] + t["replay"],
+    }
+    if condition == "random":
+        cache_seconds["random"] = _cached_condition_caches(sel, stamp, test_mode())[1]
+    label = CONDITION_LABELS[condition]
+    if checkpoint and checkpoint != sel.checkpoint:
+        label = f"MoT-translated cache, second checkpoint ({Path(checkpoint).name})"
+    scored = bool(sel.example.answers)
+    return {
+        "condition": label,
+        "answer": answer.text,
+        "score": answer.score if scored else None,
+        "exact_match": answer.exact_match if scored else None,
+        "seconds_cache": cache_seconds[condition],
+        "seconds_answer": answer.seconds,
+        "choice_logprobs": None if answer.choice_logprobs is None else
+        ", ".join(f"{x:.3f}" for x in answer.choice_logprobs),
+    }
+
+
+# ----- the run every page reads -------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """Everything a page shows for the applied selection (all cached; never mutate)."""
+
+    selection: Selection
+    source: LoadedModel
+    target: LoadedModel
+    mot: MoT
+    config: dict
+    translation: Translation
+    target_tokens: list[str]  # each target token decoded on its own, whitespace visible
+    source_tokens: list[str]
+
+
+_ERROR_TITLES = {"ModelLoadError": "The model could not be loaded", "CheckpointError": "Checkpoint problem",
+                 "ContextError": "Context problem", "DataUnavailableError": "Dataset unavailable",
+                 "DataFormatError": "Dataset problem", "ConfigError": "Configuration problem"}
+
+
+def show_error(exc: Exception) -> None:
+    """A user-caused error as a message with its fix (no traceback)."""
+    st.error(f"**{_ERROR_TITLES.get(type(exc).__name__, 'Problem')}.** {exc}", icon="⚠️")
+
+
+def current_run() -> Run:
+    """The applied selection's models, checkpoint and translation; on a user error, shows it and stops the page."""
+    sel = applied_selection()
+    try:
+        with st.spinner(f"Loading {sel.source} and {sel.target} …"):
+            source, target = get_model(sel.source), get_model(sel.target)
+        with st.spinner("Loading the checkpoint …"):
+            mot, config = get_checkpoint(sel.checkpoint, source, target)
+        with st.spinner("Translating the context (source prefill, alignment, translator, replay) …"):
+            translation = get_translation(sel)
+    except MotVizError as exc:
+        show_error(exc)
+        st.stop()
+    return Run(sel, source, target, mot, config, translation,
+               token_labels(target.tokenizer, translation.target_ids[0].tolist()),
+               token_labels(source.tokenizer, translation.source.source_ids[0].tolist()))
+
+
+# ----- widgets and the sidebar ---------------------------------------------------------------------
+
+
+def keep_widget_state() -> None:
+    """Keep every keyed widget's value when its page or mode is not shown (Streamlit drops unrendered widgets)."""
+    for key, value in _DEFAULTS.items():
+        st.session_state.setdefault(key, value)
+    for key in list(st.session_state.keys()):
+        if isinstance(key, str) and (key.startswith("sb.") or key.startswith(PAGE_KEY_PREFIX)):
+            st.session_state[key] = st.session_state[key]
+
+
+def _choose(key: str, options: list[str], default: str) -> None:
+    # a value that is no longer offered (e.g. a removed checkpoint) falls back to the default
+    if st.session_state.get(key) not in options:
+        st.session_state[key] = default
+
+
+def _model_picker(role: str) -> str:
+    key = f"sb.{role}"
+    options = [*BUNDLED_MODELS, OTHER]
+    _choose(key, options, options[0])
+    choice = st.selectbox(f"{role.capitalize()} model", options, key=key,
+                          format_func=lambda n: n if n == OTHER else f"{n} (bundled)")
+    typed = st.text_input(f"{role.capitalize()}: Hub id, local folder or .gguf file", key=f"{key}_other",
+                          disabled=choice != OTHER, placeholder="e.g. gpt2 or /models/my-model.gguf")
+    return typed.strip() if choice == OTHER else choice
+
+
+def _checkpoint_picker(source: str, target: str) -> str:
+    checkpoints = available_checkpoints()
+    options = [*checkpoints, OTHER]
+    default = default_checkpoint(source, target, checkpoints) or OTHER
+    _choose("sb.checkpoint", options, default)
+    choice = st.selectbox("MoT checkpoint", options, key="sb.checkpoint",
+                          help=f"Folders in {pretrained_dir()} holding config.json + translator.safetensors.")
+    typed = st.text_input("Checkpoint folder path", key="sb.checkpoint_other", disabled=choice != OTHER,
+                          placeholder="e.g. runs/my-run/checkpoint")
+    return typed.strip() if choice == OTHER else checkpoints[choice]
+
+
+def _context_picker() -> tuple[str, QAExample | None, str | None, str]:
+    mode = st.radio("Context", [DATASET_MODE, FREE_TEXT_MODE], key="sb.mode", horizontal=True)
+    if mode == FREE_TEXT_MODE:
+        text = st.text_area("Context text (translated as typed)", key="sb.text", height=160)
+        question = st.text_input("Question (optional, for the Answers page)", key="sb.question")
+        gold = st.text_input("Gold answer(s), separated by |", key="sb.gold")
+        example, suffix = free_text_selection(text, question, gold)
+        return text, example, suffix, "free text"
+    _choose("sb.dataset", list(BUILTIN_DATASETS), "squad")
+    name = st.selectbox("Dataset", list(BUILTIN_DATASETS), key="sb.dataset", format_func=DATASET_LABELS.get)
+    try:
+        examples = dataset_examples(name)
+    except MotVizError as exc:
+        show_error(exc)
+        return "", None, None, DATASET_LABELS.get(name, name)
+    if not 0 <= st.session_state["sb.example"] < len(examples):
+        st.session_state["sb.example"] = 0
+    index = st.number_input(f"Example (0–{len(examples) - 1})", min_value=0, max_value=len(examples) - 1,
+                            step=1, key="sb.example")
+    example = examples[int(index)]
+    with st.expander("Question and gold answer", expanded=True):
+        st.markdown(f"**Question:** {example.question}")
+        if example.choices:
+            st.markdown("\n".join(f"- {chr(65 + i)}. {c}" for i, c in enumerate(example.choices)))
+        st.markdown(f"**Gold:** {' | '.join(example.answers)}")
+    prompt = build_prompt(example)
+    return prompt.context_text, example, prompt.suffix_text, f"{DATASET_LABELS.get(name, name)} #{int(index)}"
+
+
+def sidebar() -> Selection:
+    """Draw the shared sidebar; a Translate press (or the first visit) makes its values the applied selection."""
+    with st.sidebar:
+        st.subheader("Models and checkpoint")
+        source, target = _model_picker("source"), _model_picker("target")
+        checkpoint = _checkpoint_picker(source, target)
+        st.subheader("Context")
+        text, example, suffix, label = _context_picker()
+        chosen = Selection(source, target, checkpoint, text, example, suffix, label)
+        pressed = st.button("Translate", type="primary", width="stretch")
+        if pressed or "applied" not in st.session_state:
+            st.session_state["applied"] = chosen  # the first visit runs on the defaults without a click
+        elif st.session_state["applied"] != chosen:
+            st.info("The inputs changed. Press **Translate** to apply them.", icon="ℹ️")
+    return st.session_state["applied"]
+
+
+def applied_selection() -> Selection:
+    """The selection the pages show (set by the sidebar)."""
+    return st.session_state["applied"]
+
+
+# ----- page helpers --------------------------------------------------------------------------------
+
+
+def explain(markdown: str) -> None:
+    """The page's short teaching note."""
+    with st.expander("What am I looking at?"):
+        st.markdown(markdown)
+
+
+def run_caption(run: Run) -> None:
+    """One line naming the pair, checkpoint and context the page shows."""
+    sel = run.selection
+    st.caption(f"{sel.source} → {sel.target} · checkpoint `{Path(sel.checkpoint).name}` · context: {sel.label} "
+               f"({len(run.target_tokens)} target / {len(run.source_tokens)} source tokens)")
+
+
+def show_figure(fig: go.Figure, data: pd.DataFrame, name: str) -> None:
+    """A plotly chart (PNG from its modebar camera) with a CSV download of the data behind it."""
+    st.plotly_chart(fig, width="stretch", key=f"fig.{name}",
+                    config={"toImageButtonOptions": {"format": "png", "filename": name, "scale": 2},
+                            "displaylogo": False})
+    st.download_button(f"Download the data (CSV): {name}.csv", data.to_csv(index=False).encode("utf-8"),
+                       file_name=f"{name}.csv", mime="text/csv", key=f"dl.{name}")
+
+
+def read_training_log(checkpoint: str) -> pd.DataFrame | None:
+    """The checkpoint's log.jsonl as a DataFrame (one row per logged step), or None when it has none."""
+    path = Path(checkpoint) / "log.jsonl"
+    if not path.is_file():
+        return None
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return pd.DataFrame(rows) if rows else None

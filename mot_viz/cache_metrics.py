@@ -1,0 +1,200 @@
+"""Pure tensor metrics the app shows: cache errors against the native cache, routing, cache-space projections.
+
+Tensors in, tensors or DataFrames out; no Streamlit. One token's K (or V) in one layer is the vector of all
+its KV heads concatenated, ``H = n_kv·d_h`` — the translator's block layout (mot_viz.layout).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .alignment import apply_alignment
+from .channels import Channels
+from .layout import to_block
+from .mot import Translation
+
+KV_NAMES = ("K", "V")
+COMPARISONS = {
+    "translated": "translated window (what the translator wrote) vs native",
+    "replayed": "replayed cache (what the target keeps after injection) vs native",
+}
+_EPS = 1e-12
+
+
+def token_vectors(x: torch.Tensor) -> torch.Tensor:
+    """One layer's K or V [1, n_kv, N, d_h] -> per-token vectors [N, n_kv·d_h] (float32)."""
+    return to_block([x])[0, :, 0].float()
+
+
+def per_token_errors(candidate: torch.Tensor, reference: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-token MSE, relative L2 error ‖c−r‖/‖r‖ and cosine of two [N, H] sets of vectors; each [N]."""
+    diff = candidate - reference
+    ref_norm = reference.norm(dim=-1)
+    cos = (candidate * reference).sum(-1) / (candidate.norm(dim=-1) * ref_norm).clamp(min=_EPS)
+    return {"mse": diff.pow(2).mean(-1), "rel_l2": diff.norm(dim=-1) / ref_norm.clamp(min=_EPS), "cosine": cos}
+
+
+def layer_errors(candidate: torch.Tensor, reference: torch.Tensor) -> dict[str, float]:
+    """Whole-layer MSE, relative L2 error (Frobenius) and mean per-token cosine of two [N, H] sets."""
+    diff = candidate - reference
+    return {
+        "mse": float(diff.pow(2).mean()),
+        "rel_l2": float(diff.norm() / reference.norm().clamp(min=_EPS)),
+        "cosine": float(per_token_errors(candidate, reference)["cosine"].mean()),
+    }
+
+
+def _compared_caches(translation: Translation, channels: Channels, comparison: str) -> dict[int, tuple]:
+    """Target layer -> (candidate K/V, native K/V) for one comparison."""
+    if translation.native_kv is None:
+        raise ValueError("this translation was computed without the native cache")
+    if comparison == "translated":
+        return {t: (translation.injected_kv[i], translation.native_kv[t]) for i, t in enumerate(channels.target_layers)}
+    if comparison == "replayed":
+        return {t: (translation.mixed_kv[t], translation.native_kv[t]) for t in range(len(translation.mixed_kv))}
+    raise ValueError(f"comparison must be one of {tuple(COMPARISONS)}, got {comparison!r}")
+
+
+def cache_error_table(translation: Translation, channels: Channels) -> pd.DataFrame:
+    """One row per (comparison, K/V, target layer): mse, rel_l2, cosine, and whether the layer is in the window."""
+    rows = []
+    window = set(channels.target_layers)
+    for comparison in COMPARISONS:
+        for layer, (cand, ref) in _compared_caches(translation, channels, comparison).items():
+            for j, kv in enumerate(KV_NAMES):
+                rows.append({"comparison": comparison, "kv": kv, "layer": layer, "in_window": layer in window,
+                             **layer_errors(token_vectors(cand[j]), token_vectors(ref[j]))})
+    return pd.DataFrame(rows)
+
+
+def cache_error_grid(translation: Translation, channels: Channels, comparison: str, kv: str,
+                     metric: str) -> pd.DataFrame:
+    """Per-token `metric` of one comparison as a long table: layer, token, value (one row per cell)."""
+    j = KV_NAMES.index(kv)
+    frames = []
+    for layer, (cand, ref) in _compared_caches(translation, channels, comparison).items():
+        values = per_token_errors(token_vectors(cand[j]), token_vectors(ref[j]))[metric]
+        frames.append(pd.DataFrame({"layer": layer, "token": np.arange(len(values)), "value": values.numpy()}))
+    return pd.concat(frames, ignore_index=True)
+
+
+# ----- routing ---------------------------------------------------------------------------------------
+
+
+def routing_entropy(gates: torch.Tensor) -> torch.Tensor:
+    """Per-token entropy (nats) of the gates [1, N, E] -> [N]; 0 = one expert, log(top_k) = an even split."""
+    g = gates[0].float()
+    return -(g * g.clamp(min=_EPS).log()).sum(-1)
+
+
+def expert_usage(gates: torch.Tensor) -> pd.DataFrame:
+    """Per expert: importance (sum of its gates), load (tokens that kept it) and their shares of the total."""
+    g = gates[0].float()
+    importance = g.sum(0)
+    load = (g > 0).float().sum(0)
+    return pd.DataFrame({
+        "expert": list(range(g.shape[1])),
+        "importance": importance.tolist(),
+        "load": load.tolist(),
+        "importance_share": (importance / importance.sum().clamp(min=_EPS)).tolist(),
+        "load_share": (load / load.sum().clamp(min=_EPS)).tolist(),
+    })
+
+
+def kept_experts(gates: torch.Tensor) -> list[tuple[int, ...]]:
+    """Per token, the experts whose gate survived the top-k (largest gate first)."""
+    g = gates[0].float()
+    return [tuple(int(e) for e in row.argsort(descending=True) if row[e] > 0) for row in g]
+
+
+# ----- cache space ---------------------------------------------------------------------------------
+
+
+def window_vectors(translation: Translation, channels: Channels, position: int, kv: str) -> dict[str, torch.Tensor]:
+    """The per-token vectors of window channel `position`, each [N_t, H]: aligned source, native, translated, replayed.
+
+    The source vectors are the source layer's K/V averaged onto the target grid by the alignment weights
+    (exactly the translator's input); they live in the source's own space (H_S), the other three in the target's (H_T).
+    """
+    j = KV_NAMES.index(kv)
+    s_layer, t_layer = channels.pairs()[position]
+    src = translation.source
+    source = apply_alignment(to_block([src.source_kv[s_layer][j]]), src.alignment)[0, :, 0].float()  # (N_t, H_S)
+    translated = translation.translated.keys if kv == "K" else translation.translated.values
+    out = {"source (aligned)": source, "translated": translated[0, :, position].float()}
+    if translation.native_kv is not None:
+        out["native target"] = token_vectors(translation.native_kv[t_layer][j])
+    out["replayed target"] = token_vectors(translation.mixed_kv[t_layer][j])
+    return out
+
+
+def pca_project(x: np.ndarray, dims: int = 2, fit_on: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """PCA of rows of `x` [n, H] to `dims` coordinates, fitted on `fit_on` (default x); returns (coords, explained ratio)."""
+    from sklearn.decomposition import PCA
+
+    fit = x if fit_on is None else fit_on
+    pca = PCA(n_components=min(dims, *fit.shape), random_state=0).fit(fit)
+    return pca.transform(x), pca.explained_variance_ratio_
+
+
+def umap_project(x: np.ndarray, dims: int = 2, seed: int = 0) -> np.ndarray:
+    """UMAP of rows of `x` [n, H] to `dims` coordinates (cosine metric, fixed seed, so reruns agree)."""
+    import umap
+
+    neighbours = max(2, min(15, x.shape[0] - 1))
+    return umap.UMAP(n_components=dims, n_neighbors=neighbours, metric="cosine", random_state=seed,
+                     n_jobs=1).fit_transform(x)
+
+
+def cache_space_table(vectors: dict[str, torch.Tensor], tokens: Sequence[str], method: str = "pca") -> pd.DataFrame:
+    """2-D coordinates of every kind's vectors, one row per (kind, token), with the space each was projected in.
+
+    Kinds in the target space (native, translated, replayed) share ONE projection fitted on all of them, so their
+    distances are comparable. The source lives in another space with another width, so it gets its own projection:
+    its coordinates show the source's own geometry, not closeness to the target points.
+    """
+    frames = []
+    target_kinds = [k for k in vectors if k != "source (aligned)"]
+    groups = [("target space", target_kinds)]
+    if "source (aligned)" in vectors:
+        groups.append(("source space", ["source (aligned)"]))
+    for space, kinds in groups:
+        if not kinds:
+            continue
+        stacked = torch.cat([vectors[k] for k in kinds]).numpy()
+        if method == "pca":
+            coords, ratio = pca_project(stacked)
+            note = f"PCA, {100 * ratio.sum():.0f}% of variance"
+        elif method == "umap":
+            coords, note = umap_project(stacked), "UMAP (cosine)"
+        else:
+            raise ValueError(f"method must be 'pca' or 'umap', got {method!r}")
+        n = vectors[kinds[0]].shape[0]
+        for i, kind in enumerate(kinds):
+            block = coords[i * n:(i + 1) * n]
+            frames.append(pd.DataFrame({"space": space, "projection": note, "kind": kind, "token_index": range(n),
+                                        "token": list(tokens), "x": block[:, 0],
+                                        "y": block[:, 1] if block.shape[1] > 1 else 0.0}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def gate_table(gates: torch.Tensor, tokens: Sequence[str]) -> pd.DataFrame:
+    """Long table of one mixture's gates [1, N, E]: token_index, token, expert, gate, kept (survived the top-k)."""
+    g = gates[0].float().numpy()
+    n, e = g.shape
+    return pd.DataFrame({"token_index": np.repeat(np.arange(n), e), "token": np.repeat(list(tokens), e),
+                         "expert": np.tile(np.arange(e), n), "gate": g.reshape(-1), "kept": g.reshape(-1) > 0})
+
+
+def token_routing_table(key_gates: torch.Tensor, value_gates: torch.Tensor, tokens: Sequence[str]) -> pd.DataFrame:
+    """Per token: routing entropy and kept experts of the K and the V mixture."""
+    return pd.DataFrame({
+        "token_index": range(len(tokens)), "token": list(tokens),
+        "K_entropy": routing_entropy(key_gates).tolist(), "V_entropy": routing_entropy(value_gates).tolist(),
+        "K_kept": [" ".join(map(str, k)) for k in kept_experts(key_gates)],
+        "V_kept": [" ".join(map(str, k)) for k in kept_experts(value_gates)],
+    })

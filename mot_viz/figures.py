@@ -1,0 +1,227 @@
+"""Plotly figures of the app: DataFrames (or small tensors) in, figures out; no Streamlit here.
+
+Token axes are categorical with labels ``"<index> <token>"``: the index keeps repeated tokens apart, and
+whitespace is drawn visibly (``␣`` space, ``↵`` newline, ``⇥`` tab) so a reader can see token boundaries.
+Every hover shows the exact value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+from plotly.subplots import make_subplots
+
+_WHITESPACE = str.maketrans({" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"})
+KIND_COLOURS = {"native target": "#1f77b4", "translated": "#d62728", "replayed target": "#2ca02c",
+                "source (aligned)": "#9467bd"}
+COMPARISON_COLOURS = {"translated": "#d62728", "replayed": "#2ca02c"}
+METRIC_TITLES = {"mse": "MSE", "rel_l2": "relative L2 error", "cosine": "cosine similarity"}
+
+
+def show_whitespace(text: str) -> str:
+    """`text` with spaces, newlines and tabs drawn as visible symbols; an empty string as ∅."""
+    return text.translate(_WHITESPACE) if text else "∅"
+
+
+def token_labels(tokenizer, ids: Sequence[int]) -> list[str]:
+    """Each token id decoded on its own (special tokens kept), whitespace made visible."""
+    return [show_whitespace(tokenizer.decode([int(i)], skip_special_tokens=False)) for i in ids]
+
+
+def axis_labels(tokens: Sequence[str]) -> list[str]:
+    """Unique categorical axis labels ``"<index> <token>"``."""
+    return [f"{i} {t}" for i, t in enumerate(tokens)]
+
+
+def _token_axis(fig: go.Figure, n: int, **selector) -> None:
+    # categorical, so plotly thins long label lists by itself instead of overprinting them
+    fig.update_xaxes(type="category", tickangle=-60, automargin=True, nticks=min(n, 60), **selector)
+
+
+# ----- answers -----------------------------------------------------------------------------------
+
+
+def answers_figure(answers: pd.DataFrame) -> go.Figure:
+    """Score and time per condition (columns: condition, score, seconds_cache, seconds_answer, answer)."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("score vs the gold answer", "time (s)"))
+    scored = answers.dropna(subset=["score"])
+    fig.add_bar(x=scored["condition"], y=scored["score"], text=scored["answer"], name="score",
+                hovertemplate="%{x}<br>score %{y:.4f}<br>answer: %{text}<extra></extra>", row=1, col=1)
+    for column, name in (("seconds_cache", "building the cache"), ("seconds_answer", "answering")):
+        fig.add_bar(x=answers["condition"], y=answers[column], name=name,
+                    hovertemplate="%{x}<br>" + name + " %{y:.3f} s<extra></extra>", row=1, col=2)
+    fig.update_layout(barmode="stack", height=380, legend_title_text="time")
+    fig.update_yaxes(range=[0, 1.05], row=1, col=1)
+    return fig
+
+
+# ----- per-layer cache error ---------------------------------------------------------------------
+
+
+def _window_band(fig: go.Figure, window: Sequence[int], axis: str, **selector) -> None:
+    add = fig.add_vrect if axis == "x" else fig.add_hrect
+    kwargs = {f"{axis}0": min(window) - 0.5, f"{axis}1": max(window) + 0.5}
+    add(**kwargs, fillcolor="orange", opacity=0.12, line_width=0, **selector)
+
+
+def layer_error_figure(table: pd.DataFrame, window: Sequence[int]) -> go.Figure:
+    """MSE, relative L2 and cosine per target layer for K and V (rows of mot_viz.cache_metrics.cache_error_table).
+
+    The injection window is shaded; "translated" exists only there, "replayed" on every layer.
+    """
+    metrics = list(METRIC_TITLES)
+    fig = make_subplots(rows=len(metrics), cols=2, shared_xaxes=True, column_titles=["K", "V"],
+                        row_titles=[METRIC_TITLES[m] for m in metrics], vertical_spacing=0.06)
+    for c, kv in enumerate(("K", "V"), start=1):
+        for r, metric in enumerate(metrics, start=1):
+            _window_band(fig, window, "x", row=r, col=c)
+            for comparison, colour in COMPARISON_COLOURS.items():
+                rows = table[(table["kv"] == kv) & (table["comparison"] == comparison)].sort_values("layer")
+                fig.add_scatter(x=rows["layer"], y=rows[metric], mode="lines+markers", name=comparison,
+                                legendgroup=comparison, showlegend=(r == 1 and c == 1), line_color=colour,
+                                hovertemplate=f"{kv} layer %{{x}}<br>{METRIC_TITLES[metric]} %{{y:.6g}}<extra>{comparison}</extra>",
+                                row=r, col=c)
+    fig.update_xaxes(title_text="target layer (shaded: injection window)", dtick=1, row=len(metrics))
+    fig.update_layout(height=720, legend_title_text="vs native")
+    return fig
+
+
+def error_heatmap(grid: pd.DataFrame, tokens: Sequence[str], window: Sequence[int], metric: str,
+                  title: str) -> go.Figure:
+    """Layer × token heatmap of a per-token error (rows of mot_viz.cache_metrics.cache_error_grid)."""
+    z = grid.pivot(index="layer", columns="token", values="value").sort_index()
+    labels = axis_labels(tokens)
+    fig = go.Figure(go.Heatmap(
+        z=z.values, x=[labels[i] for i in z.columns], y=z.index, colorscale="RdBu" if metric == "cosine" else "Viridis",
+        zmid=0 if metric == "cosine" else None, colorbar_title=METRIC_TITLES[metric],
+        hovertemplate="layer %{y}<br>token %{x}<br>" + METRIC_TITLES[metric] + " %{z:.6g}<extra></extra>",
+    ))
+    fig.add_hrect(y0=min(window) - 0.5, y1=max(window) + 0.5, line_color="orange", line_width=2,
+                  annotation_text="injection window", annotation_position="top left")
+    _token_axis(fig, len(labels))
+    fig.update_yaxes(title_text="target layer", dtick=1)
+    fig.update_layout(title=title, height=260 + 22 * len(z.index))
+    return fig
+
+
+# ----- expert routing ----------------------------------------------------------------------------
+
+
+def gates_heatmap(gates: pd.DataFrame, title: str) -> go.Figure:
+    """Expert × token heatmap of router gates (rows of mot_viz.cache_metrics.gate_table); 0 = dropped by top-k."""
+    z = gates.pivot(index="expert", columns="token_index", values="gate").sort_index()
+    tokens = gates.drop_duplicates("token_index").sort_values("token_index")["token"].tolist()
+    fig = go.Figure(go.Heatmap(
+        z=z.values, x=axis_labels(tokens), y=[f"expert {e}" for e in z.index], zmin=0, zmax=1,
+        colorscale="Blues", colorbar_title="gate",
+        hovertemplate="%{y}<br>token %{x}<br>gate %{z:.6g}<extra></extra>",
+    ))
+    _token_axis(fig, len(tokens))
+    fig.update_layout(title=title, height=200 + 40 * len(z.index))
+    return fig
+
+
+def entropy_figure(per_token: pd.DataFrame, top_k: int) -> go.Figure:
+    """Routing entropy per token for K and V (rows of mot_viz.cache_metrics.token_routing_table)."""
+    labels = axis_labels(per_token["token"])
+    fig = go.Figure()
+    for kv, colour in (("K", "#1f77b4"), ("V", "#ff7f0e")):
+        fig.add_scatter(x=labels, y=per_token[f"{kv}_entropy"], mode="lines", name=kv, line_color=colour,
+                        customdata=per_token[f"{kv}_kept"],
+                        hovertemplate="token %{x}<br>entropy %{y:.4f} nats<br>kept experts %{customdata}<extra>"
+                                      + kv + "</extra>")
+    if top_k > 1:
+        import math
+
+        fig.add_hline(y=math.log(top_k), line_dash="dot", annotation_text=f"even split over top-{top_k}")
+    _token_axis(fig, len(labels))
+    fig.update_layout(title="Routing entropy per token", yaxis_title="entropy (nats)", height=360)
+    return fig
+
+
+def expert_usage_figure(usage: pd.DataFrame) -> go.Figure:
+    """Importance and load shares per expert, K and V side by side (rows of cache_metrics.expert_usage + a kv column)."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("importance share (sum of gates)", "load share (tokens kept)"))
+    for kv, colour in (("K", "#1f77b4"), ("V", "#ff7f0e")):
+        rows = usage[usage["kv"] == kv]
+        for c, column in enumerate(("importance_share", "load_share"), start=1):
+            fig.add_bar(x=[f"expert {e}" for e in rows["expert"]], y=rows[column], name=kv, legendgroup=kv,
+                        marker_color=colour, showlegend=c == 1,
+                        hovertemplate="%{x}<br>" + column.replace("_", " ") + " %{y:.4f}<extra>" + kv + "</extra>",
+                        row=1, col=c)
+    n = usage["expert"].nunique()
+    for c in (1, 2):
+        fig.add_hline(y=1 / n, line_dash="dot", row=1, col=c)
+    fig.update_layout(barmode="group", height=360, legend_title_text="mixture")
+    return fig
+
+
+# ----- token alignment ---------------------------------------------------------------------------
+
+
+def alignment_heatmap(matrix: torch.Tensor, target_tokens: Sequence[str], source_tokens: Sequence[str],
+                      value_name: str) -> go.Figure:
+    """Target tokens (rows) × source tokens (columns) heatmap of the alignment `matrix` [N_t, N_s]."""
+    fig = go.Figure(go.Heatmap(
+        z=matrix.float().numpy(), x=axis_labels(source_tokens), y=axis_labels(target_tokens), colorscale="Blues",
+        colorbar_title=value_name,
+        hovertemplate="target %{y}<br>source %{x}<br>" + value_name + " %{z:.6g}<extra></extra>",
+    ))
+    _token_axis(fig, len(source_tokens))
+    fig.update_yaxes(type="category", autorange="reversed", automargin=True, nticks=min(len(target_tokens), 60))
+    fig.update_layout(xaxis_title="source tokens", yaxis_title="target tokens",
+                      height=min(1400, 300 + 6 * len(target_tokens)))
+    return fig
+
+
+def alignment_table(matrix: torch.Tensor, target_tokens: Sequence[str], source_tokens: Sequence[str]) -> pd.DataFrame:
+    """The nonzero cells of an alignment matrix [N_t, N_s] as rows (for CSV download)."""
+    t, s = torch.nonzero(matrix, as_tuple=True)
+    return pd.DataFrame({"target_index": t.tolist(), "target_token": [target_tokens[i] for i in t.tolist()],
+                         "source_index": s.tolist(), "source_token": [source_tokens[i] for i in s.tolist()],
+                         "value": matrix[t, s].tolist()})
+
+
+# ----- cache space -------------------------------------------------------------------------------
+
+
+def cache_space_figure(points: pd.DataFrame) -> go.Figure:
+    """Scatter of projected K/V vectors (rows of cache_metrics.cache_space_table), one panel per space."""
+    spaces = list(dict.fromkeys(points["space"]))
+    titles = [f"{s}: {points.loc[points['space'] == s, 'projection'].iloc[0]}" for s in spaces]
+    fig = make_subplots(rows=1, cols=len(spaces), subplot_titles=titles)
+    for c, space in enumerate(spaces, start=1):
+        for kind, rows in points[points["space"] == space].groupby("kind", sort=False):
+            fig.add_scatter(x=rows["x"], y=rows["y"], mode="markers", name=kind,
+                            marker=dict(color=KIND_COLOURS.get(kind), size=6, opacity=0.75),
+                            customdata=list(zip(rows["token_index"], rows["token"])),
+                            hovertemplate="token %{customdata[0]} %{customdata[1]}<br>(%{x:.4g}, %{y:.4g})<extra>"
+                                          + kind + "</extra>",
+                            row=1, col=c)
+    fig.update_layout(height=520, legend_title_text="kind")
+    return fig
+
+
+# ----- training ----------------------------------------------------------------------------------
+
+LOSS_COLUMNS = ("loss", "ce", "mse_k", "mse_v")
+BALANCE_COLUMNS = ("gate_importance_cv2", "gate_load_cv2", "gate_importance_entropy")
+
+
+def training_figure(log: pd.DataFrame) -> go.Figure:
+    """Loss terms, learning rate and gate balance against the optimiser step (rows of a checkpoint's log.jsonl)."""
+    panels = [("losses", [c for c in LOSS_COLUMNS if c in log]), ("learning rate", [c for c in ("lr",) if c in log]),
+              ("gate balance", [c for c in BALANCE_COLUMNS if c in log])]
+    panels = [(title, cols) for title, cols in panels if cols]
+    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, subplot_titles=[t for t, _ in panels],
+                        vertical_spacing=0.08)
+    for r, (_, columns) in enumerate(panels, start=1):
+        for column in columns:
+            fig.add_scatter(x=log["step"], y=log[column], mode="lines+markers", name=column,
+                            hovertemplate="step %{x}<br>" + column + " %{y:.6g}<extra></extra>", row=r, col=1)
+    fig.update_xaxes(title_text="optimiser step", row=len(panels))
+    fig.update_layout(height=260 * len(panels) + 80)
+    return fig

@@ -1,0 +1,125 @@
+"""Checkpoints (save/load, refusal of wrong or unsafe files) and model loading errors."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+import torch
+
+from conftest import FAMILIES, tiny_model
+from mot_viz import hf
+from mot_viz.channels import Channels
+from mot_viz.checkpoint import WEIGHTS_FILE, load_checkpoint, read_config, save_checkpoint
+from mot_viz.errors import CheckpointError, ModelLoadError
+from mot_viz.models import SUPPORTED_MODEL_TYPES, load_model
+from mot_viz.mot import MoT
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_model("llama", vocab_size=280, seed=1), tiny_model("gemma3_text")
+
+
+def _mot(pair, **kw):
+    source, target = pair
+    torch.manual_seed(0)
+    return MoT.build(source.spec, target.spec, Channels((2, 3), (2, 3)), dim=16, heads=2, **kw)
+
+
+@pytest.mark.parametrize("variant", ["mot", "single"])
+def test_round_trip_is_exact(pair, tmp_path, variant):
+    mot = _mot(pair, variant=variant)
+    save_checkpoint(mot, tmp_path / "ck", training={"steps": 3}, metrics={"squad_f1": 0.5})
+    loaded, config = load_checkpoint(tmp_path / "ck", *pair)
+    assert config["training"] == {"steps": 3} and config["metrics"] == {"squad_f1": 0.5}
+    assert loaded.channels == mot.channels and loaded.translator.config == mot.translator.config
+    for (n1, p1), (n2, p2) in zip(mot.translator.state_dict().items(), loaded.translator.state_dict().items()):
+        assert n1 == n2 and torch.equal(p1, p2)
+    assert not loaded.training
+
+
+def test_fp16_storage_round_trips_to_the_rounded_weights(pair, tmp_path):
+    mot = _mot(pair)
+    save_checkpoint(mot, tmp_path / "ck", dtype=torch.float16)
+    loaded, _ = load_checkpoint(tmp_path / "ck")
+    for p1, p2 in zip(mot.translator.state_dict().values(), loaded.translator.state_dict().values()):
+        assert torch.equal(p1.half().float(), p2)
+
+
+def test_checkpoint_for_another_pair_is_refused(pair, tmp_path):
+    save_checkpoint(_mot(pair), tmp_path / "ck")
+    other = tiny_model("qwen2")
+    with pytest.raises(CheckpointError, match="made for target model 'tiny-gemma3_text-300-4'"):
+        load_checkpoint(tmp_path / "ck", pair[0], other)
+
+
+def test_corrupt_truncated_incomplete_and_pickled_checkpoints_are_refused(pair, tmp_path):
+    ck = save_checkpoint(_mot(pair), tmp_path / "ck")
+    weights = ck / WEIGHTS_FILE
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        load_checkpoint(ck)
+    weights.write_bytes(b"\x00" * 64)
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        load_checkpoint(ck)
+    # a missing tensor: rewrite the file without one key
+    from safetensors.torch import save_file
+
+    state = {k: v for k, v in _mot(pair).translator.state_dict().items() if "router" not in k}
+    save_file(state, str(weights))
+    with pytest.raises(CheckpointError, match="missing"):
+        load_checkpoint(ck)
+    # a folder with only a pickle
+    pk = tmp_path / "pickled"
+    pk.mkdir()
+    (pk / "translator.pt").write_bytes(pickle.dumps({"x": 1}))
+    with pytest.raises(CheckpointError, match="never loads pickles"):
+        load_checkpoint(pk)
+    # a config that is not ours
+    (ck / "config.json").write_text(json.dumps({"hello": 1}))
+    with pytest.raises(CheckpointError, match="lacks"):
+        read_config(ck)
+
+
+def test_unknown_names_and_offline_hub_ids_raise_one_clear_error(monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # as on a machine without the Hub
+    for name in ("no-such-model-anywhere", "gpt2", "./missing/folder", "/tmp/nothing.gguf"):
+        with pytest.raises(ModelLoadError) as err:
+            load_model(name)
+        message = str(err.value)
+        assert "Bundled models that work offline" in message and "smollm2-135m" in message, name
+        assert all(f in message for f in SUPPORTED_MODEL_TYPES)
+
+
+def test_unsupported_architecture_is_refused(tmp_path):
+    from transformers import BertConfig
+
+    BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64).save_pretrained(tmp_path)
+    with pytest.raises(ModelLoadError, match="'bert' model, which MoT Viz does not support"):
+        load_model(str(tmp_path))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_loads_from_a_local_folder_with_its_geometry(family, tmp_path):
+    tiny = tiny_model(family)
+    tiny.model.save_pretrained(tmp_path)
+    tiny.tokenizer.save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path))
+    spec = loaded.spec
+    assert spec.model_type == family and spec.num_layers == 4
+    geometry = {k: v for k, v in spec.to_json().items() if k not in ("name", "fingerprint")}
+    assert geometry == {k: v for k, v in tiny.spec.to_json().items() if k not in ("name", "fingerprint")}
+    assert spec.fingerprint == load_model(str(tmp_path)).spec.fingerprint  # stable across loads
+    k = hf.run(loaded.model, torch.tensor([[3, 4, 5]])).kv[0][0]  # (1, n_kv, 3, d_h) as the model computes it
+    assert (k.shape[1], k.shape[3]) == (spec.num_kv_heads, spec.head_dim)
+    assert loaded.model.config._attn_implementation == "mot_viz"
+    assert not any(p.requires_grad for p in loaded.model.parameters())
+    if family == "gemma3_text":
+        assert spec.sliding_window == 8 and spec.sliding_layers == (0, 1, 3)
+    ids = torch.tensor([[3, 4, 5]])
+    assert torch.allclose(loaded.model(ids).logits, tiny.model(ids).logits, atol=1e-5)
