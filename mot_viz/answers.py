@@ -17,7 +17,7 @@ from .alignment import encode
 from .controls import random_window
 from .data import QAExample, build_prompt, choice_label_texts
 from .models import LoadedModel
-from .mot import MoT, Translation, replay, translate
+from .mot import MoT, Translation, empty_context_cache, replay, translate
 from .qa_metrics import exact_match, postprocess_generation, squad_f1
 
 CONDITIONS = ("native", "no_context", "mot", "random")
@@ -76,7 +76,7 @@ def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example
         translation = translate(mot, source, target, build_prompt(example).context_text)
     caches = {
         "native": translation.native_kv,
-        "no_context": None,
+        "no_context": empty_context_cache(target),
         "mot": translation.mixed_kv,
         "random": random_control_cache(mot, target, translation, seed),
     }

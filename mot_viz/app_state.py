@@ -11,6 +11,8 @@ Test mode: with ``MOT_VIZ_TEST_MODELS=1`` the bundled model names load tiny rand
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
 import time
@@ -172,26 +174,39 @@ def get_checkpoint(path: str, source: LoadedModel, target: LoadedModel) -> tuple
     return mot, config
 
 
+# (source, target, checkpoint path, checkpoint stamp, context text, test mode): what one translation depends on
+TranslationKey = tuple[str, str, str, int, str, bool]
+
+
+def translation_key(sel: Selection, checkpoint: str | None = None) -> TranslationKey:
+    """The cache key of the selection's translation (optionally with another checkpoint)."""
+    path = sel.checkpoint if checkpoint is None else checkpoint
+    return sel.source, sel.target, path, checkpoint_stamp(path), sel.text, test_mode()
+
+
 @st.cache_resource(show_spinner=False, max_entries=16)
-def _cached_translation(source: str, target: str, checkpoint: str, stamp: int, text: str, test: bool) -> Translation:
+def _cached_translation(key: TranslationKey) -> Translation:
+    source, target, path, _, text, _ = key
     src, tgt = get_model(source), get_model(target)
-    mot, _ = get_checkpoint(checkpoint, src, tgt)
+    mot, _ = get_checkpoint(path, src, tgt)
     return translate(mot, src, tgt, text, max_tokens=min(MAX_CONTEXT_TOKENS, tgt.spec.max_positions))
 
 
 def get_translation(sel: Selection, checkpoint: str | None = None) -> Translation:
     """The translation of the selection's context (optionally with another checkpoint); computed once per input."""
-    path = sel.checkpoint if checkpoint is None else checkpoint
-    return _cached_translation(sel.source, sel.target, path, checkpoint_stamp(path), sel.text, test_mode())
+    return _cached_translation(translation_key(sel, checkpoint))
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
-def _cached_condition_caches(sel: Selection, stamp: int, test: bool) -> tuple[dict, float]:
-    src, tgt = get_model(sel.source), get_model(sel.target)
-    mot, _ = get_checkpoint(sel.checkpoint, src, tgt)
+def _cached_condition_caches(key: TranslationKey) -> tuple[dict, float]:
+    """Every answer condition's cache, and the seconds of the one new piece of work (the random-window replay)."""
+    source, target, path, _, _, _ = key
+    src, tgt = get_model(source), get_model(target)
+    mot, _ = get_checkpoint(path, src, tgt)
     start = time.perf_counter()
-    _, caches = condition_caches(mot, src, tgt, sel.example, get_translation(sel))
-    return caches, time.perf_counter() - start  # only the random-window replay is new work here
+    # condition_caches reads the example only to translate it; the translation is given here
+    _, caches = condition_caches(mot, src, tgt, None, _cached_translation(key))
+    return caches, time.perf_counter() - start
 
 
 def _scorable(example: QAExample) -> QAExample:
@@ -200,30 +215,29 @@ def _scorable(example: QAExample) -> QAExample:
 
 
 @st.cache_resource(show_spinner=False, max_entries=64)
-def _cached_answer(sel: Selection, stamp: int, condition: str, checkpoint: str, max_new_tokens: int,
-                   test: bool) -> Answer:
-    tgt = get_model(sel.target)
-    if condition == "mot" and checkpoint != sel.checkpoint:
-        kv = get_translation(sel, checkpoint).mixed_kv  # the second checkpoint's replayed cache
+def _cached_answer(key: TranslationKey, condition: str, example: QAExample, suffix: str | None,
+                   max_new_tokens: int) -> Answer:
+    if condition == "mot":  # the replayed cache alone: a second checkpoint needs no random-window replay
+        kv = _cached_translation(key).mixed_kv
     else:
-        kv = _cached_condition_caches(sel, stamp, test)[0][condition]
-    return answer_from_cache(tgt, kv, _scorable(sel.example), condition, max_new_tokens, sel.suffix)
+        kv = _cached_condition_caches(key)[0][condition]
+    return answer_from_cache(get_model(key[1]), kv, _scorable(example), condition, max_new_tokens, suffix)
 
 
 def answer_row(sel: Selection, condition: str, max_new_tokens: int, checkpoint: str | None = None) -> dict:
-    """One row of the answers table: the condition's answer, its score vs the gold answers, and its times."""
-    path = checkpoint or sel.checkpoint
-    stamp = checkpoint_stamp(sel.checkpoint)
-    answer = _cached_answer(sel, stamp, condition, path, max_new_tokens, test_mode())
-    translation = get_translation(sel, path)
-    t = translation.timings
+    """One row of the answers table: the condition's answer, its score vs the gold answers, and its times.
+
+    With `checkpoint`, the condition's cache comes from that (second) checkpoint's translation.
+    """
+    key = translation_key(sel, checkpoint)
+    answer = _cached_answer(key, condition, sel.example, sel.suffix, max_new_tokens)
+    t = _cached_translation(key).timings
     cache_seconds = {
         "native": t.get("native_prefill", 0.0),
         "no_context": 0.0,
         "mot": t["source_prefill_and_alignment"] + t["translator"] + t["replay"],
+        "random": _cached_condition_caches(key)[1] if condition == "random" else 0.0,
     }
-    if condition == "random":
-        cache_seconds["random"] = _cached_condition_caches(sel, stamp, test_mode())[1]
     label = CONDITION_LABELS[condition]
     if checkpoint and checkpoint != sel.checkpoint:
         label = f"MoT-translated cache, second checkpoint ({Path(checkpoint).name})"
@@ -297,16 +311,19 @@ def keep_widget_state() -> None:
             st.session_state[key] = st.session_state[key]
 
 
-def _choose(key: str, options: list[str], default: str) -> None:
-    # a value that is no longer offered (e.g. a removed checkpoint) falls back to the default
-    if st.session_state.get(key) not in options:
+def widget_default(key: str, default: object, options: list | None = None) -> None:
+    """Give a keyed widget its first value (widgets then take no value= argument, so none is overridden).
+
+    A value no longer offered among `options` (e.g. a removed checkpoint) falls back to the default.
+    """
+    if key not in st.session_state or (options is not None and st.session_state[key] not in options):
         st.session_state[key] = default
 
 
 def _model_picker(role: str) -> str:
     key = f"sb.{role}"
     options = [*BUNDLED_MODELS, OTHER]
-    _choose(key, options, options[0])
+    widget_default(key, options[0], options)
     choice = st.selectbox(f"{role.capitalize()} model", options, key=key,
                           format_func=lambda n: n if n == OTHER else f"{n} (bundled)")
     typed = st.text_input(f"{role.capitalize()}: Hub id, local folder or .gguf file", key=f"{key}_other",
@@ -318,7 +335,7 @@ def _checkpoint_picker(source: str, target: str) -> str:
     checkpoints = available_checkpoints()
     options = [*checkpoints, OTHER]
     default = default_checkpoint(source, target, checkpoints) or OTHER
-    _choose("sb.checkpoint", options, default)
+    widget_default("sb.checkpoint", default, options)
     choice = st.selectbox("MoT checkpoint", options, key="sb.checkpoint",
                           help=f"Folders in {pretrained_dir()} holding config.json + translator.safetensors.")
     typed = st.text_input("Checkpoint folder path", key="sb.checkpoint_other", disabled=choice != OTHER,
@@ -334,7 +351,7 @@ def _context_picker() -> tuple[str, QAExample | None, str | None, str]:
         gold = st.text_input("Gold answer(s), separated by |", key="sb.gold")
         example, suffix = free_text_selection(text, question, gold)
         return text, example, suffix, "free text"
-    _choose("sb.dataset", list(BUILTIN_DATASETS), "squad")
+    widget_default("sb.dataset", "squad", list(BUILTIN_DATASETS))
     name = st.selectbox("Dataset", list(BUILTIN_DATASETS), key="sb.dataset", format_func=DATASET_LABELS.get)
     try:
         examples = dataset_examples(name)
@@ -373,8 +390,41 @@ def sidebar() -> Selection:
 
 
 def applied_selection() -> Selection:
-    """The selection the pages show (set by the sidebar)."""
+    """The selection the pages show (set by the sidebar that page_setup draws)."""
+    if "applied" not in st.session_state:  # a page run on its own that skipped page_setup: draw the sidebar now
+        return _setup()
     return st.session_state["applied"]
+
+
+# True while app.py's navigation frame runs a page: the frame has drawn the sidebar for this run already
+_FRAME_DREW_SIDEBAR: contextvars.ContextVar[bool] = contextvars.ContextVar("mot_viz_frame_sidebar", default=False)
+
+
+def _setup() -> Selection:
+    st.set_page_config(page_title="MoT Viz", page_icon="🔀", layout="wide")
+    keep_widget_state()
+    return sidebar()
+
+
+@contextlib.contextmanager
+def navigation_frame():
+    """The entry script's frame around ``st.navigation(...).run()``: draws the sidebar once for every page."""
+    _setup()
+    token = _FRAME_DREW_SIDEBAR.set(True)
+    try:
+        yield
+    finally:  # also on st.stop / rerun, so a reused script thread starts clean
+        _FRAME_DREW_SIDEBAR.reset(token)
+
+
+def page_setup() -> Selection:
+    """The first call of every page: the shared sidebar, and the applied selection.
+
+    Inside app.py's navigation frame the sidebar is already drawn and this only returns the selection. Streamlit
+    also runs a file in pages/ on its own (a session that opens a page's URL before any session has run the entry
+    script, or AppTest.switch_page); then this draws the sidebar itself.
+    """
+    return applied_selection() if _FRAME_DREW_SIDEBAR.get() else _setup()
 
 
 # ----- page helpers --------------------------------------------------------------------------------

@@ -132,12 +132,11 @@ def window_vectors(translation: Translation, channels: Channels, position: int, 
     return out
 
 
-def pca_project(x: np.ndarray, dims: int = 2, fit_on: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """PCA of rows of `x` [n, H] to `dims` coordinates, fitted on `fit_on` (default x); returns (coords, explained ratio)."""
+def pca_project(x: np.ndarray, dims: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """PCA of the rows of `x` [n, H] to `dims` coordinates; returns (coords, explained variance ratios)."""
     from sklearn.decomposition import PCA
 
-    fit = x if fit_on is None else fit_on
-    pca = PCA(n_components=min(dims, *fit.shape), random_state=0).fit(fit)
+    pca = PCA(n_components=min(dims, *x.shape), random_state=0).fit(x)
     return pca.transform(x), pca.explained_variance_ratio_
 
 

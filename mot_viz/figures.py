@@ -61,12 +61,6 @@ def answers_figure(answers: pd.DataFrame) -> go.Figure:
 # ----- per-layer cache error ---------------------------------------------------------------------
 
 
-def _window_band(fig: go.Figure, window: Sequence[int], axis: str, **selector) -> None:
-    add = fig.add_vrect if axis == "x" else fig.add_hrect
-    kwargs = {f"{axis}0": min(window) - 0.5, f"{axis}1": max(window) + 0.5}
-    add(**kwargs, fillcolor="orange", opacity=0.12, line_width=0, **selector)
-
-
 def layer_error_figure(table: pd.DataFrame, window: Sequence[int]) -> go.Figure:
     """MSE, relative L2 and cosine per target layer for K and V (rows of mot_viz.cache_metrics.cache_error_table).
 
@@ -77,13 +71,16 @@ def layer_error_figure(table: pd.DataFrame, window: Sequence[int]) -> go.Figure:
                         row_titles=[METRIC_TITLES[m] for m in metrics], vertical_spacing=0.06)
     for c, kv in enumerate(("K", "V"), start=1):
         for r, metric in enumerate(metrics, start=1):
-            _window_band(fig, window, "x", row=r, col=c)
             for comparison, colour in COMPARISON_COLOURS.items():
                 rows = table[(table["kv"] == kv) & (table["comparison"] == comparison)].sort_values("layer")
                 fig.add_scatter(x=rows["layer"], y=rows[metric], mode="lines+markers", name=comparison,
                                 legendgroup=comparison, showlegend=(r == 1 and c == 1), line_color=colour,
-                                hovertemplate=f"{kv} layer %{{x}}<br>{METRIC_TITLES[metric]} %{{y:.6g}}<extra>{comparison}</extra>",
+                                hovertemplate=f"{kv} layer %{{x}}<br>{METRIC_TITLES[metric]} %{{y:.6g}}"
+                                              f"<extra>{comparison}</extra>",
                                 row=r, col=c)
+            # after the traces: plotly leaves out subplots that are still empty
+            fig.add_vrect(x0=min(window) - 0.5, x1=max(window) + 0.5, fillcolor="orange", opacity=0.12, line_width=0,
+                          row=r, col=c)
     fig.update_xaxes(title_text="target layer (shaded: injection window)", dtick=1, row=len(metrics))
     fig.update_layout(height=720, legend_title_text="vs native")
     return fig
@@ -143,7 +140,7 @@ def entropy_figure(per_token: pd.DataFrame, top_k: int) -> go.Figure:
 
 
 def expert_usage_figure(usage: pd.DataFrame) -> go.Figure:
-    """Importance and load shares per expert, K and V side by side (rows of cache_metrics.expert_usage + a kv column)."""
+    """Importance and load shares per expert, K and V side by side (cache_metrics.expert_usage rows + a kv column)."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("importance share (sum of gates)", "load share (tokens kept)"))
     for kv, colour in (("K", "#1f77b4"), ("V", "#ff7f0e")):
         rows = usage[usage["kv"] == kv]

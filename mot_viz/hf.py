@@ -34,7 +34,7 @@ KV = tuple[torch.Tensor, torch.Tensor]  # (K, V), each [B, n_kv, N, d_h]
 class AttentionPlan:
     """What the registered attention function does differently, per target layer, during one forward."""
 
-    inject: dict[int, KV] = field(default_factory=dict)  # layer -> K/V used in place of the computed ones
+    inject: dict[int, KV] = field(default_factory=dict)  # layer -> K/V replacing the last positions' computed K/V
     sparse: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> key indices [B, 1, N, k]
     record: set[int] = field(default_factory=set)  # layers whose head-averaged attention is recorded
     recorded: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> probs [B, 1, N_q, N_kv]
@@ -114,9 +114,11 @@ def mot_attention(module, query, key, value, attention_mask, scaling=None, dropo
         layer = module.layer_idx
         if layer in plan.inject:
             k_inj, v_inj = plan.inject[layer]
-            if k_inj.shape != key.shape:
-                raise ValueError(f"injected K {tuple(k_inj.shape)} does not match layer {layer} K {tuple(key.shape)}")
-            key, value = k_inj.to(key.dtype), v_inj.to(value.dtype)
+            n = k_inj.shape[2]  # positions before these (a BOS prefix) keep their computed K/V
+            if k_inj.shape[:2] + k_inj.shape[3:] != key.shape[:2] + key.shape[3:] or n > key.shape[2]:
+                raise ValueError(f"injected K {tuple(k_inj.shape)} does not fit layer {layer} K {tuple(key.shape)}")
+            key = torch.cat([key[:, :, : key.shape[2] - n], k_inj.to(key.dtype)], dim=2)
+            value = torch.cat([value[:, :, : value.shape[2] - n], v_inj.to(value.dtype)], dim=2)
         if layer in plan.record:
             plan.recorded[layer] = _dense_probs(module, query, key, scaling, softcap)
         if layer in plan.sparse:

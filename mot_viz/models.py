@@ -74,6 +74,18 @@ class LoadedModel:
     def eos_token_id(self) -> int | None:
         return self.tokenizer.eos_token_id
 
+    @property
+    def prefix_ids(self) -> list[int]:
+        """[BOS] if the tokenizer adds one by default (Gemma), else [].
+
+        The cache always starts with these tokens, as the model was trained: Gemma without BOS repeats the
+        question instead of answering it. Their K/V depend on nothing but themselves (causal attention),
+        so they carry no information about the context and are never translated (see docs/DECISIONS.md).
+        """
+        bos = self.tokenizer.bos_token_id
+        ids = self.tokenizer("a", add_special_tokens=True)["input_ids"]
+        return [bos] if bos is not None and ids and ids[0] == bos else []
+
 
 def cache_dir() -> Path:
     """The user cache folder for converted models (``$MOT_VIZ_CACHE`` or ``~/.cache/mot_viz``)."""

@@ -71,11 +71,12 @@ class MoT(nn.Module):
 class SourceContext:
     """The source side of one context, re-tokenized from the target's text and aligned to the target grid."""
 
-    source_ids: torch.Tensor  # [1, N_s]
-    target_ids: torch.Tensor  # [1, N_t]
+    source_ids: torch.Tensor  # [1, N_s] the context's source tokens (no BOS)
+    target_ids: torch.Tensor  # [1, N_t] the context's target tokens (no BOS)
     alignment: TokenAlignment
-    source_kv: list[KV]  # every source layer, [1, n_kv_S, N_s, d_S]
+    source_kv: list[KV]  # every source layer over the context tokens, [1, n_kv_S, N_s, d_S]
     source_attention: dict[int, torch.Tensor]  # source layer -> head-averaged probs [1, 1, N_s, N_s]
+    target_prefix_len: int = 0  # BOS positions the target's caches start with
 
 
 @dataclass
@@ -86,9 +87,10 @@ class Translation:
     source: SourceContext
     translated: TranslatorOutput  # window blocks on the target grid, with routing
     injected_kv: list[KV]  # the translated K/V per window layer, [1, n_kv_T, N_t, d_T]
-    mixed_kv: list[KV]  # the replayed target cache, all layers
-    native_kv: list[KV] | None  # the target's own cache of the context (dense), all layers
-    sparse_indices: dict[int, torch.Tensor]  # target layer -> [1, 1, N_t, k]
+    mixed_kv: list[KV]  # the replayed target cache, all layers, [1, n_kv_T, P + N_t, d_T]
+    native_kv: list[KV] | None  # the target's own cache of the context (dense), same shapes
+    sparse_indices: dict[int, torch.Tensor]  # target layer -> [1, 1, P + N_t, P + k]
+    prefix_len: int = 0  # P: BOS positions the target's caches start with (never translated)
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage
 
     @property
@@ -96,19 +98,20 @@ class Translation:
         return self.source.target_ids
 
     def native_window_blocks(self, channels: Channels) -> tuple[torch.Tensor, torch.Tensor]:
-        """The native K and V blocks [1, N_t, W, H_T] at the window layers."""
+        """The native K and V blocks [1, N_t, W, H_T] at the window layers (context positions only)."""
         if self.native_kv is None:
             raise ValueError("this translation was computed without the native cache")
-        return (to_block([self.native_kv[t][0] for t in channels.target_layers]),
-                to_block([self.native_kv[t][1] for t in channels.target_layers]))
+        p = self.prefix_len
+        return (to_block([self.native_kv[t][0][:, :, p:] for t in channels.target_layers]),
+                to_block([self.native_kv[t][1][:, :, p:] for t in channels.target_layers]))
 
 
 def target_context_ids(target: LoadedModel, text: str, max_tokens: int | None = None) -> torch.Tensor:
-    """The target's token ids [1, N_t] of a context, checked against the model's limit."""
+    """The target's token ids [1, N_t] of a context (no BOS), checked against the model's limit."""
     if not text or not text.strip():
         raise ContextError("The context is empty. Type or choose a passage to translate.")
     ids = encode(target.tokenizer, text)
-    limit = max_tokens or target.spec.max_positions
+    limit = max_tokens or target.spec.max_positions - len(target.prefix_ids)
     if len(ids) > limit:
         raise ContextError(
             f"The context is {len(ids)} target tokens long; this pair allows at most {limit}. Shorten the context."
@@ -128,9 +131,29 @@ def prepare_source(mot: MoT, source: LoadedModel, target: LoadedModel, target_id
     alignment = identity_alignment(len(t_ids)) if same else align_ids(source.tokenizer, s_ids, target.tokenizer, t_ids, text)
     needed = {sparse_source_layer(mot.channels, l, mot.source.num_layers) for l in mot.sparse_layers()}
     plan = hf.AttentionPlan(record=needed)
-    s_tensor = torch.tensor([s_ids])
-    out = hf.run(source.model, s_tensor, plan=plan, logits_to_keep=1)
-    return SourceContext(s_tensor, target_ids, alignment, out.kv, out.attention)
+    p = len(source.prefix_ids)
+    out = hf.run(source.model, torch.tensor([source.prefix_ids + s_ids]), plan=plan, logits_to_keep=1)
+    # the source's BOS position is dropped: only context tokens are aligned and translated
+    kv = [(k[:, :, p:], v[:, :, p:]) for k, v in out.kv]
+    attention = {l: a[:, :, p:, p:] for l, a in out.attention.items()}
+    return SourceContext(torch.tensor([s_ids]), target_ids, alignment, kv, attention, len(target.prefix_ids))
+
+
+def with_prefix(indices: torch.Tensor, prefix_len: int) -> torch.Tensor:
+    """Context indices [B, 1, N, k] -> indices over prefix + context [B, 1, P+N, P+k].
+
+    Every query also attends to the P prefix (BOS) positions, Gemma's attention sink; prefix queries
+    attend to the prefix only. Padding uses the sentinel P+N, which is always masked.
+    """
+    if prefix_len == 0:
+        return indices
+    b, _, n, k = indices.shape
+    sentinel = prefix_len + n
+    prefix = torch.arange(prefix_len).view(1, 1, 1, prefix_len)
+    context_rows = torch.cat([prefix.expand(b, 1, n, prefix_len), indices + prefix_len], dim=-1)
+    prefix_rows = torch.full((b, 1, prefix_len, prefix_len + k), sentinel, dtype=indices.dtype)
+    prefix_rows[..., :prefix_len] = prefix
+    return torch.cat([prefix_rows, context_rows], dim=2)
 
 
 def sparse_indices(mot: MoT, src: SourceContext) -> dict[int, torch.Tensor]:
@@ -143,7 +166,8 @@ def sparse_indices(mot: MoT, src: SourceContext) -> dict[int, torch.Tensor]:
         if s_layer not in per_source:
             probs = src.source_attention[s_layer]  # (1, 1, N_s, N_s)
             idx = probs.topk(min(k_top, probs.shape[-1]), dim=-1).indices
-            per_source[s_layer] = idx if src.alignment.identity else remap_sparse_indices(idx, src.alignment)
+            idx = idx if src.alignment.identity else remap_sparse_indices(idx, src.alignment)
+            per_source[s_layer] = with_prefix(idx, src.target_prefix_len)
         out[layer] = per_source[s_layer]
     return out
 
@@ -161,23 +185,37 @@ def replay(mot: MoT, target: LoadedModel, target_ids: torch.Tensor, window_keys:
            cache_injected_window: bool = False) -> list[KV]:
     """Replay the context in the target with the window blocks [1, N_t, W, H_T] injected; returns the mixed cache.
 
-    The window layers' cache entries are the native-like K/V recomputed from the perturbed hidden states,
-    unless cache_injected_window (method.md §6, step 3).
+    target_ids [1, N_t] are the context tokens; the target's BOS prefix (if any) is prepended and keeps
+    its own K/V. The window layers' cache entries are the native-like K/V recomputed from the perturbed
+    hidden states, unless cache_injected_window (method.md §6, step 3).
     """
     n_kv = mot.target.num_kv_heads
     injected = list(zip(from_block(window_keys, n_kv), from_block(window_values, n_kv)))
     plan = hf.AttentionPlan(inject=dict(zip(mot.channels.target_layers, injected)), sparse=sparse or {})
-    mixed = hf.run(target.model, target_ids, plan=plan, logits_to_keep=1).kv
+    mixed = hf.run(target.model, _with_bos(target, target_ids), plan=plan, logits_to_keep=1).kv
     if cache_injected_window:
-        for layer, kv in zip(mot.channels.target_layers, injected):
-            mixed[layer] = kv
+        for layer, (k, v) in zip(mot.channels.target_layers, injected):
+            k0, v0 = mixed[layer]
+            p = k0.shape[2] - k.shape[2]
+            mixed[layer] = (torch.cat([k0[:, :, :p], k], 2), torch.cat([v0[:, :, :p], v], 2))
     return mixed
+
+
+def _with_bos(lm: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
+    prefix = torch.tensor([lm.prefix_ids] * ids.shape[0], dtype=ids.dtype).view(ids.shape[0], -1)
+    return torch.cat([prefix, ids], dim=1)
 
 
 @torch.no_grad()
 def native_cache(target: LoadedModel, target_ids: torch.Tensor) -> list[KV]:
-    """The target's own dense cache of the context."""
-    return hf.run(target.model, target_ids, logits_to_keep=1).kv
+    """The target's own dense cache of the context [1, N_t] (after its BOS prefix, if any)."""
+    return hf.run(target.model, _with_bos(target, target_ids), logits_to_keep=1).kv
+
+
+@torch.no_grad()
+def empty_context_cache(lm: LoadedModel) -> list[KV] | None:
+    """The cache a model starts from with no context: its BOS prefix, or nothing."""
+    return hf.run(lm.model, torch.tensor([lm.prefix_ids]), logits_to_keep=1).kv if lm.prefix_ids else None
 
 
 def translate(mot: MoT, source: LoadedModel, target: LoadedModel, text: str, with_native: bool = True,
@@ -204,7 +242,8 @@ def translate(mot: MoT, source: LoadedModel, target: LoadedModel, text: str, wit
             timings["native_prefill"] = time.perf_counter() - t0
     n_kv = mot.target.num_kv_heads
     injected = list(zip(from_block(translated.keys, n_kv), from_block(translated.values, n_kv)))
-    return Translation(text, src, translated, injected, mixed, native, sparse, timings)
+    return Translation(text, src, translated, injected, mixed, native, sparse, prefix_len=len(target.prefix_ids),
+                       timings=timings)
 
 
 def check_pair(mot: MoT, source: LoadedModel, target: LoadedModel) -> None:

@@ -100,22 +100,27 @@ def case_from_example(target: LoadedModel, example: QAExample, max_answer_tokens
 
 
 @torch.no_grad()
-def case_from_text(target: LoadedModel, context_text: str, suffix_text: str, max_answer_tokens: int = 4,
-                   answer_text: str | None = None) -> ContextCase:
-    """A free-text context; without an answer, the native cache's own greedy answer tokens are teacher-forced."""
+def case_from_text(target: LoadedModel, context_text: str, suffix_text: str, example: QAExample | None = None,
+                   max_answer_tokens: int = 4) -> ContextCase:
+    """A context with its own suffix (e.g. typed in the app).
+
+    The teacher-forced answer is the example's gold answer (or gold label) when it has one, else the
+    native cache's own greedy answer tokens.
+    """
     ids = target_context_ids(target, context_text)
-    suffix = torch.tensor([encode(target.tokenizer, suffix_text)])
+    suffix = torch.tensor([encode(target.tokenizer, suffix_text or "")])
     if suffix.shape[1] == 0:
-        raise ConfigError("the suffix is empty; the analysis needs at least the seed token")
-    if answer_text:
-        answer = encode(target.tokenizer, " " + answer_text.strip())[:max_answer_tokens]
+        raise ConfigError("the suffix is empty; the analysis needs at least the seed token (ask a question)")
+    has_gold = example is not None and (example.kind == "closed" or any(a.strip() for a in example.answers))
+    if has_gold:
+        answer = answer_token_ids(target.tokenizer, example, max_answer_tokens)
     else:
         native = hf.run(target.model, ids, logits_to_keep=1).kv
         answer = hf.greedy_generate(target.model, native, suffix, max_answer_tokens,
                                     hf.eos_ids(target.model, target.tokenizer))
     if not answer:
-        raise ConfigError("no answer tokens to teacher-force: give an answer text")
-    return ContextCase(ids, suffix, answer, context_text, None)
+        raise ConfigError("no answer tokens to teacher-force (the target stops at once): give a gold answer")
+    return ContextCase(ids, suffix, answer, context_text, example if has_gold else None)
 
 
 # ----- caches ---------------------------------------------------------------------------------------------
@@ -177,33 +182,61 @@ def window_caches(replay_fn: ReplayFn, native_k: torch.Tensor, native_v: torch.T
 class CacheTrace:
     """The target reading the suffix, the seed and the teacher-forced answer tokens on top of one cache."""
 
-    residual: torch.Tensor  # [J, L+1, D] residual states at every layer boundary, per answer token
-    attn: torch.Tensor  # [J, L, D] what each block's attention sub-block adds at that token
-    mlp: torch.Tensor  # [J, L, D] what each block's MLP sub-block adds
     seed_logprobs: torch.Tensor  # [V] float32 log-softmax of the next-token logits after the seed
+    answer_logprob: float  # mean log p(a_j | cache, suffix, a_<j) of the teacher-forced answer tokens
+    residual: torch.Tensor | None = None  # [J, L+1, D] residual states at every layer boundary, per answer token
+    attn: torch.Tensor | None = None  # [J, L, D] what each block's attention sub-block adds at that token
+    mlp: torch.Tensor | None = None  # [J, L, D] what each block's MLP sub-block adds
 
 
-def seed_logprobs(target: LoadedModel, kv: list[KV] | None, suffix_ids: torch.Tensor) -> torch.Tensor:
-    """Float32 next-token log-probabilities [V] after appending the suffix (seed last) to the cache."""
-    with torch.no_grad():
-        logits = hf.run(target.model, suffix_ids, kv, logits_to_keep=1).logits
-    return logits[0, -1].float().log_softmax(-1)
+def _logprobs(logits: torch.Tensor) -> torch.Tensor:
+    return logits.float().log_softmax(-1)
 
 
 @torch.no_grad()
-def trace_cache(target: LoadedModel, kv: list[KV], suffix_ids: torch.Tensor, answer_ids: Sequence[int]) -> CacheTrace:
-    """Append suffix + seed, then run each answer token singly, extending the cache with its own KV."""
-    out = hf.run(target.model, suffix_ids, kv, logits_to_keep=1)
-    logp = out.logits[0, -1].float().log_softmax(-1)
-    cache = out.kv
-    res, attn, mlp = [], [], []
-    for token in answer_ids:
-        tr = hf.residual_trace(target.model, torch.tensor([[token]], device=suffix_ids.device), cache, logits_to_keep=1)
-        res.append(tr.residual[:, 0, -1])  # (L+1, D)
-        attn.append(tr.attn[:, 0, -1])  # (L, D)
-        mlp.append(tr.mlp[:, 0, -1])
-        cache = tr.result.kv  # teacher forcing: this cache's own KV of the answer token
-    return CacheTrace(torch.stack(res).float(), torch.stack(attn).float(), torch.stack(mlp).float(), logp)
+def trace_cache(target: LoadedModel, kv: list[KV] | None, suffix_ids: torch.Tensor, answer_ids: Sequence[int],
+                residuals: bool = True, stepwise: bool = False) -> CacheTrace:
+    """Append suffix + seed to the cache, then the teacher-forced answer tokens; read residuals at the answer tokens.
+
+    stepwise=True follows method.md §9.2 literally: each answer token is run singly and the cache is
+    extended with its own new KV. The default feeds suffix and answer tokens in one causal forward,
+    which computes the same states (a unit test checks the two agree) at a quarter of the cost.
+    residuals=False skips the hooks (seed distribution and answer likelihood only).
+    """
+    answer = torch.tensor([list(answer_ids)], device=suffix_ids.device)  # (1, J)
+    j_count, s_count = answer.shape[1], suffix_ids.shape[1]
+    if j_count == 0:
+        raise ConfigError("no answer tokens to trace")
+    if not stepwise:
+        ids = torch.cat([suffix_ids, answer], dim=1)  # (1, S+J)
+        if residuals:
+            tr = hf.residual_trace(target.model, ids, kv, logits_to_keep=j_count + 1)
+            logits, res, attn, mlp = tr.result.logits, tr.residual[:, 0, s_count:], tr.attn[:, 0, s_count:], tr.mlp[:, 0, s_count:]
+            res, attn, mlp = res.transpose(0, 1), attn.transpose(0, 1), mlp.transpose(0, 1)  # (J, L+1|L, D)
+        else:
+            logits = hf.run(target.model, ids, kv, logits_to_keep=j_count + 1).logits
+            res = attn = mlp = None
+        logp = _logprobs(logits[0])  # (J+1, V): after the seed, then after each answer token
+    else:
+        out = hf.run(target.model, suffix_ids, kv, logits_to_keep=1)
+        rows, cache, res_l, attn_l, mlp_l = [_logprobs(out.logits[0, -1])], out.kv, [], [], []
+        for token in answer[0]:
+            step = token.view(1, 1)
+            if residuals:
+                tr = hf.residual_trace(target.model, step, cache, logits_to_keep=1)
+                res_l.append(tr.residual[:, 0, -1])  # (L+1, D)
+                attn_l.append(tr.attn[:, 0, -1])  # (L, D)
+                mlp_l.append(tr.mlp[:, 0, -1])
+                result = tr.result
+            else:
+                result = hf.run(target.model, step, cache, logits_to_keep=1)
+            rows.append(_logprobs(result.logits[0, -1]))
+            cache = result.kv  # teacher forcing: this cache's own KV of the answer token
+        logp = torch.stack(rows)
+        res, attn, mlp = (torch.stack(x) for x in (res_l, attn_l, mlp_l)) if residuals else (None, None, None)
+    answer_lp = float(logp[:-1].gather(-1, answer[0, :, None]).mean())
+    as_float = lambda t: None if t is None else t.to(torch.promote_types(t.dtype, torch.float32))  # fp16 → fp32
+    return CacheTrace(logp[0], answer_lp, as_float(res), as_float(attn), as_float(mlp))
 
 
 # ----- §9.2 metrics ---------------------------------------------------------------------------------------
@@ -220,6 +253,8 @@ class TokenShift:
     window_input_norm: float  # ‖h_{t0}^nat‖
     pre_window_shift: float  # ‖Δh_{t0}‖: shift already present below the window (sparse replay, not §9.2)
     final_shift: float  # ‖Δh_L‖, the last-state shift
+    initial_rel_shift: float  # ‖s‖/‖h_{k0}^nat‖ (residual norms grow with depth; not in §9.2)
+    final_rel_shift: float  # ‖Δh_L‖/‖h_L^nat‖ (not in §9.2)
     final_shrink: float  # ρ_L
     alpha: float  # α_L
     alpha_rel: float  # α_L/‖s‖
@@ -265,6 +300,8 @@ def token_shifts(native: CacheTrace, other: CacheTrace, window_start: int, k0: i
             condition=condition, example=example, token_index=j, initial_shift=s_norm,
             window_input_norm=float(native.residual[j, window_start].double().norm()),
             pre_window_shift=float(dh[j, window_start].norm()), final_shift=float(traj[-1].norm()),
+            initial_rel_shift=s_norm / max(float(native.residual[j, k0].double().norm()), MIN_SHIFT),
+            final_rel_shift=float(traj[-1].norm()) / max(float(native.residual[j, -1].double().norm()), MIN_SHIFT),
             final_shrink=float(rho[-1]), alpha=float(alpha[-1]), alpha_rel=float(alpha[-1]) / s_norm,
             beta=float(beta[-1]), beta_rel=float(beta[-1]) / s_norm, cos=float(cos[-1]),
             attn_share=float(-(d_attn[j] @ u)) / s_norm, mlp_share=float(-(d_mlp[j] @ u)) / s_norm,
@@ -284,6 +321,8 @@ class ShiftSummary:
     window_input_norm: float
     pre_window_shift: float
     final_shift: float
+    initial_rel_shift: float
+    final_rel_shift: float
     final_shrink: float
     median_final_shrink: float
     shrink_fraction: float  # share of tokens with ρ_L < 1
@@ -296,7 +335,8 @@ class ShiftSummary:
     mlp_share: float
 
 
-_MEAN_FIELDS = ("initial_shift", "window_input_norm", "pre_window_shift", "final_shift", "final_shrink", "alpha",
+_MEAN_FIELDS = ("initial_shift", "window_input_norm", "pre_window_shift", "final_shift", "initial_rel_shift",
+                "final_rel_shift", "final_shrink", "alpha",
                 "alpha_rel", "beta", "beta_rel", "cos", "attn_share", "mlp_share")
 
 
@@ -383,6 +423,12 @@ class WindowShift:
     def trajectories(self) -> pd.DataFrame:
         return trajectory_summary(trajectory_rows(self.shifts, self.k0))
 
+    def summary_frame(self) -> pd.DataFrame:
+        """One row per condition: the ShiftSummary fields, plus the window's t0, k0 and mode."""
+        rows = [{"condition": c, "mode": self.mode, "start": self.window_start, "k0": self.k0,
+                 **asdict(self.summary(c))} for c in TRACE_CONDITIONS if self.of(c) or c in self.skipped]
+        return pd.DataFrame(rows)
+
 
 # ----- one window on one context ----------------------------------------------------------------------------
 
@@ -395,6 +441,7 @@ class WindowRun:
     skipped: dict[str, int]
     kl: dict[str, float]  # "ref||cand" -> KL of the next-token distributions after the seed
     scores: dict[str, float]  # condition -> task score (F1 or accuracy); empty without an example
+    answer_logprob: dict[str, float]  # condition -> mean log p of the teacher-forced gold answer tokens
 
 
 def kl_divergence(ref_logprobs: torch.Tensor, cand_logprobs: torch.Tensor) -> float:
@@ -408,17 +455,17 @@ def run_window(target: LoadedModel, case: ContextCase, native_trace: CacheTrace,
                native_score: float | None = None, max_new_tokens: int = 16) -> WindowRun:
     """Trace, KL and task metric of the given window caches against native, for one context."""
     logps = {"native": native_trace.seed_logprobs}
+    answer_lp = {"native": native_trace.answer_logprob}
     shifts: list[TokenShift] = []
     skipped: dict[str, int] = {}
     for cond, kv in caches.items():
-        if cond in TRACE_CONDITIONS:
-            trace = trace_cache(target, kv, case.suffix_ids, case.answer_ids)
-            logps[cond] = trace.seed_logprobs
+        traced = cond in TRACE_CONDITIONS
+        trace = trace_cache(target, kv, case.suffix_ids, case.answer_ids, residuals=traced)
+        logps[cond], answer_lp[cond] = trace.seed_logprobs, trace.answer_logprob
+        if traced:
             got, skip = token_shifts(native_trace, trace, channels.start, channels.end + 1, cond, example_index)
             shifts += got
             skipped[cond] = skip
-        else:
-            logps[cond] = seed_logprobs(target, kv, case.suffix_ids)
     kl = {f"{a}||{b}": kl_divergence(logps[a], logps[b]) for a, b in KL_PAIRS if a in logps and b in logps}
     scores: dict[str, float] = {}
     if task_metric and case.example is not None:
@@ -426,7 +473,7 @@ def run_window(target: LoadedModel, case: ContextCase, native_trace: CacheTrace,
                   for c, kv in caches.items() if c != "random"}
         if native_score is not None:
             scores["native"] = native_score
-    return WindowRun(shifts, skipped, kl, scores)
+    return WindowRun(shifts, skipped, kl, scores, answer_lp)
 
 
 def analyse_translation(mot: MoT, source: LoadedModel, target: LoadedModel, case: ContextCase,
@@ -652,7 +699,14 @@ def _collect(target: LoadedModel, cases: Sequence[ContextCase], cfg: SweepConfig
                      "n_examples": len(runs)}
         for ei, r in enumerate(runs):
             example_rows.append({"start": start, "example": ei, **{f"{metric}_{c}": v for c, v in r.scores.items()},
+                                 **{f"answer_logprob_{c}": v for c, v in r.answer_logprob.items()},
                                  **{f"kl_{k}": v for k, v in r.kl.items()}})
+        for cond in ("native", *WINDOW_CONDITIONS):
+            vals = [r.answer_logprob[cond] for r in runs if cond in r.answer_logprob]
+            if vals:
+                row[f"answer_logprob_{cond}"] = float(np.mean(vals))
+                if cond != "native":
+                    row[f"delta_answer_logprob_{cond}"] = row[f"answer_logprob_{cond}"] - row["answer_logprob_native"]
         for cond in ("native", "full_mix", "dir_only", "mag_only"):
             vals = [r.scores[cond] for r in runs if cond in r.scores]
             if vals:
@@ -676,10 +730,27 @@ def _collect(target: LoadedModel, cases: Sequence[ContextCase], cfg: SweepConfig
         traj.insert(0, "start", start)
         traj_frames.append(traj)
     meta = {
-        **meta, "mode": cfg.mode, "mode_label": MODE_LABELS[cfg.mode], "config": asdict(cfg), "metric": metric,
-        "target": target.spec.name, "target_layers": l_t, "num_source_layers": num_source_layers,
+        "target": target.spec.name, **meta,  # a caller's names (e.g. bundled names) win over the spec's
+        "mode": cfg.mode, "mode_label": MODE_LABELS[cfg.mode], "config": asdict(cfg), "metric": metric,
+        "target_layers": l_t, "num_source_layers": num_source_layers,
         "starts": starts, "n_examples": len(cases), "seconds": round(seconds, 1),
         "native_metric": float(np.mean(native_scores)) if native_scores else None,
     }
     return SweepResult(meta, pd.DataFrame(rows), pd.concat(token_frames, ignore_index=True),
                        pd.concat(traj_frames, ignore_index=True), pd.DataFrame(example_rows))
+
+
+def find_sweeps(root: str | Path, source: str | None = None, target: str | None = None) -> dict[str, Path]:
+    """Saved sweeps under root (folders with meta.json), optionally only those of one model pair: name -> folder."""
+    root = Path(root)
+    found: dict[str, Path] = {}
+    if not root.is_dir():
+        return found
+    for meta_file in sorted(root.glob("*/meta.json")):
+        try:
+            meta = json.loads(meta_file.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if (source is None or meta.get("source") == source) and (target is None or meta.get("target") == target):
+            found[meta_file.parent.name] = meta_file.parent
+    return found

@@ -35,6 +35,18 @@ def tiny_tokenizer(vocab_size: int = 300) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
 
 
+@functools.lru_cache(maxsize=None)
+def tiny_tokenizer_with_bos(vocab_size: int = 300) -> PreTrainedTokenizerFast:
+    """Like tiny_tokenizer, but it adds a BOS token by default, as Gemma's does."""
+    from tokenizers.processors import TemplateProcessing
+
+    tok = Tokenizer.from_str(tiny_tokenizer(vocab_size).backend_tokenizer.to_str())
+    tok.add_special_tokens(["<bos>"])
+    bos = tok.token_to_id("<bos>")
+    tok.post_processor = TemplateProcessing(single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", bos)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", bos_token="<bos>")
+
+
 def tiny_config(family: str, vocab_size: int, layers: int = 4):
     common = dict(vocab_size=vocab_size, eos_token_id=0, bos_token_id=0)
     if family == "gpt2":
@@ -60,12 +72,12 @@ _CLASSES = {"gpt2": GPT2LMHeadModel, "opt": OPTForCausalLM, "qwen2": Qwen2ForCau
             "gemma3_text": Gemma3ForCausalLM}
 
 
-def tiny_model(family: str, vocab_size: int = 300, layers: int = 4, seed: int = 0) -> LoadedModel:
+def tiny_model(family: str, vocab_size: int = 300, layers: int = 4, seed: int = 0, bos: bool = False) -> LoadedModel:
     """A tiny random model of `family` with its own tiny tokenizer, prepared like a real one."""
     torch.manual_seed(seed)
-    tok = tiny_tokenizer(vocab_size)
+    tok = tiny_tokenizer_with_bos(vocab_size) if bos else tiny_tokenizer(vocab_size)
     model = _CLASSES[family](tiny_config(family, len(tok), layers))
-    return prepare_model(model, tok, f"tiny-{family}-{vocab_size}-{layers}")
+    return prepare_model(model, tok, f"tiny-{family}-{vocab_size}-{layers}{'-bos' if bos else ''}")
 
 
 @pytest.fixture(scope="session")

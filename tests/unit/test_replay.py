@@ -108,3 +108,29 @@ def test_translate_end_to_end_on_tiny_pair_with_different_tokenizers():
     assert len(tr.mixed_kv) == 4 and tr.mixed_kv[3][0].shape == tr.native_kv[3][0].shape
     assert set(tr.sparse_indices) == {2, 3}  # nb=2: layers 0,1 dense
     assert set(tr.timings) >= {"source_prefill_and_alignment", "translator", "replay", "native_prefill"}
+
+
+def test_bos_prefix_is_kept_native_and_never_translated():
+    source = tiny_model("gemma3_text", vocab_size=280, layers=4, seed=1, bos=True)  # BOS on both sides
+    target = tiny_model("gemma3_text", layers=4, bos=True)
+    assert target.prefix_ids == [target.tokenizer.bos_token_id] and tiny_model("llama").prefix_ids == []
+    channels = Channels((2, 3), (2, 3))
+    mot = MoT.build(source.spec, target.spec, channels, ReplayConfig(topk_sparse_attn=3, num_bottom_full_attn=1),
+                    dim=16, heads=2)
+    tr = translate(mot, source, target, TEXT)
+    n_t = tr.target_ids.shape[1]
+    assert tr.prefix_len == 1 and tr.target_ids[0, 0] != target.tokenizer.bos_token_id
+    assert tr.source.source_kv[0][0].shape[2] == tr.source.source_ids.shape[1]  # source BOS dropped too
+    assert tr.translated.keys.shape[1] == n_t  # only context tokens are translated
+    for (km, vm), (kn, vn) in zip(tr.mixed_kv, tr.native_kv):
+        assert km.shape[2] == n_t + 1
+        assert torch.equal(km[:, :, :1], kn[:, :, :1]) and torch.equal(vm[:, :, :1], vn[:, :, :1])  # BOS untouched
+    # every context query keeps BOS (the attention sink) among its sparse keys; BOS queries see only BOS
+    idx = tr.sparse_indices[2]
+    assert idx.shape == (1, 1, n_t + 1, 1 + 3)
+    assert (idx[0, 0, 1:, 0] == 0).all() and idx[0, 0, 0, 0] == 0 and (idx[0, 0, 0, 1:] == n_t + 1).all()
+    # injecting the native window reproduces the native cache with the prefix in place
+    dense = MoT.build(source.spec, target.spec, channels, ReplayConfig(topk_sparse_attn=None), dim=16, heads=2)
+    k, v = tr.native_window_blocks(channels)
+    mixed = replay(dense, target, tr.target_ids, k, v, sparse=None)
+    assert all((m[0] - n[0]).abs().max() <= 1e-5 for m, n in zip(mixed, tr.native_kv))
