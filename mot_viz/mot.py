@@ -120,8 +120,14 @@ def target_context_ids(target: LoadedModel, text: str, max_tokens: int | None = 
 
 
 @torch.no_grad()
-def prepare_source(mot: MoT, source: LoadedModel, target: LoadedModel, target_ids: torch.Tensor) -> SourceContext:
-    """Re-tokenize the target context for the source, prefill the source, align the tokens (method.md §2)."""
+def prepare_source(mot: MoT, source: LoadedModel, target: LoadedModel, target_ids: torch.Tensor,
+                   timings: dict[str, float] | None = None) -> SourceContext:
+    """Re-tokenize the target context for the source, prefill the source, align the tokens (method.md §2).
+
+    timings, if given, receives the seconds spent in "alignment" and "source_prefill".
+    """
+    timings = {} if timings is None else timings
+    t0 = time.perf_counter()
     t_ids = target_ids[0].tolist()
     text = decode(target.tokenizer, t_ids)
     s_ids = encode(source.tokenizer, text)
@@ -129,6 +135,8 @@ def prepare_source(mot: MoT, source: LoadedModel, target: LoadedModel, target_id
         raise ContextError("The source tokenizer produced no tokens for this context.")
     same = source.spec.name == target.spec.name and s_ids == t_ids
     alignment = identity_alignment(len(t_ids)) if same else align_ids(source.tokenizer, s_ids, target.tokenizer, t_ids, text)
+    timings["alignment"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     needed = {sparse_source_layer(mot.channels, l, mot.source.num_layers) for l in mot.sparse_layers()}
     plan = hf.AttentionPlan(record=needed)
     p = len(source.prefix_ids)
@@ -136,6 +144,7 @@ def prepare_source(mot: MoT, source: LoadedModel, target: LoadedModel, target_id
     # the source's BOS position is dropped: only context tokens are aligned and translated
     kv = [(k[:, :, p:], v[:, :, p:]) for k, v in out.kv]
     attention = {l: a[:, :, p:, p:] for l, a in out.attention.items()}
+    timings["source_prefill"] = time.perf_counter() - t0
     return SourceContext(torch.tensor([s_ids]), target_ids, alignment, kv, attention, len(target.prefix_ids))
 
 
@@ -224,10 +233,8 @@ def translate(mot: MoT, source: LoadedModel, target: LoadedModel, text: str, wit
     check_pair(mot, source, target)
     timings = {}
     with torch.no_grad():
-        t0 = time.perf_counter()
         target_ids = target_context_ids(target, text, max_tokens)
-        src = prepare_source(mot, source, target, target_ids)
-        timings["source_prefill_and_alignment"] = time.perf_counter() - t0
+        src = prepare_source(mot, source, target, target_ids, timings)
         t0 = time.perf_counter()
         translated = translate_window(mot, src)
         timings["translator"] = time.perf_counter() - t0

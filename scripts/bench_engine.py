@@ -1,0 +1,99 @@
+"""Benchmark of the MoT engine on the bundled pair (a measurement, not a test).
+
+    .venv/bin/python scripts/bench_engine.py [--lengths 64 128 256 512] [--repeats 3] [--out docs/bench_engine.md]
+
+For each context length (target tokens) it times, on the machine it runs on: source prefill, token
+alignment, translator, replay into the target, and the target's own (native) prefill; it reports the
+ratios translator ÷ native prefill and (translate + replay) ÷ native prefill, measured in the same run,
+and the process's peak resident memory after each length. Medians over --repeats runs after one warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import resource
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mot_viz.alignment import encode  # noqa: E402
+from mot_viz.channels import terminal_channels  # noqa: E402
+from mot_viz.models import DEFAULT_SOURCE, DEFAULT_TARGET, load_model  # noqa: E402
+from mot_viz.mot import MoT, translate  # noqa: E402
+
+PASSAGE = (
+    "The Normans were the people who in the 10th and 11th centuries gave their name to Normandy, a region in "
+    "France. They were descended from Norse raiders and pirates from Denmark, Iceland and Norway who, under "
+    "their leader Rollo, agreed to swear fealty to King Charles III of West Francia. Through generations of "
+    "assimilation and mixing with the native Frankish and Roman-Gaulish populations, their descendants would "
+    "gradually merge with the Carolingian-based cultures of West Francia. "
+)
+
+
+def context_of(target, n_tokens: int) -> str:
+    ids = encode(target.tokenizer, PASSAGE * (n_tokens // 60 + 2))[:n_tokens]
+    return target.tokenizer.decode(ids)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 256, 512])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default="docs/bench_engine.md")
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    source, target = load_model(DEFAULT_SOURCE), load_model(DEFAULT_TARGET)
+    channels = terminal_channels(source.spec.num_layers, target.spec.num_layers, 0.3)
+    # the shipped checkpoints' shape (configs/smollm2-to-gemma3.json); timings do not depend on the weights
+    mot = MoT.build(source.spec, target.spec, channels, dim=64, heads=4, depth=1, mlp_ratio=2, num_experts=4,
+                    top_k=2, output_activation="none").eval()
+    stages = ["source_prefill", "alignment", "translator", "replay", "native_prefill"]
+    rows = []
+    for n in args.lengths:
+        text = context_of(target, n)
+        translate(mot, source, target, text)  # warm-up
+        runs = [translate(mot, source, target, text).timings for _ in range(args.repeats)]
+        med = {s: statistics.median(r[s] for r in runs) for s in stages}
+        n_t = len(encode(target.tokenizer, text))
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        rows.append((n_t, med, peak_mb))
+        print(f"{n_t} tokens: " + ", ".join(f"{s} {med[s]*1000:.0f} ms" for s in stages), flush=True)
+
+    threads = torch.get_num_threads()
+    lines = [
+        "# Engine benchmark: SmolLM2-135M → Gemma-3-270m",
+        "",
+        f"Measured {datetime.date.today()} on {platform.machine()}, {os.cpu_count()} CPU cores, torch "
+        f"{torch.__version__} with {threads} thread(s), float32; `python scripts/bench_engine.py`. MoT: "
+        f"terminal window {list(channels.target_layers)} (W={channels.window}), dim 64, 4 experts, top-2, "
+        "sparse replay top-32 from layer 2 up. Median of "
+        f"{args.repeats} runs after a warm-up. Timings on shared 2-core machines are noisy: read the ratios, "
+        "which come from the same run.",
+        "",
+        "| target tokens | source prefill (ms) | alignment (ms) | translator (ms) | replay (ms) | native prefill (ms) "
+        "| translator ÷ native | (translator + replay) ÷ native | peak RSS (MB) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for n_t, med, peak in rows:
+        native = med["native_prefill"]
+        lines.append(
+            f"| {n_t} | {med['source_prefill']*1e3:.0f} | {med['alignment']*1e3:.0f} | {med['translator']*1e3:.0f} "
+            f"| {med['replay']*1e3:.0f} | {native*1e3:.0f} | {med['translator']/native:.2f} "
+            f"| {(med['translator'] + med['replay'])/native:.2f} | {peak:.0f} |"
+        )
+    lines += ["", "Peak RSS is the whole process (both models loaded) after that length, so it only grows down the table."]
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
