@@ -63,7 +63,10 @@ def answer_from_cache(target: LoadedModel, kv: list[hf.KV] | None, example: QAEx
                       for lab in labels)
         pick = max(range(len(labels)), key=lambda i: logps[i])
         return Answer(condition, labels[pick], float(pick == example.label), None, logps, time.perf_counter() - start)
-    tokens = hf.greedy_generate(target.model, kv, suffix_ids, max_new_tokens, hf.eos_ids(target.model, target.tokenizer))
+    # answers end at the first line break (postprocess_generation cuts there), so decoding can stop too
+    ends_line = lambda token: "\n" in target.tokenizer.decode([token])  # noqa: E731
+    tokens = hf.greedy_generate(target.model, kv, suffix_ids, max_new_tokens,
+                                hf.eos_ids(target.model, target.tokenizer), stop_when=ends_line)
     text = postprocess_generation(target.tokenizer.decode(tokens, skip_special_tokens=True))
     return Answer(condition, text, squad_f1(text, example.answers), exact_match(text, example.answers), None,
                   time.perf_counter() - start)

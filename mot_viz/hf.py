@@ -192,19 +192,23 @@ def eos_ids(model, tokenizer) -> set[int]:
 
 @torch.no_grad()
 def greedy_generate(model, kv: list[KV] | None, prompt_ids: torch.Tensor, max_new_tokens: int,
-                    stop_ids: set[int]) -> list[int]:
-    """Greedy decoding for one example: append prompt_ids [1, n] to the cache, then decode.
+                    stop_ids: set[int], stop_when=None) -> list[int]:
+    """Greedy decoding for one example: append prompt_ids [1, n] to (a copy of) the cache, then decode.
 
-    Stops at a stop id (not included) or after max_new_tokens.
+    Stops at a stop id (not included), when stop_when(token) is true (included), or after max_new_tokens.
     """
-    out = run(model, prompt_ids, kv, logits_to_keep=1)
+    cache = cache_from_kv(kv) if kv else new_cache()  # one copy, then extended in place step by step
+    ids = prompt_ids
     generated: list[int] = []
     for _ in range(max_new_tokens):
-        token = int(out.logits[0, -1].argmax())
+        logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits
+        token = int(logits[0, -1].argmax())
         if token in stop_ids:
             break
         generated.append(token)
-        out = run(model, torch.tensor([[token]], device=prompt_ids.device), out.kv, logits_to_keep=1)
+        if stop_when is not None and stop_when(token):
+            break
+        ids = torch.tensor([[token]], device=prompt_ids.device)
     return generated
 
 

@@ -316,7 +316,7 @@ def train(cfg: TrainConfig, resume: bool = False, source: LoadedModel | None = N
                 t, out = row_loss(mot, source, target, bank[index], cfg.prefix_tokens, cfg.mse_weight, return_routing=True)
                 (t.total / len(local_rows)).backward()
                 routing = out
-                for key, val in (("ce", t.ce), ("mse_k", t.mse_k), ("mse_v", t.mse_v), ("loss", float(t.total))):
+                for key, val in (("ce", t.ce), ("mse_k", t.mse_k), ("mse_v", t.mse_v), ("loss", t.total.item())):
                     terms[key] += val / len(local_rows)
             _all_reduce_grads(params, world)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip_norm))

@@ -1,0 +1,205 @@
+"""Evaluate a MoT checkpoint on QA (method.md §8, §9.2 control).
+
+    python -m mot_viz.evaluate --checkpoint pretrained/smollm2-to-gemma3 --datasets squad boolq --n 300 \
+        [--second pretrained/smollm2-to-gemma3-single] --out results/eval/smollm2-to-gemma3
+
+For the same examples, the target answers with the context natively, with no context, from the
+MoT-translated cache, from the norm-matched random-window control, and (optionally) from a second
+checkpoint of the same pair. Closed-set datasets are scored by length-normalised log-likelihood of each
+choice label (rule a), extractive ones by greedy generation with SQuAD F1 and exact match. Writes
+per-example CSV, a JSON summary and a Markdown table with 95% bootstrap intervals, the retained share
+of native quality (translated ÷ native), the mean KV cosine to the native cache and time per example.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .alignment import encode
+from .answers import answer_from_cache, condition_caches
+from .checkpoint import load_checkpoint, read_config
+from .data import QAExample, build_prompt, load_dataset
+from .errors import MotVizError
+from .models import LoadedModel, load_model
+from .mot import MoT, translate
+from .qa_metrics import bootstrap_ci
+
+
+def kv_cosine(a: list, b: list) -> float:
+    """Cosine between two caches, all layers' K and V flattened together (method.md §8 'Cosine')."""
+    flat_a = torch.cat([t.flatten().float() for kv in a for t in kv])
+    flat_b = torch.cat([t.flatten().float() for kv in b for t in kv])
+    return float(torch.nn.functional.cosine_similarity(flat_a, flat_b, dim=0))
+
+
+def truncate_context(target: LoadedModel, example: QAExample, budget: int) -> QAExample:
+    """Right-truncate the example's passage so the context part fits `budget` target tokens."""
+    prompt = build_prompt(example)
+    if len(encode(target.tokenizer, prompt.context_text)) <= budget:
+        return example
+    overhead = len(encode(target.tokenizer, prompt.context_text.replace(example.context, "")))
+    ids = encode(target.tokenizer, example.context)[: max(16, budget - overhead)]
+    return replace(example, context=target.tokenizer.decode(ids))
+
+
+@dataclass
+class EvalSettings:
+    """How one evaluation run was made; written beside its results."""
+
+    checkpoint: str
+    second: str | None
+    datasets: tuple[str, ...]
+    n: int
+    seed: int
+    max_new_tokens: int
+    max_context_tokens: int
+    bootstrap: int
+
+
+def evaluate_examples(mot: MoT, source: LoadedModel, target: LoadedModel, examples: list[QAExample],
+                      settings: EvalSettings, second: MoT | None = None, progress: bool = True) -> pd.DataFrame:
+    """One row per (example, condition): score, exact match, answer text, KV cosine to native, seconds."""
+    from tqdm import tqdm
+
+    rows = []
+    for example in tqdm(examples, desc="evaluate", disable=not progress, dynamic_ncols=True):
+        example = truncate_context(target, example, settings.max_context_tokens)
+        try:
+            start = time.perf_counter()
+            translation, caches = condition_caches(mot, source, target, example, seed=settings.seed)
+            build = {"native": translation.timings["native_prefill"],
+                     "mot": sum(v for k, v in translation.timings.items() if k != "native_prefill"),
+                     # the random control needs the translation (for its norms) plus its own replay
+                     "random": time.perf_counter() - start - translation.timings["native_prefill"],
+                     "no_context": 0.0}
+            if second is not None:
+                t0 = time.perf_counter()
+                second_translation = translate(second, source, target, translation.text, with_native=False)
+                caches["second"] = second_translation.mixed_kv
+                build["second"] = time.perf_counter() - t0
+        except MotVizError as exc:  # e.g. a passage the tokenizers cannot handle: counted, never silent
+            rows.append({"dataset": example.dataset, "id": example.id, "condition": "skipped", "error": str(exc)})
+            continue
+        for condition, kv in caches.items():
+            ans = answer_from_cache(target, kv, example, condition, settings.max_new_tokens)
+            rows.append({
+                "dataset": example.dataset, "id": example.id, "condition": condition, "score": ans.score,
+                "exact_match": ans.exact_match, "answer": ans.text,
+                "gold": " | ".join(example.answers) if example.kind == "extractive" else example.choices[example.label],
+                "kv_cosine": kv_cosine(kv, translation.native_kv) if kv is not None and condition != "no_context" else np.nan,
+                "seconds": build[condition] + ans.seconds,
+                "context_tokens": int(translation.target_ids.shape[1]),
+            })
+    return pd.DataFrame(rows)
+
+
+def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Per dataset and condition: mean metric with a 95% bootstrap interval, retained share, cosine, time."""
+    scored = df[df["condition"] != "skipped"]
+    out = []
+    for dataset, part in scored.groupby("dataset", sort=False):
+        wide = part.pivot_table(index="id", columns="condition", values="score")
+        native = wide["native"].to_numpy()
+        rng = np.random.default_rng(seed)
+        boots = rng.integers(0, len(wide), size=(n_boot, len(wide)))
+        for condition in [c for c in ("native", "no_context", "mot", "random", "second") if c in wide]:
+            values = wide[condition].to_numpy()
+            ci = bootstrap_ci(values, n_boot=n_boot, seed=seed)
+            ratios = values[boots].mean(1) / np.maximum(native[boots].mean(1), 1e-12)
+            cond_rows = part[part["condition"] == condition]
+            em = cond_rows["exact_match"].dropna()
+            out.append({
+                "dataset": dataset, "condition": condition, "n": len(values),
+                "metric": "F1" if em.size else "accuracy", "mean": ci.mean, "ci_low": ci.lo, "ci_high": ci.hi,
+                "exact_match": float(em.mean()) if em.size else np.nan,
+                "retained": values.mean() / native.mean() if native.mean() > 0 else np.nan,
+                "retained_ci_low": float(np.quantile(ratios, 0.025)),
+                "retained_ci_high": float(np.quantile(ratios, 0.975)),
+                "kv_cosine": float(cond_rows["kv_cosine"].mean()),
+                "seconds_per_example": float(cond_rows["seconds"].mean()),
+            })
+    return pd.DataFrame(out)
+
+
+def markdown_table(summary: pd.DataFrame) -> str:
+    lines = ["| dataset | condition | n | metric | mean [95% CI] | EM | retained [95% CI] | KV cosine | s / example |",
+             "|---|---|---:|---|---|---:|---|---:|---:|"]
+    for r in summary.itertuples():
+        em = "" if np.isnan(r.exact_match) else f"{r.exact_match:.3f}"
+        cos = "" if np.isnan(r.kv_cosine) else f"{r.kv_cosine:.3f}"
+        lines.append(
+            f"| {r.dataset} | {r.condition} | {r.n} | {r.metric} | {r.mean:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] | {em} "
+            f"| {r.retained:.1%} [{r.retained_ci_low:.1%}, {r.retained_ci_high:.1%}] | {cos} | {r.seconds_per_example:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def run(settings: EvalSettings, out_dir: Path, progress: bool = True) -> pd.DataFrame:
+    config = read_config(settings.checkpoint)
+    source = load_model(config["source"]["name"])
+    target = load_model(config["target"]["name"])
+    mot, _ = load_checkpoint(settings.checkpoint, source, target)
+    second = load_checkpoint(settings.second, source, target)[0] if settings.second else None
+    frames = []
+    for name in settings.datasets:
+        examples = load_dataset(name, n=settings.n, seed=settings.seed)
+        frames.append(evaluate_examples(mot, source, target, examples, settings, second, progress))
+        _write(out_dir, pd.concat(frames), settings)  # partial results survive an interrupted run
+    df = pd.concat(frames)
+    return _write(out_dir, df, settings)
+
+
+def _write(out_dir: Path, df: pd.DataFrame, settings: EvalSettings) -> pd.DataFrame:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = summarize(df, settings.bootstrap, settings.seed)
+    df.to_csv(out_dir / "examples.csv", index=False)
+    summary.to_csv(out_dir / "summary.csv", index=False)
+    skipped = df[df["condition"] == "skipped"]
+    meta = {"settings": settings.__dict__, "date": str(datetime.date.today()), "skipped": len(skipped),
+            "summary": summary.to_dict(orient="records")}
+    (out_dir / "summary.json").write_text(json.dumps(meta, indent=2, default=str))
+    command = ("python -m mot_viz.evaluate --checkpoint " + settings.checkpoint
+               + (f" --second {settings.second}" if settings.second else "")
+               + f" --datasets {' '.join(settings.datasets)} --n {settings.n} --seed {settings.seed}"
+               + f" --max_new_tokens {settings.max_new_tokens} --max_context_tokens {settings.max_context_tokens}")
+    (out_dir / "summary.md").write_text(
+        f"Command: `{command}`\n\nDate: {meta['date']}. Skipped examples: {len(skipped)}.\n\n" + markdown_table(summary) + "\n"
+    )
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--second", help="a second checkpoint of the same pair, e.g. the single variant")
+    parser.add_argument("--datasets", nargs="+", default=["squad", "boolq"])
+    parser.add_argument("--n", type=int, default=300, help="examples per dataset")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max_new_tokens", type=int, default=24)
+    parser.add_argument("--max_context_tokens", type=int, default=448)
+    parser.add_argument("--bootstrap", type=int, default=1000)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    settings = EvalSettings(args.checkpoint, args.second, tuple(args.datasets), args.n, args.seed,
+                            args.max_new_tokens, args.max_context_tokens, args.bootstrap)
+    try:
+        summary = run(settings, Path(args.out))
+    except MotVizError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(markdown_table(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""Training (method.md §7): the loss against a hand computation, the schedule, resume, two processes."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import DynamicCache
+
+from conftest import tiny_model
+from mot_viz import train as train_mod
+from mot_viz.checkpoint import load_checkpoint
+from mot_viz.mot import MoT, ReplayConfig, native_cache, prepare_source, replay, sparse_indices, translate_window
+from mot_viz.channels import Channels
+from mot_viz.train import TrainConfig, lr_at, row_loss, train
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _pair():
+    return tiny_model("gpt2", vocab_size=280, layers=4, seed=1), tiny_model("llama", layers=4)
+
+
+def _bank(n=12, length=24, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(2, 250, (n, length), generator=g)
+
+
+def _cfg(tmp_path, **kw):
+    base = dict(output_dir=str(tmp_path / "run"), max_steps=4, batch_size=2, grad_accum_steps=1, total_tokens=24,
+                prefix_tokens=12, learning_rate=1e-2, warmup_steps=1, translator_dim=16, translator_heads=2,
+                mot_num_translators=2, mot_top_k=1, layer_alignment="terminal", max_window_size_ratio=0.5,
+                topk_sparse_attn=4, num_bottom_full_attn=1, log_every=1, save_every=1)
+    return TrainConfig(**{**base, **kw})
+
+
+def test_loss_terms_match_a_hand_computation():
+    source, target = _pair()
+    torch.manual_seed(0)
+    mot = MoT.build(source.spec, target.spec, Channels((2, 3), (2, 3)), ReplayConfig(4, 1), dim=16, heads=2)
+    row = _bank(1, 24)[0]
+    terms = row_loss(mot, source, target, row, prefix_tokens=12, mse_weight=0.5)
+    # by hand: context = 11 tokens, prompt = the next 12, labels shifted by one
+    context, prompt, labels = row[None, :11], row[None, 11:23], row[12:]
+    src = prepare_source(mot, source, target, context)
+    out = translate_window(mot, src)
+    mixed = replay(mot, target, context, out.keys, out.values, sparse_indices(mot, src))
+    cache = DynamicCache()
+    for i, (k, v) in enumerate(mixed):
+        cache.update(k, v, i)
+    logits = target.model(input_ids=prompt, past_key_values=cache).logits[0]
+    ce = -logits.log_softmax(-1).gather(1, labels[:, None]).mean()
+    native = native_cache(target, context)
+    upper = range(2, 4)  # from the window start to the top, one mean over all elements together
+    mse_k = torch.cat([(mixed[l][0] - native[l][0]).flatten() for l in upper]).pow(2).mean()
+    mse_v = torch.cat([(mixed[l][1] - native[l][1]).flatten() for l in upper]).pow(2).mean()
+    assert terms.ce == pytest.approx(ce.item(), rel=1e-5)
+    assert terms.mse_k == pytest.approx(mse_k.item(), rel=1e-5) and terms.mse_v == pytest.approx(mse_v.item(), rel=1e-5)
+    assert terms.total.item() == pytest.approx(ce.item() + 0.5 * (mse_k + mse_v).item(), rel=1e-5)
+    assert mse_k > 0 and mse_v > 0  # a random translator does not reproduce the native cache
+
+
+def test_schedule_warms_up_then_follows_a_cosine_to_zero():
+    cfg = TrainConfig(max_steps=110, warmup_steps=10, learning_rate=1e-3)
+    assert lr_at(cfg, 1) == pytest.approx(1e-4)  # the first step is not at full LR (method.md §12)
+    assert lr_at(cfg, 10) == pytest.approx(1e-3)
+    assert lr_at(cfg, 60) == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert lr_at(cfg, 110) == pytest.approx(0.0, abs=1e-12)
+    assert all(lr_at(cfg, s) >= lr_at(cfg, s + 1) for s in range(10, 110))
+
+
+def test_config_overrides_and_validation(tmp_path):
+    cfg_file = tmp_path / "c.json"
+    cfg_file.write_text(json.dumps({"max_steps": 7, "variant": "single"}))
+    cfg, resume = train_mod.parse_args(["--config", str(cfg_file), "--max_steps", "9", "--learning_rate", "0.5",
+                                        "--topk_sparse_attn", "none", "--resume"])
+    assert (cfg.max_steps, cfg.variant, cfg.learning_rate, cfg.topk_sparse_attn, resume) == (9, "single", 0.5, None, True)
+    with pytest.raises(Exception, match="unknown training config keys"):
+        TrainConfig.from_json({"max_stepz": 3})
+
+
+def test_training_lowers_the_loss_and_writes_logs_and_checkpoints(tmp_path):
+    source, target = _pair()
+    cfg = _cfg(tmp_path, max_steps=8, warmup_steps=1)
+    run_dir = train(cfg, source=source, target=target, bank=_bank(n=2), progress=False)  # the same 2 rows each step
+    log = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == list(range(1, 9))
+    assert {"ce", "mse_k", "mse_v", "loss", "lr", "gate_importance_cv2", "gate_load_cv2", "gate_importance_entropy"} <= set(log[0])
+    assert log[-1]["loss"] < log[0]["loss"]
+    mot, config = load_checkpoint(run_dir / "checkpoint", source, target)
+    assert config["training"]["steps_done"] == 8 and mot.channels.target_layers == (2, 3)
+
+
+def test_resume_after_an_interrupt_matches_an_uninterrupted_run(tmp_path, monkeypatch):
+    source, target = _pair()
+    full = train(_cfg(tmp_path / "a"), source=source, target=target, bank=_bank(), progress=False)
+    calls = {"n": 0}
+    real_row_loss = train_mod.row_loss
+
+    def interrupted(*args, **kwargs):  # Ctrl-C in the middle of step 3 (each step has 2 rows)
+        calls["n"] += 1
+        if calls["n"] == 6:
+            raise KeyboardInterrupt
+        return real_row_loss(*args, **kwargs)
+
+    monkeypatch.setattr(train_mod, "row_loss", interrupted)
+    cfg = _cfg(tmp_path / "b", save_every=100)  # no periodic save: the Ctrl-C handler must leave one
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, source=source, target=target, bank=_bank(), progress=False)
+    state = json.loads((Path(cfg.output_dir) / "train_state.json").read_text())
+    assert state["step"] == 2
+    monkeypatch.setattr(train_mod, "row_loss", real_row_loss)
+    train(cfg, resume=True, source=source, target=target, bank=_bank(), progress=False)
+    a = load_file(str(full / "checkpoint" / "translator.safetensors"))
+    b = load_file(str(Path(cfg.output_dir) / "checkpoint" / "translator.safetensors"))
+    assert a.keys() == b.keys()
+    assert all(torch.allclose(a[k], b[k], atol=1e-6, rtol=0) for k in a)
+
+
+def test_two_processes_keep_identical_translators(tmp_path):
+    source, target = _pair()
+    for lm, name in ((source, "src"), (target, "tgt")):
+        lm.model.save_pretrained(tmp_path / name)
+        lm.tokenizer.save_pretrained(tmp_path / name)
+    from safetensors.torch import save_file
+
+    save_file({"bank": _bank()}, str(tmp_path / "bank.safetensors"))
+    script = tmp_path / "worker.py"
+    script.write_text(f"""
+import os, sys, torch
+sys.path.insert(0, {str(ROOT)!r})
+from safetensors.torch import load_file, save_file
+from mot_viz.models import load_model
+from mot_viz.train import TrainConfig, train
+import mot_viz.train as t
+cfg = TrainConfig(source={str(tmp_path / 'src')!r}, target={str(tmp_path / 'tgt')!r}, output_dir={str(tmp_path / 'run')!r},
+                  max_steps=3, batch_size=1, grad_accum_steps=1, total_tokens=24, prefix_tokens=12, learning_rate=1e-2,
+                  warmup_steps=1, translator_dim=16, translator_heads=2, mot_num_translators=2, mot_top_k=1,
+                  max_window_size_ratio=0.5, topk_sparse_attn=4, num_bottom_full_attn=1, log_every=1, save_every=1)
+captured = {{}}
+real_build = t.MoT.build
+def build(*a, **k):
+    captured['mot'] = real_build(*a, **k)
+    return captured['mot']
+t.MoT.build = build
+train(cfg, bank=load_file({str(tmp_path / 'bank.safetensors')!r})['bank'], progress=False)
+rank = os.environ['RANK']
+save_file({{k: v.contiguous() for k, v in captured['mot'].translator.state_dict().items()}}, {str(tmp_path)!r} + f'/rank{{rank}}.safetensors')
+""")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    torchrun = Path(sys.executable).with_name("torchrun")
+    proc = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_port", "29517", str(script)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r0 = load_file(str(tmp_path / "rank0.safetensors"))
+    r1 = load_file(str(tmp_path / "rank1.safetensors"))
+    assert all(torch.equal(r0[k], r1[k]) for k in r0)
+    saved = load_file(str(tmp_path / "run" / "checkpoint" / "translator.safetensors"))
+    assert all(torch.equal(saved[k], r0[k]) for k in r0)
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert len(log) == 3  # only rank 0 logs
