@@ -166,3 +166,20 @@ save_file({{k: v.contiguous() for k, v in captured['mot'].translator.state_dict(
     assert all(torch.equal(saved[k], r0[k]) for k in r0)
     log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert len(log) == 3  # only rank 0 logs
+
+
+def test_depth_ratio_search_scores_every_window_and_picks_the_best(tmp_path):
+    source = tiny_model("gpt2", vocab_size=280, layers=6, seed=1)
+    target = tiny_model("llama", layers=4)
+    cfg = _cfg(tmp_path, layer_alignment="depth-ratio", min_window_size_ratio=0.5, max_window_size_ratio=0.75,
+               proxy_steps=2, proxy_val_sequences=2, max_steps=1)
+    run_dir = train(cfg, source=source, target=target, bank=_bank(n=6), progress=False)
+    profile = json.loads((run_dir / "channel_profile.json").read_text())
+    scores = {tuple(map(int, k.split(":"))): v for k, v in profile["proxy_scores"].items()}
+    # size 2 (= round(4 · 0.5)) at every start 0..2 is probed, then growth to size 3 near the best start
+    assert {(s, 2) for s in range(3)} <= set(scores)
+    best2 = min(range(3), key=lambda s: (scores[(s, 2)], -s))
+    grown = {s for (s, w) in scores if w == 3}
+    assert grown and all(abs(s - best2) <= 2 for s in grown) and profile["size"] == 3
+    chosen = json.loads((run_dir / "resolved_channels.json").read_text())["edge"]
+    assert len(chosen) == 3 and [c["dst_layer_idx"] for c in chosen] == list(range(profile["start"], profile["start"] + 3))
