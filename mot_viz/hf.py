@@ -63,20 +63,15 @@ def _allowed_positions(q_len: int, kv_len: int, sliding_window: int | None, devi
     return allowed
 
 
-def _softcap(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
-    return scores if softcap is None else torch.tanh(scores / softcap) * softcap
-
-
-def _dense_probs(module, query, key, scaling, softcap) -> torch.Tensor:
-    """Head-averaged causal attention probabilities [B, 1, N_q, N_kv] (float32)."""
+def _eager_probs(module, query, key, scaling) -> torch.Tensor:
+    """Per-head causal (and sliding-window) attention probabilities [B, H, N_q, N_kv] in float32."""
     key = repeat_kv(key, query.shape[1] // key.shape[1])
-    scores = _softcap(torch.matmul(query.float(), key.float().transpose(-1, -2)) * scaling, softcap)
+    scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scaling
     allowed = _allowed_positions(query.shape[2], key.shape[2], getattr(module, "sliding_window", None), query.device)
-    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    return scores.softmax(dim=-1).mean(dim=1, keepdim=True)
+    return scores.masked_fill(~allowed, torch.finfo(scores.dtype).min).softmax(dim=-1)
 
 
-def sparse_attention(module, query, key, value, indices, scaling, softcap=None) -> torch.Tensor:
+def sparse_attention(module, query, key, value, indices, scaling) -> torch.Tensor:
     """Attention of each query to its own top-k key positions (method.md §6, sparse attention).
 
     query [B, H, N, d]; key, value [B, n_kv, N, d]; indices [B, 1|H, N, k] (key positions, the sentinel N
@@ -91,7 +86,6 @@ def sparse_attention(module, query, key, value, indices, scaling, softcap=None) 
     v_sel = value.gather(2, gather_idx).reshape(b, n_kv, n, k, d)
     q = query.reshape(b, n_kv, h // n_kv, n, d)  # (B, n_kv, rep, N, d): GQA groups share gathered keys
     scores = torch.einsum("bgrnd,bgnkd->bgrnk", q.float(), k_sel.float()) * scaling
-    scores = _softcap(scores, softcap)
     q_pos = torch.arange(key.shape[2] - n, key.shape[2], device=query.device).view(1, 1, 1, n, 1)
     key_pos = idx.unsqueeze(2)  # (B, n_kv, 1, N, k)
     masked = key_pos > q_pos
@@ -109,7 +103,8 @@ def mot_attention(module, query, key, value, attention_mask, scaling=None, dropo
     plan = _ACTIVE_PLAN.get()
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    softcap = kwargs.get("softcap")
+    if kwargs.get("softcap") is not None:  # no supported family soft-caps attention (Gemma 3 does not)
+        raise NotImplementedError("attention logit soft-capping is not supported by MoT Viz")
     if plan is not None:
         layer = module.layer_idx
         if layer in plan.inject:
@@ -120,15 +115,9 @@ def mot_attention(module, query, key, value, attention_mask, scaling=None, dropo
             key = torch.cat([key[:, :, : key.shape[2] - n], k_inj.to(key.dtype)], dim=2)
             value = torch.cat([value[:, :, : value.shape[2] - n], v_inj.to(value.dtype)], dim=2)
         if layer in plan.record:
-            plan.recorded[layer] = _dense_probs(module, query, key, scaling, softcap)
+            plan.recorded[layer] = _eager_probs(module, query, key, scaling).mean(dim=1, keepdim=True).detach()
         if layer in plan.sparse:
-            return sparse_attention(module, query, key, value, plan.sparse[layer], scaling, softcap), None
-    if softcap is not None:  # SDPA cannot soft-cap; fall back to the same math done by hand
-        probs_full = _softcap(torch.matmul(query, repeat_kv(key, query.shape[1] // key.shape[1]).transpose(-1, -2)) * scaling, softcap)
-        allowed = _allowed_positions(query.shape[2], key.shape[2], getattr(module, "sliding_window", None), query.device)
-        probs_full = probs_full.masked_fill(~allowed, torch.finfo(probs_full.dtype).min).softmax(-1)
-        out = torch.matmul(probs_full, repeat_kv(value, query.shape[1] // value.shape[1]))
-        return out.transpose(1, 2).contiguous(), None
+            return sparse_attention(module, query, key, value, plan.sparse[layer], scaling), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
 
 

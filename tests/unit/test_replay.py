@@ -134,3 +134,4 @@ def test_bos_prefix_is_kept_native_and_never_translated():
     k, v = tr.native_window_blocks(channels)
     mixed = replay(dense, target, tr.target_ids, k, v, sparse=None)
     assert all((m[0] - n[0]).abs().max() <= 1e-5 for m, n in zip(mixed, tr.native_kv))
+
