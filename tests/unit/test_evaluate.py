@@ -1,0 +1,76 @@
+"""Answers from every condition and the evaluator's summary, on a tiny pair."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import CORPUS, tiny_model
+from mot_viz.answers import answer_all
+from mot_viz.channels import Channels
+from mot_viz.data import QAExample
+from mot_viz.evaluate import EvalSettings, evaluate_examples, kv_cosine, summarize, truncate_context
+from mot_viz.mot import MoT
+
+EXTRACTIVE = QAExample(id="e1", dataset="toy", context=CORPUS[0] + " " + CORPUS[1], question="Who built it?",
+                       answers=("Gustave Eiffel",))
+CLOSED = QAExample(id="c1", dataset="toy-closed", context=CORPUS[0], question="Is it in Paris?", choices=("yes", "no"),
+                   label=0)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    source = tiny_model("llama", vocab_size=280, seed=1)
+    target = tiny_model("gemma3_text", bos=True)
+    torch.manual_seed(0)
+    mot = MoT.build(source.spec, target.spec, Channels((2, 3), (2, 3)), dim=16, heads=2)
+    return mot, source, target
+
+
+def test_every_condition_answers_both_kinds(setup):
+    for example in (EXTRACTIVE, CLOSED):
+        answers = answer_all(*setup, example, max_new_tokens=4)
+        assert set(answers) == {"native", "no_context", "mot", "random"}
+        for a in answers.values():
+            assert 0.0 <= a.score <= 1.0 and a.seconds >= 0
+            if example.kind == "closed":
+                assert a.text in ("yes", "no") and len(a.choice_logprobs) == 2 and a.exact_match is None
+                assert a.score == float(a.text == "yes")
+            else:
+                assert a.exact_match in (0.0, 1.0) and a.choice_logprobs is None
+    # no context and native differ in what the target attends to, so their label scores differ
+    answers = answer_all(*setup, CLOSED)
+    assert answers["native"].choice_logprobs != answers["no_context"].choice_logprobs
+
+
+def test_evaluator_rows_and_summary(setup):
+    mot, source, target = setup
+    settings = EvalSettings("ck", None, ("toy",), 2, 0, 4, 64, 200)
+    df = evaluate_examples(mot, source, target, [EXTRACTIVE, CLOSED], settings, progress=False)
+    assert len(df) == 8 and set(df["condition"]) == {"native", "no_context", "mot", "random"}
+    native = df[df["condition"] == "native"]
+    assert np.allclose(native["kv_cosine"], 1.0)  # the native cache compared with itself
+    assert df[df["condition"] == "no_context"]["kv_cosine"].isna().all()
+    assert (df[df["condition"] == "mot"]["kv_cosine"] < 1.0).all()
+    summary = summarize(df, n_boot=200)
+    row = summary[(summary["dataset"] == "toy-closed") & (summary["condition"] == "native")].iloc[0]
+    assert row["metric"] == "accuracy"
+    assert row["retained"] == pytest.approx(1.0) if row["mean"] > 0 else np.isnan(row["retained"])
+    ext = summary[summary["dataset"] == "toy"]
+    assert set(ext["metric"]) == {"F1"} and (ext["ci_low"] <= ext["mean"]).all() and (ext["mean"] <= ext["ci_high"]).all()
+
+
+def test_kv_cosine_and_truncation(setup):
+    _, _, target = setup
+    a = [(torch.ones(1, 1, 3, 2), torch.ones(1, 1, 3, 2))]
+    b = [(torch.ones(1, 1, 3, 2), -torch.ones(1, 1, 3, 2))]
+    assert kv_cosine(a, a) == pytest.approx(1.0) and kv_cosine(a, b) == pytest.approx(0.0)
+    long = QAExample(id="l", dataset="toy", context=" ".join(CORPUS * 5), question="?", answers=("x",))
+    short = truncate_context(target, long, budget=150)
+    from mot_viz.alignment import encode
+    from mot_viz.data import build_prompt
+
+    assert len(encode(target.tokenizer, build_prompt(short).context_text)) <= 152  # decode/re-encode may shift by a token
+    assert short.context and long.context.startswith(short.context[:20])
+    assert truncate_context(target, EXTRACTIVE, budget=10_000) is EXTRACTIVE
