@@ -48,7 +48,7 @@ def random_control_cache(mot: MoT, target: LoadedModel, translation: Translation
     with torch.no_grad():
         k = random_window(native_k, translation.translated.keys, gen)
         v = random_window(native_v, translation.translated.values, gen)
-        return replay(mot, target, translation.target_ids, k, v, translation.sparse_indices)
+        return replay(target, translation.target_ids, mot.channels.target_layers, k, v, translation.sparse_indices)
 
 
 def answer_from_cache(target: LoadedModel, kv: list[hf.KV] | None, example: QAExample, condition: str,

@@ -189,21 +189,21 @@ def translate_window(mot: MoT, src: SourceContext) -> TranslatorOutput:
     return mot.translator(keys, values)
 
 
-def replay(mot: MoT, target: LoadedModel, target_ids: torch.Tensor, window_keys: torch.Tensor,
+def replay(target: LoadedModel, target_ids: torch.Tensor, target_layers: tuple[int, ...], window_keys: torch.Tensor,
            window_values: torch.Tensor, sparse: dict[int, torch.Tensor] | None,
            cache_injected_window: bool = False) -> list[KV]:
-    """Replay the context in the target with the window blocks [1, N_t, W, H_T] injected; returns the mixed cache.
+    """Replay the context with window blocks [1, N_t, W, H_T] injected at target_layers; returns the mixed cache.
 
     target_ids [1, N_t] are the context tokens; the target's BOS prefix (if any) is prepended and keeps
     its own K/V. The window layers' cache entries are the native-like K/V recomputed from the perturbed
     hidden states, unless cache_injected_window (method.md §6, step 3).
     """
-    n_kv = mot.target.num_kv_heads
+    n_kv = target.spec.num_kv_heads
     injected = list(zip(from_block(window_keys, n_kv), from_block(window_values, n_kv)))
-    plan = hf.AttentionPlan(inject=dict(zip(mot.channels.target_layers, injected)), sparse=sparse or {})
+    plan = hf.AttentionPlan(inject=dict(zip(target_layers, injected)), sparse=sparse or {})
     mixed = hf.run(target.model, _with_bos(target, target_ids), plan=plan, logits_to_keep=1).kv
     if cache_injected_window:
-        for layer, (k, v) in zip(mot.channels.target_layers, injected):
+        for layer, (k, v) in zip(target_layers, injected):
             k0, v0 = mixed[layer]
             p = k0.shape[2] - k.shape[2]
             mixed[layer] = (torch.cat([k0[:, :, :p], k], 2), torch.cat([v0[:, :, :p], v], 2))
@@ -240,7 +240,7 @@ def translate(mot: MoT, source: LoadedModel, target: LoadedModel, text: str, wit
         timings["translator"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         sparse = sparse_indices(mot, src) if mot.replay.topk_sparse_attn else {}
-        mixed = replay(mot, target, target_ids, translated.keys, translated.values, sparse)
+        mixed = replay(target, target_ids, mot.channels.target_layers, translated.keys, translated.values, sparse)
         timings["replay"] = time.perf_counter() - t0
         native = None
         if with_native:

@@ -46,9 +46,9 @@ from .channels import Channels, injection_channels
 from .controls import dir_only, mag_only, random_window, relative_perturbation
 from .data import QAExample, build_prompt, choice_label_texts
 from .errors import ConfigError
-from .layout import from_block, to_block
+from .layout import to_block
 from .models import LoadedModel
-from .mot import MoT, Translation, replay, target_context_ids, translate
+from .mot import MoT, Translation, native_cache, replay, target_context_ids, translate
 
 KV = hf.KV
 MODES = ("trained", "perturbation", "checkpoint-error-profile")
@@ -115,7 +115,7 @@ def case_from_text(target: LoadedModel, context_text: str, suffix_text: str, exa
     if has_gold:
         answer = answer_token_ids(target.tokenizer, example, max_answer_tokens)
     else:
-        native = hf.run(target.model, ids, logits_to_keep=1).kv
+        native = native_cache(target, ids)
         answer = hf.greedy_generate(target.model, native, suffix, max_answer_tokens,
                                     hf.eos_ids(target.model, target.tokenizer))
     if not answer:
@@ -126,22 +126,10 @@ def case_from_text(target: LoadedModel, context_text: str, suffix_text: str, exa
 # ----- caches ---------------------------------------------------------------------------------------------
 
 
-def window_blocks(kv: list[KV], layers: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The K and V blocks [B, N, W, H] of a cache at the given layers."""
-    return to_block([kv[l][0] for l in layers]), to_block([kv[l][1] for l in layers])
-
-
-@torch.no_grad()
-def replay_window(target: LoadedModel, ids: torch.Tensor, layers: Sequence[int], keys: torch.Tensor,
-                  values: torch.Tensor, sparse: dict[int, torch.Tensor] | None = None) -> list[KV]:
-    """Replay context ids [1, N_t] with window blocks [1, N_t, W, H_T] injected at `layers` (method.md §6).
-
-    The same replay as mot.replay, for windows that come from no MoT (the training-free sweep).
-    """
-    n_kv = target.spec.num_kv_heads
-    injected = list(zip(from_block(keys, n_kv), from_block(values, n_kv)))
-    plan = hf.AttentionPlan(inject=dict(zip(layers, injected)), sparse=sparse or {})
-    return hf.run(target.model, ids, plan=plan, logits_to_keep=1).kv
+def window_blocks(kv: list[KV], layers: Sequence[int], prefix_len: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K and V blocks [B, N, W, H] of a cache's context positions (after a BOS prefix) at the given layers."""
+    return (to_block([kv[l][0][:, :, prefix_len:] for l in layers]),
+            to_block([kv[l][1][:, :, prefix_len:] for l in layers]))
 
 
 ReplayFn = Callable[[torch.Tensor, torch.Tensor], list[KV]]  # (K block, V block) [1, N, W, H] -> cache
@@ -507,7 +495,8 @@ def analyse_translation(mot: MoT, source: LoadedModel, target: LoadedModel, case
 
 def _mot_replay(mot: MoT, target: LoadedModel, translation: Translation) -> ReplayFn:
     """Replay windows the way this MoT does (its sparse indices for this context)."""
-    return lambda k, v: replay(mot, target, translation.target_ids, k, v, translation.sparse_indices)
+    return lambda k, v: replay(target, translation.target_ids, mot.channels.target_layers, k, v,
+                               translation.sparse_indices)
 
 
 # ----- §9.1 injection-start sweep ---------------------------------------------------------------------------
@@ -566,7 +555,7 @@ class SweepResult:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "meta.json").write_text(json.dumps(self.meta, indent=2, default=str))
         for name in ("summary", "tokens", "trajectories", "per_example"):
-            getattr(self, name).to_csv(folder / f"{name}.csv", index=False)
+            getattr(self, name).to_csv(folder / f"{name}.csv", index=False, float_format="%.7g")  # float32-level digits
         return folder
 
     @classmethod
@@ -645,7 +634,7 @@ def sweep(target: LoadedModel, cases: Sequence[ContextCase], cfg: SweepConfig, *
     total = len(cases) * len(starts)
     done = 0
     for ei, case in enumerate(cases):
-        native = hf.run(target.model, case.target_ids, logits_to_keep=1).kv
+        native = native_cache(target, case.target_ids)
         native_trace = trace_cache(target, native, case.suffix_ids, case.answer_ids)
         native_score = None
         if cfg.task_metric and case.example is not None:
@@ -657,7 +646,7 @@ def sweep(target: LoadedModel, cases: Sequence[ContextCase], cfg: SweepConfig, *
             profile = error_profile(translation, profile_mot.channels)
         for start in starts:
             channels = injection_channels(num_source_layers or l_t, l_t, start, cfg.window)
-            nk, nv = window_blocks(native, channels.target_layers)
+            nk, nv = window_blocks(native, channels.target_layers, len(target.prefix_ids))
             seed = _derived_seed(cfg.seed, ei, start)
             full_mix = None
             if cfg.mode == "trained":
@@ -672,7 +661,7 @@ def sweep(target: LoadedModel, cases: Sequence[ContextCase], cfg: SweepConfig, *
                 sizes = profile if profile is not None else (cfg.perturbation_size, cfg.perturbation_size)
                 wk, wv = perturbed_window(nk, nv, *sizes, seed=seed + _PERTURBATION_SEED_OFFSET)
                 replay_fn = lambda k, v, layers=channels.target_layers, ids=case.target_ids: \
-                    replay_window(target, ids, layers, k, v)
+                    replay(target, ids, layers, k, v, sparse=None)
             caches = window_caches(replay_fn, nk, nv, wk, wv, conditions, seed, full_mix)
             per_start[start].append(run_window(target, case, native_trace, caches, channels, ei, cfg.task_metric,
                                                native_score, cfg.max_new_tokens))

@@ -119,7 +119,7 @@ def row_loss(mot: MoT, source: LoadedModel, target: LoadedModel, row: torch.Tens
     native = native_cache(target, context)
     out = translate_window(mot, src)
     sparse = sparse_indices(mot, src) if mot.replay.topk_sparse_attn else None
-    mixed = replay(mot, target, context, out.keys, out.values, sparse)
+    mixed = replay(target, context, mot.channels.target_layers, out.keys, out.values, sparse)
     logits = hf.run(target.model, prompt, mixed).logits
     ce = torch.nn.functional.cross_entropy(logits[0].float(), labels[0])
     upper = range(mot.channels.start, mot.target.num_layers)

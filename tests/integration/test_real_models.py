@@ -41,10 +41,10 @@ def test_native_injection_reproduces_native_logits_on_real_models(which, request
     p = len(lm.prefix_ids)  # Gemma's caches start with BOS, which is never translated
     k = to_block([native[t][0][:, :, p:] for t in channels.target_layers])
     v = to_block([native[t][1][:, :, p:] for t in channels.target_layers])
-    mixed = replay(mot, lm, ids, k, v, sparse=None)
+    mixed = replay(lm, ids, channels.target_layers, k, v, sparse=None)
     assert (hf.run(lm.model, suffix, mixed).logits - reference).abs().max() <= 1e-4
     # a perturbed window: nothing below it moves, every layer above it does
-    perturbed = replay(mot, lm, ids, k * 1.5, v * 1.5, sparse=None)
+    perturbed = replay(lm, ids, channels.target_layers, k * 1.5, v * 1.5, sparse=None)
     for layer in range(layers):
         moved = (perturbed[layer][0] - native[layer][0]).abs().max().item()
         assert (moved == 0) if layer <= channels.start else (moved > 1e-3), layer
@@ -58,7 +58,7 @@ def test_gradients_reach_every_translator_parameter_on_the_real_pair(real_source
     ids = target_context_ids(real_target, _context(real_target, 32))
     src = prepare_source(mot, real_source, real_target, ids)
     out = translate_window(mot, src)
-    mixed = replay(mot, real_target, ids, out.keys, out.values, sparse_indices(mot, src))
+    mixed = replay(real_target, ids, channels.target_layers, out.keys, out.values, sparse_indices(mot, src))
     logits = hf.run(real_target.model, torch.tensor([encode(real_target.tokenizer, " Brazil")]), mixed).logits
     logits.float().log_softmax(-1)[..., 0].mean().backward()
     missing = [n for n, p in mot.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]

@@ -31,7 +31,7 @@ def test_injecting_native_kv_reproduces_native_logits(family):
     channels = injection_channels(5, 5, start=1, window=3)
     mot = MoT.build(target.spec, target.spec, channels, ReplayConfig(topk_sparse_attn=None))
     k, v = _native_blocks(reference.kv, channels)
-    mixed = replay(mot, target, ids, k, v, sparse=None)
+    mixed = replay(target, ids, channels.target_layers, k, v, sparse=None)
     for (km, vm), (kn, vn) in zip(mixed, reference.kv):
         assert (km - kn).abs().max() <= 1e-5 and (vm - vn).abs().max() <= 1e-5
     # the target continues identically from the mixed cache and from its own
@@ -47,7 +47,8 @@ def test_perturbed_window_changes_only_what_lies_above(family):
     channels = injection_channels(6, 6, start=2, window=2)
     mot = MoT.build(target.spec, target.spec, channels, ReplayConfig(topk_sparse_attn=None))
     k, v = _native_blocks(native, channels)
-    mixed = replay(mot, target, ids, k + 0.5 * torch.randn_like(k), v + 0.5 * torch.randn_like(v), sparse=None)
+    mixed = replay(target, ids, channels.target_layers, k + 0.5 * torch.randn_like(k), v + 0.5 * torch.randn_like(v),
+                   sparse=None)
     for layer in range(6):
         dk = (mixed[layer][0] - native[layer][0]).abs().max().item()
         dv = (mixed[layer][1] - native[layer][1]).abs().max().item()
@@ -57,7 +58,7 @@ def test_perturbed_window_changes_only_what_lies_above(family):
             assert dk == 0 and dv == 0, layer
         else:
             assert dk > 1e-4 and dv > 1e-4, layer
-    injected = replay(mot, target, ids, k + 1.0, v + 1.0, sparse=None, cache_injected_window=True)
+    injected = replay(target, ids, channels.target_layers, k + 1.0, v + 1.0, sparse=None, cache_injected_window=True)
     for t in channels.target_layers:
         assert (injected[t][0] - native[t][0]).abs().max() > 0.5  # the heat-map variant stores the injected K/V
 
@@ -87,7 +88,7 @@ def test_gradients_reach_every_translator_parameter(family):
     ids = target_context_ids(target, TEXT)
     src = prepare_source(mot, source, target, ids)
     out = translate_window(mot, src)
-    mixed = replay(mot, target, ids, out.keys, out.values, sparse_indices(mot, src))
+    mixed = replay(target, ids, channels.target_layers, out.keys, out.values, sparse_indices(mot, src))
     native = native_cache(target, ids)
     logits = hf.run(target.model, torch.tensor([[3, 4, 5]]), mixed).logits
     loss = logits.logsumexp(-1).mean() + sum(((m[0] - n[0]) ** 2).mean() for m, n in zip(mixed[1:], native[1:]))
@@ -132,6 +133,6 @@ def test_bos_prefix_is_kept_native_and_never_translated():
     # injecting the native window reproduces the native cache with the prefix in place
     dense = MoT.build(source.spec, target.spec, channels, ReplayConfig(topk_sparse_attn=None), dim=16, heads=2)
     k, v = tr.native_window_blocks(channels)
-    mixed = replay(dense, target, tr.target_ids, k, v, sparse=None)
+    mixed = replay(target, tr.target_ids, channels.target_layers, k, v, sparse=None)
     assert all((m[0] - n[0]).abs().max() <= 1e-5 for m, n in zip(mixed, tr.native_kv))
 

@@ -51,7 +51,7 @@ def test_loss_terms_match_a_hand_computation():
     context, prompt, labels = row[None, :11], row[None, 11:23], row[12:]
     src = prepare_source(mot, source, target, context)
     out = translate_window(mot, src)
-    mixed = replay(mot, target, context, out.keys, out.values, sparse_indices(mot, src))
+    mixed = replay(target, context, (2, 3), out.keys, out.values, sparse_indices(mot, src))
     cache = DynamicCache()
     for i, (k, v) in enumerate(mixed):
         cache.update(k, v, i)

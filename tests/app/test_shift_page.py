@@ -1,0 +1,133 @@
+"""The Shift analysis page driven by AppTest on the tiny test pair (MOT_VIZ_TEST_MODELS=1), like tests/app/test_app_pages.py.
+
+What the page plots is checked against mot_viz.shift computed directly; the shipped sweep is a tiny one
+written to a temporary results folder.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from mot_viz import shift
+from mot_viz.checkpoint import load_checkpoint
+from mot_viz.data import build_prompt, load_dataset
+from mot_viz.mot import translate
+from mot_viz.testing import load_test_model, write_test_checkpoints
+
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
+TIMEOUT = 300
+PAGE = "pages/5_Shift_analysis.py"
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory) -> dict[str, Path]:
+    return write_test_checkpoints(tmp_path_factory.mktemp("pretrained"))
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory) -> Path:
+    """A tiny saved sweep for the test pair's names, as scripts/shift_sweep.py writes it."""
+    target = load_test_model("gemma3-270m")
+    example = load_dataset("squad", n=50, seed=0)[1]
+    cfg = shift.SweepConfig(window=2, task_metric=False)
+    meta = {"source": "smollm2-135m", "target": "gemma3-270m", "dataset": "squad", "split": "validation", "n": 1,
+            "data_seed": 0, "command": "test"}
+    result = shift.sweep(target, [shift.case_from_example(target, example)], cfg, meta=meta)
+    root = tmp_path_factory.mktemp("shift")
+    result.save(root / "tiny-perturbation")
+    return root
+
+
+@pytest.fixture(autouse=True)
+def test_env(monkeypatch, pretrained, shipped):
+    monkeypatch.setenv("MOT_VIZ_TEST_MODELS", "1")
+    monkeypatch.setenv("MOT_VIZ_PRETRAINED", str(next(iter(pretrained.values())).parent))
+    monkeypatch.setenv("MOT_VIZ_SHIFT_RESULTS", str(shipped))
+
+
+def _decode(value):
+    if isinstance(value, dict) and "bdata" in value:
+        array = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
+        shape = [int(n) for n in str(value.get("shape", len(array))).split(",")]
+        return array.reshape(shape)
+    if isinstance(value, dict):
+        return {k: _decode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    return value
+
+
+def figures(at: AppTest) -> list[dict]:
+    return [_decode(json.loads(chart.proto.spec)) for chart in at.get("plotly_chart")]
+
+
+def open_page() -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.run()
+    at.switch_page(PAGE).run()
+    assert not at.exception, at.exception
+    return at
+
+
+def test_page_traces_the_checkpoint_window_and_shows_the_shipped_sweep(pretrained, shipped):
+    at = open_page()
+    assert [h.value for h in at.header][:3] == ["This checkpoint's window on this context",
+                                                "Sweep the window start on this context (training-free)",
+                                                "Shipped sweep (results/shift)"]
+    # the same analysis computed directly
+    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
+    mot, _ = load_checkpoint(pretrained["smollm2-to-gemma3"])
+    example = load_dataset("squad", n=50, seed=0)[0]
+    prompt = build_prompt(example)
+    case = shift.case_from_text(target, prompt.context_text, prompt.suffix_text, example)
+    ws, run = shift.analyse_translation(mot, source, target, case, translate(mot, source, target, prompt.context_text))
+    assert case.answer_ids == shift.answer_token_ids(target.tokenizer, example)  # the gold answer is teacher-forced
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Initial shift ‖s‖ (MoT)"] == f"{ws.summary('full_mix').initial_shift:.4g}"
+    assert metrics["KL(native ‖ MoT) next token"] == f"{run.kl['native||full_mix']:.4g}"
+    figs = figures(at)
+    rho = figs[0]["data"][0]  # MoT median ρ_k of answer token 0
+    traj = ws.trajectories()
+    want = traj[(traj.condition == "full_mix") & (traj.token_index == 0)].sort_values("k")
+    assert list(rho["x"]) == want["k"].tolist() and np.allclose(rho["y"], want["median_rho"])
+    # the test checkpoint injects into the top layers: nothing above the window, and the page says so
+    assert ws.num_upper_layers == 0 and any("no layer is left above the window" in i.value for i in at.info)
+    # the shipped sweep: one point per start, as saved
+    saved = shift.SweepResult.load(shipped / "tiny-perturbation")
+    vs_start = next(f for f in figs if any("last-state shift" in (t.get("name") or "") for t in f["data"]))
+    assert list(vs_start["data"][0]["x"]) == saved.summary["start"].tolist()
+    labels = [b.label for b in at.get("download_button")]
+    assert "Download the data (CSV): tiny-perturbation_shift_vs_start.csv" in labels
+
+
+def test_live_sweep_runs_on_click_and_covers_every_valid_start():
+    at = open_page()
+    n_before = len(at.get("plotly_chart"))
+    at.number_input(key="pg.shift.window").set_value(2).run()
+    next(b for b in at.button if b.label == "Run the sweep").click().run()
+    assert not at.exception, at.exception
+    figs = figures(at)
+    assert len(figs) == n_before + 2
+    live = next(f for f in figs if any("last-state shift" in (t.get("name") or "") for t in f["data"]))
+    # tiny source 4 layers, target 6, W = 2: starts whose source window fits (method.md §3)
+    assert list(live["data"][0]["x"]) == shift.valid_starts(6, 2, num_source_layers=4)
+    # a changed setting waits for the button
+    at.number_input(key="pg.shift.size").set_value(1.0).run()
+    assert any("Press **Run the sweep**" in i.value for i in at.info)
+
+
+def test_free_text_without_question_asks_for_one():
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.run()
+    at.radio(key="sb.mode").set_value("Free text").run()
+    at.text_input(key="sb.question").input("")
+    next(b for b in at.button if b.label == "Translate").click().run()
+    at.switch_page(PAGE).run()
+    assert not at.exception, at.exception
+    assert any("has no answer to trace" in i.value for i in at.info)
