@@ -35,8 +35,8 @@ class Answer:
 
     condition: str
     text: str  # post-processed generation, or the chosen label
-    score: float  # F1 (extractive) or correctness 0/1 (closed set)
-    exact_match: float | None  # extractive only
+    score: float | None  # F1 (extractive) or correctness 0/1 (closed set); None without a gold answer
+    exact_match: float | None  # extractive with a gold answer only
     choice_logprobs: tuple[float, ...] | None  # closed set only: mean log p per label
     seconds: float  # time to answer from the cache (excludes building the cache)
 
@@ -68,8 +68,10 @@ def answer_from_cache(target: LoadedModel, kv: list[hf.KV] | None, example: QAEx
     tokens = hf.greedy_generate(target.model, kv, suffix_ids, max_new_tokens,
                                 hf.eos_ids(target.model, target.tokenizer), stop_when=ends_line)
     text = postprocess_generation(target.tokenizer.decode(tokens, skip_special_tokens=True))
-    return Answer(condition, text, squad_f1(text, example.answers), exact_match(text, example.answers), None,
-                  time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    if not example.answers:  # free text typed in the app: nothing to score against
+        return Answer(condition, text, None, None, None, seconds)
+    return Answer(condition, text, squad_f1(text, example.answers), exact_match(text, example.answers), None, seconds)
 
 
 def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample,

@@ -17,7 +17,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -26,8 +26,8 @@ import streamlit as st
 
 from .answers import CONDITION_LABELS, Answer, answer_from_cache, condition_caches
 from .checkpoint import load_checkpoint, read_config
-from .data import BUILTIN_DATASETS, QAExample, build_prompt
-from .errors import MotVizError
+from .data import BUILTIN_DATASETS, QAExample, build_prompt, choice_label_texts
+from .errors import CheckpointError, ModelLoadError, MotVizError
 from .figures import token_labels
 from .models import BUNDLED_MODELS, DEFAULT_SOURCE, DEFAULT_TARGET, LoadedModel, load_model
 from .mot import MoT, Translation, check_pair, translate
@@ -140,13 +140,14 @@ def _cached_model(name: str, test: bool) -> LoadedModel:
 
 def get_model(name: str) -> LoadedModel:
     """The loaded model of a name (cached per process); ModelLoadError when it cannot be loaded."""
+    if not name.strip():
+        raise ModelLoadError("No model name is given. Choose a bundled model, or type a Hub id, a local folder "
+                             "or a local .gguf file.")
     try:
         return _cached_model(name, test_mode())
     except MotVizError:
         raise
     except Exception as exc:  # a typed Hub id or folder can fail in many ways inside transformers
-        from .errors import ModelLoadError
-
         raise ModelLoadError(f"Cannot load model '{name}': {type(exc).__name__}: {exc}. "
                              "Check the name or path, or choose a bundled model.") from exc
 
@@ -164,11 +165,10 @@ def _cached_checkpoint(path: str, stamp: int) -> tuple[MoT, dict]:
 
 def get_checkpoint(path: str, source: LoadedModel, target: LoadedModel) -> tuple[MoT, dict]:
     """The checkpoint's MoT and config, checked against the loaded pair (CheckpointError if it does not fit)."""
-    from .errors import CheckpointError
-
     if not path:
-        raise CheckpointError(f"No MoT checkpoint was found in {pretrained_dir()}. Train one with "
-                              "`bash scripts/train_pretrained.sh`, or type the path of a checkpoint folder.")
+        found = ", ".join(available_checkpoints()) or "none"
+        raise CheckpointError(f"No MoT checkpoint is chosen (found in {pretrained_dir()}: {found}). Pick one, or "
+                              "type the path of a checkpoint folder; `bash scripts/train_pretrained.sh` trains them.")
     mot, config = _cached_checkpoint(path, checkpoint_stamp(path))
     check_pair(mot, source, target)
     return mot, config
@@ -184,7 +184,8 @@ def translation_key(sel: Selection, checkpoint: str | None = None) -> Translatio
     return sel.source, sel.target, path, checkpoint_stamp(path), sel.text, test_mode()
 
 
-@st.cache_resource(show_spinner=False, max_entries=16)
+# a translation of a 1,024-token context on the default pair holds ~200 MB of caches: keep a few
+@st.cache_resource(show_spinner=False, max_entries=6)
 def _cached_translation(key: TranslationKey) -> Translation:
     source, target, path, _, text, _ = key
     src, tgt = get_model(source), get_model(target)
@@ -197,7 +198,7 @@ def get_translation(sel: Selection, checkpoint: str | None = None) -> Translatio
     return _cached_translation(translation_key(sel, checkpoint))
 
 
-@st.cache_resource(show_spinner=False, max_entries=8)
+@st.cache_resource(show_spinner=False, max_entries=4)
 def _cached_condition_caches(key: TranslationKey) -> tuple[dict, float]:
     """Every answer condition's cache, and the seconds of the one new piece of work (the random-window replay)."""
     source, target, path, _, _, _ = key
@@ -209,11 +210,6 @@ def _cached_condition_caches(key: TranslationKey) -> tuple[dict, float]:
     return caches, time.perf_counter() - start
 
 
-def _scorable(example: QAExample) -> QAExample:
-    # answer_from_cache always scores; with no gold answer a placeholder is scored and the score is dropped
-    return example if example.answers else replace(example, answers=("",))
-
-
 @st.cache_resource(show_spinner=False, max_entries=64)
 def _cached_answer(key: TranslationKey, condition: str, example: QAExample, suffix: str | None,
                    max_new_tokens: int) -> Answer:
@@ -221,7 +217,7 @@ def _cached_answer(key: TranslationKey, condition: str, example: QAExample, suff
         kv = _cached_translation(key).mixed_kv
     else:
         kv = _cached_condition_caches(key)[0][condition]
-    return answer_from_cache(get_model(key[1]), kv, _scorable(example), condition, max_new_tokens, suffix)
+    return answer_from_cache(get_model(key[1]), kv, example, condition, max_new_tokens, suffix)
 
 
 def answer_row(sel: Selection, condition: str, max_new_tokens: int, checkpoint: str | None = None) -> dict:
@@ -235,18 +231,18 @@ def answer_row(sel: Selection, condition: str, max_new_tokens: int, checkpoint: 
     cache_seconds = {
         "native": t.get("native_prefill", 0.0),
         "no_context": 0.0,
-        "mot": t["source_prefill_and_alignment"] + t["translator"] + t["replay"],
+        "mot": sum(v for stage, v in t.items() if stage != "native_prefill"),  # every stage of the translation
         "random": _cached_condition_caches(key)[1] if condition == "random" else 0.0,
     }
     label = CONDITION_LABELS[condition]
     if checkpoint and checkpoint != sel.checkpoint:
         label = f"MoT-translated cache, second checkpoint ({Path(checkpoint).name})"
-    scored = bool(sel.example.answers)
     return {
+        "key": f"{condition} (2nd)" if checkpoint and checkpoint != sel.checkpoint else condition,
         "condition": label,
         "answer": answer.text,
-        "score": answer.score if scored else None,
-        "exact_match": answer.exact_match if scored else None,
+        "score": answer.score,  # None without a gold answer (closed-set examples always have one)
+        "exact_match": answer.exact_match,
         "seconds_cache": cache_seconds[condition],
         "seconds_answer": answer.seconds,
         "choice_logprobs": None if answer.choice_logprobs is None else
@@ -335,6 +331,9 @@ def _checkpoint_picker(source: str, target: str) -> str:
     checkpoints = available_checkpoints()
     options = [*checkpoints, OTHER]
     default = default_checkpoint(source, target, checkpoints) or OTHER
+    if st.session_state.get("sb.pair") != (source, target):  # a new pair: offer the checkpoint made for it
+        st.session_state["sb.pair"] = (source, target)
+        st.session_state["sb.checkpoint"] = default
     widget_default("sb.checkpoint", default, options)
     choice = st.selectbox("MoT checkpoint", options, key="sb.checkpoint",
                           help=f"Folders in {pretrained_dir()} holding config.json + translator.safetensors.")
@@ -366,7 +365,8 @@ def _context_picker() -> tuple[str, QAExample | None, str | None, str]:
     with st.expander("Question and gold answer", expanded=True):
         st.markdown(f"**Question:** {example.question}")
         if example.choices:
-            st.markdown("\n".join(f"- {chr(65 + i)}. {c}" for i, c in enumerate(example.choices)))
+            labels = choice_label_texts(example)
+            st.markdown("\n".join(f"- **{lab}**: {text}" for lab, text in zip(labels, example.choices)))
         st.markdown(f"**Gold:** {' | '.join(example.answers)}")
     prompt = build_prompt(example)
     return prompt.context_text, example, prompt.suffix_text, f"{DATASET_LABELS.get(name, name)} #{int(index)}"
@@ -449,7 +449,7 @@ def show_figure(fig: go.Figure, data: pd.DataFrame, name: str) -> None:
                     config={"toImageButtonOptions": {"format": "png", "filename": name, "scale": 2},
                             "displaylogo": False})
     st.download_button(f"Download the data (CSV): {name}.csv", data.to_csv(index=False).encode("utf-8"),
-                       file_name=f"{name}.csv", mime="text/csv", key=f"dl.{name}")
+                       file_name=f"{name}.csv", mime="text/csv", key=f"dl.{name}", on_click="ignore")
 
 
 def read_training_log(checkpoint: str) -> pd.DataFrame | None:

@@ -48,14 +48,21 @@ def layer_errors(candidate: torch.Tensor, reference: torch.Tensor) -> dict[str, 
     }
 
 
+def _context(kv: tuple[torch.Tensor, torch.Tensor], prefix_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    # the target's caches start with its BOS prefix, which is never translated: compare context positions only
+    return kv[0][:, :, prefix_len:], kv[1][:, :, prefix_len:]
+
+
 def _compared_caches(translation: Translation, channels: Channels, comparison: str) -> dict[int, tuple]:
-    """Target layer -> (candidate K/V, native K/V) for one comparison."""
+    """Target layer -> (candidate K/V, native K/V) over the N_t context positions, for one comparison."""
     if translation.native_kv is None:
         raise ValueError("this translation was computed without the native cache")
+    p = translation.prefix_len
+    native = [_context(kv, p) for kv in translation.native_kv]
     if comparison == "translated":
-        return {t: (translation.injected_kv[i], translation.native_kv[t]) for i, t in enumerate(channels.target_layers)}
+        return {t: (translation.injected_kv[i], native[t]) for i, t in enumerate(channels.target_layers)}
     if comparison == "replayed":
-        return {t: (translation.mixed_kv[t], translation.native_kv[t]) for t in range(len(translation.mixed_kv))}
+        return {t: (_context(kv, p), native[t]) for t, kv in enumerate(translation.mixed_kv)}
     raise ValueError(f"comparison must be one of {tuple(COMPARISONS)}, got {comparison!r}")
 
 
@@ -126,9 +133,10 @@ def window_vectors(translation: Translation, channels: Channels, position: int, 
     source = apply_alignment(to_block([src.source_kv[s_layer][j]]), src.alignment)[0, :, 0].float()  # (N_t, H_S)
     translated = translation.translated.keys if kv == "K" else translation.translated.values
     out = {"source (aligned)": source, "translated": translated[0, :, position].float()}
+    p = translation.prefix_len
     if translation.native_kv is not None:
-        out["native target"] = token_vectors(translation.native_kv[t_layer][j])
-    out["replayed target"] = token_vectors(translation.mixed_kv[t_layer][j])
+        out["native target"] = token_vectors(_context(translation.native_kv[t_layer], p)[j])
+    out["replayed target"] = token_vectors(_context(translation.mixed_kv[t_layer], p)[j])
     return out
 
 

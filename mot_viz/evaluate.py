@@ -67,12 +67,18 @@ class EvalSettings:
 
 
 def evaluate_examples(mot: MoT, source: LoadedModel, target: LoadedModel, examples: list[QAExample],
-                      settings: EvalSettings, second: MoT | None = None, progress: bool = True) -> pd.DataFrame:
-    """One row per (example, condition): score, exact match, answer text, KV cosine to native, seconds."""
+                      settings: EvalSettings, second: MoT | None = None, progress: bool = True,
+                      checkpoint_every: int = 0, on_checkpoint=None) -> pd.DataFrame:
+    """One row per (example, condition): score, exact match, answer text, KV cosine to native, seconds.
+
+    on_checkpoint(rows so far as a DataFrame) is called every checkpoint_every examples (partial results).
+    """
     from tqdm import tqdm
 
     rows = []
-    for example in tqdm(examples, desc="evaluate", disable=not progress, dynamic_ncols=True):
+    for i, example in enumerate(tqdm(examples, desc="evaluate", disable=not progress, dynamic_ncols=True)):
+        if on_checkpoint is not None and checkpoint_every and i and i % checkpoint_every == 0:
+            on_checkpoint(pd.DataFrame(rows))
         example = truncate_context(target, example, settings.max_context_tokens)
         try:
             start = time.perf_counter()
@@ -153,8 +159,10 @@ def run(settings: EvalSettings, out_dir: Path, progress: bool = True) -> pd.Data
     frames = []
     for name in settings.datasets:
         examples = load_dataset(name, n=settings.n, seed=settings.seed)
-        frames.append(evaluate_examples(mot, source, target, examples, settings, second, progress))
-        _write(out_dir, pd.concat(frames), settings)  # partial results survive an interrupted run
+        # partial results (every 25 examples, and after each dataset) survive an interrupted run
+        partial = lambda df: _write(out_dir, pd.concat(frames + [df]), settings)  # noqa: E731
+        frames.append(evaluate_examples(mot, source, target, examples, settings, second, progress, 25, partial))
+        _write(out_dir, pd.concat(frames), settings)
     df = pd.concat(frames)
     return _write(out_dir, df, settings)
 

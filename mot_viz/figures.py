@@ -45,13 +45,14 @@ def _token_axis(fig: go.Figure, n: int, **selector) -> None:
 
 
 def answers_figure(answers: pd.DataFrame) -> go.Figure:
-    """Score and time per condition (columns: condition, score, seconds_cache, seconds_answer, answer)."""
+    """Score and time per condition (columns: key (short name), score, seconds_cache, seconds_answer, answer)."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("score vs the gold answer", "time (s)"))
     scored = answers.dropna(subset=["score"])
-    fig.add_bar(x=scored["condition"], y=scored["score"], text=scored["answer"], name="score",
-                hovertemplate="%{x}<br>score %{y:.4f}<br>answer: %{text}<extra></extra>", row=1, col=1)
+    fig.add_bar(x=scored["key"], y=scored["score"], customdata=scored["answer"], name="score", showlegend=False,
+                marker_color="#4c78a8",
+                hovertemplate="%{x}<br>score %{y:.4f}<br>answer: %{customdata}<extra></extra>", row=1, col=1)
     for column, name in (("seconds_cache", "building the cache"), ("seconds_answer", "answering")):
-        fig.add_bar(x=answers["condition"], y=answers[column], name=name,
+        fig.add_bar(x=answers["key"], y=answers[column], name=name,
                     hovertemplate="%{x}<br>" + name + " %{y:.3f} s<extra></extra>", row=1, col=2)
     fig.update_layout(barmode="stack", height=380, legend_title_text="time")
     fig.update_yaxes(range=[0, 1.05], row=1, col=1)

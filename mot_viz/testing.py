@@ -25,28 +25,37 @@ CORPUS = [
 ]
 FAMILIES = ("gpt2", "opt", "qwen2", "llama", "gemma3_text")
 
-# bundled name -> (family, vocab size, layers, seed) of its tiny stand-in
-TEST_MODELS: dict[str, tuple[str, int, int, int]] = {
-    "smollm2-135m": ("llama", 300, 4, 0),
-    "gemma3-270m": ("gemma3_text", 400, 6, 1),
+# bundled name -> (family, vocab size, layers, seed, BOS prefix) of its tiny stand-in; like Gemma, the
+# target's tokenizer starts every sequence with BOS, so its caches hold one position more than the context
+TEST_MODELS: dict[str, tuple[str, int, int, int, bool]] = {
+    "smollm2-135m": ("llama", 300, 4, 0, False),
+    "gemma3-270m": ("gemma3_text", 400, 6, 1, True),
 }
 # the app caps contexts at 1,024 target tokens; tiny byte-level tokenizers need room for a SQuAD passage
 TEST_MAX_POSITIONS = 4096
 
 
 @functools.lru_cache(maxsize=None)
-def tiny_tokenizer(vocab_size: int = 300):
-    """A byte-level BPE trained on CORPUS; two vocab sizes give two tokenizations of the same text."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def tiny_tokenizer(vocab_size: int = 300, bos: bool = False):
+    """A byte-level BPE trained on CORPUS; two vocab sizes give two tokenizations of the same text.
+
+    With `bos`, the tokenizer adds a ``<bos>`` token by default, as Gemma's does (so LoadedModel.prefix_ids is [bos]).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<eos>"],
+    specials = ["<eos>", "<bos>"] if bos else ["<eos>"]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(CORPUS, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+    if not bos:
+        return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+    bos_id = tok.token_to_id("<bos>")
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", bos_id)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", bos_token="<bos>")
 
 
 def tiny_config(family: str, vocab_size: int, layers: int = 4, max_positions: int = 256):
@@ -74,27 +83,30 @@ def tiny_config(family: str, vocab_size: int, layers: int = 4, max_positions: in
 
 
 def tiny_model(family: str, vocab_size: int = 300, layers: int = 4, seed: int = 0,
-               max_positions: int = 256) -> LoadedModel:
-    """A tiny random model of `family` with its own tiny tokenizer, prepared like a real one."""
+               max_positions: int = 256, name: str | None = None, bos: bool = False) -> LoadedModel:
+    """A tiny random model of `family` with its own tiny tokenizer, prepared like a real one (named `name`)."""
     from transformers import (Gemma3ForCausalLM, GPT2LMHeadModel, LlamaForCausalLM, OPTForCausalLM,
                               Qwen2ForCausalLM)
 
     classes = {"gpt2": GPT2LMHeadModel, "opt": OPTForCausalLM, "qwen2": Qwen2ForCausalLM,
                "llama": LlamaForCausalLM, "gemma3_text": Gemma3ForCausalLM}
     torch.manual_seed(seed)
-    tok = tiny_tokenizer(vocab_size)
+    tok = tiny_tokenizer(vocab_size, bos)
     model = classes[family](tiny_config(family, len(tok), layers, max_positions))
-    return prepare_model(model, tok, f"tiny-{family}-{vocab_size}-{layers}")
+    return prepare_model(model, tok, name or f"tiny-{family}-{vocab_size}-{layers}")
 
 
 def load_test_model(name: str) -> LoadedModel:
-    """The tiny stand-in of a bundled model name; any other name fails the way an unknown model does."""
+    """The tiny stand-in of a bundled model name (its spec keeps the name asked for, as load_model does).
+
+    Any other name fails the way an unknown model does.
+    """
     if name not in TEST_MODELS:
         raise ModelLoadError(
             f"Cannot load model '{name}': test mode (MOT_VIZ_TEST_MODELS=1) only knows {', '.join(TEST_MODELS)}."
         )
-    family, vocab, layers, seed = TEST_MODELS[name]
-    return tiny_model(family, vocab, layers, seed, max_positions=TEST_MAX_POSITIONS)
+    family, vocab, layers, seed, bos = TEST_MODELS[name]
+    return tiny_model(family, vocab, layers, seed, max_positions=TEST_MAX_POSITIONS, name=name, bos=bos)
 
 
 def write_test_checkpoints(root: str | Path) -> dict[str, Path]:

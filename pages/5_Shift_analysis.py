@@ -15,6 +15,7 @@ from mot_viz.shift_figures import (correction_split_figure, correction_trajector
 # saved sweeps (scripts/shift_sweep.py); $MOT_VIZ_SHIFT_RESULTS points elsewhere (tests)
 RESULTS_DIR = Path(os.environ.get("MOT_VIZ_SHIFT_RESULTS", app_state.REPO_ROOT / "results" / "shift"))
 
+app_state.page_setup()
 st.title("Shift analysis")
 app_state.explain(
     "The translated window changes the K/V the target attends to, so at every answer token the target's "

@@ -1,0 +1,88 @@
+"""MoT Viz: watch a Mixture-of-Translators carry one LLM's KV cache into another's.
+
+    .venv/bin/streamlit run app.py
+
+The entry point draws the shared sidebar and declares the navigation (st.navigation). Every page starts
+with ``app_state.page_setup()`` (a no-op inside this frame; it draws the sidebar when Streamlit runs a
+page file on its own) and reads the one cached translation through ``app_state.current_run()``. Extra
+pages dropped into pages/ are listed after the built-in ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from mot_viz import app_state
+
+PAGES_DIR = Path(__file__).parent / "pages"
+# file -> title, in the order a reader follows the data: answers first, then why they look like that
+PAGES = {
+    "1_answers.py": "Answers",
+    "2_cache_error.py": "Per-layer cache error",
+    "3_routing.py": "Expert routing",
+    "4_alignment.py": "Token alignment",
+    "5_cache_space.py": "Cache space",
+    "6_training.py": "Training",
+}
+
+
+def overview() -> None:
+    """The landing page: what MoT does, and the headline facts of the current translation."""
+    app_state.page_setup()
+    st.title("MoT Viz")
+    st.markdown(
+        "A **Mixture-of-Translators (MoT)** lets a *target* language model use a context that only a *source* "
+        "model has read. The source prefills the text; its key/value (KV) cache over a window of layers is "
+        "translated, token by token, into the target's KV space by a small mixture of expert translators; the "
+        "target then replays the context with the translated K/V injected into its matching layers and answers "
+        "from the resulting cache, without having read the text itself."
+    )
+    app_state.explain(
+        "The sidebar picks the two models, the trained translator (checkpoint) and the context. The defaults open "
+        "on SmolLM2-135M → Gemma-3-270M with a SQuAD passage, so every page has something to show at once.\n\n"
+        "1. **Answers** — does the target answer as well from the translated cache as from its own?\n"
+        "2. **Per-layer cache error** — how far the translated and replayed K/V are from the native ones.\n"
+        "3. **Expert routing** — which expert translator each token was sent to.\n"
+        "4. **Token alignment** — how the two tokenizations of the same text are matched.\n"
+        "5. **Cache space** — native, translated and source K/V vectors projected to 2-D.\n"
+        "6. **Training** — the checkpoint's loss curves and configuration."
+    )
+    run = app_state.current_run()
+    app_state.run_caption(run)
+    spec = run.mot.translator.config
+    cols = st.columns(4)
+    cols[0].metric("Target tokens", len(run.target_tokens))
+    cols[1].metric("Source tokens", len(run.source_tokens))
+    cols[2].metric("Window (layers)", run.mot.channels.window)
+    cols[3].metric("Translator", f"{spec.num_experts} experts, top-{spec.top_k}" if spec.variant == "mot" else "single")
+    left, right = st.columns(2)
+    with left:
+        st.markdown("**Injection window** (source layer → target layer)")
+        st.dataframe(pd.DataFrame(run.mot.channels.pairs(), columns=["source layer", "target layer"]),
+                     hide_index=True)
+    with right:
+        st.markdown("**Time per stage** (this context, computed once and shared by every page)")
+        st.dataframe(pd.DataFrame({"stage": list(run.translation.timings),
+                                   "seconds": [round(s, 3) for s in run.translation.timings.values()]}),
+                     hide_index=True)
+    with st.expander("The translated context"):
+        st.text(run.selection.text)
+    st.markdown("**Pages**")
+    for file, title in PAGES.items():
+        st.page_link(f"pages/{file}", label=title)
+
+
+def main() -> None:
+    pages = [st.Page(overview, title="Overview", default=True)]
+    pages += [st.Page(f"pages/{file}", title=title) for file, title in PAGES.items()]
+    # pages added by other work (e.g. the shift analysis) appear after the built-in ones, titled by file name
+    pages += [st.Page(f"pages/{p.name}") for p in sorted(PAGES_DIR.glob("*.py"))
+              if p.name not in PAGES and not p.name.startswith("_")]
+    with app_state.navigation_frame():
+        st.navigation(pages).run()
+
+
+main()

@@ -1,0 +1,204 @@
+"""Benchmark (not a test): time from "Translate" to every figure of every page being ready.
+
+    .venv/bin/python scripts/bench_app.py [--checkpoint pretrained/smollm2-to-gemma3] [--tokens 256]
+
+With the models and the checkpoint already loaded (as in a running app), it calls the library functions the
+pages call, in the order a visitor meets them: the translation, the random-window control cache and the
+four answers (Answers page), then each page's tables and figures, each figure serialised to JSON as
+st.plotly_chart does. UMAP is timed separately: it is opt-in on the Cache space page (PCA is the default).
+Prints a table and writes docs/bench_app.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # run as a plain script from any folder
+
+from mot_viz.alignment import encode  # noqa: E402
+from mot_viz.answers import CONDITIONS, answer_from_cache, condition_caches  # noqa: E402
+from mot_viz.app_state import read_training_log  # noqa: E402
+from mot_viz.cache_metrics import (cache_error_grid, cache_error_table, cache_space_table, expert_usage, gate_table,
+                                   token_routing_table, window_vectors)
+from mot_viz.checkpoint import load_checkpoint  # noqa: E402
+from mot_viz.data import build_prompt, load_dataset  # noqa: E402
+from mot_viz.figures import (alignment_heatmap, alignment_table, answers_figure, cache_space_figure, entropy_figure,
+                             error_heatmap, expert_usage_figure, gates_heatmap, layer_error_figure, token_labels,
+                             training_figure)
+from mot_viz.models import DEFAULT_SOURCE, DEFAULT_TARGET, load_model  # noqa: E402
+from mot_viz.mot import translate  # noqa: E402
+from mot_viz.translator import gate_balance  # noqa: E402
+
+TARGET_SECONDS = 5.0
+
+
+class Timer:
+    """Wall-clock seconds per named step, in order."""
+
+    def __init__(self):
+        self.rows: list[tuple[str, str, float]] = []
+
+    @contextmanager
+    def step(self, page: str, name: str):
+        start = time.perf_counter()
+        yield
+        self.rows.append((page, name, time.perf_counter() - start))
+
+    def table(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows, columns=["page", "step", "seconds"])
+
+
+def pick_example(target, n_tokens: int):
+    """The SQuAD example (of the app's 50) whose prompt context is closest to n_tokens target tokens."""
+    examples = load_dataset("squad", n=50, seed=0)
+    lengths = [len(encode(target.tokenizer, build_prompt(e).context_text)) for e in examples]
+    best = min(range(len(examples)), key=lambda i: abs(lengths[i] - n_tokens))
+    return examples[best], lengths[best]
+
+
+def bench(checkpoint: Path, n_tokens: int, max_new_tokens: int) -> tuple[pd.DataFrame, dict]:
+    """Run every page's work once on warm models; returns the step timings and facts about the run."""
+    source, target = load_model(DEFAULT_SOURCE), load_model(DEFAULT_TARGET)
+    mot, _ = load_checkpoint(checkpoint, source, target)
+    example, length = pick_example(target, n_tokens)
+    text = build_prompt(example).context_text
+    # a running app has used its models before this Translate: pay the one-time first-call costs on another text
+    extra = Timer()
+    warm_text = "The Eiffel Tower is in Paris. It was designed by the company of Gustave Eiffel.\n"
+    with extra.step("(untimed warm-up)", "first translation + answer after loading the models (one-time)"):
+        warm = translate(mot, source, target, warm_text)
+        answer_from_cache(target, warm.mixed_kv, example, "mot", 2)
+    t = Timer()
+
+    with t.step("all pages", "translation (source prefill, alignment, translator, replay, native prefill)"):
+        translation = translate(mot, source, target, text)
+    with t.step("all pages", "token labels"):
+        t_tokens = token_labels(target.tokenizer, translation.target_ids[0].tolist())
+        s_tokens = token_labels(source.tokenizer, translation.source.source_ids[0].tolist())
+
+    with t.step("Answers", "random-window control cache (one more replay)"):
+        _, caches = condition_caches(mot, source, target, example, translation)
+    answers = {}
+    for condition in CONDITIONS:
+        with t.step("Answers", f"answer: {condition}"):
+            answers[condition] = answer_from_cache(target, caches[condition], example, condition, max_new_tokens)
+    with t.step("Answers", "figure"):
+        table = pd.DataFrame([{"key": c, "answer": a.text, "score": a.score, "seconds_cache": 0.0,
+                               "seconds_answer": a.seconds} for c, a in answers.items()])
+        answers_figure(table).to_json()
+
+    with t.step("Per-layer cache error", "tables + 2 figures"):
+        window = mot.channels.target_layers
+        layer_error_figure(cache_error_table(translation, mot.channels), window).to_json()
+        grid = cache_error_grid(translation, mot.channels, "replayed", "K", "rel_l2")
+        error_heatmap(grid, t_tokens, window, "rel_l2", "K").to_json()
+
+    with t.step("Expert routing", "tables + 4 figures"):
+        out = translation.translated
+        if out.key_routing is not None:
+            for routing in (out.key_routing, out.value_routing):
+                gate_balance(routing.gates)
+                gates_heatmap(gate_table(routing.gates, t_tokens), "gates").to_json()
+            per_token = token_routing_table(out.key_routing.gates, out.value_routing.gates, t_tokens)
+            entropy_figure(per_token, mot.translator.config.top_k).to_json()
+            usage = pd.concat([expert_usage(r.gates).assign(kv=kv)
+                               for kv, r in (("K", out.key_routing), ("V", out.value_routing))])
+            expert_usage_figure(usage).to_json()
+
+    with t.step("Token alignment", "table + figure"):
+        overlap = translation.source.alignment.overlap
+        alignment_table(overlap, t_tokens, s_tokens)
+        alignment_heatmap(overlap, t_tokens, s_tokens, "shared characters").to_json()
+
+    with t.step("Cache space", "PCA projection + figure"):
+        vectors = window_vectors(translation, mot.channels, mot.channels.window - 1, "K")
+        cache_space_figure(cache_space_table(vectors, t_tokens, "pca")).to_json()
+
+    with t.step("Training", "log + figure"):
+        log = read_training_log(str(checkpoint))
+        if log is not None:
+            training_figure(log).to_json()
+
+    for attempt in ("first call (includes numba compilation)", "second call"):
+        with extra.step("Cache space (opt-in)", f"UMAP projection + figure, {attempt}"):
+            cache_space_figure(cache_space_table(vectors, t_tokens, "umap")).to_json()
+
+    facts = {"example": f"SQuAD {example.id}", "target_tokens": translation.target_ids.shape[1],
+             "source_tokens": translation.source.source_ids.shape[1], "requested_tokens": n_tokens,
+             "closest_length": length, "checkpoint": str(checkpoint), "max_new_tokens": max_new_tokens,
+             "stages": {k: round(v, 3) for k, v in translation.timings.items()},
+             "answers": {c: a.text for c, a in answers.items()}}
+    return pd.concat([t.table().assign(in_total=True), extra.table().assign(in_total=False)], ignore_index=True), facts
+
+
+def report(rows: pd.DataFrame, facts: dict, load_before: tuple[float, float, float]) -> str:
+    """The markdown written to docs/bench_app.md."""
+    core = rows[rows["in_total"]]
+    total = core["seconds"].sum()
+    no_answers = core[core["page"] != "Answers"]["seconds"].sum()
+    per_page = core.groupby("page", sort=False)["seconds"].sum()
+    lines = [
+        "# App benchmark: from Translate to every figure ready",
+        "",
+        f"Written by `scripts/bench_app.py` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.",
+        "",
+        f"* Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), "
+        f"torch threads {__import__('torch').get_num_threads()}, float32. Load average before the run "
+        f"(1/5/15 min): {load_before[0]:.2f} / {load_before[1]:.2f} / {load_before[2]:.2f}"
+        + (" — other jobs were using the cores, so these times are upper bounds." if load_before[0] > 0.5 else "."),
+        f"* Pair: {DEFAULT_SOURCE} → {DEFAULT_TARGET}, checkpoint `{facts['checkpoint']}`.",
+        f"* Context: {facts['example']}, {facts['target_tokens']} target / {facts['source_tokens']} source tokens "
+        f"(the app's SQuAD example closest to {facts['requested_tokens']} target tokens).",
+        f"* Models and checkpoint loaded before timing (as in a running app); answers generate up to "
+        f"{facts['max_new_tokens']} tokens (the evaluator's setting).",
+        "",
+        f"**Total: {total:.2f} s** (target < {TARGET_SECONDS:.0f} s: "
+        f"{'met' if total < TARGET_SECONDS else 'not met'}). "
+        f"Without the Answers page's generation: {no_answers:.2f} s.",
+        "",
+        "| page | seconds |",
+        "|---|---:|",
+        *[f"| {page} | {s:.3f} |" for page, s in per_page.items()],
+        "",
+        "| page | step | seconds | in total |",
+        "|---|---|---:|---|",
+        *[f"| {r.page} | {r.step} | {r.seconds:.3f} | {'yes' if r.in_total else 'no'} |" for r in rows.itertuples()],
+        "",
+        f"Translation stages (s): {facts['stages']}.",
+        "",
+        "Rows not in the total: the warm-up is paid once after the models load (a running app "
+        "has paid it), and the Cache space page projects with PCA unless UMAP is chosen.",
+        "Pages share one cached translation, so after the first page the others only add their own rows.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", type=Path, default=REPO / "pretrained" / "smollm2-to-gemma3")
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench_app.md")
+    args = parser.parse_args()
+    load_before = os.getloadavg()
+    rows, facts = bench(args.checkpoint, args.tokens, args.max_new_tokens)
+    with pd.option_context("display.max_colwidth", 90, "display.width", 160):
+        print(rows.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    text = report(rows, facts, load_before)
+    args.out.write_text(text)
+    print(f"\nanswers: {facts['answers']}\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,354 @@
+"""Every page of the app driven by Streamlit's AppTest, on tiny random models (MOT_VIZ_TEST_MODELS=1).
+
+The bundled names map to a tiny Llama source and a tiny Gemma 3 target (mot_viz.testing); the checkpoints
+are randomly initialised and written to a temporary pretrained/ folder. The assertions check what a page
+shows against the library computed directly, and the messages of the errors a user can cause.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from mot_viz.alignment import encode
+from mot_viz.answers import CONDITION_LABELS, answer_from_cache
+from mot_viz.checkpoint import load_checkpoint
+from mot_viz.data import build_prompt, load_dataset
+from mot_viz.mot import translate
+from mot_viz.testing import load_test_model, write_test_checkpoints
+
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
+TIMEOUT = 300  # seconds per script run: two CPU cores shared with training
+FREE_TEXT = ("The Eiffel Tower is in Paris. It was built by Gustave Eiffel, whose company designed it; "
+             "visitors climb 1,665 steps.\nQuestion time.\n")
+LOG_ROWS = [
+    {"step": 5, "lr": 0.0005, "ce": 5.25, "mse_k": 2.5, "mse_v": 3.5, "loss": 11.25, "gate_importance_cv2": 0.25,
+     "gate_load_cv2": 0.125, "gate_importance_entropy": 1.25},
+    {"step": 10, "lr": 0.001, "ce": 4.5, "mse_k": 1.5, "mse_v": 2.0, "loss": 8.0, "gate_importance_cv2": 0.5,
+     "gate_load_cv2": 0.25, "gate_importance_entropy": 1.0},
+]
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory) -> dict[str, Path]:
+    paths = write_test_checkpoints(tmp_path_factory.mktemp("pretrained"))
+    (paths["smollm2-to-gemma3"] / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in LOG_ROWS))
+    return paths
+
+
+@pytest.fixture(autouse=True)
+def test_env(monkeypatch, pretrained):
+    monkeypatch.setenv("MOT_VIZ_TEST_MODELS", "1")
+    monkeypatch.setenv("MOT_VIZ_PRETRAINED", str(next(iter(pretrained.values())).parent))
+
+
+def start() -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.run()
+    return at
+
+
+def goto(at: AppTest, page: str) -> AppTest:
+    at.switch_page(f"pages/{page}.py").run()
+    assert not at.exception, at.exception
+    return at
+
+
+def translate_button(at: AppTest):
+    return next(b for b in at.button if b.label == "Translate")
+
+
+def use_free_text(at: AppTest, text: str, question: str = "", gold: str = "") -> AppTest:
+    at.radio(key="sb.mode").set_value("Free text").run()
+    at.text_area(key="sb.text").input(text)
+    at.text_input(key="sb.question").input(question)
+    at.text_input(key="sb.gold").input(gold)
+    translate_button(at).click().run()
+    return at
+
+
+def _decode(value):
+    """Plotly writes numeric arrays as {dtype, bdata (base64), shape}; turn them back into numpy arrays."""
+    if isinstance(value, dict) and "bdata" in value:
+        array = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
+        shape = [int(n) for n in str(value.get("shape", len(array))).split(",")]
+        return array.reshape(shape)
+    if isinstance(value, dict):
+        return {k: _decode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    return value
+
+
+def figures(at: AppTest) -> list[dict]:
+    """The figures shown, as plotly JSON with numeric arrays decoded."""
+    return [_decode(json.loads(chart.proto.spec)) for chart in at.get("plotly_chart")]
+
+
+def errors(at: AppTest) -> list[str]:
+    return [e.value for e in at.error]
+
+
+def first_squad():
+    return load_dataset("squad", n=50, seed=0)[0]
+
+
+# ----- landing page and defaults ----------------------------------------------------------------------
+
+
+def test_landing_page_translates_the_default_squad_example_without_a_click():
+    at = start()
+    assert not at.exception and not errors(at)
+    metrics = {m.label: m.value for m in at.metric}
+    target = load_test_model("gemma3-270m")
+    n_target = len(encode(target.tokenizer, build_prompt(first_squad()).context_text))
+    assert metrics["Target tokens"] == str(n_target)
+    assert metrics["Window (layers)"] == "2"  # terminal_channels(4, 6, 0.5)
+    applied = at.session_state["applied"]
+    assert applied.checkpoint.endswith("smollm2-to-gemma3") and applied.label == "SQuAD #0"
+    assert applied.example == first_squad()
+
+
+# ----- answers ---------------------------------------------------------------------------------------
+
+
+def test_answers_page_shows_every_condition_scored_against_the_gold_answer():
+    at = goto(start(), "1_answers")
+    table = at.dataframe[0].value
+    assert list(table["condition"]) == [CONDITION_LABELS[c] for c in ("native", "no_context", "mot", "random")]
+    assert table["F1"].between(0, 1).all() and table["EM"].isin([0.0, 1.0]).all()
+    assert (table["answering (s)"] > 0).all()
+    assert len(at.get("plotly_chart")) == 1
+    # the native answer is the library's answer from the target's own cache
+    example = first_squad()
+    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
+    mot, _ = load_checkpoint(at.session_state["applied"].checkpoint, source, target)
+    translation = translate(mot, source, target, build_prompt(example).context_text)
+    expected = answer_from_cache(target, translation.native_kv, example, "native")
+    assert table["answer"][0] == expected.text
+
+
+def test_answers_on_free_text_with_gold_and_a_second_checkpoint(pretrained):
+    at = use_free_text(start(), FREE_TEXT, "Who built the tower?", "Gustave Eiffel")
+    at = goto(at, "1_answers")
+    assert len(at.dataframe[0].value) == 4
+    at.selectbox(key="pg.answers.second").set_value("smollm2-to-gemma3-single").run()
+    table = at.dataframe[0].value
+    assert len(table) == 5 and "second checkpoint (smollm2-to-gemma3-single)" in table["condition"][4]
+    assert 0 <= table["F1"][4] <= 1
+    # a second checkpoint made for the reverse pair is refused with the reason, the others still shown
+    at.selectbox(key="pg.answers.second").set_value("gemma3-to-smollm2").run()
+    assert not at.exception
+    assert any("made for source model" in e for e in errors(at))
+    assert len(at.dataframe[0].value) == 4
+
+
+def test_free_text_without_question_asks_for_one():
+    at = goto(use_free_text(start(), FREE_TEXT), "1_answers")
+    assert any("has no question" in i.value for i in at.info)
+    assert len(at.dataframe) == 0
+
+
+# ----- cache error ------------------------------------------------------------------------------------
+
+
+def test_cache_error_page_matches_the_replay_structure():
+    at = goto(use_free_text(start(), FREE_TEXT), "2_cache_error")
+    per_layer, heatmap = figures(at)
+    n_tokens = len(encode(load_test_model("gemma3-270m").tokenizer, FREE_TEXT))
+    z = np.array(heatmap["data"][0]["z"], dtype=float)  # replayed vs native, relative L2, K
+    assert z.shape == (6, n_tokens)
+    # dense layers 0-1 (num_bottom_full_attn=2) leave the K of layers 0-2 exactly native; sparse layer 2 changes layer 3
+    assert np.abs(z[:3]).max() < 1e-6 and z[3].max() > 1e-4
+    # the window (target layers 4, 5) is marked on the heatmap
+    assert any(s.get("y0") == 3.5 and s.get("y1") == 5.5 for s in heatmap["layout"]["shapes"])
+    names = {t["name"] for t in per_layer["data"]}
+    assert names == {"translated", "replayed"}
+    translated_k = next(t for t in per_layer["data"] if t["name"] == "translated")
+    assert list(translated_k["x"]) == [4, 5]
+    at.radio(key="pg.error.comparison").set_value("translated").run()
+    at.radio(key="pg.error.metric").set_value("cosine").run()
+    z = np.array(figures(at)[1]["data"][0]["z"], dtype=float)
+    assert z.shape == (2, n_tokens) and (np.abs(z) <= 1 + 1e-6).all()
+
+
+# ----- routing ----------------------------------------------------------------------------------------
+
+
+def test_routing_page_shows_top_k_gates_per_token():
+    at = goto(use_free_text(start(), FREE_TEXT), "3_routing")
+    charts = figures(at)
+    assert len(charts) == 4  # K gates, V gates, entropy, expert usage
+    gates = np.array(charts[0]["data"][0]["z"], dtype=float)  # experts x tokens
+    assert gates.shape[0] == 4
+    np.testing.assert_allclose(gates.sum(0), 1.0, atol=1e-5)
+    assert ((gates > 0).sum(0) == 2).all()  # top-2 kept per token
+    balance = at.dataframe[0].value
+    assert list(balance["mixture"]) == ["K", "V"] and "gate_load_cv2" in balance
+
+
+def test_routing_page_says_the_single_variant_has_no_router():
+    at = start()
+    at.selectbox(key="sb.checkpoint").set_value("smollm2-to-gemma3-single")
+    at = goto(use_free_text(at, FREE_TEXT), "3_routing")
+    assert any("no router" in i.value for i in at.info)
+    assert len(at.get("plotly_chart")) == 0
+
+
+# ----- alignment --------------------------------------------------------------------------------------
+
+
+def test_alignment_page_labels_both_tokenizations():
+    at = goto(use_free_text(start(), FREE_TEXT), "4_alignment")
+    heatmap = figures(at)[0]["data"][0]
+    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
+    n_t, n_s = len(encode(target.tokenizer, FREE_TEXT)), len(encode(source.tokenizer, FREE_TEXT))
+    z = np.array(heatmap["z"], dtype=float)
+    assert z.shape == (n_t, n_s) and n_t != n_s  # two different tokenizations
+    assert z.sum() >= len(FREE_TEXT.rstrip("\n"))  # every character is shared by some pair
+    assert len(heatmap["y"]) == n_t and len(heatmap["x"]) == n_s
+    assert any("␣" in label for label in heatmap["x"]) and any("↵" in label for label in heatmap["y"])
+    at.radio(key="pg.align.view").set_value("weights").run()
+    z = np.array(figures(at)[0]["data"][0]["z"], dtype=float)
+    np.testing.assert_allclose(z.sum(1), 1.0, atol=1e-6)
+
+
+# ----- cache space ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["pca", "umap"])
+def test_cache_space_page_projects_each_kind(method):
+    at = goto(use_free_text(start(), FREE_TEXT), "5_cache_space")
+    at.radio(key="pg.space.method").set_value(method).run()
+    assert not at.exception
+    traces = figures(at)[0]["data"]
+    n_tokens = len(encode(load_test_model("gemma3-270m").tokenizer, FREE_TEXT))
+    assert {t["name"] for t in traces} == {"native target", "translated", "replayed target", "source (aligned)"}
+    assert all(len(t["x"]) == n_tokens for t in traces)
+    source_trace = next(t for t in traces if t["name"] == "source (aligned)")
+    assert source_trace["xaxis"] == "x2"  # its own panel: another space
+
+
+# ----- training ---------------------------------------------------------------------------------------
+
+
+def test_training_page_plots_the_log_and_shows_the_config():
+    at = goto(start(), "6_training")
+    traces = {t["name"]: t for t in figures(at)[0]["data"]}
+    assert set(traces) == {"loss", "ce", "mse_k", "mse_v", "lr", "gate_importance_cv2", "gate_load_cv2",
+                           "gate_importance_entropy"}
+    assert list(traces["ce"]["y"]) == [5.25, 4.5] and list(traces["lr"]["x"]) == [5, 10]
+    settings = at.dataframe[0].value
+    assert dict(zip(settings["setting"], settings["value"]))["target"] == "gemma3-270m"
+
+
+def test_training_page_without_log_says_so():
+    at = start()
+    at.selectbox(key="sb.checkpoint").set_value("gemma3-to-smollm2")
+    translate_button(at).click().run()
+    at = goto(at, "6_training")
+    assert any("no log.jsonl" in i.value for i in at.info)
+
+
+# ----- errors a user can cause ------------------------------------------------------------------------
+
+
+def test_empty_context_shows_an_error_and_keeps_the_inputs():
+    at = use_free_text(start(), "   ", "Who?")
+    assert not at.exception
+    assert any("The context is empty" in e for e in errors(at))
+    assert at.text_input(key="sb.question").value == "Who?"
+    assert at.text_area(key="sb.text").value == "   "
+
+
+def test_too_long_context_shows_the_limit():
+    at = use_free_text(start(), "Paris " * 1100)
+    assert not at.exception
+    assert any("allows at most 1024" in e for e in errors(at))
+
+
+def test_checkpoint_for_another_pair_is_refused_on_every_page():
+    at = start()
+    at.selectbox(key="sb.checkpoint").set_value("gemma3-to-smollm2")
+    translate_button(at).click().run()
+    assert any("made for source model" in e and "Choose a checkpoint trained for this pair" in e for e in errors(at))
+    for page in ("2_cache_error", "3_routing", "5_cache_space"):
+        at = goto(at, page)
+        assert any("made for source model" in e for e in errors(at)) and not at.get("plotly_chart")
+
+
+def test_swapping_the_pair_offers_the_checkpoint_made_for_it():
+    at = start()
+    at.selectbox(key="sb.source").set_value("gemma3-270m").run()
+    at.selectbox(key="sb.target").set_value("smollm2-135m").run()
+    assert at.selectbox(key="sb.checkpoint").value == "gemma3-to-smollm2"
+    translate_button(at).click().run()
+    assert not at.exception and not errors(at)
+    assert {m.label: m.value for m in at.metric}["Window (layers)"] == "2"
+
+
+def test_unknown_model_name_is_reported_and_kept():
+    at = start()
+    at.selectbox(key="sb.target").set_value("other (type below)").run()
+    at.text_input(key="sb.target_other").input("no-such-model")
+    translate_button(at).click().run()
+    assert not at.exception
+    assert any("Cannot load model 'no-such-model'" in e for e in errors(at))
+    assert at.text_input(key="sb.target_other").value == "no-such-model"
+
+
+def test_choosing_other_without_typing_asks_for_a_name():
+    at = start()
+    at.selectbox(key="sb.source").set_value("other (type below)").run()
+    translate_button(at).click().run()
+    assert any("No model name is given" in e for e in errors(at))
+    at.selectbox(key="sb.source").set_value("smollm2-135m").run()
+    at.selectbox(key="sb.checkpoint").set_value("other (type below)").run()
+    translate_button(at).click().run()
+    assert any("No MoT checkpoint is chosen" in e and "smollm2-to-gemma3" in e for e in errors(at))
+
+
+def test_missing_checkpoint_folder_is_reported(tmp_path):
+    at = start()
+    at.selectbox(key="sb.checkpoint").set_value("other (type below)").run()
+    at.text_input(key="sb.checkpoint_other").input(str(tmp_path / "nope"))
+    translate_button(at).click().run()
+    assert any("is not a MoT checkpoint folder" in e for e in errors(at))
+
+
+# ----- state across pages and modes -------------------------------------------------------------------
+
+
+def test_changes_wait_for_translate_and_typed_text_survives_navigation():
+    at = start()
+    at.number_input(key="sb.example").set_value(1).run()
+    assert any("Press **Translate**" in i.value for i in at.sidebar.info)
+    assert at.session_state["applied"].label == "SQuAD #0"  # not applied yet
+    translate_button(at).click().run()
+    assert at.session_state["applied"].label == "SQuAD #1"
+    at.radio(key="sb.mode").set_value("Free text").run()
+    at.text_area(key="sb.text").input("My own passage.").run()
+    at.radio(key="sb.mode").set_value("Dataset example").run()  # the text area is not drawn now
+    at = goto(at, "4_alignment")
+    at.radio(key="sb.mode").set_value("Free text").run()
+    assert at.text_area(key="sb.text").value == "My own passage."
+    at.radio(key="sb.mode").set_value("Dataset example").run()
+    assert at.number_input(key="sb.example").value == 1
+
+
+def test_a_shorter_closed_question_is_scored_by_choice():
+    at = start()
+    at.selectbox(key="sb.dataset").set_value("arc-easy").run()
+    translate_button(at).click().run()
+    at = goto(at, "1_answers")
+    table = at.dataframe[0].value
+    assert table["correct"].isin([0.0, 1.0]).all()
+    n_choices = len(load_dataset("arc-easy", n=50, seed=0)[0].choices)
+    assert all(len(s.split(", ")) == n_choices for s in table["mean log p per choice"])
+    assert torch.tensor([float(x) for x in table["mean log p per choice"][0].split(", ")]).le(0).all()

@@ -1,0 +1,144 @@
+"""The real app in headless Chromium: the default pair, every page, two tabs at once; screenshots for the README.
+
+Starts ``streamlit run app.py`` on a free localhost port with the bundled models and whatever checkpoint the
+app's default resolution picks in pretrained/ (or ``$MOT_VIZ_PRETRAINED``). Needs Debian's Chromium
+(``apt-get install -y chromium``); skipped only when it is not installed. Slow: it runs the real models on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+REPO = Path(__file__).resolve().parents[2]
+SCREENSHOTS = REPO / "docs" / "screenshots"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+SLOW_MS = 900_000  # real models on two shared CPU cores: the answers alone can take minutes
+PAGES = {  # sidebar link -> screenshot name, with whether the page must show a chart
+    "Answers": "answers",
+    "Per-layer cache error": "cache_error",
+    "Expert routing": "routing",
+    "Token alignment": "alignment",
+    "Cache space": "cache_space",
+    "Training": "training",
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app_url():
+    if not Path(CHROMIUM).is_file():
+        pytest.skip("Chromium is not installed (apt-get install -y chromium)")
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "MOT_VIZ_TEST_MODELS"}  # the real bundled models
+    cmd = [str(REPO / ".venv" / "bin" / "streamlit"), "run", "app.py", "--server.headless", "true",
+           "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
+           "--server.fileWatcherType", "none"]
+    if not Path(cmd[0]).is_file():
+        cmd[:1] = [sys.executable, "-m", "streamlit"]
+    log = open(REPO / ".pytest_cache" / f"streamlit-{port}.log", "w") if (REPO / ".pytest_cache").is_dir() \
+        else subprocess.DEVNULL
+    server = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            try:
+                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
+                    break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("the Streamlit server did not come up within a minute")
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+def _open(browser, url: str):
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    page.set_default_timeout(SLOW_MS)
+    page.goto(url)
+    return page
+
+
+def _wait_until_settled(page) -> None:
+    """Until the script run has finished: no "running" status widget and no stale (greyed) element left."""
+    page.wait_for_timeout(500)  # a click's rerun may not have started yet
+    page.wait_for_function(
+        """() => !document.querySelector('[data-testid="stStatusWidget"]')
+                 && !document.querySelector('[data-stale="true"]')""",
+        timeout=SLOW_MS, polling=250,
+    )
+
+
+def _assert_no_failure(page) -> None:
+    for selector in ('[data-testid="stException"]', '[data-testid="stAlertContentError"]'):
+        found = page.locator(selector)
+        assert found.count() == 0, found.first.inner_text()
+
+
+def test_default_pair_every_page_and_two_tabs(app_url, browser):
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    # two tabs open at once share the one cached translation and both finish
+    first, second = _open(browser, app_url), _open(browser, app_url)
+    for tab in (first, second):
+        tab.get_by_text("Target tokens").wait_for()
+        _wait_until_settled(tab)
+        _assert_no_failure(tab)
+    n_tokens = [int(t.locator('[data-testid="stMetricValue"]').first.inner_text()) for t in (first, second)]
+    assert n_tokens[0] == n_tokens[1] > 0
+    second.close()
+
+    page = first
+    page.get_by_role("button", name="Translate").click()  # an explicit Translate on the defaults
+    page.get_by_text("Target tokens").wait_for()
+    _wait_until_settled(page)
+    _assert_no_failure(page)
+    page.locator('[data-testid="stSidebarContent"]').evaluate("e => e.scrollTo(0, 0)")  # the click scrolled it
+    page.screenshot(path=str(SCREENSHOTS / "overview.png"))
+
+    nav = page.locator('[data-testid="stSidebarNav"]')
+    for title, name in PAGES.items():
+        nav.get_by_role("link", name=title, exact=True).click()
+        page.get_by_role("heading", name=title, exact=True).wait_for()
+        page.locator(".js-plotly-plot").first.wait_for(state="visible", timeout=SLOW_MS)
+        _wait_until_settled(page)
+        _assert_no_failure(page)
+        assert page.locator(".js-plotly-plot").count() > 0, title
+        if title == "Answers":
+            rows = page.locator('[data-testid="stDataFrame"]')
+            assert rows.count() == 1
+        page.wait_for_timeout(500)  # let plotly finish drawing before the screenshot
+        page.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
+    assert all((SCREENSHOTS / f"{n}.png").stat().st_size > 10_000 for n in ["overview", *PAGES.values()])
