@@ -109,6 +109,35 @@ def evaluate_examples(mot: MoT, source: LoadedModel, target: LoadedModel, exampl
     return pd.DataFrame(rows)
 
 
+@torch.no_grad()
+def lm_losses(mot: MoT, source: LoadedModel, target: LoadedModel, rows: torch.Tensor, prefix_tokens: int = 64,
+              seed: int = 0, progress: bool = True) -> pd.DataFrame:
+    """Held-out language-modelling check (method.md §8, 'OpenWebText validation'): per row, the target's
+    cross-entropy on the prompt tokens given each condition's cache of the context (nats per token)."""
+    from tqdm import tqdm
+
+    from . import hf
+    from .answers import random_control_cache
+    from .mot import empty_context_cache
+
+    out = []
+    for i, row in enumerate(tqdm(rows, desc="lm", disable=not progress, dynamic_ncols=True)):
+        context, prompt, labels = row[None, : prefix_tokens - 1], row[None, prefix_tokens - 1 : -1], row[prefix_tokens:]
+        text = target.tokenizer.decode(context[0])
+        translation = translate(mot, source, target, text)
+        if not torch.equal(translation.target_ids, context):  # decode/re-encode changed the tokens: skip, counted
+            out.append({"row": i, "condition": "skipped"})
+            continue
+        caches = {"native": translation.native_kv, "no_context": empty_context_cache(target),
+                  "mot": translation.mixed_kv, "random": random_control_cache(mot, target, translation, seed)}
+        for condition, kv in caches.items():
+            logits = hf.run(target.model, prompt, kv).logits[0].float()
+            ce = float(torch.nn.functional.cross_entropy(logits, labels))
+            out.append({"row": i, "condition": condition, "ce": ce,
+                        "kv_cosine": kv_cosine(kv, translation.native_kv) if condition in ("mot", "random") else np.nan})
+    return pd.DataFrame(out)
+
+
 def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     """Per dataset and condition: mean metric with a 95% bootstrap interval, retained share, cosine, time."""
     scored = df[df["condition"] != "skipped"]
@@ -190,23 +219,58 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--second", help="a second checkpoint of the same pair, e.g. the single variant")
-    parser.add_argument("--datasets", nargs="+", default=["squad", "boolq"])
+    parser.add_argument("--datasets", nargs="*", default=["squad", "boolq"])
     parser.add_argument("--n", type=int, default=300, help="examples per dataset")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max_new_tokens", type=int, default=24)
     parser.add_argument("--max_context_tokens", type=int, default=448)
     parser.add_argument("--bootstrap", type=int, default=1000)
+    parser.add_argument("--lm_sequences", type=int, default=0,
+                        help="also measure the target's cross-entropy on this many held-out LAMBADA sequences "
+                             "(rows after the training bank of the checkpoint's stream)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     settings = EvalSettings(args.checkpoint, args.second, tuple(args.datasets), args.n, args.seed,
                             args.max_new_tokens, args.max_context_tokens, args.bootstrap)
     try:
-        summary = run(settings, Path(args.out))
+        if args.lm_sequences:
+            run_lm(settings, Path(args.out), args.lm_sequences)
+        summary = run(settings, Path(args.out)) if args.datasets else None
     except MotVizError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(markdown_table(summary))
+    if summary is not None:
+        print(markdown_table(summary))
     return 0
+
+
+def run_lm(settings: EvalSettings, out_dir: Path, n: int) -> pd.DataFrame:
+    """The held-out LM check for a checkpoint; writes lm.csv and lm.md into out_dir."""
+    from .data import training_sequences
+
+    config = read_config(settings.checkpoint)
+    train_cfg = config.get("training", {})
+    source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
+    mot, _ = load_checkpoint(settings.checkpoint, source, target)
+    bank = train_cfg.get("num_sequences", 2048)
+    # the same deterministic stream the translator trained on, continued past its bank: held out
+    rows = training_sequences(target.tokenizer, train_cfg.get("total_tokens", 128), n_sequences=bank + n,
+                              seed=train_cfg.get("seed", 42))[bank:]
+    df = lm_losses(mot, source, target, rows, train_cfg.get("prefix_tokens", 64), settings.seed)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out_dir / "lm.csv", index=False)
+    scored = df[df["condition"] != "skipped"]
+    lines = [f"Held-out LM check: {scored['row'].nunique()} LAMBADA sequences after the training bank "
+             f"(skipped {int((df['condition'] == 'skipped').sum())}); target cross-entropy on the 64 prompt tokens, nats/token.", "",
+             "| condition | CE mean [95% CI] | KV cosine to native |", "|---|---|---:|"]
+    for condition in ("native", "no_context", "mot", "random"):
+        part = scored[scored["condition"] == condition]
+        ci = bootstrap_ci(part["ce"].to_numpy(), n_boot=settings.bootstrap, seed=settings.seed)
+        cos = part["kv_cosine"].mean()
+        lines.append(f"| {condition} | {ci.mean:.3f} [{ci.lo:.3f}, {ci.hi:.3f}] | {'' if np.isnan(cos) else f'{cos:.3f}'} |")
+    (out_dir / "lm.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return df
 
 
 if __name__ == "__main__":

@@ -74,3 +74,16 @@ def test_kv_cosine_and_truncation(setup):
     assert len(encode(target.tokenizer, build_prompt(short).context_text)) <= 152  # decode/re-encode may shift by a token
     assert short.context and long.context.startswith(short.context[:20])
     assert truncate_context(target, EXTRACTIVE, budget=10_000) is EXTRACTIVE
+
+
+def test_lm_losses_per_condition(setup):
+    from mot_viz.alignment import encode
+    from mot_viz.evaluate import lm_losses
+
+    mot, source, target = setup
+    ids = encode(target.tokenizer, " ".join(CORPUS))[:40]
+    df = lm_losses(mot, source, target, torch.tensor([ids]), prefix_tokens=20, progress=False)
+    assert set(df["condition"]) == {"native", "no_context", "mot", "random"}
+    assert df["ce"].notna().all() and (df["ce"] > 0).all()
+    assert df.loc[df["condition"] == "native", "kv_cosine"].isna().all()
+    assert (df.loc[df["condition"] == "mot", "kv_cosine"] < 1).all()
