@@ -28,11 +28,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mot_viz import hf, shift  # noqa: E402
+from mot_viz import shift  # noqa: E402
 from mot_viz.answers import answer_from_cache  # noqa: E402
 from mot_viz.checkpoint import load_checkpoint  # noqa: E402
 from mot_viz.data import load_dataset  # noqa: E402
 from mot_viz.models import load_model  # noqa: E402
+from mot_viz.mot import native_cache  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.task_metric:  # the native answer quality still goes on record, once per example
         scores = []
         for e, c in zip(examples, cases):
-            kv = hf.run(target.model, c.target_ids, logits_to_keep=1).kv
+            kv = native_cache(target, c.target_ids)  # with the target's BOS prefix, as every cache
             scores.append(answer_from_cache(target, kv, e, "native", args.max_new_tokens).score)
         meta["native_task_metric_only"] = sum(scores) / len(scores)
         log(f"native task metric over {len(scores)} examples: {meta['native_task_metric_only']:.3f}")
