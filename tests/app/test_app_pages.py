@@ -7,7 +7,6 @@ shows against the library computed directly, and the messages of the errors a us
 
 from __future__ import annotations
 
-import base64
 import json
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from mot_viz.checkpoint import load_checkpoint
 from mot_viz.data import build_prompt, load_dataset
 from mot_viz.mot import translate
 from mot_viz.testing import load_test_model, write_test_checkpoints
+from plotly_figures import figures
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 TIMEOUT = 300  # seconds per script run: two CPU cores shared with training
@@ -71,24 +71,6 @@ def use_free_text(at: AppTest, text: str, question: str = "", gold: str = "") ->
     at.text_input(key="sb.gold").input(gold)
     translate_button(at).click().run()
     return at
-
-
-def _decode(value):
-    """Plotly writes numeric arrays as {dtype, bdata (base64), shape}; turn them back into numpy arrays."""
-    if isinstance(value, dict) and "bdata" in value:
-        array = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
-        shape = [int(n) for n in str(value.get("shape", len(array))).split(",")]
-        return array.reshape(shape)
-    if isinstance(value, dict):
-        return {k: _decode(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_decode(v) for v in value]
-    return value
-
-
-def figures(at: AppTest) -> list[dict]:
-    """The figures shown, as plotly JSON with numeric arrays decoded."""
-    return [_decode(json.loads(chart.proto.spec)) for chart in at.get("plotly_chart")]
 
 
 def errors(at: AppTest) -> list[str]:

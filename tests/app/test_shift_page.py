@@ -6,8 +6,6 @@ written to a temporary results folder.
 
 from __future__ import annotations
 
-import base64
-import json
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +17,7 @@ from mot_viz.checkpoint import load_checkpoint
 from mot_viz.data import build_prompt, load_dataset
 from mot_viz.mot import translate
 from mot_viz.testing import load_test_model, write_test_checkpoints
+from plotly_figures import figures
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 TIMEOUT = 300
@@ -49,22 +48,6 @@ def test_env(monkeypatch, pretrained, shipped):
     monkeypatch.setenv("MOT_VIZ_TEST_MODELS", "1")
     monkeypatch.setenv("MOT_VIZ_PRETRAINED", str(next(iter(pretrained.values())).parent))
     monkeypatch.setenv("MOT_VIZ_SHIFT_RESULTS", str(shipped))
-
-
-def _decode(value):
-    if isinstance(value, dict) and "bdata" in value:
-        array = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
-        shape = [int(n) for n in str(value.get("shape", len(array))).split(",")]
-        return array.reshape(shape)
-    if isinstance(value, dict):
-        return {k: _decode(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_decode(v) for v in value]
-    return value
-
-
-def figures(at: AppTest) -> list[dict]:
-    return [_decode(json.loads(chart.proto.spec)) for chart in at.get("plotly_chart")]
 
 
 def open_page() -> AppTest:
