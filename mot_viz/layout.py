@@ -11,6 +11,13 @@ def to_block(per_layer: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack(flat, dim=2)
 
 
+def window_blocks(kv: list[tuple[torch.Tensor, torch.Tensor]], layers, prefix_len: int = 0
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K and V blocks [B, N, W, H] of a cache's context positions (after a BOS prefix) at the given layers."""
+    return (to_block([kv[l][0][:, :, prefix_len:] for l in layers]),
+            to_block([kv[l][1][:, :, prefix_len:] for l in layers]))
+
+
 def from_block(block: torch.Tensor, num_kv_heads: int) -> list[torch.Tensor]:
     """Block [B, N, W, H] -> W tensors [B, n_kv, N, H/n_kv]."""
     b, n, w, h = block.shape

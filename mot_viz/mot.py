@@ -18,7 +18,7 @@ from .alignment import (TokenAlignment, align_ids, apply_alignment, decode, enco
                         remap_sparse_indices)
 from .channels import Channels, sparse_source_layer
 from .errors import CheckpointError, ConfigError, ContextError
-from .layout import from_block, to_block
+from .layout import from_block, window_blocks
 from .models import LoadedModel, ModelSpec
 from .translator import KVTranslator, TranslatorConfig, TranslatorOutput
 
@@ -101,9 +101,7 @@ class Translation:
         """The native K and V blocks [1, N_t, W, H_T] at the window layers (context positions only)."""
         if self.native_kv is None:
             raise ValueError("this translation was computed without the native cache")
-        p = self.prefix_len
-        return (to_block([self.native_kv[t][0][:, :, p:] for t in channels.target_layers]),
-                to_block([self.native_kv[t][1][:, :, p:] for t in channels.target_layers]))
+        return window_blocks(self.native_kv, channels.target_layers, self.prefix_len)
 
 
 def target_context_ids(target: LoadedModel, text: str, max_tokens: int | None = None) -> torch.Tensor:
@@ -183,9 +181,8 @@ def sparse_indices(mot: MoT, src: SourceContext) -> dict[int, torch.Tensor]:
 
 def translate_window(mot: MoT, src: SourceContext) -> TranslatorOutput:
     """Aligned source window blocks through the K and V translators."""
-    s_layers = mot.channels.source_layers
-    keys = apply_alignment(to_block([src.source_kv[s][0] for s in s_layers]), src.alignment)  # (1, N_t, W, H_S)
-    values = apply_alignment(to_block([src.source_kv[s][1] for s in s_layers]), src.alignment)
+    keys, values = window_blocks(src.source_kv, mot.channels.source_layers)  # (1, N_s, W, H_S) each
+    keys, values = apply_alignment(keys, src.alignment), apply_alignment(values, src.alignment)  # (1, N_t, W, H_S)
     return mot.translator(keys, values)
 
 

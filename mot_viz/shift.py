@@ -46,7 +46,7 @@ from .channels import Channels, injection_channels
 from .controls import dir_only, mag_only, random_window, relative_perturbation
 from .data import QAExample, build_prompt, choice_label_texts
 from .errors import ConfigError
-from .layout import to_block
+from .layout import window_blocks
 from .models import LoadedModel
 from .mot import MoT, Translation, native_cache, replay, target_context_ids, translate
 
@@ -124,12 +124,6 @@ def case_from_text(target: LoadedModel, context_text: str, suffix_text: str, exa
 
 
 # ----- caches ---------------------------------------------------------------------------------------------
-
-
-def window_blocks(kv: list[KV], layers: Sequence[int], prefix_len: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """The K and V blocks [B, N, W, H] of a cache's context positions (after a BOS prefix) at the given layers."""
-    return (to_block([kv[l][0][:, :, prefix_len:] for l in layers]),
-            to_block([kv[l][1][:, :, prefix_len:] for l in layers]))
 
 
 ReplayFn = Callable[[torch.Tensor, torch.Tensor], list[KV]]  # (K block, V block) [1, N, W, H] -> cache

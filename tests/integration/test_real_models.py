@@ -8,7 +8,7 @@ import torch
 from mot_viz import hf
 from mot_viz.alignment import encode
 from mot_viz.channels import injection_channels, terminal_channels
-from mot_viz.layout import to_block
+from mot_viz.layout import window_blocks
 from mot_viz.mot import MoT, ReplayConfig, native_cache, prepare_source, replay, sparse_indices, target_context_ids, translate, translate_window
 
 pytestmark = pytest.mark.integration
@@ -38,9 +38,8 @@ def test_native_injection_reproduces_native_logits_on_real_models(which, request
     reference = hf.run(lm.model, suffix, native).logits
     channels = injection_channels(layers, layers, start=layers // 3, window=4)
     mot = MoT.build(lm.spec, lm.spec, channels, ReplayConfig(topk_sparse_attn=None), dim=16, heads=2)
-    p = len(lm.prefix_ids)  # Gemma's caches start with BOS, which is never translated
-    k = to_block([native[t][0][:, :, p:] for t in channels.target_layers])
-    v = to_block([native[t][1][:, :, p:] for t in channels.target_layers])
+    # Gemma's caches start with BOS, which is never translated
+    k, v = window_blocks(native, channels.target_layers, len(lm.prefix_ids))
     mixed = replay(lm, ids, channels.target_layers, k, v, sparse=None)
     assert (hf.run(lm.model, suffix, mixed).logits - reference).abs().max() <= 1e-4
     # a perturbed window: nothing below it moves, every layer above it does

@@ -8,15 +8,10 @@ import torch
 from conftest import CORPUS, FAMILIES, tiny_model
 from mot_viz import hf
 from mot_viz.channels import Channels, injection_channels
-from mot_viz.layout import to_block
+from mot_viz.layout import window_blocks
 from mot_viz.mot import MoT, ReplayConfig, native_cache, prepare_source, replay, sparse_indices, target_context_ids, translate, translate_window
 
 TEXT = CORPUS[0] + " " + CORPUS[1]
-
-
-def _native_blocks(native, channels):
-    return (to_block([native[t][0] for t in channels.target_layers]),
-            to_block([native[t][1] for t in channels.target_layers]))
 
 
 def _logits(model, kv, ids):
@@ -30,7 +25,7 @@ def test_injecting_native_kv_reproduces_native_logits(family):
     reference = hf.run(target.model, ids)  # a plain forward pass
     channels = injection_channels(5, 5, start=1, window=3)
     mot = MoT.build(target.spec, target.spec, channels, ReplayConfig(topk_sparse_attn=None))
-    k, v = _native_blocks(reference.kv, channels)
+    k, v = window_blocks(reference.kv, channels.target_layers)
     mixed = replay(target, ids, channels.target_layers, k, v, sparse=None)
     for (km, vm), (kn, vn) in zip(mixed, reference.kv):
         assert (km - kn).abs().max() <= 1e-5 and (vm - vn).abs().max() <= 1e-5
@@ -46,7 +41,7 @@ def test_perturbed_window_changes_only_what_lies_above(family):
     native = native_cache(target, ids)
     channels = injection_channels(6, 6, start=2, window=2)
     mot = MoT.build(target.spec, target.spec, channels, ReplayConfig(topk_sparse_attn=None))
-    k, v = _native_blocks(native, channels)
+    k, v = window_blocks(native, channels.target_layers)
     mixed = replay(target, ids, channels.target_layers, k + 0.5 * torch.randn_like(k), v + 0.5 * torch.randn_like(v),
                    sparse=None)
     for layer in range(6):
