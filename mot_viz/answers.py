@@ -75,17 +75,21 @@ def answer_from_cache(target: LoadedModel, kv: list[hf.KV] | None, example: QAEx
 
 
 def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample,
-                     translation: Translation | None = None, seed: int = 0) -> tuple[Translation, dict]:
-    """The translation of the example's context and the cache of every condition."""
+                     translation: Translation | None = None, seed: int = 0,
+                     conditions: tuple[str, ...] = CONDITIONS) -> tuple[Translation, dict]:
+    """The translation of the example's context and the cache of each requested condition."""
+    unknown = set(conditions) - set(CONDITIONS)
+    if unknown:
+        raise ValueError(f"unknown conditions {sorted(unknown)}; choose from {CONDITIONS}")
     if translation is None:
         translation = translate(mot, source, target, build_prompt(example).context_text)
-    caches = {
-        "native": translation.native_kv,
-        "no_context": empty_context_cache(target),
-        "mot": translation.mixed_kv,
-        "random": random_control_cache(mot, target, translation, seed),
+    build = {
+        "native": lambda: translation.native_kv,
+        "no_context": lambda: empty_context_cache(target),
+        "mot": lambda: translation.mixed_kv,
+        "random": lambda: random_control_cache(mot, target, translation, seed),
     }
-    return translation, caches
+    return translation, {c: build[c]() for c in CONDITIONS if c in conditions}
 
 
 def answer_all(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample,

@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 
 from .alignment import encode
-from .answers import answer_from_cache, condition_caches
+from .answers import CONDITIONS, answer_from_cache, condition_caches
 from .checkpoint import load_checkpoint, read_config
 from .data import QAExample, build_prompt, load_dataset
 from .errors import MotVizError
@@ -64,6 +64,7 @@ class EvalSettings:
     max_new_tokens: int
     max_context_tokens: int
     bootstrap: int
+    conditions: tuple[str, ...] = CONDITIONS  # native is always among them: retained shares divide by it
 
 
 def evaluate_examples(mot: MoT, source: LoadedModel, target: LoadedModel, examples: list[QAExample],
@@ -82,7 +83,8 @@ def evaluate_examples(mot: MoT, source: LoadedModel, target: LoadedModel, exampl
         example = truncate_context(target, example, settings.max_context_tokens)
         try:
             start = time.perf_counter()
-            translation, caches = condition_caches(mot, source, target, example, seed=settings.seed)
+            translation, caches = condition_caches(mot, source, target, example, seed=settings.seed,
+                                                   conditions=settings.conditions)
             build = {"native": translation.timings["native_prefill"],
                      "mot": sum(v for k, v in translation.timings.items() if k != "native_prefill"),
                      # the random control needs the translation (for its norms) plus its own replay
@@ -208,6 +210,7 @@ def _write(out_dir: Path, df: pd.DataFrame, settings: EvalSettings) -> pd.DataFr
     command = ("python -m mot_viz.evaluate --checkpoint " + settings.checkpoint
                + (f" --second {settings.second}" if settings.second else "")
                + f" --datasets {' '.join(settings.datasets)} --n {settings.n} --seed {settings.seed}"
+               + ("" if settings.conditions == CONDITIONS else f" --conditions {' '.join(settings.conditions)}")
                + f" --max_new_tokens {settings.max_new_tokens} --max_context_tokens {settings.max_context_tokens}")
     (out_dir / "summary.md").write_text(
         f"Command: `{command}`\n\nDate: {meta['date']}. Skipped examples: {len(skipped)}.\n\n" + markdown_table(summary) + "\n"
@@ -228,10 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lm_sequences", type=int, default=0,
                         help="also measure the target's cross-entropy on this many held-out LAMBADA sequences "
                              "(rows after the training bank of the checkpoint's stream)")
+    parser.add_argument("--conditions", nargs="+", choices=CONDITIONS, default=list(CONDITIONS),
+                        help="which conditions to answer under (native is always added); e.g. "
+                             "'--conditions native mot' to evaluate a variant on examples a full run already covered")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    conditions = tuple(c for c in CONDITIONS if c in {"native", *args.conditions})
     settings = EvalSettings(args.checkpoint, args.second, tuple(args.datasets), args.n, args.seed,
-                            args.max_new_tokens, args.max_context_tokens, args.bootstrap)
+                            args.max_new_tokens, args.max_context_tokens, args.bootstrap, conditions)
     try:
         if args.lm_sequences:
             run_lm(settings, Path(args.out), args.lm_sequences)

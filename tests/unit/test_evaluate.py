@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import CORPUS, tiny_model
-from mot_viz.answers import answer_all
+from mot_viz.answers import answer_all, condition_caches
 from mot_viz.channels import Channels
 from mot_viz.data import QAExample
 from mot_viz.evaluate import EvalSettings, evaluate_examples, kv_cosine, summarize, truncate_context
@@ -59,6 +59,21 @@ def test_evaluator_rows_and_summary(setup):
     assert row["retained"] == pytest.approx(1.0) if row["mean"] > 0 else np.isnan(row["retained"])
     ext = summary[summary["dataset"] == "toy"]
     assert set(ext["metric"]) == {"F1"} and (ext["ci_low"] <= ext["mean"]).all() and (ext["mean"] <= ext["ci_high"]).all()
+
+
+def test_condition_subset_gives_the_same_scores(setup):
+    mot, source, target = setup
+    full = evaluate_examples(mot, source, target, [EXTRACTIVE, CLOSED],
+                             EvalSettings("ck", None, ("toy",), 2, 0, 4, 64, 200), progress=False)
+    part = evaluate_examples(mot, source, target, [EXTRACTIVE, CLOSED],
+                             EvalSettings("ck", None, ("toy",), 2, 0, 4, 64, 200, ("native", "mot")), progress=False)
+    assert sorted(set(part["condition"])) == ["mot", "native"] and len(part) == 4
+    key = ["id", "condition"]
+    merged = part.merge(full, on=key, suffixes=("_part", "_full"))
+    assert len(merged) == 4 and (merged["score_part"] == merged["score_full"]).all()
+    assert (merged["answer_part"] == merged["answer_full"]).all()
+    with pytest.raises(ValueError, match="unknown conditions"):
+        condition_caches(*setup, EXTRACTIVE, conditions=("native", "bogus"))
 
 
 def test_kv_cosine_and_truncation(setup):
