@@ -1,11 +1,12 @@
-"""Benchmark (not a test): time from "Translate" to every figure of every page being ready.
+"""Benchmark (not a test): time from "Translate" to every figure of each page being ready.
 
     .venv/bin/python scripts/bench_app.py [--checkpoint pretrained/smollm2-to-gemma3] [--tokens 256]
 
 With the models and the checkpoint already loaded (as in a running app), it calls the library functions the
 pages call, in the order a visitor meets them: the translation, the random-window control cache and the
 four answers (Answers page), then each page's tables and figures, each figure serialised to JSON as
-st.plotly_chart does. UMAP is timed separately: it is opt-in on the Cache space page (PCA is the default).
+st.plotly_chart does. A page's time is the shared translation plus its own work; the sum over all pages
+is reported too. UMAP is timed separately: it is opt-in on the Cache space page (PCA is the default).
 Prints a table and writes docs/bench_app.md.
 """
 
@@ -37,6 +38,8 @@ from mot_viz.figures import (alignment_heatmap, alignment_table, answers_figure,
                              training_figure)
 from mot_viz.models import DEFAULT_SOURCE, DEFAULT_TARGET, load_model  # noqa: E402
 from mot_viz.mot import translate  # noqa: E402
+from mot_viz import shift  # noqa: E402
+from mot_viz.shift_figures import correction_split_figure, correction_trajectory_figure, rho_trajectory_figure  # noqa: E402
 from mot_viz.translator import gate_balance  # noqa: E402
 
 TARGET_SECONDS = 5.0
@@ -129,6 +132,14 @@ def bench(checkpoint: Path, n_tokens: int, max_new_tokens: int) -> tuple[pd.Data
         if log is not None:
             training_figure(log).to_json()
 
+    with t.step("Shift analysis", "residual trace (native, MoT, random control) + 3 figures"):
+        case = shift.case_from_text(target, text, build_prompt(example).suffix_text, example)
+        ws, _ = shift.analyse_translation(mot, source, target, case, translation)
+        trajectories = ws.trajectories()
+        rho_trajectory_figure(trajectories, 0).to_json()
+        correction_trajectory_figure(trajectories, 0).to_json()
+        correction_split_figure(ws.summary_frame()).to_json()
+
     for attempt in ("first call (includes numba compilation)", "second call"):
         with extra.step("Cache space (opt-in)", f"UMAP projection + figure, {attempt}"):
             cache_space_figure(cache_space_table(vectors, t_tokens, "umap")).to_json()
@@ -145,8 +156,10 @@ def report(rows: pd.DataFrame, facts: dict, load_before: tuple[float, float, flo
     """The markdown written to docs/bench_app.md."""
     core = rows[rows["in_total"]]
     total = core["seconds"].sum()
-    no_answers = core[core["page"] != "Answers"]["seconds"].sum()
-    per_page = core.groupby("page", sort=False)["seconds"].sum()
+    shared = core[core["page"] == "all pages"]["seconds"].sum()
+    # what a visitor waits for on one page: the shared translation, then that page's own work
+    per_page = core[core["page"] != "all pages"].groupby("page", sort=False)["seconds"].sum() + shared
+    slowest = per_page.idxmax()
     lines = [
         "# App benchmark: from Translate to every figure ready",
         "",
@@ -162,11 +175,11 @@ def report(rows: pd.DataFrame, facts: dict, load_before: tuple[float, float, flo
         f"* Models and checkpoint loaded before timing (as in a running app); answers generate up to "
         f"{facts['max_new_tokens']} tokens (the evaluator's setting).",
         "",
-        f"**Total: {total:.2f} s** (target < {TARGET_SECONDS:.0f} s: "
-        f"{'met' if total < TARGET_SECONDS else 'not met'}). "
-        f"Without the Answers page's generation: {no_answers:.2f} s.",
+        f"**Slowest page: {slowest}, {per_page[slowest]:.2f} s** from Translate to every figure of the page "
+        f"(target < {TARGET_SECONDS:.0f} s: {'met' if per_page.max() < TARGET_SECONDS else 'not met'} on every page). "
+        f"Every page one after another, sharing one translation: {total:.2f} s.",
         "",
-        "| page | seconds |",
+        "| page | Translate → every figure of the page (s) |",
         "|---|---:|",
         *[f"| {page} | {s:.3f} |" for page, s in per_page.items()],
         "",
@@ -178,7 +191,8 @@ def report(rows: pd.DataFrame, facts: dict, load_before: tuple[float, float, flo
         "",
         "Rows not in the total: the warm-up is paid once after the models load (a running app "
         "has paid it), and the Cache space page projects with PCA unless UMAP is chosen.",
-        "Pages share one cached translation, so after the first page the others only add their own rows.",
+        "Pages share one cached translation (the 'all pages' rows): a page's time is those rows plus its own; "
+        "after the first page, the others only add their own rows.",
         "",
     ]
     return "\n".join(lines)

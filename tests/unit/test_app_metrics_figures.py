@@ -127,3 +127,23 @@ def test_figures_mark_the_window_and_keep_exact_values():
     log = pd.DataFrame({"step": [1, 2], "ce": [3.0, 2.0], "lr": [0.1, 0.2]})
     training = figures.training_figure(log)
     assert [t.name for t in training.data] == ["ce", "lr"]  # panels without columns are left out
+
+
+def test_pca_matches_scikit_learn_up_to_sign():
+    from sklearn.decomposition import PCA
+
+    from mot_viz.cache_metrics import pca_project
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60, 8)) * np.array([5, 3, 1, 1, 1, 1, 1, 1.0])  # two dominant directions
+    coords, ratios = pca_project(x)
+    ref = PCA(n_components=2).fit(x)
+    expected = ref.transform(x)
+    for axis in range(2):  # the same axes, each possibly flipped
+        sign = np.sign(coords[:, axis] @ expected[:, axis])
+        np.testing.assert_allclose(coords[:, axis] * sign, expected[:, axis], atol=1e-8)
+    np.testing.assert_allclose(ratios, ref.explained_variance_ratio_, rtol=1e-10)
+    assert ratios[0] > ratios[1] > 0.1
+    np.testing.assert_array_equal(pca_project(x)[0], coords)  # deterministic
+    flat, flat_ratios = pca_project(np.ones((5, 3)))  # no variance: zeros, not NaN
+    assert np.all(flat == 0) and np.all(flat_ratios == 0)
