@@ -26,6 +26,7 @@ PAGES = {
     "4_alignment.py": "Token alignment",
     "5_cache_space.py": "Cache space",
     "6_training.py": "Training",
+    "7_shift_analysis.py": "Shift analysis",
 }
 
 
@@ -48,7 +49,9 @@ def overview() -> None:
         "3. **Expert routing** — which expert translator each token was sent to.\n"
         "4. **Token alignment** — how the two tokenizations of the same text are matched.\n"
         "5. **Cache space** — native, translated and source K/V vectors projected to 2-D.\n"
-        "6. **Training** — the checkpoint's loss curves and configuration."
+        "6. **Training** — the checkpoint's loss curves and configuration.\n"
+        "7. **Shift analysis** — where the injected window moves the target's residual stream, and whether the "
+        "layers above it correct or amplify that shift (early versus late injection)."
     )
     run = app_state.current_run()
     app_state.run_caption(run)
@@ -78,7 +81,7 @@ def overview() -> None:
 def main() -> None:
     pages = [st.Page(overview, title="Overview", default=True)]
     pages += [st.Page(f"pages/{file}", title=title) for file, title in PAGES.items()]
-    # pages added by other work (e.g. the shift analysis) appear after the built-in ones, titled by file name
+    # pages added by other work appear after the built-in ones, titled by file name
     pages += [st.Page(f"pages/{p.name}") for p in sorted(PAGES_DIR.glob("*.py"))
               if p.name not in PAGES and not p.name.startswith("_")]
     with app_state.navigation_frame():

@@ -21,7 +21,7 @@ from plotly_figures import figures
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 TIMEOUT = 300
-PAGE = "pages/5_Shift_analysis.py"
+PAGE = "pages/7_shift_analysis.py"
 
 
 @pytest.fixture(scope="module")

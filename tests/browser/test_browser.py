@@ -33,6 +33,7 @@ PAGES = {  # sidebar link -> screenshot name, with whether the page must show a 
     "Token alignment": "alignment",
     "Cache space": "cache_space",
     "Training": "training",
+    "Shift analysis": "shift_analysis",
 }
 
 
