@@ -168,6 +168,34 @@ def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFra
     return pd.DataFrame(out)
 
 
+PAIRS = (("mot", "random"), ("mot", "no_context"), ("mot", "native"), ("mot", "second"))
+
+
+def paired_differences(df: pd.DataFrame, pairs=PAIRS, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Per dataset, for each (a, b) pair of conditions present: mean of a − b over the same examples, with a 95%
+    bootstrap interval and how many examples each side wins. This is the test of 'beats the control'."""
+    scored = df[df["condition"] != "skipped"]
+    out = []
+    for dataset, part in scored.groupby("dataset", sort=False):
+        wide = part.pivot_table(index="id", columns="condition", values="score")
+        for a, b in pairs:
+            if a not in wide or b not in wide:
+                continue
+            diff = (wide[a] - wide[b]).dropna().to_numpy()
+            ci = bootstrap_ci(diff, n_boot=n_boot, seed=seed)
+            out.append({"dataset": dataset, "a": a, "b": b, "n": len(diff), "diff": ci.mean, "ci_low": ci.lo,
+                        "ci_high": ci.hi, "a_better": int((diff > 0).sum()), "b_better": int((diff < 0).sum())})
+    return pd.DataFrame(out)
+
+
+def paired_markdown(paired: pd.DataFrame) -> str:
+    lines = ["| dataset | difference | n | mean [95% CI] | a better / b better |", "|---|---|---:|---|---|"]
+    for r in paired.itertuples():
+        lines.append(f"| {r.dataset} | {r.a} − {r.b} | {r.n} | {r.diff:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}] "
+                     f"| {r.a_better} / {r.b_better} |")
+    return "\n".join(lines)
+
+
 def markdown_table(summary: pd.DataFrame) -> str:
     lines = ["| dataset | condition | n | metric | mean [95% CI] | EM | retained [95% CI] | KV cosine | s / example |",
              "|---|---|---:|---|---|---:|---|---:|---:|"]
@@ -203,6 +231,8 @@ def _write(out_dir: Path, df: pd.DataFrame, settings: EvalSettings) -> pd.DataFr
     summary = summarize(df, settings.bootstrap, settings.seed)
     df.to_csv(out_dir / "examples.csv", index=False)
     summary.to_csv(out_dir / "summary.csv", index=False)
+    paired = paired_differences(df, n_boot=settings.bootstrap, seed=settings.seed)
+    paired.to_csv(out_dir / "paired.csv", index=False)
     skipped = df[df["condition"] == "skipped"]
     meta = {"settings": settings.__dict__, "date": str(datetime.date.today()), "skipped": len(skipped),
             "summary": summary.to_dict(orient="records")}
@@ -213,7 +243,8 @@ def _write(out_dir: Path, df: pd.DataFrame, settings: EvalSettings) -> pd.DataFr
                + ("" if settings.conditions == CONDITIONS else f" --conditions {' '.join(settings.conditions)}")
                + f" --max_new_tokens {settings.max_new_tokens} --max_context_tokens {settings.max_context_tokens}")
     (out_dir / "summary.md").write_text(
-        f"Command: `{command}`\n\nDate: {meta['date']}. Skipped examples: {len(skipped)}.\n\n" + markdown_table(summary) + "\n"
+        f"Command: `{command}`\n\nDate: {meta['date']}. Skipped examples: {len(skipped)}.\n\n" + markdown_table(summary)
+        + "\n\nPaired differences over the same examples:\n\n" + paired_markdown(paired) + "\n"
     )
     return summary
 

@@ -17,7 +17,10 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mot_viz.evaluate import markdown_table  # noqa: E402
+from mot_viz.evaluate import markdown_table, paired_differences, paired_markdown  # noqa: E402
+
+# (first checkpoint, second checkpoint): paired over the examples both were evaluated on, first − second
+COMPARISONS = [("pretrained/smollm2-to-gemma3", "pretrained/smollm2-to-gemma3-single")]
 
 
 def training_table() -> str:
@@ -40,9 +43,36 @@ def training_table() -> str:
     return "\n".join(lines)
 
 
+def examples_by_checkpoint() -> dict[str, pd.DataFrame]:
+    """Every evaluated example row, gathered per checkpoint across folders (one run may be split over several)."""
+    frames: dict[str, list[pd.DataFrame]] = {}
+    for folder in sorted((ROOT / "results" / "eval").glob("*/")):
+        if (folder / "summary.json").exists() and (folder / "examples.csv").exists():
+            checkpoint = json.loads((folder / "summary.json").read_text())["settings"]["checkpoint"]
+            frames.setdefault(checkpoint, []).append(pd.read_csv(folder / "examples.csv"))
+    return {k: pd.concat(v).drop_duplicates(["dataset", "id", "condition"]) for k, v in frames.items()}
+
+
+def comparison_table(first: str, second: str, frames: dict[str, pd.DataFrame]) -> str | None:
+    if first not in frames or second not in frames:
+        return None
+    a = frames[first][frames[first]["condition"] == "mot"]
+    b = frames[second][frames[second]["condition"] == "mot"].assign(condition="second")
+    ids = set(zip(a["dataset"], a["id"])) & set(zip(b["dataset"], b["id"]))
+    both = pd.concat([a, b])
+    both = both[[pair in ids for pair in zip(both["dataset"], both["id"])]]
+    return paired_markdown(paired_differences(both, pairs=(("mot", "second"),)))
+
+
 def main() -> int:
     print("## How the shipped checkpoints were trained\n")
     print(training_table())
+    frames = examples_by_checkpoint()
+    for first, second in COMPARISONS:
+        table = comparison_table(first, second, frames)
+        if table:
+            print(f"\n### `{first}` (mot) − `{second}` (second), paired over the examples both ran\n")
+            print(table)
     for folder in sorted((ROOT / "results" / "eval").glob("*/")):
         summary = folder / "summary.csv"
         if not summary.exists():
@@ -52,9 +82,15 @@ def main() -> int:
         print(f"\n### `{folder.name}`\n")
         print(f"`python -m mot_viz.evaluate --checkpoint {s['checkpoint']}"
               + (f" --second {s['second']}" if s.get("second") else "")
-              + f" --datasets {' '.join(s['datasets'])} --n {s['n']} --seed {s['seed']} --out results/eval/{folder.name}` "
+              + f" --datasets {' '.join(s['datasets'])} --n {s['n']} --seed {s['seed']}"
+              + (f" --conditions {' '.join(s['conditions'])}" if s.get("conditions") and len(s["conditions"]) < 4 else "")
+              + f" --out results/eval/{folder.name}` "
               f"({meta['date']}; skipped examples: {meta['skipped']})\n")
         print(markdown_table(pd.read_csv(summary)))
+        paired = paired_differences(pd.read_csv(folder / "examples.csv"))
+        if len(paired):
+            print("\nPaired over the same examples:\n")
+            print(paired_markdown(paired))
     return 0
 
 

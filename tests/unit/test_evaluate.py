@@ -102,3 +102,21 @@ def test_lm_losses_per_condition(setup):
     assert df["ce"].notna().all() and (df["ce"] > 0).all()
     assert df.loc[df["condition"] == "native", "kv_cosine"].isna().all()
     assert (df.loc[df["condition"] == "mot", "kv_cosine"] < 1).all()
+
+
+def test_paired_differences_on_known_scores():
+    import pandas as pd
+
+    from mot_viz.evaluate import paired_differences, paired_markdown
+
+    rows = [("d", str(i), c, s) for i, (m, r) in enumerate([(1, 0), (1, 0), (0, 0), (0, 1)])
+            for c, s in (("mot", m), ("random", r), ("native", 1))]
+    rows.append(("d", "x", "skipped", np.nan))
+    df = pd.DataFrame(rows, columns=["dataset", "id", "condition", "score"])
+    paired = paired_differences(df, n_boot=500)
+    assert list(zip(paired["a"], paired["b"])) == [("mot", "random"), ("mot", "native")]  # absent pairs left out
+    row = paired.iloc[0]
+    assert row["n"] == 4 and row["diff"] == pytest.approx(0.25) and (row["a_better"], row["b_better"]) == (2, 1)
+    assert row["ci_low"] <= 0.25 <= row["ci_high"]
+    assert paired.iloc[1]["diff"] == pytest.approx(-0.5) and paired.iloc[1]["b_better"] == 2
+    assert "mot − random | 4 | +0.250" in paired_markdown(paired)
