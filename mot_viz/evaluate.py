@@ -244,7 +244,7 @@ def _write(out_dir: Path, df: pd.DataFrame, settings: EvalSettings) -> pd.DataFr
                + f" --max_new_tokens {settings.max_new_tokens} --max_context_tokens {settings.max_context_tokens}")
     (out_dir / "summary.md").write_text(
         f"Command: `{command}`\n\nDate: {meta['date']}. Skipped examples: {len(skipped)}.\n\n" + markdown_table(summary)
-        + "\n\nPaired differences over the same examples:\n\n" + paired_markdown(paired) + "\n"
+        + ("\n\nPaired differences over the same examples:\n\n" + paired_markdown(paired) if len(paired) else "") + "\n"
     )
     return summary
 
