@@ -724,16 +724,20 @@ def _collect(target: LoadedModel, cases: Sequence[ContextCase], cfg: SweepConfig
 
 
 def find_sweeps(root: str | Path, source: str | None = None, target: str | None = None) -> dict[str, Path]:
-    """Saved sweeps under root (folders with meta.json), optionally only those of one model pair: name -> folder."""
+    """Saved sweeps under root (folders with meta.json), optionally only those of one model pair: name -> folder.
+
+    Ordered as MODES (trained sweeps, the real curve, first), then by name; folders of unknown mode last.
+    """
     root = Path(root)
-    found: dict[str, Path] = {}
+    found: list[tuple[int, str, Path]] = []
     if not root.is_dir():
-        return found
-    for meta_file in sorted(root.glob("*/meta.json")):
+        return {}
+    for meta_file in root.glob("*/meta.json"):
         try:
             meta = json.loads(meta_file.read_text())
         except (OSError, json.JSONDecodeError):
             continue
         if (source is None or meta.get("source") == source) and (target is None or meta.get("target") == target):
-            found[meta_file.parent.name] = meta_file.parent
-    return found
+            rank = MODES.index(meta["mode"]) if meta.get("mode") in MODES else len(MODES)
+            found.append((rank, meta_file.parent.name, meta_file.parent))
+    return {name: folder for _, name, folder in sorted(found)}

@@ -224,3 +224,18 @@ def test_trained_mode_uses_each_start_translator():
     with pytest.raises(ConfigError, match="injects"):
         shift.sweep(target, [case], shift.SweepConfig(mode="trained", window=2, starts=(0,), task_metric=False),
                     source=source, mot_for_start=lambda s: mots[1])
+
+
+def test_find_sweeps_lists_a_pairs_trained_sweep_first(tmp_path):
+    import json
+
+    from mot_viz.shift import find_sweeps
+
+    for name, mode, target in [("a-perturbation", "perturbation", "t"), ("b-trained", "trained", "t"),
+                               ("c-profile", "checkpoint-error-profile", "t"), ("d-other", "trained", "other")]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "meta.json").write_text(json.dumps({"mode": mode, "source": "s", "target": target}))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "meta.json").write_text("{not json")
+    assert list(find_sweeps(tmp_path, "s", "t")) == ["b-trained", "a-perturbation", "c-profile"]
+    assert find_sweeps(tmp_path / "missing") == {}
