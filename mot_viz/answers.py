@@ -51,6 +51,14 @@ def random_control_cache(mot: MoT, target: LoadedModel, translation: Translation
         return replay(target, translation.target_ids, mot.channels.target_layers, k, v, translation.sparse_indices)
 
 
+def answer_is_complete(text: str) -> bool:
+    """Whether decoding can stop: post-processing (method.md §8: strip, then cut at the first line break) would cut
+    this text at a line break after its first non-blank character, so no later token can change the scored answer.
+    A leading blank line does not end the answer (the model may put its answer on the next line)."""
+    body = text.lstrip()
+    return "\n" in body or "\r" in body
+
+
 def answer_from_cache(target: LoadedModel, kv: list[hf.KV] | None, example: QAExample, condition: str,
                       max_new_tokens: int = 24, suffix_text: str | None = None) -> Answer:
     """The target's answer to `example` given a cache of its context (None: no context)."""
@@ -63,10 +71,9 @@ def answer_from_cache(target: LoadedModel, kv: list[hf.KV] | None, example: QAEx
                       for lab in labels)
         pick = max(range(len(labels)), key=lambda i: logps[i])
         return Answer(condition, labels[pick], float(pick == example.label), None, logps, time.perf_counter() - start)
-    # answers end at the first line break (postprocess_generation cuts there), so decoding can stop too
-    ends_line = lambda token: "\n" in target.tokenizer.decode([token])  # noqa: E731
-    tokens = hf.greedy_generate(target.model, kv, suffix_ids, max_new_tokens,
-                                hf.eos_ids(target.model, target.tokenizer), stop_when=ends_line)
+    tokens = hf.greedy_generate(
+        target.model, kv, suffix_ids, max_new_tokens, hf.eos_ids(target.model, target.tokenizer),
+        stop_when=lambda generated: answer_is_complete(target.tokenizer.decode(generated, skip_special_tokens=True)))
     text = postprocess_generation(target.tokenizer.decode(tokens, skip_special_tokens=True))
     seconds = time.perf_counter() - start
     if not example.answers:  # free text typed in the app: nothing to score against

@@ -184,7 +184,8 @@ def greedy_generate(model, kv: list[KV] | None, prompt_ids: torch.Tensor, max_ne
                     stop_ids: set[int], stop_when=None) -> list[int]:
     """Greedy decoding for one example: append prompt_ids [1, n] to (a copy of) the cache, then decode.
 
-    Stops at a stop id (not included), when stop_when(token) is true (included), or after max_new_tokens.
+    Stops at a stop id (not included), when stop_when(generated tokens so far) is true (the last token included),
+    or after max_new_tokens.
     """
     cache = cache_from_kv(kv) if kv else new_cache()  # one copy, then extended in place step by step
     ids = prompt_ids
@@ -195,7 +196,7 @@ def greedy_generate(model, kv: list[KV] | None, prompt_ids: torch.Tensor, max_ne
         if token in stop_ids:
             break
         generated.append(token)
-        if stop_when is not None and stop_when(token):
+        if stop_when is not None and stop_when(generated):
             break
         ids = torch.tensor([[token]], device=prompt_ids.device)
     return generated

@@ -88,3 +88,20 @@ def test_retained():
     assert retained(0.9, 0.6) == pytest.approx(1.5)
     assert math.isnan(retained(0.3, 0.0))
     assert math.isnan(retained(0.3, math.nan))
+
+
+@pytest.mark.parametrize("pieces", [
+    ["\n", "The", " answer", " is", " Paris", ".\n", "Question", ":"],   # a blank line first (SmolLM2 does this)
+    [" \n\n", " Denver", " Broncos", "\n", "more"],
+    [" Paris", "\n", "Question:", " again"],
+    [" 18", "58", "\r\n", "x"],
+    ["\n", "\n", " "],                                                   # nothing but blank lines
+])
+def test_stopping_at_a_complete_answer_never_changes_the_scored_text(pieces):
+    from mot_viz.answers import answer_is_complete
+
+    full = postprocess_generation("".join(pieces))
+    stop = next((k for k in range(1, len(pieces) + 1) if answer_is_complete("".join(pieces[:k]))), len(pieces))
+    assert postprocess_generation("".join(pieces[:stop])) == full
+    assert not answer_is_complete("\n") and not answer_is_complete(" \n \r\n")  # a leading blank line goes on
+    assert answer_is_complete(" Paris\n")
