@@ -1,0 +1,84 @@
+"""Render a saved shift sweep's figures to PNG for docs/SHIFT.md (the same plotly figures as the app page).
+
+    .venv/bin/python scripts/shift_doc_figures.py results/shift/<sweep> [--out docs/figures/shift]
+
+Each figure is written as a self-contained HTML file (plotly.js inlined, nothing fetched) and photographed
+in Debian's headless Chromium through Playwright, the same browser the app's browser test uses.
+Writes <out>/<sweep>_<figure>.png and prints their paths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from mot_viz.shift import SweepResult  # noqa: E402
+from mot_viz.shift_figures import (correction_vs_start_figure, metric_kl_figure, rho_trajectory_figure,  # noqa: E402
+                                   shift_vs_start_figure)
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+def sweep_figures(result: SweepResult, trajectory_starts: list[int]) -> dict:
+    """name -> plotly figure: the two failure modes, the correction and the output against the start, and ρ_k."""
+    figures = {
+        "shift_vs_start": shift_vs_start_figure(result.summary),
+        "shift_vs_start_relative": shift_vs_start_figure(result.summary, relative=True),
+        "correction_vs_start": correction_vs_start_figure(result.summary),
+        "metric_kl": metric_kl_figure(result.summary, result.meta.get("metric")),
+    }
+    for start in trajectory_starts:
+        traj = result.trajectories[result.trajectories["start"] == start]
+        figures[f"rho_start{start}"] = rho_trajectory_figure(traj, 0, title=f"ρ_k at window start {start}, answer token 0")
+    return figures
+
+
+def render(figures: dict, out: Path, prefix: str, width: int = 1000, height: int = 520) -> list[Path]:
+    from playwright.sync_api import sync_playwright
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": width + 40, "height": height + 40})
+        for name, fig in figures.items():
+            html = Path(tmp) / f"{name}.html"
+            fig.update_layout(width=width, height=height)
+            fig.write_html(html, include_plotlyjs=True, full_html=True, config={"displayModeBar": False})
+            page.goto(html.as_uri())
+            plot = page.locator(".js-plotly-plot").first
+            plot.wait_for(state="visible")
+            page.wait_for_timeout(300)  # let plotly finish drawing
+            path = out / f"{prefix}_{name}.png"
+            plot.screenshot(path=str(path))
+            written.append(path)
+        browser.close()
+    return written
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sweep", type=Path, help="a folder written by scripts/shift_sweep.py")
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "figures" / "shift")
+    parser.add_argument("--starts", default=None, help="comma-separated starts for ρ_k plots (default: first, last)")
+    args = parser.parse_args()
+    if not Path(CHROMIUM).is_file():
+        print("error: Chromium is not installed (apt-get install -y chromium, or bash scripts/setup.sh --test)",
+              file=sys.stderr)
+        return 2
+    result = SweepResult.load(args.sweep)
+    starts = sorted(result.summary["start"].unique().tolist())
+    chosen = [int(s) for s in args.starts.split(",")] if args.starts else sorted({starts[0], starts[-1]})
+    for path in render(sweep_figures(result, chosen), args.out, args.sweep.name):
+        print(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
