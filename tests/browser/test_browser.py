@@ -142,4 +142,12 @@ def test_default_pair_every_page_and_two_tabs(app_url, browser):
             assert rows.count() == 1
         page.wait_for_timeout(500)  # let plotly finish drawing before the screenshot
         page.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
-    assert all((SCREENSHOTS / f"{n}.png").stat().st_size > 10_000 for n in ["overview", *PAGES.values()])
+    # the last page is Shift analysis: its shipped sweep (results/shift) draws below the checkpoint's own window
+    shipped = page.get_by_role("heading", name="Shipped sweep (results/shift)")
+    shipped.scroll_into_view_if_needed()
+    assert page.locator(".js-plotly-plot").count() >= 3 + 4  # the window's 3 figures, the sweep's 3 + ρ_k
+    _assert_no_failure(page)
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(SCREENSHOTS / "shift_sweep.png"))
+    assert all((SCREENSHOTS / f"{n}.png").stat().st_size > 10_000
+               for n in ["overview", "shift_sweep", *PAGES.values()])
