@@ -14,7 +14,7 @@ import torch
 
 from .alignment import apply_alignment
 from .channels import Channels
-from .layout import to_block
+from .layout import context_positions, to_block
 from .mot import Translation
 
 KV_NAMES = ("K", "V")
@@ -48,21 +48,16 @@ def layer_errors(candidate: torch.Tensor, reference: torch.Tensor) -> dict[str, 
     }
 
 
-def _context(kv: tuple[torch.Tensor, torch.Tensor], prefix_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    # the target's caches start with its BOS prefix, which is never translated: compare context positions only
-    return kv[0][:, :, prefix_len:], kv[1][:, :, prefix_len:]
-
-
 def _compared_caches(translation: Translation, channels: Channels, comparison: str) -> dict[int, tuple]:
     """Target layer -> (candidate K/V, native K/V) over the N_t context positions, for one comparison."""
     if translation.native_kv is None:
         raise ValueError("this translation was computed without the native cache")
-    p = translation.prefix_len
-    native = [_context(kv, p) for kv in translation.native_kv]
+    p = translation.prefix_len  # the target's BOS prefix is never translated: compare context positions only
+    native = [context_positions(kv, p) for kv in translation.native_kv]
     if comparison == "translated":
         return {t: (translation.injected_kv[i], native[t]) for i, t in enumerate(channels.target_layers)}
     if comparison == "replayed":
-        return {t: (_context(kv, p), native[t]) for t, kv in enumerate(translation.mixed_kv)}
+        return {t: (context_positions(kv, p), native[t]) for t, kv in enumerate(translation.mixed_kv)}
     raise ValueError(f"comparison must be one of {tuple(COMPARISONS)}, got {comparison!r}")
 
 
@@ -135,8 +130,8 @@ def window_vectors(translation: Translation, channels: Channels, position: int, 
     out = {"source (aligned)": source, "translated": translated[0, :, position].float()}
     p = translation.prefix_len
     if translation.native_kv is not None:
-        out["native target"] = token_vectors(_context(translation.native_kv[t_layer], p)[j])
-    out["replayed target"] = token_vectors(_context(translation.mixed_kv[t_layer], p)[j])
+        out["native target"] = token_vectors(context_positions(translation.native_kv[t_layer], p)[j])
+    out["replayed target"] = token_vectors(context_positions(translation.mixed_kv[t_layer], p)[j])
     return out
 
 

@@ -119,8 +119,6 @@ def lm_losses(mot: MoT, source: LoadedModel, target: LoadedModel, rows: torch.Te
     from tqdm import tqdm
 
     from . import hf
-    from .answers import random_control_cache
-    from .mot import empty_context_cache
 
     out = []
     for i, row in enumerate(tqdm(rows, desc="lm", disable=not progress, dynamic_ncols=True)):
@@ -130,8 +128,7 @@ def lm_losses(mot: MoT, source: LoadedModel, target: LoadedModel, rows: torch.Te
         if not torch.equal(translation.target_ids, context):  # decode/re-encode changed the tokens: skip, counted
             out.append({"row": i, "condition": "skipped"})
             continue
-        caches = {"native": translation.native_kv, "no_context": empty_context_cache(target),
-                  "mot": translation.mixed_kv, "random": random_control_cache(mot, target, translation, seed)}
+        _, caches = condition_caches(mot, source, target, None, translation, seed)  # the context is translated
         for condition, kv in caches.items():
             logits = hf.run(target.model, prompt, kv).logits[0].float()
             ce = float(torch.nn.functional.cross_entropy(logits, labels))

@@ -11,11 +11,16 @@ def to_block(per_layer: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack(flat, dim=2)
 
 
+def context_positions(kv: tuple[torch.Tensor, torch.Tensor], prefix_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's K and V [B, n_kv, N, d_h] without the first `prefix_len` positions (a BOS prefix is never translated)."""
+    return kv[0][:, :, prefix_len:], kv[1][:, :, prefix_len:]
+
+
 def window_blocks(kv: list[tuple[torch.Tensor, torch.Tensor]], layers, prefix_len: int = 0
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """The K and V blocks [B, N, W, H] of a cache's context positions (after a BOS prefix) at the given layers."""
-    return (to_block([kv[l][0][:, :, prefix_len:] for l in layers]),
-            to_block([kv[l][1][:, :, prefix_len:] for l in layers]))
+    context = [context_positions(kv[l], prefix_len) for l in layers]
+    return to_block([k for k, _ in context]), to_block([v for _, v in context])
 
 
 def from_block(block: torch.Tensor, num_kv_heads: int) -> list[torch.Tensor]:

@@ -18,7 +18,7 @@ from .alignment import (TokenAlignment, align_ids, apply_alignment, decode, enco
                         remap_sparse_indices)
 from .channels import Channels, sparse_source_layer
 from .errors import CheckpointError, ConfigError, ContextError
-from .layout import from_block, window_blocks
+from .layout import context_positions, from_block, window_blocks
 from .models import LoadedModel, ModelSpec
 from .translator import KVTranslator, TranslatorConfig, TranslatorOutput
 
@@ -140,7 +140,7 @@ def prepare_source(mot: MoT, source: LoadedModel, target: LoadedModel, target_id
     p = len(source.prefix_ids)
     out = hf.run(source.model, torch.tensor([source.prefix_ids + s_ids]), plan=plan, logits_to_keep=1)
     # the source's BOS position is dropped: only context tokens are aligned and translated
-    kv = [(k[:, :, p:], v[:, :, p:]) for k, v in out.kv]
+    kv = [context_positions(layer, p) for layer in out.kv]
     attention = {l: a[:, :, p:, p:] for l, a in out.attention.items()}
     timings["source_prefill"] = time.perf_counter() - t0
     return SourceContext(torch.tensor([s_ids]), target_ids, alignment, kv, attention, len(target.prefix_ids))
