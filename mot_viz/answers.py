@@ -62,7 +62,7 @@ def answer_is_complete(text: str) -> bool:
 def answer_from_cache(target: LoadedModel, kv: list[hf.KV] | None, example: QAExample, condition: str,
                       max_new_tokens: int = 24, suffix_text: str | None = None) -> Answer:
     """The target's answer to `example` given a cache of its context (None: no context)."""
-    suffix = suffix_text if suffix_text is not None else build_prompt(example).suffix_text
+    suffix = suffix_text if suffix_text is not None else build_prompt(example, target.chat_frame).suffix_text
     suffix_ids = torch.tensor([encode(target.tokenizer, suffix)])
     start = time.perf_counter()
     if example.kind == "closed":
@@ -89,7 +89,7 @@ def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example
     if unknown:
         raise ValueError(f"unknown conditions {sorted(unknown)}; choose from {CONDITIONS}")
     if translation is None:
-        translation = translate(mot, source, target, build_prompt(example).context_text)
+        translation = translate(mot, source, target, build_prompt(example, target.chat_frame).context_text)
     build = {
         "native": lambda: translation.native_kv,
         "no_context": lambda: empty_context_cache(target),

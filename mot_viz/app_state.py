@@ -26,7 +26,7 @@ import streamlit as st
 
 from .answers import CONDITION_LABELS, Answer, answer_from_cache, condition_caches
 from .checkpoint import load_checkpoint, read_config
-from .data import BUILTIN_DATASETS, QAExample, build_prompt, choice_label_texts
+from .data import BUILTIN_DATASETS, ChatFrame, QAExample, build_prompt, choice_label_texts, question_suffix
 from .errors import CheckpointError, ModelLoadError, MotVizError
 from .figures import token_labels
 from .models import BUNDLED_MODELS, DEFAULT_SOURCE, DEFAULT_TARGET, LoadedModel, load_model
@@ -111,15 +111,19 @@ def dataset_examples(name: str) -> list[QAExample]:
     return load_dataset(name, n=EXAMPLES_PER_DATASET, seed=0)
 
 
-def free_text_selection(text: str, question: str, gold: str) -> tuple[QAExample | None, str | None]:
-    """The example and suffix of a typed context: the question is asked after it, '|' separates gold answers."""
+def free_text_selection(text: str, question: str, gold: str,
+                        chat: ChatFrame | None = None) -> tuple[str, QAExample | None, str | None]:
+    """The translated context, example and suffix of a typed text: the question is asked after it, '|' separates
+    gold answers. A chat-tuned target (`chat`) gets its chat header before the text and its turn markup around
+    the answer, as in the dataset prompts (mot_viz.data.build_prompt)."""
+    context = (chat.head if chat is not None else "") + text
     if not question.strip():
-        return None, None
+        return context, None, None
     answers = tuple(a.strip() for a in gold.split("|") if a.strip())
     example = QAExample("free-text", "free text", text, question.strip(), answers)
-    # the question starts on its own line, as in the dataset prompts (mot_viz.data.build_prompt)
-    suffix = ("" if text.endswith("\n") else "\n") + f"Question: {question.strip()}\nAnswer:"
-    return example, suffix
+    # the question starts on its own line, as in the dataset prompts
+    suffix = ("" if text.endswith("\n") else "\n") + question_suffix(question.strip(), chat)
+    return context, example, suffix
 
 
 # ----- cached loaders (hashable keys only) ---------------------------------------------------------
@@ -342,14 +346,24 @@ def _checkpoint_picker(source: str, target: str) -> str:
     return typed.strip() if choice == OTHER else checkpoints[choice]
 
 
-def _context_picker() -> tuple[str, QAExample | None, str | None, str]:
+def _target_chat_frame(target: str) -> ChatFrame | None:
+    """The chat turns of a chat-tuned target (None for a base model, or one that cannot be loaded: its page says why)."""
+    try:
+        return get_model(target).chat_frame
+    except MotVizError:
+        return None
+
+
+def _context_picker(target: str) -> tuple[str, QAExample | None, str | None, str]:
     mode = st.radio("Context", [DATASET_MODE, FREE_TEXT_MODE], key="sb.mode", horizontal=True)
+    chat = _target_chat_frame(target)
     if mode == FREE_TEXT_MODE:
-        text = st.text_area("Context text (translated as typed)", key="sb.text", height=160)
+        where = " after the target's chat header" if chat is not None else ""
+        text = st.text_area(f"Context text (translated as typed{where})", key="sb.text", height=160)
         question = st.text_input("Question (optional, for the Answers page)", key="sb.question")
         gold = st.text_input("Gold answer(s), separated by |", key="sb.gold")
-        example, suffix = free_text_selection(text, question, gold)
-        return text, example, suffix, "free text"
+        context, example, suffix = free_text_selection(text, question, gold, chat)
+        return context, example, suffix, "free text"
     widget_default("sb.dataset", "squad", list(BUILTIN_DATASETS))
     name = st.selectbox("Dataset", list(BUILTIN_DATASETS), key="sb.dataset", format_func=DATASET_LABELS.get)
     try:
@@ -368,7 +382,9 @@ def _context_picker() -> tuple[str, QAExample | None, str | None, str]:
             labels = choice_label_texts(example)
             st.markdown("\n".join(f"- **{lab}**: {text}" for lab, text in zip(labels, example.choices)))
         st.markdown(f"**Gold:** {' | '.join(example.answers)}")
-    prompt = build_prompt(example)
+    prompt = build_prompt(example, chat)
+    if chat is not None:
+        st.caption("The target is chat-tuned: the prompt is wrapped in its chat template.")
     return prompt.context_text, example, prompt.suffix_text, f"{DATASET_LABELS.get(name, name)} #{int(index)}"
 
 
@@ -379,7 +395,7 @@ def sidebar() -> Selection:
         source, target = _model_picker("source"), _model_picker("target")
         checkpoint = _checkpoint_picker(source, target)
         st.subheader("Context")
-        text, example, suffix, label = _context_picker()
+        text, example, suffix, label = _context_picker(target)
         chosen = Selection(source, target, checkpoint, text, example, suffix, label)
         pressed = st.button("Translate", type="primary", width="stretch")
         if pressed or "applied" not in st.session_state:

@@ -101,11 +101,32 @@ class Prompt:
     suffix_text: str
 
 
+class ChatFrame(NamedTuple):
+    """A chat-tuned target's turn markup around a QA prompt (see ``build_prompt``).
+
+    ``head`` opens the conversation up to the user's message (e.g. ChatML's system turn and
+    ``<|im_start|>user\n``); ``foot`` closes the user's message and opens the assistant's turn.
+    """
+
+    head: str
+    foot: str
+
+
 def _is_yes_no(choices: Sequence[str]) -> bool:
     return tuple(c.strip().lower() for c in choices) in {("yes", "no"), ("yes", "no", "maybe")}
 
 
-def build_prompt(example: QAExample) -> Prompt:
+def question_suffix(question: str, chat: ChatFrame | None = None) -> str:
+    """``Question: …`` then ``Answer:``, the seed of decoding and scoring (method.md §8).
+
+    With a chat frame the user's turn ends after the question and ``Answer:`` opens the assistant's reply.
+    """
+    if chat is None:
+        return f"Question: {question}\nAnswer:"
+    return f"Question: {question}{chat.foot}Answer:"
+
+
+def build_prompt(example: QAExample, chat: ChatFrame | None = None) -> Prompt:
     """Split ``example`` into the translated context part and the target's native suffix.
 
     * extractive (SQuAD): instruction, blank line, ``Passage: …``; suffix ``Question: …\\nAnswer:``;
@@ -114,7 +135,14 @@ def build_prompt(example: QAExample) -> Prompt:
     * multiple choice (ARC, MMLU, OpenBookQA, user files): ``Subject:`` (MMLU only), ``Passage:``
       (when there is one) and ``Question:`` in the context; suffix ``Choices:``, one ``A. text``
       line per choice, then ``Answer:``.
+
+    ``chat`` (a chat-tuned target's ``LoadedModel.chat_frame``) wraps the same prompt in the target's
+    chat turns: ``chat.head`` starts the context part, and the suffix closes the user's turn before
+    ``Answer:``, which opens the assistant's reply. The method's prompts (method.md §8) are plain text,
+    made for base models; an instruct model such as SmolLM2-135M-Instruct ends most plain prompts at
+    once (docs/DECISIONS.md).
     """
+    head = chat.head if chat is not None else ""
     if example.kind == "extractive" or _is_yes_no(example.choices):
         if example.kind == "extractive":
             instruction = _INSTRUCTION_EXTRACTIVE
@@ -123,8 +151,8 @@ def build_prompt(example: QAExample) -> Prompt:
         else:
             instruction = _INSTRUCTION_YES_NO
         return Prompt(
-            context_text=f"{instruction}\n\nPassage: {example.context}\n",
-            suffix_text=f"Question: {example.question}\nAnswer:",
+            context_text=f"{head}{instruction}\n\nPassage: {example.context}\n",
+            suffix_text=question_suffix(example.question, chat),
         )
 
     lines = []
@@ -134,9 +162,10 @@ def build_prompt(example: QAExample) -> Prompt:
         lines.append(f"Passage: {example.context}")
     lines.append(f"Question: {example.question}")
     choice_lines = [f"{marker}. {text}" for marker, text in zip(choice_label_texts(example), example.choices)]
+    close = chat.foot if chat is not None else "\n"
     return Prompt(
-        context_text="\n".join(lines) + "\n",
-        suffix_text="\n".join(["Choices:", *choice_lines, "Answer:"]),
+        context_text=head + "\n".join(lines) + "\n",
+        suffix_text="\n".join(["Choices:", *choice_lines]) + close + "Answer:",
     )
 
 

@@ -44,7 +44,7 @@ def kv_cosine(a: list, b: list) -> float:
 
 def truncate_context(target: LoadedModel, example: QAExample, budget: int) -> QAExample:
     """Right-truncate the example's passage so the context part fits `budget` target tokens."""
-    prompt = build_prompt(example)
+    prompt = build_prompt(example, target.chat_frame)
     if len(encode(target.tokenizer, prompt.context_text)) <= budget:
         return example
     overhead = len(encode(target.tokenizer, prompt.context_text.replace(example.context, "")))
@@ -65,6 +65,7 @@ class EvalSettings:
     max_context_tokens: int
     bootstrap: int
     conditions: tuple[str, ...] = CONDITIONS  # native is always among them: retained shares divide by it
+    prompt: str = "plain"  # "chat template" when the target is chat-tuned (data.build_prompt); set by run()
 
 
 def evaluate_examples(mot: MoT, source: LoadedModel, target: LoadedModel, examples: list[QAExample],
@@ -212,6 +213,7 @@ def run(settings: EvalSettings, out_dir: Path, progress: bool = True) -> pd.Data
     target = load_model(config["target"]["name"])
     mot, _ = load_checkpoint(settings.checkpoint, source, target)
     second = load_checkpoint(settings.second, source, target)[0] if settings.second else None
+    settings.prompt = "plain" if target.chat_frame is None else f"chat template of {target.spec.name}"
     frames = []
     for name in settings.datasets:
         examples = load_dataset(name, n=settings.n, seed=settings.seed)
@@ -240,7 +242,8 @@ def _write(out_dir: Path, df: pd.DataFrame, settings: EvalSettings) -> pd.DataFr
                + ("" if settings.conditions == CONDITIONS else f" --conditions {' '.join(settings.conditions)}")
                + f" --max_new_tokens {settings.max_new_tokens} --max_context_tokens {settings.max_context_tokens}")
     (out_dir / "summary.md").write_text(
-        f"Command: `{command}`\n\nDate: {meta['date']}. Skipped examples: {len(skipped)}.\n\n" + markdown_table(summary)
+        f"Command: `{command}`\n\nDate: {meta['date']}. Prompts: {settings.prompt}. Skipped examples: {len(skipped)}.\n\n"
+        + markdown_table(summary)
         + ("\n\nPaired differences over the same examples:\n\n" + paired_markdown(paired) if len(paired) else "") + "\n"
     )
     return summary

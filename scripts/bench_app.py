@@ -64,7 +64,7 @@ class Timer:
 def pick_example(target, n_tokens: int):
     """The SQuAD example (of the app's 50) whose prompt context is closest to n_tokens target tokens."""
     examples = load_dataset("squad", n=50, seed=0)
-    lengths = [len(encode(target.tokenizer, build_prompt(e).context_text)) for e in examples]
+    lengths = [len(encode(target.tokenizer, build_prompt(e, target.chat_frame).context_text)) for e in examples]
     best = min(range(len(examples)), key=lambda i: abs(lengths[i] - n_tokens))
     return examples[best], lengths[best]
 
@@ -74,7 +74,7 @@ def bench(checkpoint: Path, n_tokens: int, max_new_tokens: int) -> tuple[pd.Data
     source, target = load_model(DEFAULT_SOURCE), load_model(DEFAULT_TARGET)
     mot, _ = load_checkpoint(checkpoint, source, target)
     example, length = pick_example(target, n_tokens)
-    text = build_prompt(example).context_text
+    text = build_prompt(example, target.chat_frame).context_text
     # a running app has used its models before this Translate: pay the one-time first-call costs on another text
     extra = Timer()
     warm_text = "The Eiffel Tower is in Paris. It was designed by the company of Gustave Eiffel.\n"
@@ -133,7 +133,7 @@ def bench(checkpoint: Path, n_tokens: int, max_new_tokens: int) -> tuple[pd.Data
             training_figure(log).to_json()
 
     with t.step("Shift analysis", "residual trace (native, MoT, random control) + 3 figures"):
-        case = shift.case_from_text(target, text, build_prompt(example).suffix_text, example)
+        case = shift.case_from_text(target, text, build_prompt(example, target.chat_frame).suffix_text, example)
         ws, _ = shift.analyse_translation(mot, source, target, case, translation)
         trajectories = ws.trajectories()
         rho_trajectory_figure(trajectories, 0).to_json()

@@ -137,6 +137,20 @@ def test_free_text_without_question_asks_for_one():
     assert len(at.dataframe) == 0
 
 
+def test_free_text_for_a_chat_tuned_target_is_wrapped_in_its_turns():
+    from mot_viz.app_state import free_text_selection
+    from mot_viz.data import ChatFrame
+
+    assert free_text_selection("Paris.", "", "") == ("Paris.", None, None)
+    chat = ChatFrame("<user>", "<end><assistant>")
+    context, example, suffix = free_text_selection("Paris is in France.", " Where is Paris? ", "France | FR", chat)
+    assert context == "<user>Paris is in France."
+    assert example.context == "Paris is in France." and example.answers == ("France", "FR")
+    assert suffix == "\nQuestion: Where is Paris?<end><assistant>Answer:"
+    _, _, plain = free_text_selection("Paris is in France.\n", "Where is Paris?", "")
+    assert plain == "Question: Where is Paris?\nAnswer:"
+
+
 # ----- cache error ------------------------------------------------------------------------------------
 
 

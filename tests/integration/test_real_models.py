@@ -93,3 +93,12 @@ def test_a_local_gguf_file_loads_like_the_bundled_model(real_source):
     assert direct.spec.fingerprint == real_source.spec.fingerprint  # same geometry and vocabulary
     ids = torch.tensor([encode(direct.tokenizer, "The capital of France is")])
     assert torch.allclose(direct.model(ids).logits, real_source.model(ids).logits, atol=1e-4)
+
+
+def test_only_the_instruct_model_wraps_prompts_in_its_chat_template(real_source, real_target):
+    assert real_target.chat_frame is None  # Gemma-3-270m is a base model: the method's plain prompts
+    head, foot = real_source.chat_frame  # SmolLM2-135M-Instruct: ChatML with its default system turn
+    assert head.startswith("<|im_start|>system\n") and head.endswith("<|im_start|>user\n")
+    assert foot == "<|im_end|>\n<|im_start|>assistant\n"
+    im_start = real_source.tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert encode(real_source.tokenizer, head)[0] == im_start  # the markup is encoded as its special tokens

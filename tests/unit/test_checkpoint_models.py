@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import pickle
 
@@ -123,3 +124,22 @@ def test_every_family_loads_from_a_local_folder_with_its_geometry(family, tmp_pa
         assert spec.sliding_window == 8 and spec.sliding_layers == (0, 1, 3)
     ids = torch.tensor([[3, 4, 5]])
     assert torch.allclose(loaded.model(ids).logits, tiny.model(ids).logits, atol=1e-5)
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.mark.parametrize("name, tuned", [("tiny-qwen-instruct", True), ("org/Model-2b-it", True),
+                                         ("tiny-base", False), ("gemma3-270m", False), ("smollm2-135m", True)])
+def test_chat_frame_comes_from_the_tokenizer_template_of_chat_tuned_models_only(name, tuned):
+    lm = tiny_model("llama", name=name)
+    assert lm.chat_frame is None  # no chat template: plain prompts whatever the name says
+    lm = tiny_model("llama", name=name)
+    lm.tokenizer = copy.deepcopy(lm.tokenizer)  # tiny tokenizers are shared: never change one in place
+    lm.tokenizer.chat_template = CHATML
+    if not tuned:  # a base model keeps the method's plain prompts even when its tokenizer has a template
+        assert lm.chat_frame is None
+        return
+    head, foot = lm.chat_frame
+    assert head == "<|im_start|>user\n" and foot == "<|im_end|>\n<|im_start|>assistant\n"

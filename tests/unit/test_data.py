@@ -13,6 +13,7 @@ import torch
 
 from mot_viz import data
 from mot_viz.data import (
+    ChatFrame,
     Prompt,
     QAExample,
     build_prompt,
@@ -20,6 +21,7 @@ from mot_viz.data import (
     lambada_passages,
     load_dataset,
     load_jsonl,
+    question_suffix,
     split_sequence,
     training_sequences,
 )
@@ -152,6 +154,23 @@ def test_multiple_choice_prompt_template():
     arc = QAExample("a", "x/jsonl", "Ice is cold.", "Is ice hot?", ("No",), ("Yes", "No", "Maybe not"), 1)
     assert build_prompt(arc).context_text == "Passage: Ice is cold.\nQuestion: Is ice hot?\n"
     assert choice_label_texts(arc) == ("A", "B", "C")
+
+
+def test_chat_frame_wraps_every_template_around_the_plain_prompt():
+    chat = ChatFrame("<sys>\n<user>\n", "<end>\n<assistant>\n")
+    extractive = QAExample("1", "squad/validation", "Paris is in France.", "Where is Paris?", ("France",))
+    yes_no = QAExample("b", "boolq/validation", "Cats purr.", "do cats purr", ("yes",), ("yes", "no"), 0)
+    for e in (extractive, yes_no):
+        plain, wrapped = build_prompt(e), build_prompt(e, chat)
+        # the header opens the translated part, the rest of it is the plain prompt's context unchanged
+        assert wrapped.context_text == chat.head + plain.context_text
+        # the user's turn closes after the question; "Answer:" opens the assistant's reply (the seed token)
+        assert wrapped.suffix_text == f"Question: {e.question}<end>\n<assistant>\nAnswer:"
+        assert question_suffix(e.question) == plain.suffix_text
+    mc = QAExample("m", "mmlu/test", "", "What is 2+2?", ("4",), ("3", "4"), 1, "elementary_mathematics")
+    wrapped = build_prompt(mc, chat)
+    assert wrapped.context_text == "<sys>\n<user>\nSubject: elementary mathematics\nQuestion: What is 2+2?\n"
+    assert wrapped.suffix_text == "Choices:\nA. 3\nB. 4<end>\n<assistant>\nAnswer:"
 
 
 @needs_wheel
