@@ -1,9 +1,13 @@
 """Assemble docs/RESULTS.md's tables from results/eval/*/ and pretrained/*/config.json.
 
     .venv/bin/python scripts/results_md.py > /tmp/tables.md
+    .venv/bin/python scripts/results_md.py --record   # also write each checkpoint's results into its config.json
 
 Prints one section per evaluation folder (its command, date and table) and one table of how each
 shipped checkpoint was trained. The prose around the tables in docs/RESULTS.md is written by hand.
+``--record`` stores every condition's metric, interval and retained share, with the folder and command
+that measured it, under ``metrics.evaluation`` of each evaluated ``pretrained/*/config.json`` (the
+app's Training page shows it).
 """
 
 from __future__ import annotations
@@ -46,10 +50,8 @@ def training_table() -> str:
 def examples_by_checkpoint() -> dict[str, pd.DataFrame]:
     """Every evaluated example row, gathered per checkpoint across folders (one run may be split over several)."""
     frames: dict[str, list[pd.DataFrame]] = {}
-    for folder in sorted((ROOT / "results" / "eval").glob("*/")):
-        if (folder / "summary.json").exists() and (folder / "examples.csv").exists():
-            checkpoint = json.loads((folder / "summary.json").read_text())["settings"]["checkpoint"]
-            frames.setdefault(checkpoint, []).append(pd.read_csv(folder / "examples.csv"))
+    for folder, meta in eval_folders():
+        frames.setdefault(meta["settings"]["checkpoint"], []).append(pd.read_csv(folder / "examples.csv"))
     return {k: pd.concat(v).drop_duplicates(["dataset", "id", "condition"]) for k, v in frames.items()}
 
 
@@ -64,7 +66,48 @@ def comparison_table(first: str, second: str, frames: dict[str, pd.DataFrame]) -
     return paired_markdown(paired_differences(both, pairs=(("mot", "second"),)))
 
 
+def eval_folders() -> list[tuple[Path, dict]]:
+    """Every finished evaluation folder with its summary.json, in name order."""
+    folders = sorted((ROOT / "results" / "eval").glob("*/"))
+    return [(f, json.loads((f / "summary.json").read_text())) for f in folders
+            if (f / "summary.csv").exists() and (f / "summary.json").exists()]
+
+
+def command_of(folder: Path, meta: dict) -> str:
+    s = meta["settings"]
+    return (f"python -m mot_viz.evaluate --checkpoint {s['checkpoint']}"
+            + (f" --second {s['second']}" if s.get("second") else "")
+            + f" --datasets {' '.join(s['datasets'])} --n {s['n']} --seed {s['seed']}"
+            + (f" --conditions {' '.join(s['conditions'])}" if s.get("conditions") and len(s["conditions"]) < 4 else "")
+            + f" --out results/eval/{folder.name}")
+
+
+def record_in_configs() -> list[Path]:
+    """Write each pretrained checkpoint's evaluation results into its config.json; returns the files written."""
+    records: dict[Path, dict] = {}
+    for folder, meta in eval_folders():
+        config = ROOT / meta["settings"]["checkpoint"] / "config.json"
+        if not config.is_file() or config.parent.parent != ROOT / "pretrained":
+            continue
+        for dataset, rows in pd.read_csv(folder / "summary.csv").groupby("dataset", sort=False):
+            records.setdefault(config, {})[dataset] = {
+                "results": f"results/eval/{folder.name}", "command": command_of(folder, meta), "date": meta["date"],
+                "prompts": meta["settings"].get("prompt", "plain"),
+                "conditions": {r.condition: {"n": int(r.n), r.metric: round(float(r.mean), 4),
+                                             "ci95": [round(float(r.ci_low), 4), round(float(r.ci_high), 4)],
+                                             "retained": round(float(r.retained), 4)} for r in rows.itertuples()},
+            }
+    for config, evaluation in records.items():
+        cfg = json.loads(config.read_text())
+        cfg.setdefault("metrics", {})["evaluation"] = evaluation
+        config.write_text(json.dumps(cfg, indent=2) + "\n")
+    return sorted(records)
+
+
 def main() -> int:
+    if "--record" in sys.argv[1:]:
+        for config in record_in_configs():
+            print(f"recorded evaluation results in {config.relative_to(ROOT)}", file=sys.stderr)
     print("## How the shipped checkpoints were trained\n")
     print(training_table())
     frames = examples_by_checkpoint()
@@ -73,19 +116,11 @@ def main() -> int:
         if table:
             print(f"\n### `{first}` (mot) − `{second}` (second), paired over the examples both ran\n")
             print(table)
-    for folder in sorted((ROOT / "results" / "eval").glob("*/")):
+    for folder, meta in eval_folders():
         summary = folder / "summary.csv"
-        if not summary.exists():
-            continue
-        meta = json.loads((folder / "summary.json").read_text())
-        s = meta["settings"]
         print(f"\n### `{folder.name}`\n")
-        print(f"`python -m mot_viz.evaluate --checkpoint {s['checkpoint']}"
-              + (f" --second {s['second']}" if s.get("second") else "")
-              + f" --datasets {' '.join(s['datasets'])} --n {s['n']} --seed {s['seed']}"
-              + (f" --conditions {' '.join(s['conditions'])}" if s.get("conditions") and len(s["conditions"]) < 4 else "")
-              + f" --out results/eval/{folder.name}` "
-              f"({meta['date']}; skipped examples: {meta['skipped']})\n")
+        print(f"`{command_of(folder, meta)}` ({meta['date']}; prompts: {meta['settings'].get('prompt', 'plain')}; "
+              f"skipped examples: {meta['skipped']})\n")
         print(markdown_table(pd.read_csv(summary)))
         paired = paired_differences(pd.read_csv(folder / "examples.csv"))
         if len(paired):
