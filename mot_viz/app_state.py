@@ -349,7 +349,8 @@ def _checkpoint_picker(source: str, target: str) -> str:
 def _target_chat_frame(target: str) -> ChatFrame | None:
     """The chat turns of a chat-tuned target (None for a base model, or one that cannot be loaded: its page says why)."""
     try:
-        return get_model(target).chat_frame
+        with st.spinner(f"Loading {target}…"):
+            return get_model(target).chat_frame
     except MotVizError:
         return None
 
