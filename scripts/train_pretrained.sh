@@ -4,7 +4,7 @@
 # One thread per run: on two shared cores, two-thread torch processes slow each other down many times over.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-for name in ${@:-smollm2-to-gemma3 smollm2-to-gemma3-single gemma3-to-smollm2 smollm2-to-smollm2}; do
+for name in ${@:-smollm2-to-gemma3 smollm2-to-gemma3-single gemma3-to-smollm2 smollm2-to-smollm2 smollm2-to-gemma3-mid}; do
   mkdir -p "runs/$name"
   OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" .venv/bin/python -m mot_viz.train --config "configs/$name.json" --resume > "runs/$name/train.log" 2>&1 || { echo "$name failed"; continue; }
   .venv/bin/python -m mot_viz.export "runs/$name" "pretrained/$name"
