@@ -86,17 +86,24 @@ def record_in_configs() -> list[Path]:
     """Write each pretrained checkpoint's evaluation results into its config.json; returns the files written."""
     records: dict[Path, dict] = {}
     for folder, meta in eval_folders():
-        config = ROOT / meta["settings"]["checkpoint"] / "config.json"
-        if not config.is_file() or config.parent.parent != ROOT / "pretrained":
-            continue
-        for dataset, rows in pd.read_csv(folder / "summary.csv").groupby("dataset", sort=False):
-            records.setdefault(config, {})[dataset] = {
-                "results": f"results/eval/{folder.name}", "command": command_of(folder, meta), "date": meta["date"],
-                "prompts": meta["settings"].get("prompt", "plain"),
-                "conditions": {r.condition: {"n": int(r.n), r.metric: round(float(r.mean), 4),
-                                             "ci95": [round(float(r.ci_low), 4), round(float(r.ci_high), 4)],
-                                             "retained": round(float(r.retained), 4)} for r in rows.itertuples()},
-            }
+        summary = pd.read_csv(folder / "summary.csv")
+        # a --second checkpoint's rows are its own results too: its "second" condition is its "mot"
+        views = [(meta["settings"]["checkpoint"], summary[summary["condition"] != "second"])]
+        if meta["settings"].get("second"):
+            second = summary[summary["condition"].isin(["native", "second"])].replace({"condition": {"second": "mot"}})
+            views.append((meta["settings"]["second"], second))
+        for checkpoint, table in views:
+            config = ROOT / checkpoint / "config.json"
+            if not config.is_file() or config.parent.parent != ROOT / "pretrained":
+                continue
+            for dataset, rows in table.groupby("dataset", sort=False):
+                records.setdefault(config, {})[dataset] = {
+                    "results": f"results/eval/{folder.name}", "command": command_of(folder, meta), "date": meta["date"],
+                    "prompts": meta["settings"].get("prompt", "plain"),
+                    "conditions": {r.condition: {"n": int(r.n), r.metric: round(float(r.mean), 4),
+                                                 "ci95": [round(float(r.ci_low), 4), round(float(r.ci_high), 4)],
+                                                 "retained": round(float(r.retained), 4)} for r in rows.itertuples()},
+                }
     for config, evaluation in records.items():
         cfg = json.loads(config.read_text())
         cfg.setdefault("metrics", {})["evaluation"] = evaluation
