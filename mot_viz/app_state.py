@@ -469,6 +469,23 @@ def show_figure(fig: go.Figure, data: pd.DataFrame, name: str) -> None:
                        file_name=f"{name}.csv", mime="text/csv", key=f"dl.{name}", on_click="ignore")
 
 
+def evaluation_table(config: dict) -> pd.DataFrame | None:
+    """The QA results recorded in a checkpoint's config.json (metrics.evaluation; scripts/results_md.py --record):
+    one row per dataset and condition with n, the metric, its 95% interval and the share of native kept."""
+    evaluation = (config.get("metrics") or {}).get("evaluation")
+    if not evaluation:
+        return None
+    rows = []
+    for dataset, record in evaluation.items():
+        for condition, values in record["conditions"].items():
+            metric = next(k for k in values if k not in ("n", "ci95", "retained"))
+            rows.append({"dataset": dataset, "condition": CONDITION_LABELS.get(condition, condition), "n": values["n"],
+                         "metric": metric, "mean": values[metric], "95% CI": "[{:.3f}, {:.3f}]".format(*values["ci95"]),
+                         "retained": f"{values['retained']:.1%}", "prompts": record.get("prompts", "plain"),
+                         "results": record["results"]})
+    return pd.DataFrame(rows)
+
+
 def read_training_log(checkpoint: str) -> pd.DataFrame | None:
     """The checkpoint's log.jsonl as a DataFrame (one row per logged step), or None when it has none."""
     path = Path(checkpoint) / "log.jsonl"

@@ -36,6 +36,13 @@ if log is None:
 else:
     app_state.show_figure(training_figure(log), log, f"training_{Path(checkpoint).name}")
 
+evaluation = app_state.evaluation_table(config)
+if evaluation is not None:
+    st.subheader("Measured quality")
+    st.caption("QA results recorded in config.json (metrics.evaluation): greedy SQuAD F1 or closed-set accuracy per "
+               "condition on the same examples, with 95% bootstrap intervals; the commands are in docs/RESULTS.md.")
+    st.dataframe(evaluation, hide_index=True, width="stretch")
+
 left, right = st.columns(2)
 with left:
     st.markdown("**How it was trained** (config.json → training)")

@@ -33,12 +33,20 @@ LOG_ROWS = [
     {"step": 10, "lr": 0.001, "ce": 4.5, "mse_k": 1.5, "mse_v": 2.0, "loss": 8.0, "gate_importance_cv2": 0.5,
      "gate_load_cv2": 0.25, "gate_importance_entropy": 1.0},
 ]
+EVALUATION = {"squad/validation": {"results": "results/eval/x", "command": "python -m mot_viz.evaluate …",
+                                   "date": "2026-11-30", "prompts": "plain", "conditions": {
+    "native": {"n": 300, "F1": 0.357, "ci95": [0.31, 0.405], "retained": 1.0},
+    "mot": {"n": 300, "F1": 0.378, "ci95": [0.331, 0.425], "retained": 1.0591}}}}
 
 
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory) -> dict[str, Path]:
     paths = write_test_checkpoints(tmp_path_factory.mktemp("pretrained"))
     (paths["smollm2-to-gemma3"] / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in LOG_ROWS))
+    config_file = paths["smollm2-to-gemma3"] / "config.json"
+    config = json.loads(config_file.read_text())
+    config["metrics"]["evaluation"] = EVALUATION
+    config_file.write_text(json.dumps(config))
     return paths
 
 
@@ -240,8 +248,15 @@ def test_training_page_plots_the_log_and_shows_the_config():
     assert set(traces) == {"loss", "ce", "mse_k", "mse_v", "lr", "gate_importance_cv2", "gate_load_cv2",
                            "gate_importance_entropy"}
     assert list(traces["ce"]["y"]) == [5.25, 4.5] and list(traces["lr"]["x"]) == [5, 10]
-    settings = at.dataframe[0].value
+    tables = {tuple(d.value.columns)[0]: d.value for d in at.dataframe}
+    settings = tables["setting"]
     assert dict(zip(settings["setting"], settings["value"]))["target"] == "gemma3-270m"
+    # the recorded QA results: one row per dataset and condition, with n, interval and retained share
+    quality = tables["dataset"]
+    mot = quality[quality["condition"] == CONDITION_LABELS["mot"]].iloc[0]
+    assert (mot["dataset"], mot["n"], mot["metric"], mot["mean"]) == ("squad/validation", 300, "F1", 0.378)
+    assert mot["95% CI"] == "[0.331, 0.425]" and mot["retained"] == "105.9%"
+    assert len(quality) == 2 and any(s.value == "Measured quality" for s in at.subheader)
 
 
 def test_training_page_without_log_says_so():
@@ -250,6 +265,7 @@ def test_training_page_without_log_says_so():
     translate_button(at).click().run()
     at = goto(at, "6_training")
     assert any("no log.jsonl" in i.value for i in at.info)
+    assert not any(s.value == "Measured quality" for s in at.subheader)  # nothing recorded, no table
 
 
 # ----- errors a user can cause ------------------------------------------------------------------------
