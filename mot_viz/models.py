@@ -19,11 +19,15 @@ import time
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from filelock import FileLock
 
 from .errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from .data import ChatFrame
 
 # Families whose attention runs through transformers' attention-function registry (method.md §12).
 SUPPORTED_MODEL_TYPES = ("gpt2", "opt", "qwen2", "llama", "gemma3_text")
@@ -93,7 +97,7 @@ class LoadedModel:
         return [bos] if bos is not None and ids and ids[0] == bos else []
 
     @cached_property
-    def chat_frame(self):
+    def chat_frame(self) -> ChatFrame | None:
         """The chat turns QA prompts are wrapped in when this model is chat-tuned (data.ChatFrame), else None.
 
         Rendered from the tokenizer's own chat template with one user message and the generation prompt,
