@@ -480,7 +480,7 @@ def evaluation_table(config: dict) -> pd.DataFrame | None:
         for condition, values in record["conditions"].items():
             metric = next(k for k in values if k not in ("n", "ci95", "retained"))
             rows.append({"dataset": dataset, "condition": CONDITION_LABELS.get(condition, condition), "n": values["n"],
-                         "metric": metric, "mean": values[metric], "95% CI": "[{:.3f}, {:.3f}]".format(*values["ci95"]),
+                         "metric": metric, "mean": round(values[metric], 3), "95% CI": "[{:.3f}, {:.3f}]".format(*values["ci95"]),
                          "retained": f"{values['retained']:.1%}", "prompts": record.get("prompts", "plain"),
                          "results": record["results"]})
     return pd.DataFrame(rows)
