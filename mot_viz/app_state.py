@@ -479,8 +479,9 @@ def evaluation_table(config: dict) -> pd.DataFrame | None:
     for dataset, record in evaluation.items():
         for condition, values in record["conditions"].items():
             metric = next(k for k in values if k not in ("n", "ci95", "retained"))
+            low, high = values["ci95"]
             rows.append({"dataset": dataset, "condition": CONDITION_LABELS.get(condition, condition), "n": values["n"],
-                         "metric": metric, "mean": round(values[metric], 3), "95% CI": "[{:.3f}, {:.3f}]".format(*values["ci95"]),
+                         "metric": metric, "mean": round(values[metric], 3), "95% CI": f"[{low:.3f}, {high:.3f}]",
                          "retained": f"{values['retained']:.1%}", "prompts": record.get("prompts", "plain"),
                          "results": record["results"]})
     return pd.DataFrame(rows)
