@@ -67,6 +67,21 @@ class EvalSettings:
     conditions: tuple[str, ...] = CONDITIONS  # native is always among them: retained shares divide by it
     prompt: str = "plain"  # "chat template" when the target is chat-tuned (data.build_prompt); set by run()
 
+    @classmethod
+    def from_json(cls, data: dict) -> EvalSettings:
+        """The settings as summary.json stores them (lists for tuples; older runs lack the later fields)."""
+        return cls(**{**data, "datasets": tuple(data["datasets"]),
+                      "conditions": tuple(data.get("conditions") or CONDITIONS)})
+
+    def command(self, out_dir: Path | None = None) -> str:
+        """The command line that runs this evaluation (writing to `out_dir` when given)."""
+        return ("python -m mot_viz.evaluate --checkpoint " + self.checkpoint
+                + (f" --second {self.second}" if self.second else "")
+                + f" --datasets {' '.join(self.datasets)} --n {self.n} --seed {self.seed}"
+                + ("" if self.conditions == CONDITIONS else f" --conditions {' '.join(self.conditions)}")
+                + f" --max_new_tokens {self.max_new_tokens} --max_context_tokens {self.max_context_tokens}"
+                + (f" --out {out_dir}" if out_dir is not None else ""))
+
 
 def evaluate_examples(mot: MoT, source: LoadedModel, target: LoadedModel, examples: list[QAExample],
                       settings: EvalSettings, second: MoT | None = None, progress: bool = True,
@@ -236,13 +251,8 @@ def _write(out_dir: Path, df: pd.DataFrame, settings: EvalSettings) -> pd.DataFr
     meta = {"settings": settings.__dict__, "date": str(datetime.date.today()), "skipped": len(skipped),
             "summary": summary.to_dict(orient="records")}
     (out_dir / "summary.json").write_text(json.dumps(meta, indent=2, default=str))
-    command = ("python -m mot_viz.evaluate --checkpoint " + settings.checkpoint
-               + (f" --second {settings.second}" if settings.second else "")
-               + f" --datasets {' '.join(settings.datasets)} --n {settings.n} --seed {settings.seed}"
-               + ("" if settings.conditions == CONDITIONS else f" --conditions {' '.join(settings.conditions)}")
-               + f" --max_new_tokens {settings.max_new_tokens} --max_context_tokens {settings.max_context_tokens}")
     (out_dir / "summary.md").write_text(
-        f"Command: `{command}`\n\nDate: {meta['date']}. Prompts: {settings.prompt}. Skipped examples: {len(skipped)}.\n\n"
+        f"Command: `{settings.command()}`\n\nDate: {meta['date']}. Prompts: {settings.prompt}. Skipped examples: {len(skipped)}.\n\n"
         + markdown_table(summary)
         + ("\n\nPaired differences over the same examples:\n\n" + paired_markdown(paired) if len(paired) else "") + "\n"
     )

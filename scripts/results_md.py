@@ -21,7 +21,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mot_viz.evaluate import markdown_table, paired_differences, paired_markdown  # noqa: E402
+from mot_viz.evaluate import EvalSettings, markdown_table, paired_differences, paired_markdown  # noqa: E402
 
 # (first checkpoint, second checkpoint): paired over the examples both were evaluated on, first − second
 COMPARISONS = [("pretrained/smollm2-to-gemma3", "pretrained/smollm2-to-gemma3-single")]
@@ -74,12 +74,7 @@ def eval_folders() -> list[tuple[Path, dict]]:
 
 
 def command_of(folder: Path, meta: dict) -> str:
-    s = meta["settings"]
-    return (f"python -m mot_viz.evaluate --checkpoint {s['checkpoint']}"
-            + (f" --second {s['second']}" if s.get("second") else "")
-            + f" --datasets {' '.join(s['datasets'])} --n {s['n']} --seed {s['seed']}"
-            + (f" --conditions {' '.join(s['conditions'])}" if s.get("conditions") and len(s["conditions"]) < 4 else "")
-            + f" --out results/eval/{folder.name}")
+    return EvalSettings.from_json(meta["settings"]).command(Path("results/eval") / folder.name)
 
 
 def record_in_configs() -> list[Path]:
