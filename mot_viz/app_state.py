@@ -26,7 +26,7 @@ import streamlit as st
 
 from .answers import CONDITION_LABELS, Answer, answer_from_cache, condition_caches
 from .checkpoint import load_checkpoint, read_config
-from .data import BUILTIN_DATASETS, ChatFrame, QAExample, build_prompt, choice_label_texts, question_suffix
+from .data import BUILTIN_DATASETS, PLAIN, ChatFrame, QAExample, build_prompt, choice_label_texts, question_suffix
 from .errors import CheckpointError, ModelLoadError, MotVizError
 from .figures import token_labels
 from .models import BUNDLED_MODELS, DEFAULT_SOURCE, DEFAULT_TARGET, LoadedModel, load_model
@@ -116,7 +116,7 @@ def free_text_selection(text: str, question: str, gold: str,
     """The translated context, example and suffix of a typed text: the question is asked after it, '|' separates
     gold answers. A chat-tuned target (`chat`) gets its chat header before the text and its turn markup around
     the answer, as in the dataset prompts (mot_viz.data.build_prompt)."""
-    context = (chat.head if chat is not None else "") + text
+    context = (chat or PLAIN).head + text
     if not question.strip():
         return context, None, None
     answers = tuple(a.strip() for a in gold.split("|") if a.strip())

@@ -112,6 +112,9 @@ class ChatFrame(NamedTuple):
     foot: str
 
 
+PLAIN = ChatFrame("", "\n")  # a base model's prompt: nothing before the context, a line break before "Answer:"
+
+
 def _is_yes_no(choices: Sequence[str]) -> bool:
     return tuple(c.strip().lower() for c in choices) in {("yes", "no"), ("yes", "no", "maybe")}
 
@@ -121,9 +124,7 @@ def question_suffix(question: str, chat: ChatFrame | None = None) -> str:
 
     With a chat frame the user's turn ends after the question and ``Answer:`` opens the assistant's reply.
     """
-    if chat is None:
-        return f"Question: {question}\nAnswer:"
-    return f"Question: {question}{chat.foot}Answer:"
+    return f"Question: {question}{(chat or PLAIN).foot}Answer:"
 
 
 def build_prompt(example: QAExample, chat: ChatFrame | None = None) -> Prompt:
@@ -142,7 +143,7 @@ def build_prompt(example: QAExample, chat: ChatFrame | None = None) -> Prompt:
     made for base models; an instruct model such as SmolLM2-135M-Instruct ends most plain prompts at
     once (docs/DECISIONS.md).
     """
-    head = chat.head if chat is not None else ""
+    frame = chat or PLAIN
     if example.kind == "extractive" or _is_yes_no(example.choices):
         if example.kind == "extractive":
             instruction = _INSTRUCTION_EXTRACTIVE
@@ -151,7 +152,7 @@ def build_prompt(example: QAExample, chat: ChatFrame | None = None) -> Prompt:
         else:
             instruction = _INSTRUCTION_YES_NO
         return Prompt(
-            context_text=f"{head}{instruction}\n\nPassage: {example.context}\n",
+            context_text=f"{frame.head}{instruction}\n\nPassage: {example.context}\n",
             suffix_text=question_suffix(example.question, chat),
         )
 
@@ -162,10 +163,9 @@ def build_prompt(example: QAExample, chat: ChatFrame | None = None) -> Prompt:
         lines.append(f"Passage: {example.context}")
     lines.append(f"Question: {example.question}")
     choice_lines = [f"{marker}. {text}" for marker, text in zip(choice_label_texts(example), example.choices)]
-    close = chat.foot if chat is not None else "\n"
     return Prompt(
-        context_text=head + "\n".join(lines) + "\n",
-        suffix_text="\n".join(["Choices:", *choice_lines]) + close + "Answer:",
+        context_text=frame.head + "\n".join(lines) + "\n",
+        suffix_text="\n".join(["Choices:", *choice_lines]) + frame.foot + "Answer:",
     )
 
 
