@@ -70,6 +70,16 @@ def read_config(path: str | Path) -> dict:
     return config
 
 
+def record_metrics(path: str | Path, key: str, value: dict) -> None:
+    """Set metrics[key] in a checkpoint's config.json (written atomically); the weights are untouched."""
+    config = read_config(path)
+    config.setdefault("metrics", {})[key] = value
+    target = Path(path) / CONFIG_FILE
+    tmp = target.with_name(target.name + f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(config, indent=2))
+    os.replace(tmp, target)
+
+
 def load_checkpoint(path: str | Path, source=None, target=None) -> tuple[MoT, dict]:
     """Rebuild the MoT of a checkpoint folder (float32, eval mode) and return it with its config.
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -38,6 +39,9 @@ class AttentionPlan:
     sparse: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> key indices [B, 1, N, k]
     record: set[int] = field(default_factory=set)  # layers whose head-averaged attention is recorded
     recorded: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> probs [B, 1, N_q, N_kv]
+    record_queries: set[int] = field(default_factory=set)  # layers whose post-RoPE queries are kept
+    queries: dict[int, tuple[torch.Tensor, float, int | None]] = field(default_factory=dict)
+    # layer -> (query [B, H, N_q, d_h], scaling, sliding window or None)
 
 
 _ACTIVE_PLAN: contextvars.ContextVar[AttentionPlan | None] = contextvars.ContextVar("mot_viz_plan", default=None)
@@ -65,10 +69,22 @@ def _allowed_positions(q_len: int, kv_len: int, sliding_window: int | None, devi
 
 def _eager_probs(module, query, key, scaling) -> torch.Tensor:
     """Per-head causal (and sliding-window) attention probabilities [B, H, N_q, N_kv] in float32."""
+    return causal_probs(query, key, scaling, getattr(module, "sliding_window", None))
+
+
+def causal_probs(query: torch.Tensor, key: torch.Tensor, scaling: float, sliding_window: int | None) -> torch.Tensor:
+    """Causal (and sliding-window) attention probabilities [B, H, N_q, N_kv] (float32) of queries at the end."""
     key = repeat_kv(key, query.shape[1] // key.shape[1])
     scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scaling
-    allowed = _allowed_positions(query.shape[2], key.shape[2], getattr(module, "sliding_window", None), query.device)
+    allowed = _allowed_positions(query.shape[2], key.shape[2], sliding_window, query.device)
     return scores.masked_fill(~allowed, torch.finfo(scores.dtype).min).softmax(dim=-1)
+
+
+def attention_output(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float,
+                     sliding_window: int | None) -> torch.Tensor:
+    """Causal attention output [B, H, N_q, d_h] (float32) of recorded queries over K/V [B, n_kv, N_kv, d_h]."""
+    probs = causal_probs(query, key, scaling, sliding_window)
+    return probs @ repeat_kv(value, query.shape[1] // value.shape[1]).float()
 
 
 def sparse_attention(module, query, key, value, indices, scaling) -> torch.Tensor:
@@ -114,6 +130,8 @@ def mot_attention(module, query, key, value, attention_mask, scaling=None, dropo
                 raise ValueError(f"injected K {tuple(k_inj.shape)} does not fit layer {layer} K {tuple(key.shape)}")
             key = torch.cat([key[:, :, : key.shape[2] - n], k_inj.to(key.dtype)], dim=2)
             value = torch.cat([value[:, :, : value.shape[2] - n], v_inj.to(value.dtype)], dim=2)
+        if layer in plan.record_queries:
+            plan.queries[layer] = (query.detach(), float(scaling), getattr(module, "sliding_window", None))
         if layer in plan.record:
             plan.recorded[layer] = _eager_probs(module, query, key, scaling).mean(dim=1, keepdim=True).detach()
         if layer in plan.sparse:
@@ -128,6 +146,50 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_NAME, sdpa_mask)
 def install_attention(model: torch.nn.Module) -> None:
     """Route the model's attention through :func:`mot_attention`."""
     model.set_attn_implementation(ATTN_NAME)
+
+
+# ----- rotary position embeddings (the pre-RoPE key space, method.md §12) ---------------------------
+
+
+def _rotary_module(model: torch.nn.Module) -> torch.nn.Module | None:
+    base = getattr(model, "model", model)
+    return getattr(base, "rotary_emb", None)
+
+
+def has_rope(model: torch.nn.Module) -> bool:
+    """Whether the model's cached keys are rotated by a rotary position embedding (GPT-2 and OPT: no)."""
+    return _rotary_module(model) is not None
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def rotate_keys(model: torch.nn.Module, layer: int, keys: torch.Tensor, positions: torch.Tensor,
+                inverse: bool = False) -> torch.Tensor:
+    """Apply (or undo, with inverse) layer `layer`'s rotary embedding to keys [B, n_kv, N, d_h] at `positions` [N].
+
+    The cached keys of a RoPE model are its pre-RoPE keys (after q/k-norm where the family has one)
+    rotated per position; rotation is orthogonal, so undoing it recovers them exactly up to rounding.
+    Gemma 3's sliding and global layers use their own rotary bases (the layer's type picks the table).
+    Models without RoPE get their keys back unchanged.
+    """
+    rotary = _rotary_module(model)
+    if rotary is None:
+        return keys
+    pos = positions.to(keys.device).view(1, -1)
+    layer_types = getattr(getattr(model, "config", None), "layer_types", None)
+    if "layer_type" in inspect.signature(rotary.forward).parameters:
+        cos, sin = rotary(keys, pos, layer_types[layer])
+    else:
+        cos, sin = rotary(keys, pos)
+    if cos.shape[-1] != keys.shape[-1]:
+        raise NotImplementedError("partial rotary embeddings are not supported by the pre-RoPE key space")
+    cos, sin = cos[:, None].to(keys.dtype), sin[:, None].to(keys.dtype)  # (1, 1, N, d_h)
+    if inverse:  # the transpose rotation, divided by the table's scale (1 for plain RoPE)
+        return (keys * cos - _rotate_half(keys) * sin) / (cos * cos + sin * sin)
+    return keys * cos + _rotate_half(keys) * sin
 
 
 # ----- caches as plain tensors ---------------------------------------------------------------------

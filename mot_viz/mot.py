@@ -18,7 +18,7 @@ from .alignment import (TokenAlignment, align_ids, apply_alignment, decode, enco
                         remap_sparse_indices)
 from .channels import Channels, sparse_source_layer
 from .errors import CheckpointError, ConfigError, ContextError
-from .layout import context_positions, from_block, window_blocks
+from .layout import context_positions, from_block, to_block, window_blocks
 from .models import LoadedModel, ModelSpec
 from .translator import KVTranslator, TranslatorConfig, TranslatorOutput
 
@@ -77,6 +77,7 @@ class SourceContext:
     source_kv: list[KV]  # every source layer over the context tokens, [1, n_kv_S, N_s, d_S]
     source_attention: dict[int, torch.Tensor]  # source layer -> head-averaged probs [1, 1, N_s, N_s]
     target_prefix_len: int = 0  # BOS positions the target's caches start with
+    source_prefix_len: int = 0  # BOS positions the source's prefill started with (dropped from source_kv)
 
 
 @dataclass
@@ -119,10 +120,11 @@ def target_context_ids(target: LoadedModel, text: str, max_tokens: int | None = 
 
 @torch.no_grad()
 def prepare_source(mot: MoT, source: LoadedModel, target: LoadedModel, target_ids: torch.Tensor,
-                   timings: dict[str, float] | None = None) -> SourceContext:
+                   timings: dict[str, float] | None = None, with_attention: bool = True) -> SourceContext:
     """Re-tokenize the target context for the source, prefill the source, align the tokens (method.md §2).
 
-    timings, if given, receives the seconds spent in "alignment" and "source_prefill".
+    timings, if given, receives the seconds spent in "alignment" and "source_prefill". Without
+    with_attention no attention is recorded (nothing for sparse replay; the training bank needs none).
     """
     timings = {} if timings is None else timings
     t0 = time.perf_counter()
@@ -136,14 +138,14 @@ def prepare_source(mot: MoT, source: LoadedModel, target: LoadedModel, target_id
     timings["alignment"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     needed = {sparse_source_layer(mot.channels, l, mot.source.num_layers) for l in mot.sparse_layers()}
-    plan = hf.AttentionPlan(record=needed)
+    plan = hf.AttentionPlan(record=needed if with_attention else set())
     p = len(source.prefix_ids)
     out = hf.run(source.model, torch.tensor([source.prefix_ids + s_ids]), plan=plan, logits_to_keep=1)
     # the source's BOS position is dropped: only context tokens are aligned and translated
     kv = [context_positions(layer, p) for layer in out.kv]
     attention = {l: a[:, :, p:, p:] for l, a in out.attention.items()}
     timings["source_prefill"] = time.perf_counter() - t0
-    return SourceContext(torch.tensor([s_ids]), target_ids, alignment, kv, attention, len(target.prefix_ids))
+    return SourceContext(torch.tensor([s_ids]), target_ids, alignment, kv, attention, len(target.prefix_ids), p)
 
 
 def with_prefix(indices: torch.Tensor, prefix_len: int) -> torch.Tensor:
@@ -179,11 +181,36 @@ def sparse_indices(mot: MoT, src: SourceContext) -> dict[int, torch.Tensor]:
     return out
 
 
-def translate_window(mot: MoT, src: SourceContext) -> TranslatorOutput:
-    """Aligned source window blocks through the K and V translators."""
+def rotate_block(lm: LoadedModel, layers, keys: torch.Tensor, prefix_len: int, inverse: bool) -> torch.Tensor:
+    """Rotate (or un-rotate) a key block [1, N, W, H] of `layers` with the model's own RoPE at positions P..P+N-1."""
+    positions = torch.arange(prefix_len, prefix_len + keys.shape[1])
+    per_layer = from_block(keys, lm.spec.num_kv_heads)
+    return to_block([hf.rotate_keys(lm.model, l, k, positions, inverse) for l, k in zip(layers, per_layer)])
+
+
+def translator_inputs(mot: MoT, src: SourceContext, source: LoadedModel) -> tuple[torch.Tensor, torch.Tensor]:
+    """The aligned source window blocks [1, N_t, W, H_S] the translator reads, in its key space."""
     keys, values = window_blocks(src.source_kv, mot.channels.source_layers)  # (1, N_s, W, H_S) each
-    keys, values = apply_alignment(keys, src.alignment), apply_alignment(values, src.alignment)  # (1, N_t, W, H_S)
-    return mot.translator(keys, values)
+    if mot.translator.config.key_space == "pre_rope":
+        keys = rotate_block(source, mot.channels.source_layers, keys, src.source_prefix_len, inverse=True)
+    return apply_alignment(keys, src.alignment), apply_alignment(values, src.alignment)  # (1, N_t, W, H_S)
+
+
+def translator_targets(mot: MoT, target: LoadedModel, native_kv: list[KV], prefix_len: int
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The native window blocks [1, N_t, W, H_T] in the translator's key space: what it should write."""
+    keys, values = window_blocks(native_kv, mot.channels.target_layers, prefix_len)
+    if mot.translator.config.key_space == "pre_rope":
+        keys = rotate_block(target, mot.channels.target_layers, keys, prefix_len, inverse=True)
+    return keys, values
+
+
+def translate_window(mot: MoT, src: SourceContext, source: LoadedModel, target: LoadedModel) -> TranslatorOutput:
+    """Aligned source window blocks through the K and V translators; keys come out in the cache's (post-RoPE) space."""
+    out = mot.translator(*translator_inputs(mot, src, source))
+    if mot.translator.config.key_space == "pre_rope":  # the target's own rotary embedding places the keys
+        out.keys = rotate_block(target, mot.channels.target_layers, out.keys, src.target_prefix_len, inverse=False)
+    return out
 
 
 def replay(target: LoadedModel, target_ids: torch.Tensor, target_layers: tuple[int, ...], window_keys: torch.Tensor,
@@ -233,7 +260,7 @@ def translate(mot: MoT, source: LoadedModel, target: LoadedModel, text: str, wit
         target_ids = target_context_ids(target, text, max_tokens)
         src = prepare_source(mot, source, target, target_ids, timings)
         t0 = time.perf_counter()
-        translated = translate_window(mot, src)
+        translated = translate_window(mot, src, source, target)
         timings["translator"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         sparse = sparse_indices(mot, src) if mot.replay.topk_sparse_attn else {}

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import random
 import sys
@@ -32,6 +31,8 @@ from .channels import (Channels, depth_ratio_candidates, depth_ratio_window, inj
 from .checkpoint import load_checkpoint, save_checkpoint
 from .errors import ConfigError
 from .models import LoadedModel, load_model
+from .fit import balance_loss, bank_stage, cosine_lr, fit_linear
+from .layout import window_blocks
 from .mot import MoT, ReplayConfig, native_cache, prepare_source, replay, sparse_indices, translate_window
 from .translator import gate_balance
 
@@ -60,7 +61,18 @@ class TrainConfig:
     weight_decay: float = 0.01
     warmup_steps: int = 20
     grad_clip_norm: float = 1.0
-    mse_weight: float = 1.0  # λ in CE + λ·(MSE_K + MSE_V)
+    mse_weight: float = 1.0  # λ in CE + λ·(MSE_K + MSE_V) of the replayed cache (method.md §7)
+    translation_weight: float = 0.0  # λ_tr: + λ_tr·MSE of the injected window K/V against native (project term)
+    balance_weight: float = 0.0  # Switch-style router load balancing (both stages); 0 = off
+    init: str = "random"  # random | linear: start from the closed-form ridge map fitted on the bank
+    key_space: str = "post_rope"  # post_rope (method.md) | pre_rope: translate keys before rotation
+    bank_tokens: int = 16384  # target tokens in the cached training bank (init=linear or bank_steps > 0)
+    bank_min_tokens: int = 32  # shortest bank context
+    bank_max_tokens: int = 448  # longest bank context (the app's and the evaluator's lengths)
+    bank_steps: int = 0  # stage 1: steps on the bank's translation term alone, before the replay stage
+    bank_batch: int = 8  # contexts per bank step
+    bank_crop: int = 128  # tokens per context crop in a bank step
+    bank_learning_rate: float = 1e-3  # peak learning rate of stage 1
     log_every: int = 5  # optimiser steps per log line
     save_every: int = 25  # optimiser steps per checkpoint
     seed: int = 42
@@ -82,8 +94,24 @@ class TrainConfig:
             raise ConfigError("need max_window_size_ratio >= min_window_size_ratio > 0")
         if not 0 < self.prefix_tokens < self.total_tokens:
             raise ConfigError("need 0 < prefix_tokens < total_tokens")
-        if self.max_steps < 1 or self.batch_size < 1 or self.grad_accum_steps < 1:
-            raise ConfigError("max_steps, batch_size and grad_accum_steps must be >= 1")
+        if self.max_steps < 0 or self.batch_size < 1 or self.grad_accum_steps < 1:
+            raise ConfigError("max_steps must be >= 0, batch_size and grad_accum_steps >= 1")
+        if self.max_steps == 0 and self.bank_steps == 0 and self.variant != "linear":
+            raise ConfigError("nothing to train: set max_steps (replay stage) or bank_steps (bank stage) above 0")
+        if self.init not in ("random", "linear"):
+            raise ConfigError(f"init must be 'random' or 'linear', not '{self.init}'")
+        if self.bank_steps < 0 or self.translation_weight < 0 or self.balance_weight < 0:
+            raise ConfigError("bank_steps, translation_weight and balance_weight must be >= 0")
+
+    @property
+    def uses_bank(self) -> bool:
+        return self.init == "linear" or self.variant == "linear" or self.bank_steps > 0
+
+    def bank_config(self):
+        from .bank import BankConfig
+
+        return BankConfig(num_tokens=self.bank_tokens, min_tokens=self.bank_min_tokens,
+                          max_tokens=self.bank_max_tokens, seed=self.seed)
 
     @classmethod
     def from_json(cls, data: dict) -> "TrainConfig":
@@ -96,11 +124,7 @@ class TrainConfig:
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
     """Learning rate for optimiser step `step` (1-based): linear warm-up, then cosine to 0 (method.md §7, §12)."""
-    warmup = max(1, cfg.warmup_steps)
-    total = max(cfg.max_steps, warmup + 1)
-    if step <= warmup:
-        return cfg.learning_rate * step / warmup
-    return cfg.learning_rate * 0.5 * (1 + math.cos(math.pi * (step - warmup) / (total - warmup)))
+    return cosine_lr(cfg.learning_rate, step, cfg.warmup_steps, cfg.max_steps)
 
 
 @dataclass
@@ -109,15 +133,25 @@ class LossTerms:
     ce: float
     mse_k: float
     mse_v: float
+    tr_mse: float = 0.0  # MSE of the injected window K + V against native (the translation term)
+    balance: float = 0.0
 
 
 def row_loss(mot: MoT, source: LoadedModel, target: LoadedModel, row: torch.Tensor, prefix_tokens: int,
-             mse_weight: float, return_routing: bool = False):
-    """The Context Correction Loss of one training row [T] (method.md §7)."""
+             mse_weight: float, return_routing: bool = False, translation_weight: float = 0.0,
+             balance_weight: float = 0.0):
+    """The Context Correction Loss of one training row [T] (method.md §7), plus the project's optional terms.
+
+    translation_weight adds λ_tr·(MSE(injected K, native K) + MSE(V)) over the window layers: the
+    replayed cache alone never compares the translator's output with what it replaces (method.md §6).
+    """
     context, prompt, labels = row[None, : prefix_tokens - 1], row[None, prefix_tokens - 1 : -1], row[None, prefix_tokens:]
     src = prepare_source(mot, source, target, context)
     native = native_cache(target, context)
-    out = translate_window(mot, src)
+    out = translate_window(mot, src, source, target)
+    native_k, native_v = window_blocks(native, mot.channels.target_layers, len(target.prefix_ids))
+    tr_mse = ((out.keys - native_k) ** 2).mean() + ((out.values - native_v) ** 2).mean()
+    balance = balance_loss(out.key_routing) + balance_loss(out.value_routing)
     sparse = sparse_indices(mot, src) if mot.replay.topk_sparse_attn else None
     mixed = replay(target, context, mot.channels.target_layers, out.keys, out.values, sparse)
     logits = hf.run(target.model, prompt, mixed).logits
@@ -125,7 +159,8 @@ def row_loss(mot: MoT, source: LoadedModel, target: LoadedModel, row: torch.Tens
     upper = range(mot.channels.start, mot.target.num_layers)
     mse_k = torch.stack([((mixed[l][0] - native[l][0]) ** 2).mean() for l in upper]).mean()
     mse_v = torch.stack([((mixed[l][1] - native[l][1]) ** 2).mean() for l in upper]).mean()
-    terms = LossTerms(ce + mse_weight * (mse_k + mse_v), ce.item(), mse_k.item(), mse_v.item())
+    total = ce + mse_weight * (mse_k + mse_v) + translation_weight * tr_mse + balance_weight * balance
+    terms = LossTerms(total, ce.item(), mse_k.item(), mse_v.item(), tr_mse.item(), float(balance.detach()))
     return (terms, out) if return_routing else terms
 
 
@@ -249,6 +284,51 @@ def proxy_window_search(cfg: TrainConfig, source: LoadedModel, target: LoadedMod
     return depth_ratio_window(l_s, l_t, best, size), {"proxy_scores": profile, "start": best, "size": size}
 
 
+# ----- stage 1: the cached bank ---------------------------------------------------------------------------
+
+
+def _bank_stages(cfg: TrainConfig, mot: MoT, source: LoadedModel, target: LoadedModel, run_dir: Path, rank: int,
+                 world: int, log, progress: bool) -> dict:
+    """Build (or reuse) the bank, fit the linear path in closed form, then the bank stage; returns their summary."""
+    from .bank import build_bank
+
+    dist = _dist()
+    if rank != 0 and dist is not None:
+        dist.barrier()  # rank 0 builds the bank; the others then read it
+    t0 = time.time()
+    bank = build_bank(mot, source, target, cfg.bank_config(), progress=progress and rank == 0)
+    if rank == 0 and dist is not None:
+        dist.barrier()
+    summary = {"bank": {"folder": str(bank.folder), "contexts": bank.num_contexts,
+                        "tokens": int(bank.lengths.sum()), "corpus": bank.manifest["bank"]["corpus"],
+                        "seconds_to_load_or_build": round(time.time() - t0, 1)}}
+    log(f"bank: {bank.num_contexts} contexts, {int(bank.lengths.sum())} tokens ({bank.folder})")
+    if mot.translator.linear is not None:
+        summary["linear_fit"] = fit_linear(mot, bank)
+        if cfg.variant != "linear":
+            mot.translator.silence_experts()  # step 0 equals the closed-form map
+        log(f"linear fit: λ_K {summary['linear_fit']['lambda_k']}, λ_V {summary['linear_fit']['lambda_v']} "
+            f"in {summary['linear_fit']['seconds']} s")
+    if cfg.bank_steps:
+        log_path = run_dir / "bank_log.jsonl"
+        if rank == 0:
+            log_path.write_text("")
+
+        def write(row: dict) -> None:
+            if rank == 0:
+                with open(log_path, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+
+        rows = bank_stage(mot, bank, cfg.bank_steps, cfg.bank_learning_rate, batch=cfg.bank_batch, crop=cfg.bank_crop,
+                          weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip_norm,
+                          balance_weight=cfg.balance_weight, seed=cfg.seed, rank=rank, world=world,
+                          sync_grads=lambda params: _all_reduce_grads(params, world), log=write, progress=progress)
+        summary["bank_stage"] = rows[-1]
+    if rank == 0:
+        (run_dir / "bank_stage.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
 # ----- the loop -----------------------------------------------------------------------------------------
 
 
@@ -283,12 +363,16 @@ def train(cfg: TrainConfig, resume: bool = False, source: LoadedModel | None = N
                     ReplayConfig(cfg.topk_sparse_attn, cfg.num_bottom_full_attn), dim=cfg.translator_dim,
                     heads=cfg.translator_heads, depth=cfg.translator_depth, mlp_ratio=cfg.translator_mlp_ratio,
                     variant=cfg.variant, num_experts=cfg.mot_num_translators, top_k=cfg.mot_top_k,
-                    output_activation=cfg.output_activation)
+                    output_activation=cfg.output_activation, key_space=cfg.key_space,
+                    linear_residual=cfg.init == "linear" and cfg.variant != "linear")
     params = [p for p in mot.translator.parameters()]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     step = 0
-    if resume and (run_dir / "train_state.json").exists():
+    stage_metrics: dict = {}
+    resumed = resume and (run_dir / "train_state.json").exists()
+    if resumed:
         step = _load_state(run_dir, mot, optimizer)
+        stage_metrics = json.loads((run_dir / "bank_stage.json").read_text()) if (run_dir / "bank_stage.json").exists() else {}
         log(f"resumed from step {step}")
     elif rank == 0:
         (run_dir / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2))
@@ -296,6 +380,10 @@ def train(cfg: TrainConfig, resume: bool = False, source: LoadedModel | None = N
         if channel_profile:
             (run_dir / "channel_profile.json").write_text(json.dumps(channel_profile, indent=2))
         (run_dir / "log.jsonl").write_text("")
+    if cfg.uses_bank and not resumed:  # stage 1: a killed run redoes it, deterministically, on --resume
+        stage_metrics = _bank_stages(cfg, mot, source, target, run_dir, rank, world, log, progress)
+        if cfg.max_steps == 0 and rank == 0:
+            _save_state(run_dir, mot, optimizer, 0, cfg, stage_metrics)
     mot.train()
     rows_per_step = cfg.batch_size * cfg.grad_accum_steps * world
     start_time = time.time()
@@ -309,14 +397,16 @@ def train(cfg: TrainConfig, resume: bool = False, source: LoadedModel | None = N
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(cfg, step)  # set before the step: no full-LR first step (method.md §12)
             optimizer.zero_grad(set_to_none=True)
-            terms = {"ce": 0.0, "mse_k": 0.0, "mse_v": 0.0, "loss": 0.0}
+            terms = {"ce": 0.0, "mse_k": 0.0, "mse_v": 0.0, "tr_mse": 0.0, "balance": 0.0, "loss": 0.0}
             local_rows = [((step - 1) * rows_per_step + i) % len(bank) for i in range(rank, rows_per_step, world)]
             routing = None
             for index in local_rows:
-                t, out = row_loss(mot, source, target, bank[index], cfg.prefix_tokens, cfg.mse_weight, return_routing=True)
+                t, out = row_loss(mot, source, target, bank[index], cfg.prefix_tokens, cfg.mse_weight, return_routing=True,
+                                  translation_weight=cfg.translation_weight, balance_weight=cfg.balance_weight)
                 (t.total / len(local_rows)).backward()
                 routing = out
-                for key, val in (("ce", t.ce), ("mse_k", t.mse_k), ("mse_v", t.mse_v), ("loss", t.total.item())):
+                for key, val in (("ce", t.ce), ("mse_k", t.mse_k), ("mse_v", t.mse_v), ("tr_mse", t.tr_mse),
+                                 ("balance", t.balance), ("loss", t.total.item())):
                     terms[key] += val / len(local_rows)
             _all_reduce_grads(params, world)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip_norm))
@@ -337,11 +427,11 @@ def train(cfg: TrainConfig, resume: bool = False, source: LoadedModel | None = N
                     f.write(json.dumps(row) + "\n")
                 last, window = row, []
             if rank == 0 and (step % cfg.save_every == 0 or step == cfg.max_steps):
-                _save_state(run_dir, mot, optimizer, step, cfg, {"last_log": last})
+                _save_state(run_dir, mot, optimizer, step, cfg, {**stage_metrics, "last_log": last})
     except KeyboardInterrupt:
         if rank == 0 and completed > 0:
             # an unfinished step's gradients are discarded; the parameters are those of step `completed`
-            _save_state(run_dir, mot, optimizer, completed, cfg, {"last_log": last})
+            _save_state(run_dir, mot, optimizer, completed, cfg, {**stage_metrics, "last_log": last})
             log(f"interrupted: checkpoint of step {completed} saved in {run_dir / 'checkpoint'} (continue with --resume)")
         raise
     finally:

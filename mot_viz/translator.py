@@ -21,16 +21,20 @@ class TranslatorConfig:
     heads: int = 4  # attention heads over the token axis; D % heads == 0
     depth: int = 1  # R, recurrent stages over the window
     mlp_ratio: int = 2  # FFN width multiplier r
-    variant: str = "mot"  # "mot" (mixture of experts) or "single"
+    variant: str = "mot"  # "mot" (mixture of experts), "single" (one expert) or "linear" (closed-form ridge map only)
     num_experts: int = 4  # E, experts per K/V path (mot only)
     top_k: int = 2  # experts kept per token before the softmax
     output_activation: str = "gelu"  # "gelu" (reference, bounds outputs at ≈ -0.17) or "none"
+    linear_residual: bool = False  # mot/single: add a linear map of the window (K and V) to the experts' output
+    key_space: str = "post_rope"  # "post_rope" (method.md) or "pre_rope": keys translated before rotation
 
     def __post_init__(self):
         if self.dim % self.heads:
             raise ConfigError(f"translator dim {self.dim} must be divisible by heads {self.heads}")
-        if self.variant not in ("mot", "single"):
-            raise ConfigError(f"variant must be 'mot' or 'single', got '{self.variant}'")
+        if self.variant not in ("mot", "single", "linear"):
+            raise ConfigError(f"variant must be 'mot', 'single' or 'linear', got '{self.variant}'")
+        if self.key_space not in ("post_rope", "pre_rope"):
+            raise ConfigError(f"key_space must be 'post_rope' or 'pre_rope', got '{self.key_space}'")
         if self.variant == "mot" and not 1 <= self.top_k <= self.num_experts:
             raise ConfigError(f"need 1 <= top_k <= num_experts, got top_k={self.top_k}, E={self.num_experts}")
         if self.output_activation not in ("gelu", "none"):
@@ -131,6 +135,35 @@ class MixtureOfTranslators(nn.Module):
         return torch.einsum("bnwhe,bne->bnwh", experts, routing.gates), routing
 
 
+class LinearKVMap(nn.Module):
+    """An affine map from the aligned source window's K and V together to the target window's K and to its V.
+
+    The closed-form baseline (method.md §13, "Linear"): its weights are fitted by ridge regression
+    (mot_viz.ridge); inside a mixture it is the residual path the experts refine (``linear_residual``).
+    """
+
+    def __init__(self, cfg: TranslatorConfig):
+        super().__init__()
+        features = 2 * cfg.window * cfg.source_kv_hidden
+        self.window, self.out_hidden = cfg.window, cfg.target_kv_hidden
+        self.key_proj = nn.Linear(features, cfg.window * cfg.target_kv_hidden)
+        self.value_proj = nn.Linear(features, cfg.window * cfg.target_kv_hidden)
+        for proj in (self.key_proj, self.value_proj):  # zeros until fitted: an unfitted map writes nothing
+            nn.init.zeros_(proj.weight)
+            nn.init.zeros_(proj.bias)
+
+    def forward(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, n = keys.shape[:2]
+        x = features(keys, values)  # (B, N, 2·W·H_S)
+        shape = (b, n, self.window, self.out_hidden)
+        return self.key_proj(x).view(shape), self.value_proj(x).view(shape)
+
+
+def features(keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Aligned source blocks [B, N, W, H_S] (K and V) -> the linear map's input [B, N, 2·W·H_S]."""
+    return torch.cat([keys.flatten(2), values.flatten(2)], dim=-1)
+
+
 @dataclass
 class TranslatorOutput:
     """Translated window blocks and the routing that produced them."""
@@ -147,9 +180,11 @@ class KVTranslator(nn.Module):
     def __init__(self, cfg: TranslatorConfig):
         super().__init__()
         self.config = cfg
-        make = MixtureOfTranslators if cfg.variant == "mot" else CrossLayerWindowTranslator
-        self.key_translator = make(cfg)
-        self.value_translator = make(cfg)
+        if cfg.variant != "linear":
+            make = MixtureOfTranslators if cfg.variant == "mot" else CrossLayerWindowTranslator
+            self.key_translator = make(cfg)
+            self.value_translator = make(cfg)
+        self.linear = LinearKVMap(cfg) if cfg.variant == "linear" or cfg.linear_residual else None
 
     def _path(self, module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, Routing | None]:
         out = module(x)
@@ -157,9 +192,28 @@ class KVTranslator(nn.Module):
 
     def forward(self, keys: torch.Tensor, values: torch.Tensor) -> TranslatorOutput:
         """keys, values: aligned source blocks [B, N_t, W, H_S]."""
+        if self.config.variant == "linear":
+            k, v = self.linear(keys, values)
+            return TranslatorOutput(keys=k, values=v, key_routing=None, value_routing=None)
         k, k_routing = self._path(self.key_translator, keys)
         v, v_routing = self._path(self.value_translator, values)
+        if self.linear is not None:
+            lin_k, lin_v = self.linear(keys, values)
+            k, v = k + lin_k, v + lin_v
         return TranslatorOutput(keys=k, values=v, key_routing=k_routing, value_routing=v_routing)
+
+    def silence_experts(self) -> None:
+        """Zero every expert's output projection, so the translator starts as exactly its linear path.
+
+        The experts' outputs are then GELU(0) = 0 (or 0), while the projections still receive gradients:
+        training starts where the closed-form map ends and the experts learn what it misses.
+        """
+        if self.linear is None:
+            raise ConfigError("silence_experts needs a linear path (variant 'linear' or linear_residual=True)")
+        for module in self.modules():
+            if isinstance(module, CrossLayerWindowTranslator):
+                nn.init.zeros_(module.output_proj.weight)
+                nn.init.zeros_(module.output_proj.bias)
 
 
 def gate_balance(gates: torch.Tensor) -> dict[str, float]:

@@ -56,7 +56,7 @@ def test_gradients_reach_every_translator_parameter_on_the_real_pair(real_source
                     output_activation="none")
     ids = target_context_ids(real_target, _context(real_target, 32))
     src = prepare_source(mot, real_source, real_target, ids)
-    out = translate_window(mot, src)
+    out = translate_window(mot, src, real_source, real_target)
     mixed = replay(real_target, ids, channels.target_layers, out.keys, out.values, sparse_indices(mot, src))
     logits = hf.run(real_target.model, torch.tensor([encode(real_target.tokenizer, " Brazil")]), mixed).logits
     logits.float().log_softmax(-1)[..., 0].mean().backward()

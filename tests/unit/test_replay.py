@@ -82,7 +82,7 @@ def test_gradients_reach_every_translator_parameter(family):
                     dim=16, heads=2, num_experts=3, top_k=3)
     ids = target_context_ids(target, TEXT)
     src = prepare_source(mot, source, target, ids)
-    out = translate_window(mot, src)
+    out = translate_window(mot, src, source, target)
     mixed = replay(target, ids, channels.target_layers, out.keys, out.values, sparse_indices(mot, src))
     native = native_cache(target, ids)
     logits = hf.run(target.model, torch.tensor([[3, 4, 5]]), mixed).logits

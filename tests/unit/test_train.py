@@ -50,7 +50,7 @@ def test_loss_terms_match_a_hand_computation():
     # by hand: context = 11 tokens, prompt = the next 12, labels shifted by one
     context, prompt, labels = row[None, :11], row[None, 11:23], row[12:]
     src = prepare_source(mot, source, target, context)
-    out = translate_window(mot, src)
+    out = translate_window(mot, src, source, target)
     mixed = replay(target, context, (2, 3), out.keys, out.values, sparse_indices(mot, src))
     cache = DynamicCache()
     for i, (k, v) in enumerate(mixed):

@@ -1,0 +1,197 @@
+"""Window fidelity of a translator on held-out text, beside its baselines (method.md §13).
+
+    python -m mot_viz.fidelity --checkpoint pretrained/smollm2-to-gemma3 --corpus squad --n 40 --record
+
+For every context and window layer: raw and centered cosine of K and V to the native window, relative
+error, and the cosine between the window layer's attention output with the translated K/V and with the
+native K/V on the same (native) queries. The *mean vector* baseline (every token's K/V replaced by the
+mean native K/V of that layer over reference prose) is scored the same way, so every number has its floor
+beside it. All comparisons are in the cache's (post-RoPE) space, whatever the translator's key space.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from . import hf
+from .layout import from_block, window_blocks
+from .models import LoadedModel
+from .mot import MoT, _with_bos, target_context_ids, translate
+
+METRICS = ("raw_cos_k", "centered_cos_k", "rel_err_k", "raw_cos_v", "centered_cos_v", "rel_err_v", "attn_out_cos")
+_EPS = 1e-12
+
+
+def _cos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1)).clamp(min=_EPS)
+
+
+def vector_fidelity(candidate: torch.Tensor, native: torch.Tensor) -> dict[str, float]:
+    """Raw cosine, centered cosine and relative error of per-token vectors [N, H] against native [N, H].
+
+    Centered: each set minus its own mean over tokens, so a vector shared by every token (which attention
+    logits ignore for keys) does not count; a constant candidate scores 0.
+    """
+    c, n = candidate.float(), native.float()
+    centered_c, centered_n = c - c.mean(0), n - n.mean(0)
+    return {
+        "raw_cos": float(_cos(c, n).mean()),
+        "centered_cos": float(_cos(centered_c, centered_n).mean()),
+        "rel_err": float(((c - n).norm(dim=-1) / n.norm(dim=-1).clamp(min=_EPS)).mean()),
+    }
+
+
+def attention_output_cosine(query: torch.Tensor, scaling: float, sliding: int | None, keys: torch.Tensor,
+                            values: torch.Tensor, native_keys: torch.Tensor, native_values: torch.Tensor) -> float:
+    """Mean per-token cosine of the attention output [B, H, N_q, d] with (keys, values) vs with the native ones.
+
+    All K/V are [1, n_kv, N_kv, d_h] over the whole sequence (prefix included); the queries are the
+    native queries of the context positions, so only the cache differs between the two outputs.
+    """
+    a = hf.attention_output(query, keys, values, scaling, sliding)
+    b = hf.attention_output(query, native_keys, native_values, scaling, sliding)
+    flat = lambda x: x[0].transpose(0, 1).reshape(x.shape[2], -1)  # (N_q, H·d)
+    return float(_cos(flat(a), flat(b)).mean())
+
+
+@dataclass
+class MeanVectors:
+    """The mean native K and V of each window layer over reference prose, [W, H_T] each (cache space)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    corpus: str
+    tokens: int
+
+
+@torch.no_grad()
+def mean_vectors(target: LoadedModel, layers, texts: list[str], corpus: str) -> MeanVectors:
+    """Token-weighted mean native window K/V of the target over `texts`."""
+    sums_k = sums_v = None
+    tokens = 0
+    p = len(target.prefix_ids)
+    for text in texts:
+        ids = target_context_ids(target, text)
+        kv = hf.run(target.model, _with_bos(target, ids), logits_to_keep=1).kv
+        k, v = window_blocks(kv, layers, p)  # (1, N, W, H)
+        sums_k = k[0].sum(0) if sums_k is None else sums_k + k[0].sum(0)
+        sums_v = v[0].sum(0) if sums_v is None else sums_v + v[0].sum(0)
+        tokens += k.shape[1]
+    return MeanVectors(sums_k / tokens, sums_v / tokens, corpus, tokens)
+
+
+@torch.no_grad()
+def context_fidelity(mot: MoT, source: LoadedModel, target: LoadedModel, text: str,
+                     means: MeanVectors | None = None) -> list[dict]:
+    """One row per (candidate, window layer) for one context: the translator, and the mean vector if given."""
+    translation = translate(mot, source, target, text)
+    ids, p = translation.target_ids, translation.prefix_len
+    layers = mot.channels.target_layers
+    plan = hf.AttentionPlan(record_queries=set(layers))
+    native = hf.run(target.model, _with_bos(target, ids), plan=plan, logits_to_keep=1).kv
+    nk, nv = window_blocks(native, layers, p)  # (1, N, W, H)
+    n = nk.shape[1]
+    candidates = {"translator": (translation.translated.keys, translation.translated.values)}
+    if means is not None:
+        candidates["mean vector"] = (means.keys.expand(1, n, -1, -1), means.values.expand(1, n, -1, -1))
+    rows = []
+    n_kv = target.spec.num_kv_heads
+    for name, (ck, cv) in candidates.items():
+        for w, (layer, k_l, v_l) in enumerate(zip(layers, from_block(ck, n_kv), from_block(cv, n_kv))):
+            row = {"candidate": name, "layer": layer, "window_index": w, "tokens": n}
+            for kv, cand, ref in (("k", ck, nk), ("v", cv, nv)):
+                for metric, value in vector_fidelity(cand[0, :, w], ref[0, :, w]).items():
+                    row[f"{metric}_{kv}"] = value
+            query, scaling, sliding = plan.queries[layer]
+            full_k = torch.cat([native[layer][0][:, :, :p], k_l.to(native[layer][0].dtype)], dim=2)
+            full_v = torch.cat([native[layer][1][:, :, :p], v_l.to(native[layer][1].dtype)], dim=2)
+            row["attn_out_cos"] = attention_output_cosine(query[:, :, p:], scaling, sliding, full_k, full_v,
+                                                          *native[layer])
+            rows.append(row)
+    return rows
+
+
+def fidelity_table(mot: MoT, source: LoadedModel, target: LoadedModel, texts: list[str],
+                   means: MeanVectors | None = None, progress: bool = True) -> pd.DataFrame:
+    """Per-context rows (context index added) of `context_fidelity` over `texts`."""
+    from tqdm import tqdm
+
+    rows = []
+    for i, text in enumerate(tqdm(texts, desc="fidelity", disable=not progress, dynamic_ncols=True)):
+        rows += [{"context": i, **r} for r in context_fidelity(mot, source, target, text, means)]
+    return pd.DataFrame(rows)
+
+
+def summarize_fidelity(table: pd.DataFrame) -> pd.DataFrame:
+    """Mean of every metric per (candidate, layer) over contexts, plus each candidate's mean over the window."""
+    per_layer = table.groupby(["candidate", "layer"], sort=False)[list(METRICS)].mean().reset_index()
+    overall = table.groupby("candidate", sort=False)[list(METRICS)].mean().reset_index()
+    overall["layer"] = "window"
+    return pd.concat([per_layer, overall], ignore_index=True)
+
+
+def heldout_texts(target: LoadedModel, corpus: str, n: int, max_tokens: int = 448) -> list[str]:
+    """`n` held-out passages of `corpus` (mot_viz.bank.CORPORA), each cut to at most `max_tokens` target tokens."""
+    from .alignment import decode, encode
+    from .bank import corpus_passages
+
+    texts = []
+    for passage in corpus_passages(corpus):
+        ids = encode(target.tokenizer, passage.strip())
+        if len(ids) >= 32:
+            texts.append(decode(target.tokenizer, ids[:max_tokens]))
+        if len(texts) == n:
+            break
+    return texts
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .bank import CORPORA
+    from .checkpoint import load_checkpoint, read_config, record_metrics
+    from .models import load_model
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", nargs="+", required=True, help="checkpoint folders of one model pair")
+    parser.add_argument("--corpus", nargs="+", default=["squad", "lambada-heldout"], choices=sorted(CORPORA),
+                        help="held-out text to measure on")
+    parser.add_argument("--n", type=int, default=40, help="contexts per corpus")
+    parser.add_argument("--reference_n", type=int, default=40, help="LAMBADA training passages for the mean vectors")
+    parser.add_argument("--record", action="store_true", help="write the summary into each config.json (metrics.fidelity)")
+    parser.add_argument("--out", help="folder for the per-context CSV and the summary JSON")
+    args = parser.parse_args(argv)
+    configs = [read_config(c) for c in args.checkpoint]
+    source, target = load_model(configs[0]["source"]["name"]), load_model(configs[0]["target"]["name"])
+    for path in args.checkpoint:
+        mot, _ = load_checkpoint(path, source, target)
+        means = mean_vectors(target, mot.channels.target_layers,
+                             heldout_texts(target, "lambada", args.reference_n), "lambada")
+        recorded = {}
+        for corpus in args.corpus:
+            table = fidelity_table(mot, source, target, heldout_texts(target, corpus, args.n), means)
+            summary = summarize_fidelity(table)
+            recorded[corpus] = {"description": CORPORA[corpus], "contexts": args.n,
+                                "tokens": int(table[table.candidate == "translator"].groupby("context").tokens.first().sum()),
+                                "mean_vector_reference": f"{means.tokens} tokens of {means.corpus}",
+                                "rows": json.loads(summary.to_json(orient="records"))}
+            window = summary[summary.layer == "window"].set_index("candidate")
+            print(f"{Path(path).name} on {corpus} (n={args.n}):")
+            print(window[list(METRICS)].round(3).to_string())
+            if args.out:
+                out = Path(args.out)
+                out.mkdir(parents=True, exist_ok=True)
+                table.to_csv(out / f"{Path(path).name}-{corpus}.csv", index=False)
+        command = "python -m mot_viz.fidelity " + " ".join(sys.argv[1:] if argv is None else argv)
+        if args.record:
+            record_metrics(path, "fidelity", {"command": command, **recorded})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

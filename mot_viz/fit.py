@@ -1,0 +1,160 @@
+"""Fitting a translator on a training bank: the closed-form linear map and the fast bank stage.
+
+Neither needs the models: the bank (mot_viz.bank) holds the translator's inputs and what it should
+write. ``fit_linear`` solves the ridge map of the window (method.md §13, "Linear"); ``bank_stage``
+trains the experts against the native window directly (the translation term), thousands of steps in
+minutes, before the Context Correction Loss of method.md §7 sees the replay.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+import torch
+
+from .bank import Bank
+from .errors import ConfigError
+from .mot import MoT
+from .ridge import LAMBDAS, fit_ridge_many
+from .translator import Routing, features
+
+
+def cosine_lr(base: float, step: int, warmup: int, total: int) -> float:
+    """Learning rate at 1-based `step`: linear warm-up, then cosine to 0 (method.md §7, §12)."""
+    warmup = max(1, warmup)
+    total = max(total, warmup + 1)
+    if step <= warmup:
+        return base * step / warmup
+    return base * 0.5 * (1 + math.cos(math.pi * (step - warmup) / (total - warmup)))
+
+
+def _flat_features(bank: Bank, rows: torch.Tensor) -> torch.Tensor:
+    return features(bank.source_keys[rows][None], bank.source_values[rows][None])[0]  # (n, 2·W·H_S)
+
+
+@torch.no_grad()
+def fit_linear(mot: MoT, bank: Bank, lambdas=LAMBDAS, val_fraction: float = 0.1) -> dict:
+    """Fit the translator's linear path on the bank in closed form; λ per K/V chosen on held-out contexts.
+
+    Returns a report: chosen λ, held-out MSE per λ, tokens used and seconds.
+    """
+    linear = mot.translator.linear
+    if linear is None:
+        raise ConfigError("this translator has no linear path: use variant 'linear' or linear_residual=True")
+    t0 = time.perf_counter()
+    train, val = bank.split(val_fraction)
+    tr, va = bank.rows(train), bank.rows(val)
+    x, x_val = _flat_features(bank, tr), _flat_features(bank, va)
+    report = {"train_tokens": len(tr), "val_tokens": len(va), "val_contexts": len(val)}
+    targets = {"k": bank.target_keys, "v": bank.target_values}
+    fits = fit_ridge_many(x, {n: t[tr].flatten(1) for n, t in targets.items()}, x_val,
+                          {n: t[va].flatten(1) for n, t in targets.items()}, lambdas)
+    for name, proj in (("k", linear.key_proj), ("v", linear.value_proj)):
+        fit = fits[name]
+        proj.weight.copy_(fit.weight.T)
+        proj.bias.copy_(fit.bias)
+        report[f"lambda_{name}"] = fit.lam
+        report[f"val_mse_{name}"] = {str(k): v for k, v in fit.val_mse.items()}
+    report["seconds"] = round(time.perf_counter() - t0, 2)
+    return report
+
+
+def balance_loss(routing: Routing | None) -> torch.Tensor:
+    """Switch-style load balancing: E · Σ_e (share of kept slots going to e) · (mean router probability of e).
+
+    1 when routing is uniform, up to E when every token goes to one expert; 0 for a single translator.
+    """
+    if routing is None:
+        return torch.zeros(())
+    probs = routing.logits.softmax(-1).flatten(0, 1)  # (tokens, E)
+    kept = (routing.gates > 0).float().flatten(0, 1)
+    load = kept.sum(0) / kept.sum().clamp(min=1)
+    return probs.shape[-1] * (load * probs.mean(0)).sum()
+
+
+def _crops(bank: Bank, contexts: list[int], crop: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """A batch of equal-length random crops [B, L, W, H] from the given contexts (L = min(crop, shortest))."""
+    offsets = bank.offsets
+    length = min(crop, min(offsets[i + 1] - offsets[i] for i in contexts))
+    rows = []
+    for i in contexts:
+        start = offsets[i] + int(torch.randint(0, offsets[i + 1] - offsets[i] - length + 1, (1,), generator=gen))
+        rows.append(torch.arange(start, start + length))
+    rows = torch.stack(rows)  # (B, L)
+    return tuple(t[rows] for t in (bank.source_keys, bank.source_values, bank.target_keys, bank.target_values))
+
+
+def bank_loss(mot: MoT, sk, sv, tk, tv, balance_weight: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
+    """Translation term on bank blocks: MSE(translated K, native K) + MSE(V) (+ balance), and its parts."""
+    out = mot.translator(sk, sv)
+    mse_k = ((out.keys - tk) ** 2).mean()
+    mse_v = ((out.values - tv) ** 2).mean()
+    balance = balance_loss(out.key_routing) + balance_loss(out.value_routing)
+    total = mse_k + mse_v + balance_weight * balance
+    return total, {"tr_mse_k": mse_k.item(), "tr_mse_v": mse_v.item(), "balance": float(balance.detach())}
+
+
+@torch.no_grad()
+def bank_validation(mot: MoT, bank: Bank, contexts: list[int]) -> dict[str, float]:
+    """Mean translation MSE of K and V over whole held-out contexts (token-weighted)."""
+    sums, tokens = {"val_mse_k": 0.0, "val_mse_v": 0.0}, 0
+    for i in contexts:
+        sk, sv, tk, tv = bank.context(i)
+        out = mot.translator(sk, sv)
+        n = sk.shape[1]
+        sums["val_mse_k"] += float(((out.keys - tk) ** 2).mean()) * n
+        sums["val_mse_v"] += float(((out.values - tv) ** 2).mean()) * n
+        tokens += n
+    return {k: v / max(tokens, 1) for k, v in sums.items()}
+
+
+def bank_stage(mot: MoT, bank: Bank, steps: int, lr: float, batch: int = 8, crop: int = 128,
+               weight_decay: float = 0.01, warmup: int = 50, grad_clip: float = 1.0, balance_weight: float = 0.0,
+               seed: int = 0, log_every: int = 100, rank: int = 0, world: int = 1,
+               sync_grads: Callable[[list[torch.nn.Parameter]], None] | None = None,
+               log: Callable[[dict], None] | None = None, progress: bool = True) -> list[dict]:
+    """Train every translator parameter on the bank's translation term for `steps` AdamW steps.
+
+    Each step takes `batch` random training contexts (a rank takes its own share under torchrun) and a
+    random crop of each; the held-out contexts are scored every `log_every` steps. Returns the log rows.
+    """
+    from tqdm import tqdm
+
+    train, val = bank.split()
+    params = list(mot.translator.parameters())
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    gen = torch.Generator().manual_seed(seed * 1000 + rank)
+    rows, window, t0 = [], [], time.perf_counter()
+    mot.train()
+    bar = tqdm(total=steps, disable=not progress or rank != 0, desc="bank stage", dynamic_ncols=True)
+    for step in range(1, steps + 1):
+        for group in optimizer.param_groups:
+            group["lr"] = cosine_lr(lr, step, warmup, steps)
+        picks = torch.randint(0, len(train), (batch * world,), generator=torch.Generator().manual_seed(seed + step))
+        mine = [train[int(i)] for i in picks[rank::world]]
+        total, parts = bank_loss(mot, *_crops(bank, mine, crop, gen), balance_weight=balance_weight)
+        optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        if sync_grads is not None:
+            sync_grads(params)
+        torch.nn.utils.clip_grad_norm_(params, grad_clip)
+        optimizer.step()
+        window.append(parts)
+        bar.update(1)
+        bar.set_postfix(mse_k=f"{parts['tr_mse_k']:.4f}", mse_v=f"{parts['tr_mse_v']:.4f}")
+        if step % log_every == 0 or step == steps:
+            mot.eval()
+            row = {"bank_step": step, "lr": cosine_lr(lr, step, warmup, steps),
+                   "elapsed_s": round(time.perf_counter() - t0, 1),
+                   **{k: sum(w[k] for w in window) / len(window) for k in window[0]},
+                   **bank_validation(mot, bank, val)}
+            mot.train()
+            rows.append(row)
+            window = []
+            if log is not None:
+                log(row)
+    bar.close()
+    mot.eval()
+    return rows

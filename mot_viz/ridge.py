@@ -1,0 +1,81 @@
+"""Closed-form ridge regression: the linear translator and the start of every trained one (method.md §13).
+
+Pure tensor functions. Features and targets are centred, so the intercept is not penalised; the penalty
+is relative (λ · mean eigenvalue of the feature covariance), so one grid fits every pair's scale.
+One eigendecomposition serves every λ of the grid; λ is chosen on held-out rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+LAMBDAS = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)  # relative penalties tried by default
+
+
+@dataclass
+class RidgeFit:
+    """y ≈ x @ weight + bias, with the penalty that did best on the held-out rows."""
+
+    weight: torch.Tensor  # [F, O]
+    bias: torch.Tensor  # [O]
+    lam: float  # chosen relative penalty
+    val_mse: dict[float, float]  # held-out MSE per relative penalty tried
+
+
+class _Normal:
+    """The centred normal equations of features x in float64, diagonalised once for any target and λ."""
+
+    def __init__(self, x: torch.Tensor):
+        x = x.double()
+        self.x_mean = x.mean(0)
+        self.xc = x - self.x_mean
+        gram = self.xc.T @ self.xc  # (F, F)
+        self.scale = float(gram.diagonal().mean().clamp(min=1e-12))
+        self.eigvals, self.eigvecs = torch.linalg.eigh(gram)
+
+    def project(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = y.double()
+        y_mean = y.mean(0)
+        return self.eigvecs.T @ (self.xc.T @ (y - y_mean)), y_mean  # (F, O), (O,)
+
+    def solve(self, projected: torch.Tensor, y_mean: torch.Tensor, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+        weight = self.eigvecs @ (projected / (self.eigvals.clamp(min=0) + lam * self.scale)[:, None])
+        return weight, y_mean - self.x_mean @ weight
+
+
+def fit_ridge(x: torch.Tensor, y: torch.Tensor, x_val: torch.Tensor, y_val: torch.Tensor,
+              lambdas: Sequence[float] = LAMBDAS, refit_all: bool = True) -> RidgeFit:
+    """Fit y [n, O] from x [n, F] for every λ, keep the one with the lowest MSE on (x_val, y_val)."""
+    return fit_ridge_many(x, {"y": y}, x_val, {"y": y_val}, lambdas, refit_all)["y"]
+
+
+def fit_ridge_many(x: torch.Tensor, ys: dict[str, torch.Tensor], x_val: torch.Tensor, ys_val: dict[str, torch.Tensor],
+                   lambdas: Sequence[float] = LAMBDAS, refit_all: bool = True) -> dict[str, RidgeFit]:
+    """`fit_ridge` for several targets of the same features (one decomposition), λ chosen per target.
+
+    With refit_all the chosen λ is refitted on train and held-out rows together (the returned weights);
+    val_mse always reports the train-only fits, so the choice stays honest.
+    """
+    if any(y.shape[0] != x.shape[0] for y in ys.values()) or any(y.shape[0] != x_val.shape[0] for y in ys_val.values()):
+        raise ValueError("features and targets need the same number of rows")
+    normal, xv = _Normal(x), x_val.double()
+    best, val_mse = {}, {}
+    for name, y in ys.items():
+        projected, y_mean = normal.project(y)
+        yv = ys_val[name].double()
+        val_mse[name] = {}
+        for lam in lambdas:
+            weight, bias = normal.solve(projected, y_mean, lam)
+            val_mse[name][lam] = float(((xv @ weight + bias - yv) ** 2).mean())
+        best[name] = min(val_mse[name], key=val_mse[name].get)
+    if refit_all:
+        normal = _Normal(torch.cat([x, x_val]))
+    fits = {}
+    for name, y in ys.items():
+        y_all = torch.cat([y, ys_val[name]]) if refit_all else y
+        weight, bias = normal.solve(*normal.project(y_all), best[name])
+        fits[name] = RidgeFit(weight.float(), bias.float(), best[name], val_mse[name])
+    return fits

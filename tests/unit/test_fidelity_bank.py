@@ -1,0 +1,230 @@
+"""The fidelity work (method.md §12–§13): ridge fit, pre-RoPE key space, the cached bank, linear init, metrics."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import tiny_model
+from mot_viz import hf
+from mot_viz import train as train_mod
+from mot_viz.bank import BankConfig, build_bank, context_blocks
+from mot_viz.channels import Channels
+from mot_viz.fidelity import attention_output_cosine, context_fidelity, vector_fidelity
+from mot_viz.fit import bank_loss, bank_stage, fit_linear
+from mot_viz.layout import to_block, window_blocks
+from mot_viz.mot import (MoT, ReplayConfig, _with_bos, native_cache, prepare_source, target_context_ids,
+                         translate_window, translator_inputs, translator_targets)
+from mot_viz.ridge import fit_ridge
+from mot_viz.train import TrainConfig, train
+
+ROPE_FAMILIES = ("qwen2", "llama", "gemma3_text")
+SMALL_BANK = BankConfig(num_tokens=240, min_tokens=16, max_tokens=40, shard_contexts=3)
+
+
+def _pair():
+    return tiny_model("gpt2", vocab_size=280, layers=4, seed=1), tiny_model("llama", layers=4)
+
+
+def test_ridge_recovers_a_known_linear_map():
+    g = torch.Generator().manual_seed(0)
+    true_w, true_b = torch.randn(12, 5, generator=g), torch.randn(5, generator=g)
+    x, x_val = torch.randn(400, 12, generator=g), torch.randn(100, 12, generator=g)
+    fit = fit_ridge(x, x @ true_w + true_b, x_val, x_val @ true_w + true_b)
+    assert fit.lam == min(fit.val_mse)  # noise-free data: the smallest penalty wins
+    assert torch.allclose(fit.weight, true_w, atol=1e-3) and torch.allclose(fit.bias, true_b, atol=1e-3)
+    noisy = fit_ridge(x, x @ true_w + true_b + 3 * torch.randn(400, 5, generator=g), x_val, x_val @ true_w + true_b)
+    assert (noisy.weight - true_w).abs().max() < 0.6  # still close under heavy noise
+
+
+def _pre_rope_keys(lm, layer: int, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pre-RoPE keys [1, n_kv, N, d] captured from the layer's own k_proj / k_norm, cached post-RoPE keys)."""
+    attn = hf.decoder_layers(lm.model)[layer].self_attn
+    captured = {}
+    module = getattr(attn, "k_norm", None) or attn.k_proj
+    handle = module.register_forward_hook(lambda m, i, o: captured.setdefault("k", o))
+    try:
+        cached = hf.run(lm.model, ids).kv[layer][0]
+    finally:
+        handle.remove()
+    k = captured["k"]
+    k = k.view(1, ids.shape[1], lm.spec.num_kv_heads, lm.spec.head_dim).transpose(1, 2)
+    return k, cached
+
+
+@pytest.mark.parametrize("family", ROPE_FAMILIES)
+def test_rotating_native_pre_rope_keys_reproduces_the_cached_keys(family):
+    lm = tiny_model(family, layers=3)
+    ids = torch.arange(5, 45).view(1, -1)
+    positions = torch.arange(ids.shape[1])
+    for layer in range(3):  # Gemma: sliding layers 0-1 and the global layer 2 have their own rotary bases
+        pre, cached = _pre_rope_keys(lm, layer, ids)
+        assert (hf.rotate_keys(lm.model, layer, pre, positions) - cached).abs().max() <= 1e-5
+        assert (hf.rotate_keys(lm.model, layer, cached, positions, inverse=True) - pre).abs().max() <= 1e-5
+    assert hf.has_rope(lm.model)
+
+
+def test_models_without_rope_keep_their_keys():
+    lm = tiny_model("gpt2")
+    keys = torch.randn(1, 4, 7, 8)
+    assert not hf.has_rope(lm.model) and torch.equal(hf.rotate_keys(lm.model, 0, keys, torch.arange(7)), keys)
+
+
+def test_pre_rope_translation_of_native_keys_lands_on_the_cached_keys():
+    target = tiny_model("gemma3_text", layers=4, bos=True)
+    channels = Channels((1, 2, 3), (1, 2, 3))
+    mot = MoT.build(target.spec, target.spec, channels, variant="linear", key_space="pre_rope")
+    ids = target_context_ids(target, "the quick brown fox jumps over the lazy dog " * 3)
+    p = len(target.prefix_ids)
+    native = native_cache(target, ids)
+    pre_k, _ = translator_targets(mot, target, native, p)
+    from mot_viz.mot import rotate_block
+
+    post_k, _ = window_blocks(native, channels.target_layers, p)
+    assert (rotate_block(target, channels.target_layers, pre_k, p, inverse=False) - post_k).abs().max() <= 1e-5
+    assert (pre_k - post_k).abs().max() > 1e-2  # the two spaces differ: the test is not vacuous
+
+
+def test_bank_reuse_gives_bit_identical_losses_and_resumes_after_a_kill(tmp_path):
+    source, target = _pair()
+    torch.manual_seed(0)
+    mot = MoT.build(source.spec, target.spec, Channels((2, 3), (2, 3)), dim=16, heads=2, num_experts=2, top_k=1)
+    bank = build_bank(mot, source, target, SMALL_BANK, root=tmp_path, progress=False)
+    assert bank.num_contexts >= 3 and int(bank.lengths.sum()) >= SMALL_BANK.num_tokens
+    assert SMALL_BANK.min_tokens <= int(bank.lengths.min()) and int(bank.lengths.max()) <= SMALL_BANK.max_tokens
+    for i in (0, bank.num_contexts - 1):
+        a, b = bank.offsets[i], bank.offsets[i + 1]
+        fresh = context_blocks(mot, source, target, bank.target_ids[a:b][None])
+        from_bank = bank_loss(mot, *bank.context(i))[0]
+        on_the_fly = bank_loss(mot, *(fresh[k][None] for k in ("source_keys", "source_values", "target_keys",
+                                                                "target_values")))[0]
+        assert torch.equal(from_bank, on_the_fly)
+    # the bank's blocks are exactly what the replay path's translator sees and must write
+    ids = bank.target_ids[: bank.offsets[1]][None]
+    sk, _ = translator_inputs(mot, prepare_source(mot, source, target, ids), source)
+    assert torch.equal(sk, bank.context(0)[0])
+    # a kill after some shards: the manifest lists only finished shards; the rebuild completes identically
+    manifest_path = bank.folder / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    shard_mtime = (bank.folder / manifest["shards"][0]["file"]).stat().st_mtime_ns
+    (bank.folder / manifest["shards"][-1]["file"]).unlink()
+    manifest["shards"] = manifest["shards"][:-1]
+    manifest["complete"] = False
+    manifest_path.write_text(json.dumps(manifest))
+    again = build_bank(mot, source, target, SMALL_BANK, root=tmp_path, progress=False)
+    assert (bank.folder / manifest["shards"][0]["file"]).stat().st_mtime_ns == shard_mtime  # reused, not rebuilt
+    assert all(torch.equal(getattr(bank, f), getattr(again, f)) for f in ("source_keys", "target_values", "lengths"))
+    other = MoT.build(source.spec, target.spec, Channels((1, 3), (1, 3)), dim=16, heads=2)
+    assert build_bank(other, source, target, SMALL_BANK, root=tmp_path, progress=False).folder != bank.folder
+
+
+def test_linear_fit_beats_the_mean_and_an_untrained_mot_from_it_reproduces_it(tmp_path):
+    source, target = _pair()
+    channels = Channels((2, 3), (2, 3))
+    linear = MoT.build(source.spec, target.spec, channels, variant="linear")
+    bank = build_bank(linear, source, target, SMALL_BANK, root=tmp_path, progress=False)
+    report = fit_linear(linear, bank)
+    _, val = bank.split()
+    for kv, field in (("k", bank.target_keys), ("v", bank.target_values)):
+        rows = bank.rows(val)
+        mean_mse = float(((field[rows] - field[bank.rows(bank.split()[0])].mean(0)) ** 2).mean())
+        assert min(report[f"val_mse_{kv}"].values()) < mean_mse  # better than predicting the mean vector
+    torch.manual_seed(3)
+    mixture = MoT.build(source.spec, target.spec, channels, dim=16, heads=2, num_experts=2, top_k=1,
+                        linear_residual=True)
+    mixture.translator.linear.load_state_dict(linear.translator.linear.state_dict())
+    sk, sv, _, _ = bank.context(0)
+    before = mixture.translator(sk, sv).keys
+    mixture.translator.silence_experts()
+    a, b = mixture.translator(sk, sv), linear.translator(sk, sv)
+    assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    assert not torch.allclose(before, b.keys)  # the experts did contribute before they were silenced
+    rows = bank_stage(mixture, bank, steps=30, lr=3e-3, batch=2, crop=16, warmup=2, log_every=30, progress=False)
+    assert rows[-1]["val_mse_k"] + rows[-1]["val_mse_v"] < 1.5 * sum(
+        min(report[f"val_mse_{kv}"].values()) for kv in "kv")  # refining did not wreck the fitted map
+
+
+def _cfg(tmp_path, **kw):
+    base = dict(output_dir=str(tmp_path / "run"), max_steps=4, batch_size=2, grad_accum_steps=1, total_tokens=24,
+                prefix_tokens=12, learning_rate=1e-2, warmup_steps=1, translator_dim=16, translator_heads=2,
+                mot_num_translators=2, mot_top_k=1, layer_alignment="terminal", max_window_size_ratio=0.5,
+                topk_sparse_attn=4, num_bottom_full_attn=1, log_every=1, save_every=1, init="linear",
+                bank_steps=6, bank_batch=2, bank_crop=16, bank_tokens=240, bank_min_tokens=16, bank_max_tokens=40,
+                translation_weight=0.5, balance_weight=0.01)
+    return TrainConfig(**{**base, **kw})
+
+
+def test_resume_with_the_bank_stages_matches_an_uninterrupted_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOT_VIZ_CACHE", str(tmp_path / "cache"))
+    source, target = _pair()
+    rows = torch.randint(2, 250, (12, 24), generator=torch.Generator().manual_seed(0))
+    full = train(_cfg(tmp_path / "a"), source=source, target=target, bank=rows, progress=False)
+    summary = json.loads((full / "bank_stage.json").read_text())
+    assert summary["linear_fit"]["lambda_k"] > 0 and summary["bank_stage"]["bank_step"] == 6
+    log = [json.loads(line) for line in (full / "log.jsonl").read_text().splitlines()]
+    assert {"tr_mse", "balance"} <= set(log[0])
+    calls = {"n": 0}
+    real_row_loss = train_mod.row_loss
+
+    def interrupted(*args, **kwargs):  # Ctrl-C in the middle of replay step 3
+        calls["n"] += 1
+        if calls["n"] == 6:
+            raise KeyboardInterrupt
+        return real_row_loss(*args, **kwargs)
+
+    monkeypatch.setattr(train_mod, "row_loss", interrupted)
+    cfg = _cfg(tmp_path / "b", save_every=100)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, source=source, target=target, bank=rows, progress=False)
+    monkeypatch.setattr(train_mod, "row_loss", real_row_loss)
+    train(cfg, resume=True, source=source, target=target, bank=rows, progress=False)
+    a = load_file(str(full / "checkpoint" / "translator.safetensors"))
+    b = load_file(str(Path(cfg.output_dir) / "checkpoint" / "translator.safetensors"))
+    assert a.keys() == b.keys() and any(k.startswith("linear.") for k in a)
+    assert all(torch.allclose(a[k], b[k], atol=1e-6, rtol=0) for k in a)
+
+
+def test_a_linear_variant_trains_in_closed_form_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOT_VIZ_CACHE", str(tmp_path / "cache"))
+    source, target = _pair()
+    cfg = _cfg(tmp_path, variant="linear", max_steps=0, bank_steps=0)
+    run = train(cfg, source=source, target=target, bank=torch.zeros(2, 24, dtype=torch.long), progress=False)
+    from mot_viz.checkpoint import load_checkpoint
+
+    mot, config = load_checkpoint(run / "checkpoint", source, target)
+    assert config["translator"]["variant"] == "linear" and "linear_fit" in config["metrics"]
+    assert mot.translator.linear.key_proj.weight.abs().sum() > 0
+
+
+def test_fidelity_metrics_on_known_cases():
+    g = torch.Generator().manual_seed(0)
+    native = torch.randn(20, 8, generator=g) + 5.0  # a large shared mean, as keys have
+    assert vector_fidelity(native, native) == pytest.approx({"raw_cos": 1.0, "centered_cos": 1.0, "rel_err": 0.0})
+    constant = native.mean(0).expand(20, 8)
+    scores = vector_fidelity(constant, native)
+    assert scores["raw_cos"] > 0.9 and scores["centered_cos"] == pytest.approx(0.0, abs=1e-6)
+    q, k, v = torch.randn(1, 4, 6, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    assert attention_output_cosine(q, 0.35, None, k, v, k, v) == pytest.approx(1.0)
+    assert attention_output_cosine(q, 0.35, None, k + 1.0, v, k, v) == pytest.approx(1.0)  # a shared key shift is free
+    assert attention_output_cosine(q, 0.35, None, k, -v, k, v) == pytest.approx(-1.0)
+
+
+def test_context_fidelity_scores_a_perfect_translator_as_perfect():
+    target = tiny_model("gemma3_text", layers=4, bos=True)
+    channels = Channels((1, 2), (1, 2))
+    mot = MoT.build(target.spec, target.spec, channels, variant="linear", key_space="pre_rope")
+    text = "the quick brown fox jumps over the lazy dog and runs away"
+    # identity pair: the linear map from [K, V] to K (and to V) is a selection, exact in pre-RoPE space
+    lin = mot.translator.linear
+    w, h = channels.window, target.spec.kv_hidden
+    with torch.no_grad():
+        for proj, offset in ((lin.key_proj, 0), (lin.value_proj, w * h)):
+            proj.weight.copy_(torch.eye(2 * w * h)[offset: offset + w * h])
+    rows = context_fidelity(mot, target, target, text)
+    for row in rows:
+        assert row["centered_cos_k"] == pytest.approx(1.0, abs=1e-4) and row["rel_err_v"] == pytest.approx(0, abs=1e-4)
+        assert row["attn_out_cos"] == pytest.approx(1.0, abs=1e-4)
