@@ -28,12 +28,14 @@ from .answers import CONDITION_LABELS, Answer, answer_from_cache, condition_cach
 from .checkpoint import load_checkpoint, read_config
 from .data import BUILTIN_DATASETS, PLAIN, ChatFrame, QAExample, build_prompt, choice_label_texts, question_suffix
 from .errors import CheckpointError, ModelLoadError, MotVizError
+from .fidelity import MeanVectors, heldout_texts, mean_vectors, translation_fidelity
 from .figures import token_labels
 from .models import BUNDLED_MODELS, DEFAULT_SOURCE, DEFAULT_TARGET, LoadedModel, load_model
 from .mot import MoT, Translation, check_pair, translate
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CHECKPOINT = "smollm2-to-gemma3"
+MEAN_VECTOR_PASSAGES = 16  # LAMBADA passages behind the mean-vector baseline on the pages
 MAX_CONTEXT_TOKENS = 1024  # the app's cap on target tokens: CPU time grows with the context
 EXAMPLES_PER_DATASET = 50  # examples offered per dataset (load_dataset(name, n=50, seed=0))
 DEFAULT_MAX_NEW_TOKENS = 24  # the evaluator's generation length, so the app's answers match its numbers
@@ -222,6 +224,47 @@ def _cached_answer(key: TranslationKey, condition: str, example: QAExample, suff
     else:
         kv = _cached_condition_caches(key)[0][condition]
     return answer_from_cache(get_model(key[1]), kv, example, condition, max_new_tokens, suffix)
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def _cached_mean_vectors(target: str, layers: tuple[int, ...], test: bool) -> MeanVectors:
+    tgt = get_model(target)
+    return mean_vectors(tgt, layers, heldout_texts(tgt, "lambada", MEAN_VECTOR_PASSAGES), "lambada")
+
+
+def linear_baseline_for(sel: Selection, mot: MoT) -> str | None:
+    """A shipped 'linear' checkpoint for the same pair and window as `mot` (other than the selected one), if any."""
+    for path in available_checkpoints().values():
+        if path == sel.checkpoint:
+            continue
+        try:
+            cfg = read_config(path)
+        except MotVizError:
+            continue
+        if (cfg["translator"].get("variant") == "linear" and cfg["source"].get("fingerprint") == mot.source.fingerprint
+                and cfg["target"].get("fingerprint") == mot.target.fingerprint
+                and cfg["channels"] == mot.channels.to_json()):
+            return path
+    return None
+
+
+def window_fidelity(run: "Run") -> pd.DataFrame:
+    """Window fidelity of the run's translation on its own context, with the mean-vector and linear baselines."""
+    return _cached_window_fidelity(translation_key(run.selection), run.selection)
+
+
+@st.cache_data(show_spinner="Scoring the window against its baselines …", max_entries=8)
+def _cached_window_fidelity(key: TranslationKey, _sel: Selection) -> pd.DataFrame:
+    source, target, path, _, _, _ = key
+    src, tgt = get_model(source), get_model(target)
+    mot, _ = get_checkpoint(path, src, tgt)
+    means = _cached_mean_vectors(target, tuple(mot.channels.target_layers), test_mode())
+    own = "linear" if mot.translator.config.variant == "linear" else "translator"
+    rows = translation_fidelity(_cached_translation(key), tgt, mot.channels, means, candidate=own)
+    linear = linear_baseline_for(_sel, mot) if own != "linear" else None
+    if linear is not None:
+        rows += translation_fidelity(get_translation(_sel, linear), tgt, mot.channels, candidate="linear")
+    return pd.DataFrame(rows)
 
 
 def answer_row(sel: Selection, condition: str, max_new_tokens: int, checkpoint: str | None = None) -> dict:

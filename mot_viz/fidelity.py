@@ -23,7 +23,8 @@ import torch
 from . import hf
 from .layout import from_block, window_blocks
 from .models import LoadedModel
-from .mot import MoT, _with_bos, target_context_ids, translate
+from .channels import Channels
+from .mot import MoT, Translation, _with_bos, target_context_ids, translate
 
 METRICS = ("raw_cos_k", "centered_cos_k", "rel_err_k", "raw_cos_v", "centered_cos_v", "rel_err_v", "attn_out_cos")
 _EPS = 1e-12
@@ -41,9 +42,12 @@ def vector_fidelity(candidate: torch.Tensor, native: torch.Tensor) -> dict[str, 
     """
     c, n = candidate.float(), native.float()
     centered_c, centered_n = c - c.mean(0), n - n.mean(0)
+    # a token whose centered vector is only rounding error (a constant candidate) has no direction: cosine 0
+    has_direction = centered_c.norm(dim=-1) > 1e-5 * c.norm(dim=-1).clamp(min=_EPS)
+    centered = torch.where(has_direction, _cos(centered_c, centered_n), torch.zeros(()))
     return {
         "raw_cos": float(_cos(c, n).mean()),
-        "centered_cos": float(_cos(centered_c, centered_n).mean()),
+        "centered_cos": float(centered.mean()),
         "rel_err": float(((c - n).norm(dim=-1) / n.norm(dim=-1).clamp(min=_EPS)).mean()),
     }
 
@@ -88,17 +92,16 @@ def mean_vectors(target: LoadedModel, layers, texts: list[str], corpus: str) -> 
 
 
 @torch.no_grad()
-def context_fidelity(mot: MoT, source: LoadedModel, target: LoadedModel, text: str,
-                     means: MeanVectors | None = None) -> list[dict]:
-    """One row per (candidate, window layer) for one context: the translator, and the mean vector if given."""
-    translation = translate(mot, source, target, text)
+def translation_fidelity(translation: Translation, target: LoadedModel, channels: Channels,
+                         means: MeanVectors | None = None, candidate: str = "translator") -> list[dict]:
+    """One row per (candidate, window layer) of a computed translation; the mean vector too if given."""
     ids, p = translation.target_ids, translation.prefix_len
-    layers = mot.channels.target_layers
+    layers = channels.target_layers
     plan = hf.AttentionPlan(record_queries=set(layers))
     native = hf.run(target.model, _with_bos(target, ids), plan=plan, logits_to_keep=1).kv
     nk, nv = window_blocks(native, layers, p)  # (1, N, W, H)
     n = nk.shape[1]
-    candidates = {"translator": (translation.translated.keys, translation.translated.values)}
+    candidates = {candidate: (translation.translated.keys, translation.translated.values)}
     if means is not None:
         candidates["mean vector"] = (means.keys.expand(1, n, -1, -1), means.values.expand(1, n, -1, -1))
     rows = []
@@ -118,6 +121,30 @@ def context_fidelity(mot: MoT, source: LoadedModel, target: LoadedModel, text: s
     return rows
 
 
+def context_fidelity(mot: MoT, source: LoadedModel, target: LoadedModel, text: str,
+                     means: MeanVectors | None = None) -> list[dict]:
+    """`translation_fidelity` of a fresh translation of `text`."""
+    return translation_fidelity(translate(mot, source, target, text), target, mot.channels, means)
+
+
+def fidelity_verdicts(rows: pd.DataFrame, candidate: str = "translator") -> list[str]:
+    """Plain-language warnings about one candidate's window, judged against the mean-vector rows beside it."""
+    mine = rows[rows.candidate == candidate]
+    out = []
+    for kv in ("k", "v"):
+        centered = mine[f"centered_cos_{kv}"].mean()
+        if centered < 0.1:
+            out.append(f"The {candidate}'s {kv.upper()} carries no token structure: its centered cosine to native "
+                       f"is {centered:.2f} (0 is what one shared vector for every token scores).")
+    means = rows[rows.candidate == "mean vector"]
+    if len(means):
+        for kv in ("k", "v"):
+            if mine[f"rel_err_{kv}"].mean() > means[f"rel_err_{kv}"].mean():
+                out.append(f"The {candidate}'s {kv.upper()} errs more than the mean vector: relative error "
+                           f"{mine[f'rel_err_{kv}'].mean():.2f} vs {means[f'rel_err_{kv}'].mean():.2f}.")
+    return out
+
+
 def fidelity_table(mot: MoT, source: LoadedModel, target: LoadedModel, texts: list[str],
                    means: MeanVectors | None = None, progress: bool = True) -> pd.DataFrame:
     """Per-context rows (context index added) of `context_fidelity` over `texts`."""
@@ -135,6 +162,22 @@ def summarize_fidelity(table: pd.DataFrame) -> pd.DataFrame:
     overall = table.groupby("candidate", sort=False)[list(METRICS)].mean().reset_index()
     overall["layer"] = "window"
     return pd.concat([per_layer, overall], ignore_index=True)
+
+
+def recorded_fidelity_table(config: dict) -> pd.DataFrame | None:
+    """The window averages recorded in a checkpoint's config.json (metrics.fidelity), one row per corpus × candidate."""
+    recorded = (config.get("metrics") or {}).get("fidelity")
+    if not isinstance(recorded, dict):
+        return None
+    rows = []
+    for corpus, entry in recorded.items():
+        if not isinstance(entry, dict) or "rows" not in entry:
+            continue
+        for row in entry["rows"]:
+            if row.get("layer") == "window":
+                rows.append({"held-out text": corpus, "n": entry.get("contexts"), "candidate": row["candidate"],
+                             **{m: round(row[m], 3) for m in METRICS if m in row}})
+    return pd.DataFrame(rows) if rows else None
 
 
 def heldout_texts(target: LoadedModel, corpus: str, n: int, max_tokens: int = 448) -> list[str]:

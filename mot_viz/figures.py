@@ -223,3 +223,26 @@ def training_figure(log: pd.DataFrame) -> go.Figure:
     fig.update_xaxes(title_text="optimiser step", row=len(panels))
     fig.update_layout(height=260 * len(panels) + 80)
     return fig
+
+
+FIDELITY_TITLES = {"centered_cos_k": "K centered cosine", "centered_cos_v": "V centered cosine",
+                   "attn_out_cos": "attention-output cosine", "raw_cos_k": "K raw cosine", "raw_cos_v": "V raw cosine",
+                   "rel_err_k": "K relative error", "rel_err_v": "V relative error"}
+CANDIDATE_COLOURS = {"translator": "#d62728", "linear": "#ff7f0e", "mean vector": "#7f7f7f"}
+
+
+def fidelity_figure(rows: pd.DataFrame, metrics: Sequence[str] = ("centered_cos_k", "centered_cos_v", "attn_out_cos")
+                    ) -> go.Figure:
+    """Window fidelity per window layer (rows of mot_viz.fidelity.translation_fidelity), one panel per metric."""
+    fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=[FIDELITY_TITLES[m] for m in metrics])
+    for c, metric in enumerate(metrics, start=1):
+        for candidate, part in rows.groupby("candidate", sort=False):
+            part = part.sort_values("layer")
+            fig.add_scatter(x=part["layer"], y=part[metric], mode="lines+markers", name=candidate,
+                            legendgroup=candidate, showlegend=c == 1,
+                            line_color=CANDIDATE_COLOURS.get(candidate, "#1f77b4"),
+                            hovertemplate=f"layer %{{x}}<br>{FIDELITY_TITLES[metric]} %{{y:.3f}}<extra>{candidate}</extra>",
+                            row=1, col=c)
+        fig.update_xaxes(title_text="target layer (window)", dtick=1, row=1, col=c)
+    fig.update_layout(height=360, legend_title_text="window written by")
+    return fig

@@ -8,6 +8,7 @@ import streamlit as st
 from mot_viz import app_state
 from mot_viz.checkpoint import read_config
 from mot_viz.errors import MotVizError
+from mot_viz.fidelity import recorded_fidelity_table
 from mot_viz.figures import training_figure
 
 app_state.page_setup()
@@ -42,6 +43,14 @@ if evaluation is not None:
     st.caption("QA results recorded in config.json (metrics.evaluation): greedy SQuAD F1 or closed-set accuracy per "
                "condition on the same examples, with 95% bootstrap intervals; the commands are in docs/RESULTS.md.")
     st.dataframe(evaluation, hide_index=True, width="stretch")
+
+fidelity = recorded_fidelity_table(config)
+if fidelity is not None:
+    st.subheader("Window fidelity on held-out text")
+    st.caption("Recorded in config.json (metrics.fidelity) by `python -m mot_viz.fidelity --record`: the mean over "
+               "held-out passages and window layers of each metric (cosines to the native window, relative error, "
+               "attention-output cosine), beside the mean-vector baseline. Per layer: Per-layer cache error page.")
+    st.dataframe(fidelity, hide_index=True, width="stretch")
 
 left, right = st.columns(2)
 with left:

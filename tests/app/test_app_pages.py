@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from streamlit.testing.v1 import AppTest
@@ -19,6 +20,7 @@ from mot_viz.alignment import encode
 from mot_viz.answers import CONDITION_LABELS, answer_from_cache
 from mot_viz.checkpoint import load_checkpoint
 from mot_viz.data import build_prompt, load_dataset
+from mot_viz.fidelity import translation_fidelity
 from mot_viz.mot import translate
 from mot_viz.testing import load_test_model, write_test_checkpoints
 from plotly_figures import figures
@@ -164,7 +166,7 @@ def test_free_text_for_a_chat_tuned_target_is_wrapped_in_its_turns():
 
 def test_cache_error_page_matches_the_replay_structure():
     at = goto(use_free_text(start(), FREE_TEXT), "2_cache_error")
-    per_layer, heatmap = figures(at)
+    per_layer, heatmap = figures(at)[:2]
     n_tokens = len(encode(load_test_model("gemma3-270m").tokenizer, FREE_TEXT))
     z = np.array(heatmap["data"][0]["z"], dtype=float)  # replayed vs native, relative L2, K
     assert z.shape == (6, n_tokens)
@@ -180,6 +182,24 @@ def test_cache_error_page_matches_the_replay_structure():
     at.radio(key="pg.error.metric").set_value("cosine").run()
     z = np.array(figures(at)[1]["data"][0]["z"], dtype=float)
     assert z.shape == (2, n_tokens) and (np.abs(z) <= 1 + 1e-6).all()
+
+
+def test_cache_error_page_scores_the_window_against_its_baselines():
+    at = goto(use_free_text(start(), FREE_TEXT), "2_cache_error")
+    fidelity = figures(at)[2]
+    panels = {t["legendgroup"] for t in fidelity["data"]}
+    assert panels == {"translator", "linear", "mean vector"}  # the shipped linear map of the same window is found
+    # the numbers are the library's, on the same translation
+    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
+    sel = at.session_state["applied"]
+    mot, _ = load_checkpoint(sel.checkpoint, source, target)
+    expected = pd.DataFrame(translation_fidelity(translate(mot, source, target, FREE_TEXT), target, mot.channels))
+    shown = next(t for t in fidelity["data"] if t["name"] == "translator" and "centered" in t["hovertemplate"])
+    assert np.allclose(list(shown["y"]), expected.sort_values("layer")["centered_cos_k"], atol=1e-5)
+    mean_k = next(t for t in fidelity["data"] if t["name"] == "mean vector" and "centered" in t["hovertemplate"])
+    assert np.abs(np.array(mean_k["y"], dtype=float)).max() < 1e-5  # one shared vector: no token structure
+    # a random translator carries no token structure, and the page says so
+    assert any("carries no token structure" in w.value for w in at.warning)
 
 
 # ----- routing ----------------------------------------------------------------------------------------
