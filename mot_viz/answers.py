@@ -20,12 +20,14 @@ from .models import LoadedModel
 from .mot import MoT, Translation, empty_context_cache, replay, translate
 from .qa_metrics import exact_match, postprocess_generation, squad_f1
 
-CONDITIONS = ("native", "no_context", "mot", "random")
+CONDITIONS = ("native", "no_context", "mot", "random")  # what every evaluation and the app answer under
+EXTRA_CONDITIONS = ("mean",)  # on request: needs the mean native window (mot_viz.fidelity.mean_vectors)
 CONDITION_LABELS = {
     "native": "Native context (target prefilled the text itself)",
     "no_context": "No context (question only)",
     "mot": "MoT-translated cache",
     "random": "Random-window control (norm-matched noise)",
+    "mean": "Mean-vector control (window = mean native K/V, no context-specific content)",
 }
 
 
@@ -49,6 +51,18 @@ def random_control_cache(mot: MoT, target: LoadedModel, translation: Translation
         k = random_window(native_k, translation.translated.keys, gen)
         v = random_window(native_v, translation.translated.values, gen)
         return replay(target, translation.target_ids, mot.channels.target_layers, k, v, translation.sparse_indices)
+
+
+def mean_vector_cache(mot: MoT, target: LoadedModel, translation: Translation, means) -> list[hf.KV]:
+    """Replay with every window token's K/V replaced by the layer's mean native K/V (method.md §13, "Mean vector").
+
+    `means` is a mot_viz.fidelity.MeanVectors of this target and window; the sparse indices are the translation's.
+    """
+    n = translation.target_ids.shape[1]
+    with torch.no_grad():
+        k, v = means.keys.expand(1, n, -1, -1), means.values.expand(1, n, -1, -1)
+        return replay(target, translation.target_ids, mot.channels.target_layers, k.contiguous(), v.contiguous(),
+                      translation.sparse_indices)
 
 
 def answer_is_complete(text: str) -> bool:
@@ -83,11 +97,17 @@ def answer_from_cache(target: LoadedModel, kv: list[hf.KV] | None, example: QAEx
 
 def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample,
                      translation: Translation | None = None, seed: int = 0,
-                     conditions: tuple[str, ...] = CONDITIONS) -> tuple[Translation, dict]:
-    """The translation of the example's context and the cache of each requested condition."""
-    unknown = set(conditions) - set(CONDITIONS)
+                     conditions: tuple[str, ...] = CONDITIONS, means=None) -> tuple[Translation, dict]:
+    """The translation of the example's context and the cache of each requested condition.
+
+    The "mean" condition needs `means` (mot_viz.fidelity.MeanVectors of this target and window).
+    """
+    known = CONDITIONS + EXTRA_CONDITIONS
+    unknown = set(conditions) - set(known)
     if unknown:
-        raise ValueError(f"unknown conditions {sorted(unknown)}; choose from {CONDITIONS}")
+        raise ValueError(f"unknown conditions {sorted(unknown)}; choose from {known}")
+    if "mean" in conditions and means is None:
+        raise ValueError("the 'mean' condition needs the mean native window: pass means=mean_vectors(...)")
     if translation is None:
         translation = translate(mot, source, target, build_prompt(example, target.chat_frame).context_text)
     build = {
@@ -95,8 +115,9 @@ def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example
         "no_context": lambda: empty_context_cache(target),
         "mot": lambda: translation.mixed_kv,
         "random": lambda: random_control_cache(mot, target, translation, seed),
+        "mean": lambda: mean_vector_cache(mot, target, translation, means),
     }
-    return translation, {c: build[c]() for c in CONDITIONS if c in conditions}
+    return translation, {c: build[c]() for c in known if c in conditions}
 
 
 def answer_all(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample,

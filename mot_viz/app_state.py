@@ -530,9 +530,9 @@ def evaluation_table(config: dict) -> pd.DataFrame | None:
     return pd.DataFrame(rows)
 
 
-def read_training_log(checkpoint: str) -> pd.DataFrame | None:
-    """The checkpoint's log.jsonl as a DataFrame (one row per logged step), or None when it has none."""
-    path = Path(checkpoint) / "log.jsonl"
+def read_training_log(checkpoint: str, name: str = "log.jsonl") -> pd.DataFrame | None:
+    """The checkpoint's log.jsonl (or bank_log.jsonl) as a DataFrame (one row per logged step), or None without one."""
+    path = Path(checkpoint) / name
     if not path.is_file():
         return None
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 
 from .alignment import encode
-from .answers import CONDITIONS, answer_from_cache, condition_caches
+from .answers import CONDITIONS, EXTRA_CONDITIONS, answer_from_cache, condition_caches
 from .checkpoint import load_checkpoint, read_config
 from .data import QAExample, build_prompt, load_dataset
 from .errors import MotVizError
@@ -85,10 +85,11 @@ class EvalSettings:
 
 def evaluate_examples(mot: MoT, source: LoadedModel, target: LoadedModel, examples: list[QAExample],
                       settings: EvalSettings, second: MoT | None = None, progress: bool = True,
-                      checkpoint_every: int = 0, on_checkpoint=None) -> pd.DataFrame:
+                      checkpoint_every: int = 0, on_checkpoint=None, means=None) -> pd.DataFrame:
     """One row per (example, condition): score, exact match, answer text, KV cosine to native, seconds.
 
     on_checkpoint(rows so far as a DataFrame) is called every checkpoint_every examples (partial results).
+    means (mot_viz.fidelity.MeanVectors) is needed for the "mean" condition.
     """
     from tqdm import tqdm
 
@@ -100,12 +101,12 @@ def evaluate_examples(mot: MoT, source: LoadedModel, target: LoadedModel, exampl
         try:
             start = time.perf_counter()
             translation, caches = condition_caches(mot, source, target, example, seed=settings.seed,
-                                                   conditions=settings.conditions)
+                                                   conditions=settings.conditions, means=means)
             build = {"native": translation.timings["native_prefill"],
                      "mot": sum(v for k, v in translation.timings.items() if k != "native_prefill"),
                      # the random control needs the translation (for its norms) plus its own replay
                      "random": time.perf_counter() - start - translation.timings["native_prefill"],
-                     "no_context": 0.0}
+                     "mean": 0.0, "no_context": 0.0}
             if second is not None:
                 t0 = time.perf_counter()
                 second_translation = translate(second, source, target, translation.text, with_native=False)
@@ -162,7 +163,7 @@ def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFra
         native = wide["native"].to_numpy()
         rng = np.random.default_rng(seed)
         boots = rng.integers(0, len(wide), size=(n_boot, len(wide)))
-        for condition in [c for c in ("native", "no_context", "mot", "random", "second") if c in wide]:
+        for condition in [c for c in ("native", "no_context", "mot", "random", "mean", "second") if c in wide]:
             values = wide[condition].to_numpy()
             ci = bootstrap_ci(values, n_boot=n_boot, seed=seed)
             ratios = values[boots].mean(1) / np.maximum(native[boots].mean(1), 1e-12)
@@ -181,7 +182,9 @@ def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFra
     return pd.DataFrame(out)
 
 
-PAIRS = (("mot", "random"), ("mot", "no_context"), ("mot", "native"), ("mot", "second"))
+MEAN_VECTOR_PASSAGES = 40  # LAMBADA training passages behind the mean-vector control (as mot_viz.fidelity)
+PAIRS = (("mot", "random"), ("mot", "no_context"), ("mot", "mean"), ("mot", "native"), ("mot", "second"),
+         ("second", "mean"), ("second", "no_context"))
 
 
 def paired_differences(df: pd.DataFrame, pairs=PAIRS, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
@@ -229,12 +232,18 @@ def run(settings: EvalSettings, out_dir: Path, progress: bool = True) -> pd.Data
     mot, _ = load_checkpoint(settings.checkpoint, source, target)
     second = load_checkpoint(settings.second, source, target)[0] if settings.second else None
     settings.prompt = "plain" if target.chat_frame is None else f"chat template of {target.spec.name}"
+    means = None
+    if "mean" in settings.conditions:
+        from .fidelity import heldout_texts, mean_vectors
+
+        means = mean_vectors(target, mot.channels.target_layers,
+                             heldout_texts(target, "lambada", MEAN_VECTOR_PASSAGES), "lambada")
     frames = []
     for name in settings.datasets:
         examples = load_dataset(name, n=settings.n, seed=settings.seed)
         # partial results (every 25 examples, and after each dataset) survive an interrupted run
         partial = lambda df: _write(out_dir, pd.concat(frames + [df]), settings)  # noqa: E731
-        frames.append(evaluate_examples(mot, source, target, examples, settings, second, progress, 25, partial))
+        frames.append(evaluate_examples(mot, source, target, examples, settings, second, progress, 25, partial, means))
         _write(out_dir, pd.concat(frames), settings)
     df = pd.concat(frames)
     return _write(out_dir, df, settings)
@@ -272,12 +281,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lm_sequences", type=int, default=0,
                         help="also measure the target's cross-entropy on this many held-out LAMBADA sequences "
                              "(rows after the training bank of the checkpoint's stream)")
-    parser.add_argument("--conditions", nargs="+", choices=CONDITIONS, default=list(CONDITIONS),
+    parser.add_argument("--conditions", nargs="+", choices=CONDITIONS + EXTRA_CONDITIONS, default=list(CONDITIONS),
                         help="which conditions to answer under (native is always added); e.g. "
-                             "'--conditions native mot' to evaluate a variant on examples a full run already covered")
+                             "'--conditions native mot' to evaluate a variant on examples a full run already covered; "
+                             "'mean' adds the mean-vector control (window = mean native K/V over LAMBADA prose)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    conditions = tuple(c for c in CONDITIONS if c in {"native", *args.conditions})
+    conditions = tuple(c for c in CONDITIONS + EXTRA_CONDITIONS if c in {"native", *args.conditions})
     settings = EvalSettings(args.checkpoint, args.second, tuple(args.datasets), args.n, args.seed,
                             args.max_new_tokens, args.max_context_tokens, args.bootstrap, conditions)
     try:

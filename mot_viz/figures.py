@@ -205,12 +205,14 @@ def cache_space_figure(points: pd.DataFrame) -> go.Figure:
 
 # ----- training ----------------------------------------------------------------------------------
 
-LOSS_COLUMNS = ("loss", "ce", "mse_k", "mse_v")
-BALANCE_COLUMNS = ("gate_importance_cv2", "gate_load_cv2", "gate_importance_entropy")
+LOSS_COLUMNS = ("loss", "ce", "mse_k", "mse_v", "tr_mse",  # replay stage (log.jsonl)
+                "tr_mse_k", "tr_mse_v", "val_mse_k", "val_mse_v")  # bank stage (bank_log.jsonl)
+BALANCE_COLUMNS = ("gate_importance_cv2", "gate_load_cv2", "gate_importance_entropy", "balance")
 
 
-def training_figure(log: pd.DataFrame) -> go.Figure:
-    """Loss terms, learning rate and gate balance against the optimiser step (rows of a checkpoint's log.jsonl)."""
+def training_figure(log: pd.DataFrame, step: str = "step") -> go.Figure:
+    """Loss terms, learning rate and gate balance against the optimiser step (rows of a checkpoint's log.jsonl,
+    or with step="bank_step" of its bank_log.jsonl)."""
     panels = [("losses", [c for c in LOSS_COLUMNS if c in log]), ("learning rate", [c for c in ("lr",) if c in log]),
               ("gate balance", [c for c in BALANCE_COLUMNS if c in log])]
     panels = [(title, cols) for title, cols in panels if cols]
@@ -218,9 +220,9 @@ def training_figure(log: pd.DataFrame) -> go.Figure:
                         vertical_spacing=0.08)
     for r, (_, columns) in enumerate(panels, start=1):
         for column in columns:
-            fig.add_scatter(x=log["step"], y=log[column], mode="lines+markers", name=column,
+            fig.add_scatter(x=log[step], y=log[column], mode="lines+markers", name=column,
                             hovertemplate="step %{x}<br>" + column + " %{y:.6g}<extra></extra>", row=r, col=1)
-    fig.update_xaxes(title_text="optimiser step", row=len(panels))
+    fig.update_xaxes(title_text="optimiser step" if step == "step" else "bank-stage step", row=len(panels))
     fig.update_layout(height=260 * len(panels) + 80)
     return fig
 

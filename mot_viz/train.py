@@ -299,7 +299,7 @@ def _bank_stages(cfg: TrainConfig, mot: MoT, source: LoadedModel, target: Loaded
     bank = build_bank(mot, source, target, cfg.bank_config(), progress=progress and rank == 0)
     if rank == 0 and dist is not None:
         dist.barrier()
-    summary = {"bank": {"folder": str(bank.folder), "contexts": bank.num_contexts,
+    summary = {"bank": {"key": bank.folder.name, "contexts": bank.num_contexts,
                         "tokens": int(bank.lengths.sum()), "corpus": bank.manifest["bank"]["corpus"],
                         "seconds_to_load_or_build": round(time.time() - t0, 1)}}
     log(f"bank: {bank.num_contexts} contexts, {int(bank.lengths.sum())} tokens ({bank.folder})")

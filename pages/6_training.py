@@ -14,11 +14,15 @@ from mot_viz.figures import training_figure
 app_state.page_setup()
 st.title("Training")
 app_state.explain(
-    "The translator is trained with the **Context Correction Loss**: the target's next-token cross-entropy on "
-    "text that follows the translated context (**ce**), plus the mean squared error between the translated and "
-    "native K and V of the window layers (**mse_k**, **mse_v**); **loss** is their weighted sum. **lr** is the "
-    "learning rate (linear warm-up). The gate-balance curves are the routers' CV² of importance and load "
-    "(0 = every expert used equally) and the importance entropy. Each point is an average over the logged steps."
+    "The translator is trained with the **Context Correction Loss** (method.md §7): the target replays the context "
+    "with the translated K/V injected in the window, then its next-token cross-entropy on the text that follows is "
+    "**ce**; **mse_k**, **mse_v** are the mean squared error between the *replayed* cache and the native one over "
+    "every layer from the window start to the top (the window layers' cached K/V are the ones the target recomputes "
+    "there, not the translator's output). **tr_mse**, when its weight is above 0, is this project's translation term: "
+    "the translator's own output against the native window K/V. **loss** is the weighted sum. **lr** is the "
+    "learning rate (linear warm-up, then cosine). The gate-balance curves are the routers' CV² of importance and load "
+    "(0 = every expert used equally), the importance entropy and, when trained with it, the Switch-style **balance** "
+    "term (1 = uniform). Each point is an average over the logged steps."
 )
 checkpoint = app_state.applied_selection().checkpoint
 try:
@@ -32,9 +36,20 @@ if config is None:
 
 st.caption(f"Checkpoint `{Path(checkpoint).name}` ({checkpoint})")
 log = app_state.read_training_log(checkpoint)
-if log is None:
+bank_log = app_state.read_training_log(checkpoint, "bank_log.jsonl")
+if config["translator"].get("variant") == "linear":
+    st.info("A closed-form linear map: fitted in one solve (ridge regression on the cached bank, λ chosen on held-out "
+            "contexts; metrics.linear_fit below), so there are no training curves.")
+elif log is None and bank_log is None:
     st.info("This checkpoint has no log.jsonl, so there are no curves to show.")
-else:
+if bank_log is not None:
+    st.markdown("**Bank stage**: the translator trained on the cached bank against the native window directly "
+                "(**tr_mse_k/v** on training crops, **val_mse_k/v** on held-out bank contexts), before the replay stage.")
+    app_state.show_figure(training_figure(bank_log, step="bank_step"), bank_log, f"bank_stage_{Path(checkpoint).name}")
+if log is not None:
+    if bank_log is not None:
+        st.markdown("**Replay stage**: the Context Correction Loss (plus **tr_mse**, the translation term, when its "
+                    "weight is above 0).")
     app_state.show_figure(training_figure(log), log, f"training_{Path(checkpoint).name}")
 
 evaluation = app_state.evaluation_table(config)
