@@ -228,3 +228,30 @@ def test_context_fidelity_scores_a_perfect_translator_as_perfect():
     for row in rows:
         assert row["centered_cos_k"] == pytest.approx(1.0, abs=1e-4) and row["rel_err_v"] == pytest.approx(0, abs=1e-4)
         assert row["attn_out_cos"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_mean_vector_control_replays_one_shared_vector_per_layer():
+    from mot_viz.answers import condition_caches
+    from mot_viz.data import QAExample
+    from mot_viz.fidelity import mean_vectors
+
+    source, target = _pair()
+    mot = MoT.build(source.spec, target.spec, Channels((2, 3), (2, 3)), ReplayConfig(4, 1), variant="linear")
+    example = QAExample(id="0", dataset="t", context="the quick brown fox jumps over the lazy dog", question="who?",
+                        answers=("fox",))
+    with pytest.raises(ValueError, match="mean native window"):
+        condition_caches(mot, source, target, example, conditions=("native", "mean"))
+    means = mean_vectors(target, (2, 3), ["a tale of two cities", "the lazy dog sleeps all day"], "test")
+    assert means.tokens > 0 and means.keys.shape == (2, target.spec.kv_hidden)
+    translation, caches = condition_caches(mot, source, target, example, conditions=("native", "mot", "mean"),
+                                           means=means)
+    assert set(caches) == {"native", "mot", "mean"}
+    # replaying the same window by hand gives the same cache
+    from mot_viz.mot import replay
+
+    n = translation.target_ids.shape[1]
+    by_hand = replay(target, translation.target_ids, (2, 3), means.keys.expand(1, n, -1, -1).contiguous(),
+                     means.values.expand(1, n, -1, -1).contiguous(), translation.sparse_indices)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(caches["mean"], by_hand))
+    assert not torch.equal(caches["mean"][3][0], caches["native"][3][0])
+
