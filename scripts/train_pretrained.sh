@@ -2,9 +2,14 @@
 # Trains the shipped checkpoints one after another (2 CPU cores: sequential is fastest), then copies each
 # finished run into pretrained/<name> as fp16. Logs: runs/<name>/train.log. Rerun to resume unfinished runs.
 # One thread per run: on two shared cores, two-thread torch processes slow each other down many times over.
+# Each -linear run builds the pair's bank (cached in ~/.cache/mot_viz/banks); the MoT of the same window reuses it.
+# The -v1 checkpoints are the session-1-3 recipe (random init, Context Correction Loss only), kept for comparison.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-for name in ${@:-smollm2-to-gemma3 smollm2-to-gemma3-single gemma3-to-smollm2 smollm2-to-smollm2 smollm2-to-gemma3-mid}; do
+default="smollm2-to-gemma3-linear smollm2-to-gemma3 smollm2-to-gemma3-mid-linear smollm2-to-gemma3-mid
+smollm2-to-gemma3-mid-single gemma3-to-smollm2-linear smollm2-to-smollm2-linear gemma3-to-smollm2 smollm2-to-smollm2
+smollm2-to-gemma3-v1 smollm2-to-gemma3-mid-v1 smollm2-to-gemma3-single-v1"
+for name in ${@:-$default}; do
   mkdir -p "runs/$name"
   OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" .venv/bin/python -m mot_viz.train --config "configs/$name.json" --resume > "runs/$name/train.log" 2>&1 || { echo "$name failed"; continue; }
   .venv/bin/python -m mot_viz.export "runs/$name" "pretrained/$name"
