@@ -35,17 +35,20 @@ def overview() -> None:
     app_state.page_setup()
     st.title("MoT Viz")
     st.markdown(
-        "A **Mixture-of-Translators (MoT)** lets a *target* language model use a context that only a *source* "
-        "model has read. The source prefills the text; its key/value (KV) cache over a window of layers is "
-        "translated, token by token, into the target's KV space by a small mixture of expert translators; the "
-        "target then replays the context with the translated K/V injected into its matching layers and answers "
-        "from the resulting cache, without having read the text itself."
+        "A **Mixture-of-Translators (MoT)** lets a *target* language model reuse a *source* model's key/value (KV) "
+        "cache of a context. The source prefills the text; its KV cache over a window of layers is translated, "
+        "token by token, into the target's KV space by a small mixture of expert translators. The target still "
+        "runs one forward pass over the context tokens (the **replay**; by default with sparse top-k attention from layer "
+        "2 up): inside the window its attention reads the translated K/V instead of its own, and every layer caches "
+        "the K/V it computes itself — the window layers' recomputed from their shifted inputs — so the translation "
+        "reaches the cache through the hidden states. The target then answers from that cache."
     )
     app_state.explain(
         "The sidebar picks the two models, the trained translator (checkpoint) and the context. The defaults open "
         "on SmolLM2-135M → Gemma-3-270M with a SQuAD passage, so every page has something to show at once.\n\n"
         "1. **Answers** — does the target answer as well from the translated cache as from its own?\n"
-        "2. **Per-layer cache error** — how far the translated and replayed K/V are from the native ones.\n"
+        "2. **Per-layer cache error** — how far the translated and replayed K/V are from the native ones, "
+        "beside the linear-map and mean-vector baselines.\n"
         "3. **Expert routing** — which expert translator each token was sent to.\n"
         "4. **Token alignment** — how the two tokenizations of the same text are matched.\n"
         "5. **Cache space** — native, translated and source K/V vectors projected to 2-D.\n"

@@ -25,11 +25,16 @@ app_state.run_caption(run)
 cfg = run.mot.translator.config
 out = run.translation.translated
 if out.key_routing is None or out.value_routing is None:
-    st.info(f"This checkpoint uses the **{cfg.variant}** variant: one translator per K/V path and no router, "
+    what = ("a closed-form linear map of the window (ridge regression)" if cfg.variant == "linear"
+            else "one translator per K/V path")
+    st.info(f"This checkpoint uses the **{cfg.variant}** variant: {what} and no router, "
             "so there is no routing to show. Choose a MoT checkpoint (variant 'mot') in the sidebar.")
     st.stop()
 
-st.markdown(f"{cfg.num_experts} experts per path, top-{cfg.top_k} kept per token.")
+st.markdown(f"{cfg.num_experts} experts per path, top-{cfg.top_k} kept per token."
+            + (" Every token also gets the **linear path** (the closed-form map the experts were initialised to "
+               "refine): its translation is that map's output plus the gate-weighted experts." if cfg.linear_residual
+               else ""))
 balance = pd.DataFrame([{"mixture": kv, **gate_balance(r.gates)}
                         for kv, r in (("K", out.key_routing), ("V", out.value_routing))])
 st.dataframe(balance, hide_index=True)

@@ -384,3 +384,16 @@ def test_a_shorter_closed_question_is_scored_by_choice():
     n_choices = len(load_dataset("arc-easy", n=50, seed=0)[0].choices)
     assert all(len(s.split(", ")) == n_choices for s in table["mean log p per choice"])
     assert torch.tensor([float(x) for x in table["mean log p per choice"][0].split(", ")]).le(0).all()
+
+
+def test_every_page_works_on_a_linear_checkpoint():
+    at = start()
+    at.selectbox(key="sb.checkpoint").set_value("smollm2-to-gemma3-linear")
+    at = use_free_text(at, FREE_TEXT)
+    for page in ("1_answers", "2_cache_error", "3_routing", "4_alignment", "5_cache_space", "6_training"):
+        at = goto(at, page)
+        assert not errors(at), (page, errors(at))
+    at = goto(at, "3_routing")
+    assert any("closed-form linear map" in i.value for i in at.info)
+    at = goto(at, "2_cache_error")
+    assert {t["legendgroup"] for t in figures(at)[2]["data"]} == {"linear", "mean vector"}
