@@ -61,6 +61,21 @@ def fit_linear(mot: MoT, bank: Bank, lambdas=LAMBDAS, val_fraction: float = 0.1)
     return report
 
 
+def trainable_parameters(mot: MoT, train_linear_path: bool = False) -> list[torch.nn.Parameter]:
+    """The parameters a training stage updates: all of them, or all but a mixture's fitted linear path.
+
+    The closed-form map is already the least-squares optimum of the translation term; Adam steps sized for
+    the experts would only add noise to it, so by default a linear-initialised mixture keeps it fixed
+    (``requires_grad`` off) and its experts learn the residual. A pure linear variant trains its map.
+    """
+    translator = mot.translator
+    keep_fixed = translator.linear is not None and translator.config.variant != "linear" and not train_linear_path
+    if keep_fixed:
+        for param in translator.linear.parameters():
+            param.requires_grad_(False)
+    return [p for p in translator.parameters() if p.requires_grad]
+
+
 def balance_loss(routing: Routing | None) -> torch.Tensor:
     """Switch-style load balancing: E · Σ_e (share of kept slots going to e) · (mean router probability of e).
 
@@ -114,16 +129,18 @@ def bank_stage(mot: MoT, bank: Bank, steps: int, lr: float, batch: int = 8, crop
                weight_decay: float = 0.01, warmup: int = 50, grad_clip: float = 1.0, balance_weight: float = 0.0,
                seed: int = 0, log_every: int = 100, rank: int = 0, world: int = 1,
                sync_grads: Callable[[list[torch.nn.Parameter]], None] | None = None,
-               log: Callable[[dict], None] | None = None, progress: bool = True) -> list[dict]:
+               log: Callable[[dict], None] | None = None, progress: bool = True,
+               params: list[torch.nn.Parameter] | None = None) -> list[dict]:
     """Train every translator parameter on the bank's translation term for `steps` AdamW steps.
 
     Each step takes `batch` random training contexts (a rank takes its own share under torchrun) and a
     random crop of each; the held-out contexts are scored every `log_every` steps. Returns the log rows.
+    `params` (default: every translator parameter) are the ones updated.
     """
     from tqdm import tqdm
 
     train, val = bank.split()
-    params = list(mot.translator.parameters())
+    params = list(mot.translator.parameters()) if params is None else params
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     gen = torch.Generator().manual_seed(seed * 1000 + rank)
     rows, window, t0 = [], [], time.perf_counter()

@@ -31,7 +31,7 @@ from .channels import (Channels, depth_ratio_candidates, depth_ratio_window, inj
 from .checkpoint import load_checkpoint, save_checkpoint
 from .errors import ConfigError
 from .models import LoadedModel, load_model
-from .fit import balance_loss, bank_stage, cosine_lr, fit_linear
+from .fit import balance_loss, bank_stage, cosine_lr, fit_linear, trainable_parameters
 from .layout import window_blocks
 from .mot import MoT, ReplayConfig, native_cache, prepare_source, replay, sparse_indices, translate_window
 from .translator import gate_balance
@@ -73,6 +73,7 @@ class TrainConfig:
     bank_batch: int = 8  # contexts per bank step
     bank_crop: int = 128  # tokens per context crop in a bank step
     bank_learning_rate: float = 1e-3  # peak learning rate of stage 1
+    train_linear_path: bool = False  # init=linear: also update the fitted linear path (default: kept fixed)
     log_every: int = 5  # optimiser steps per log line
     save_every: int = 25  # optimiser steps per checkpoint
     seed: int = 42
@@ -288,7 +289,7 @@ def proxy_window_search(cfg: TrainConfig, source: LoadedModel, target: LoadedMod
 
 
 def _bank_stages(cfg: TrainConfig, mot: MoT, source: LoadedModel, target: LoadedModel, run_dir: Path, rank: int,
-                 world: int, log, progress: bool) -> dict:
+                 world: int, log, progress: bool, params: list[torch.nn.Parameter]) -> dict:
     """Build (or reuse) the bank, fit the linear path in closed form, then the bank stage; returns their summary."""
     from .bank import build_bank
 
@@ -322,7 +323,8 @@ def _bank_stages(cfg: TrainConfig, mot: MoT, source: LoadedModel, target: Loaded
         rows = bank_stage(mot, bank, cfg.bank_steps, cfg.bank_learning_rate, batch=cfg.bank_batch, crop=cfg.bank_crop,
                           weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip_norm,
                           balance_weight=cfg.balance_weight, seed=cfg.seed, rank=rank, world=world,
-                          sync_grads=lambda params: _all_reduce_grads(params, world), log=write, progress=progress)
+                          sync_grads=lambda ps: _all_reduce_grads(ps, world), log=write, progress=progress,
+                          params=params)
         summary["bank_stage"] = rows[-1]
     if rank == 0:
         (run_dir / "bank_stage.json").write_text(json.dumps(summary, indent=2))
@@ -365,7 +367,7 @@ def train(cfg: TrainConfig, resume: bool = False, source: LoadedModel | None = N
                     variant=cfg.variant, num_experts=cfg.mot_num_translators, top_k=cfg.mot_top_k,
                     output_activation=cfg.output_activation, key_space=cfg.key_space,
                     linear_residual=cfg.init == "linear" and cfg.variant != "linear")
-    params = [p for p in mot.translator.parameters()]
+    params = trainable_parameters(mot, cfg.train_linear_path)
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     step = 0
     stage_metrics: dict = {}
@@ -381,7 +383,7 @@ def train(cfg: TrainConfig, resume: bool = False, source: LoadedModel | None = N
             (run_dir / "channel_profile.json").write_text(json.dumps(channel_profile, indent=2))
         (run_dir / "log.jsonl").write_text("")
     if cfg.uses_bank and not resumed:  # stage 1: a killed run redoes it, deterministically, on --resume
-        stage_metrics = _bank_stages(cfg, mot, source, target, run_dir, rank, world, log, progress)
+        stage_metrics = _bank_stages(cfg, mot, source, target, run_dir, rank, world, log, progress, params)
         if cfg.max_steps == 0 and rank == 0:
             _save_state(run_dir, mot, optimizer, 0, cfg, stage_metrics)
     mot.train()
