@@ -164,8 +164,9 @@ def summarize_fidelity(table: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([per_layer, overall], ignore_index=True)
 
 
-def recorded_fidelity_table(config: dict) -> pd.DataFrame | None:
-    """The window averages recorded in a checkpoint's config.json (metrics.fidelity), one row per corpus × candidate."""
+def recorded_fidelity_table(config: dict, per_layer: bool = False) -> pd.DataFrame | None:
+    """The fidelity recorded in a checkpoint's config.json (metrics.fidelity): one row per corpus × candidate with
+    the window averages, or with per_layer one row per corpus × candidate × window layer."""
     recorded = (config.get("metrics") or {}).get("fidelity")
     if not isinstance(recorded, dict):
         return None
@@ -174,8 +175,9 @@ def recorded_fidelity_table(config: dict) -> pd.DataFrame | None:
         if not isinstance(entry, dict) or "rows" not in entry:
             continue
         for row in entry["rows"]:
-            if row.get("layer") == "window":
+            if (row.get("layer") == "window") != per_layer:
                 rows.append({"held-out text": corpus, "n": entry.get("contexts"), "candidate": row["candidate"],
+                             **({"layer": row["layer"]} if per_layer else {}),
                              **{m: round(row[m], 3) for m in METRICS if m in row}})
     return pd.DataFrame(rows) if rows else None
 

@@ -66,6 +66,8 @@ if fidelity is not None:
                "held-out passages and window layers of each metric (cosines to the native window, relative error, "
                "attention-output cosine), beside the mean-vector baseline. Per layer: Per-layer cache error page.")
     st.dataframe(fidelity, hide_index=True, width="stretch")
+    with st.expander("Per window layer"):
+        st.dataframe(recorded_fidelity_table(config, per_layer=True), hide_index=True, width="stretch")
 
 left, right = st.columns(2)
 with left:
