@@ -164,6 +164,17 @@ def summarize_fidelity(table: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([per_layer, overall], ignore_index=True)
 
 
+def fidelity_record(table: pd.DataFrame, corpus: str, means: MeanVectors) -> dict:
+    """What `--record` stores per corpus under metrics.fidelity: the setup and the per-layer and window means."""
+    from .bank import CORPORA
+
+    translator = table[table.candidate != "mean vector"]
+    return {"description": CORPORA.get(corpus, corpus), "contexts": int(table.context.nunique()),
+            "tokens": int(translator.groupby("context").tokens.first().sum()),
+            "mean_vector_reference": f"{means.tokens} tokens of {means.corpus}",
+            "rows": json.loads(summarize_fidelity(table).to_json(orient="records"))}
+
+
 def recorded_fidelity_table(config: dict, per_layer: bool = False) -> pd.DataFrame | None:
     """The fidelity recorded in a checkpoint's config.json (metrics.fidelity): one row per corpus × candidate with
     the window averages, or with per_layer one row per corpus × candidate × window layer."""
@@ -209,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=40, help="contexts per corpus")
     parser.add_argument("--reference_n", type=int, default=40, help="LAMBADA training passages for the mean vectors")
     parser.add_argument("--record", action="store_true", help="write the summary into each config.json (metrics.fidelity)")
-    parser.add_argument("--out", help="folder for the per-context CSV and the summary JSON")
+    parser.add_argument("--out", help="folder for the per-context CSVs (one per checkpoint and corpus)")
     args = parser.parse_args(argv)
     configs = [read_config(c) for c in args.checkpoint]
     source, target = load_model(configs[0]["source"]["name"]), load_model(configs[0]["target"]["name"])
@@ -220,13 +231,10 @@ def main(argv: list[str] | None = None) -> int:
         recorded = {}
         for corpus in args.corpus:
             table = fidelity_table(mot, source, target, heldout_texts(target, corpus, args.n), means)
+            recorded[corpus] = fidelity_record(table, corpus, means)
             summary = summarize_fidelity(table)
-            recorded[corpus] = {"description": CORPORA[corpus], "contexts": args.n,
-                                "tokens": int(table[table.candidate == "translator"].groupby("context").tokens.first().sum()),
-                                "mean_vector_reference": f"{means.tokens} tokens of {means.corpus}",
-                                "rows": json.loads(summary.to_json(orient="records"))}
             window = summary[summary.layer == "window"].set_index("candidate")
-            print(f"{Path(path).name} on {corpus} (n={args.n}):")
+            print(f"{Path(path).name} on {corpus} (n={len(table.context.unique())}):")
             print(window[list(METRICS)].round(3).to_string())
             if args.out:
                 out = Path(args.out)

@@ -397,3 +397,22 @@ def test_every_page_works_on_a_linear_checkpoint():
     assert any("closed-form linear map" in i.value for i in at.info)
     at = goto(at, "2_cache_error")
     assert {t["legendgroup"] for t in figures(at)[2]["data"]} == {"linear", "mean vector"}
+
+
+def test_training_page_shows_the_recorded_held_out_fidelity(pretrained):
+    from mot_viz.checkpoint import record_metrics
+    from mot_viz.fidelity import fidelity_record, fidelity_table, mean_vectors
+
+    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
+    path = pretrained["smollm2-to-gemma3"]
+    mot, _ = load_checkpoint(path, source, target)
+    means = mean_vectors(target, mot.channels.target_layers, [FREE_TEXT], "test prose")
+    table = fidelity_table(mot, source, target, [FREE_TEXT, FREE_TEXT[::-1]], means, progress=False)
+    record_metrics(path, "fidelity", {"command": "test", "squad": fidelity_record(table, "squad", means)})
+    at = goto(start(), "6_training")
+    shown = next(d.value for d in at.dataframe if tuple(d.value.columns)[0] == "held-out text")
+    assert list(shown["candidate"]) == ["translator", "mean vector"] and list(shown["n"]) == [2, 2]
+    expected = table[table.candidate == "translator"]["centered_cos_k"].mean()
+    assert shown.iloc[0]["centered_cos_k"] == pytest.approx(round(expected, 3))
+    per_layer = [d.value for d in at.dataframe if "layer" in d.value.columns and "held-out text" in d.value.columns]
+    assert len(per_layer) == 1 and sorted(set(per_layer[0]["layer"])) == sorted(mot.channels.target_layers)
