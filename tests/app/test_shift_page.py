@@ -114,3 +114,13 @@ def test_free_text_without_question_asks_for_one():
     at.switch_page(PAGE).run()
     assert not at.exception, at.exception
     assert any("has no answer to trace" in i.value for i in at.info)
+
+
+def test_page_runs_on_a_linear_checkpoint():
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.run()
+    at.selectbox(key="sb.checkpoint").set_value("smollm2-to-gemma3-linear")
+    next(b for b in at.button if b.label == "Translate").click().run()
+    at.switch_page(PAGE).run()
+    assert not at.exception, at.exception
+    assert not at.error and len(figures(at)) > 0

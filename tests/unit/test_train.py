@@ -124,7 +124,10 @@ def test_resume_after_an_interrupt_matches_an_uninterrupted_run(tmp_path, monkey
     assert all(torch.allclose(a[k], b[k], atol=1e-6, rtol=0) for k in a)
 
 
-def test_two_processes_keep_identical_translators(tmp_path):
+@pytest.mark.parametrize("extra", ["", ", init='linear', bank_steps=3, bank_batch=2, bank_crop=12, bank_tokens=160, "
+                                   "bank_min_tokens=16, bank_max_tokens=32, translation_weight=0.5"],
+                         ids=["replay stage", "with bank stage"])
+def test_two_processes_keep_identical_translators(tmp_path, extra):
     source, target = _pair()
     for lm, name in ((source, "src"), (target, "tgt")):
         lm.model.save_pretrained(tmp_path / name)
@@ -143,7 +146,7 @@ import mot_viz.train as t
 cfg = TrainConfig(source={str(tmp_path / 'src')!r}, target={str(tmp_path / 'tgt')!r}, output_dir={str(tmp_path / 'run')!r},
                   max_steps=3, batch_size=1, grad_accum_steps=1, total_tokens=24, prefix_tokens=12, learning_rate=1e-2,
                   warmup_steps=1, translator_dim=16, translator_heads=2, mot_num_translators=2, mot_top_k=1,
-                  max_window_size_ratio=0.5, topk_sparse_attn=4, num_bottom_full_attn=1, log_every=1, save_every=1)
+                  max_window_size_ratio=0.5, topk_sparse_attn=4, num_bottom_full_attn=1, log_every=1, save_every=1{extra})
 captured = {{}}
 real_build = t.MoT.build
 def build(*a, **k):
@@ -154,7 +157,7 @@ train(cfg, bank=load_file({str(tmp_path / 'bank.safetensors')!r})['bank'], progr
 rank = os.environ['RANK']
 save_file({{k: v.contiguous() for k, v in captured['mot'].translator.state_dict().items()}}, {str(tmp_path)!r} + f'/rank{{rank}}.safetensors')
 """)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "MOT_VIZ_CACHE": str(tmp_path / "cache")}
     torchrun = Path(sys.executable).with_name("torchrun")
     proc = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_port", "29517", str(script)],
                           env=env, capture_output=True, text=True, timeout=600)
@@ -166,6 +169,10 @@ save_file({{k: v.contiguous() for k, v in captured['mot'].translator.state_dict(
     assert all(torch.equal(saved[k], r0[k]) for k in r0)
     log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert len(log) == 3  # only rank 0 logs
+    if extra:  # the bank was built once (by rank 0) and the bank stage ran on both ranks in step
+        summary = json.loads((tmp_path / "run" / "bank_stage.json").read_text())
+        assert summary["bank_stage"]["bank_step"] == 3
+        assert len(list((tmp_path / "cache" / "banks").iterdir())) == 1
 
 
 def test_depth_ratio_search_scores_every_window_and_picks_the_best(tmp_path):
