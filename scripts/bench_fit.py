@@ -79,7 +79,8 @@ def main() -> None:
     if args.out:
         Path(args.out).write_text("# Benchmark: bank, linear fit and training stages\n\n"
                                   "`OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_fit.py "
-                                  f"--tokens {args.tokens} --out {args.out}`\n\n" + text)
+                                  f"--tokens {args.tokens} --bank_steps {args.bank_steps} --replay_steps "
+                                  f"{args.replay_steps} --out {args.out}`\n\n" + text)
     print(text)
 
 
