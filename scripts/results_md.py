@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from mot_viz.evaluate import EvalSettings, markdown_table, paired_differences, paired_markdown  # noqa: E402
 
 # (first checkpoint, second checkpoint): paired over the examples both were evaluated on, first − second
-COMPARISONS = [("pretrained/smollm2-to-gemma3", "pretrained/smollm2-to-gemma3-single")]
+COMPARISONS = [("pretrained/smollm2-to-gemma3-v1", "pretrained/smollm2-to-gemma3-single-v1")]
 
 
 def training_table() -> str:
