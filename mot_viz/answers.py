@@ -58,11 +58,9 @@ def mean_vector_cache(mot: MoT, target: LoadedModel, translation: Translation, m
 
     `means` is a mot_viz.fidelity.MeanVectors of this target and window; the sparse indices are the translation's.
     """
-    n = translation.target_ids.shape[1]
+    k, v = means.blocks(translation.target_ids.shape[1])
     with torch.no_grad():
-        k, v = means.keys.expand(1, n, -1, -1), means.values.expand(1, n, -1, -1)
-        return replay(target, translation.target_ids, mot.channels.target_layers, k.contiguous(), v.contiguous(),
-                      translation.sparse_indices)
+        return replay(target, translation.target_ids, mot.channels.target_layers, k, v, translation.sparse_indices)
 
 
 def answer_is_complete(text: str) -> bool:

@@ -28,14 +28,14 @@ from .answers import CONDITION_LABELS, Answer, answer_from_cache, condition_cach
 from .checkpoint import load_checkpoint, read_config
 from .data import BUILTIN_DATASETS, PLAIN, ChatFrame, QAExample, build_prompt, choice_label_texts, question_suffix
 from .errors import CheckpointError, ModelLoadError, MotVizError
-from .fidelity import MeanVectors, heldout_texts, mean_vectors, translation_fidelity
+from .fidelity import MeanVectors, reference_means, translation_fidelity
 from .figures import token_labels
 from .models import BUNDLED_MODELS, DEFAULT_SOURCE, DEFAULT_TARGET, LoadedModel, load_model
 from .mot import MoT, Translation, check_pair, translate
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CHECKPOINT = "smollm2-to-gemma3"
-MEAN_VECTOR_PASSAGES = 16  # LAMBADA passages behind the mean-vector baseline on the pages
+MEAN_VECTOR_PASSAGES = 16  # LAMBADA passages behind the pages' mean-vector baseline (fewer than the CLIs' 40: start-up)
 MAX_CONTEXT_TOKENS = 1024  # the app's cap on target tokens: CPU time grows with the context
 EXAMPLES_PER_DATASET = 50  # examples offered per dataset (load_dataset(name, n=50, seed=0))
 DEFAULT_MAX_NEW_TOKENS = 24  # the evaluator's generation length, so the app's answers match its numbers
@@ -228,8 +228,7 @@ def _cached_answer(key: TranslationKey, condition: str, example: QAExample, suff
 
 @st.cache_resource(show_spinner=False, max_entries=4)
 def _cached_mean_vectors(target: str, layers: tuple[int, ...], test: bool) -> MeanVectors:
-    tgt = get_model(target)
-    return mean_vectors(tgt, layers, heldout_texts(tgt, "lambada", MEAN_VECTOR_PASSAGES), "lambada")
+    return reference_means(get_model(target), layers, MEAN_VECTOR_PASSAGES)
 
 
 def linear_baseline_for(sel: Selection, mot: MoT) -> str | None:

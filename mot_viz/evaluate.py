@@ -182,7 +182,6 @@ def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFra
     return pd.DataFrame(out)
 
 
-MEAN_VECTOR_PASSAGES = 40  # LAMBADA training passages behind the mean-vector control (as mot_viz.fidelity)
 PAIRS = (("mot", "random"), ("mot", "no_context"), ("mot", "mean"), ("mot", "native"), ("mot", "second"),
          ("second", "mean"), ("second", "no_context"))
 
@@ -234,10 +233,9 @@ def run(settings: EvalSettings, out_dir: Path, progress: bool = True) -> pd.Data
     settings.prompt = "plain" if target.chat_frame is None else f"chat template of {target.spec.name}"
     means = None
     if "mean" in settings.conditions:
-        from .fidelity import heldout_texts, mean_vectors
+        from .fidelity import reference_means
 
-        means = mean_vectors(target, mot.channels.target_layers,
-                             heldout_texts(target, "lambada", MEAN_VECTOR_PASSAGES), "lambada")
+        means = reference_means(target, mot.channels.target_layers)
     frames = []
     for name in settings.datasets:
         examples = load_dataset(name, n=settings.n, seed=settings.seed)

@@ -26,6 +26,7 @@ from .models import LoadedModel
 from .channels import Channels
 from .mot import MoT, Translation, _with_bos, target_context_ids, translate
 
+REFERENCE_PASSAGES = 40  # LAMBADA training passages behind the mean-vector baseline (fidelity CLI, evaluator)
 METRICS = ("raw_cos_k", "centered_cos_k", "rel_err_k", "raw_cos_v", "centered_cos_v", "rel_err_v", "attn_out_cos")
 _EPS = 1e-12
 
@@ -74,6 +75,10 @@ class MeanVectors:
     corpus: str
     tokens: int
 
+    def blocks(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The mean-vector window for n tokens: K and V blocks [1, n, W, H_T], every token the same."""
+        return (self.keys.expand(1, n, -1, -1).contiguous(), self.values.expand(1, n, -1, -1).contiguous())
+
 
 @torch.no_grad()
 def mean_vectors(target: LoadedModel, layers, texts: list[str], corpus: str) -> MeanVectors:
@@ -91,6 +96,11 @@ def mean_vectors(target: LoadedModel, layers, texts: list[str], corpus: str) -> 
     return MeanVectors(sums_k / tokens, sums_v / tokens, corpus, tokens)
 
 
+def reference_means(target: LoadedModel, layers, passages: int = REFERENCE_PASSAGES) -> MeanVectors:
+    """The mean-vector baseline's reference: the mean native window over the first `passages` LAMBADA passages."""
+    return mean_vectors(target, layers, heldout_texts(target, "lambada", passages), "lambada")
+
+
 @torch.no_grad()
 def translation_fidelity(translation: Translation, target: LoadedModel, channels: Channels,
                          means: MeanVectors | None = None, candidate: str = "translator") -> list[dict]:
@@ -103,7 +113,7 @@ def translation_fidelity(translation: Translation, target: LoadedModel, channels
     n = nk.shape[1]
     candidates = {candidate: (translation.translated.keys, translation.translated.values)}
     if means is not None:
-        candidates["mean vector"] = (means.keys.expand(1, n, -1, -1), means.values.expand(1, n, -1, -1))
+        candidates["mean vector"] = means.blocks(n)
     rows = []
     n_kv = target.spec.num_kv_heads
     for name, (ck, cv) in candidates.items():
@@ -123,8 +133,8 @@ def translation_fidelity(translation: Translation, target: LoadedModel, channels
 
 def context_fidelity(mot: MoT, source: LoadedModel, target: LoadedModel, text: str,
                      means: MeanVectors | None = None) -> list[dict]:
-    """`translation_fidelity` of a fresh translation of `text`."""
-    return translation_fidelity(translate(mot, source, target, text), target, mot.channels, means)
+    """`translation_fidelity` of a fresh translation of `text` (its native cache comes from the query-recording pass)."""
+    return translation_fidelity(translate(mot, source, target, text, with_native=False), target, mot.channels, means)
 
 
 def fidelity_verdicts(rows: pd.DataFrame, candidate: str = "translator") -> list[str]:
@@ -218,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus", nargs="+", default=["squad", "lambada-heldout"], choices=sorted(CORPORA),
                         help="held-out text to measure on")
     parser.add_argument("--n", type=int, default=40, help="contexts per corpus")
-    parser.add_argument("--reference_n", type=int, default=40, help="LAMBADA training passages for the mean vectors")
+    parser.add_argument("--reference_n", type=int, default=REFERENCE_PASSAGES,
+                        help="LAMBADA training passages for the mean vectors")
     parser.add_argument("--record", action="store_true", help="write the summary into each config.json (metrics.fidelity)")
     parser.add_argument("--out", help="folder for the per-context CSVs (one per checkpoint and corpus)")
     args = parser.parse_args(argv)
@@ -226,8 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     source, target = load_model(configs[0]["source"]["name"]), load_model(configs[0]["target"]["name"])
     for path in args.checkpoint:
         mot, _ = load_checkpoint(path, source, target)
-        means = mean_vectors(target, mot.channels.target_layers,
-                             heldout_texts(target, "lambada", args.reference_n), "lambada")
+        means = reference_means(target, mot.channels.target_layers, args.reference_n)
         recorded = {}
         for corpus in args.corpus:
             table = fidelity_table(mot, source, target, heldout_texts(target, corpus, args.n), means)

@@ -144,10 +144,10 @@ class LinearKVMap(nn.Module):
 
     def __init__(self, cfg: TranslatorConfig):
         super().__init__()
-        features = 2 * cfg.window * cfg.source_kv_hidden
+        n_features = 2 * cfg.window * cfg.source_kv_hidden
         self.window, self.out_hidden = cfg.window, cfg.target_kv_hidden
-        self.key_proj = nn.Linear(features, cfg.window * cfg.target_kv_hidden)
-        self.value_proj = nn.Linear(features, cfg.window * cfg.target_kv_hidden)
+        self.key_proj = nn.Linear(n_features, cfg.window * cfg.target_kv_hidden)
+        self.value_proj = nn.Linear(n_features, cfg.window * cfg.target_kv_hidden)
         for proj in (self.key_proj, self.value_proj):  # zeros until fitted: an unfitted map writes nothing
             nn.init.zeros_(proj.weight)
             nn.init.zeros_(proj.bias)
