@@ -26,26 +26,44 @@ FORMAT_VERSION = 1
 _PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")
 
 
-def save_checkpoint(mot: MoT, path: str | Path, dtype: torch.dtype = torch.float32,
-                    training: dict | None = None, metrics: dict | None = None, extra: dict | None = None) -> Path:
-    """Write the checkpoint folder atomically (a temporary folder renamed into place)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+def write_checkpoint(mot: MoT, folder: Path, dtype: torch.dtype = torch.float32, training: dict | None = None,
+                     metrics: dict | None = None, extra: dict | None = None) -> Path:
+    """Write config.json and the weights into a fresh folder (not atomic: see save_checkpoint)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
     config = {"format_version": FORMAT_VERSION, **mot_config_json(mot), "training": training or {},
               "metrics": metrics or {}, **(extra or {})}
-    (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
     state = {k: v.detach().to(dtype).contiguous() for k, v in mot.translator.state_dict().items()}
-    save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format_version": str(FORMAT_VERSION)})
+    nonfinite = [k for k, v in state.items() if not torch.isfinite(v).all()]
+    if nonfinite:  # NaN from a diverged run, or Inf from a value beyond fp16's range
+        shutil.rmtree(folder, ignore_errors=True)
+        raise CheckpointError(f"refusing to save NaN/Inf weights ({', '.join(nonfinite[:5])}) as {dtype}: "
+                              "the run diverged (lower the learning rate) or the values exceed the dtype's range.")
+    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+    save_file(state, str(folder / WEIGHTS_FILE), metadata={"format_version": str(FORMAT_VERSION)})
+    return folder
+
+
+def swap_into_place(tmp: Path, path: Path) -> Path:
+    """Rename a finished folder over path; a kill between the renames leaves path.old-PID and tmp, both whole."""
     if path.exists():
         old = path.with_name(path.name + f".old-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
         os.replace(path, old)
         os.replace(tmp, path)
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, path)
     return path
+
+
+def save_checkpoint(mot: MoT, path: str | Path, dtype: torch.dtype = torch.float32,
+                    training: dict | None = None, metrics: dict | None = None, extra: dict | None = None) -> Path:
+    """Write the checkpoint folder atomically (a temporary folder renamed into place)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    write_checkpoint(mot, tmp, dtype, training, metrics, extra)
+    return swap_into_place(tmp, path)
 
 
 def read_config(path: str | Path) -> dict:
@@ -114,6 +132,12 @@ def load_checkpoint(path: str | Path, source=None, target=None) -> tuple[MoT, di
     bad = [k for k, v in state.items() if v.shape != expected[k].shape]
     if bad:
         raise CheckpointError(f"{weights}: wrong shapes for {bad[:5]}.")
+    nonfinite = [k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if nonfinite:
+        raise CheckpointError(
+            f"{weights} holds NaN or Inf values in {', '.join(nonfinite[:5])}{'…' if len(nonfinite) > 5 else ''}: "
+            "the training run diverged or the file was damaged. Use an earlier checkpoint or retrain."
+        )
     mot.translator.load_state_dict({k: v.float() for k, v in state.items()})
     mot.eval()
     return mot, config

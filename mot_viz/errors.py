@@ -17,6 +17,10 @@ class ContextError(MotVizError):
     """A context that is empty or longer than a model allows."""
 
 
+class TranslationError(MotVizError):
+    """A translation that produced non-finite K/V: never passed on to a page or a score."""
+
+
 class ConfigError(MotVizError):
     """A configuration value outside its valid range."""
 

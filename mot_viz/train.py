@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import random
 import sys
@@ -23,13 +24,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
-from . import hf
+from . import hf, runs
 from .channels import (Channels, depth_ratio_candidates, depth_ratio_window, injection_channels, terminal_channels,
                        window_size_range)
-from .checkpoint import load_checkpoint, save_checkpoint
-from .errors import ConfigError
+from .errors import ConfigError, MotVizError
 from .models import LoadedModel, load_model
 from .fit import balance_loss, bank_stage, cosine_lr, fit_linear, trainable_parameters
 from .layout import window_blocks
@@ -103,6 +102,16 @@ class TrainConfig:
             raise ConfigError(f"init must be 'random' or 'linear', not '{self.init}'")
         if self.bank_steps < 0 or self.translation_weight < 0 or self.balance_weight < 0:
             raise ConfigError("bank_steps, translation_weight and balance_weight must be >= 0")
+        for name in ("learning_rate", "bank_learning_rate", "grad_clip_norm"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
+        for name in ("weight_decay", "mse_weight"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.log_every < 1 or self.save_every < 1 or self.warmup_steps < 0:
+            raise ConfigError("log_every and save_every must be >= 1, warmup_steps >= 0")
 
     @property
     def uses_bank(self) -> bool:
@@ -119,8 +128,11 @@ class TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ConfigError(f"unknown training config keys: {unknown}")
-        return cls(**data)
+            raise ConfigError(f"unknown training config keys: {unknown}. Known keys: python -m mot_viz.train --help")
+        try:
+            return cls(**data)
+        except TypeError as exc:  # e.g. a string where a number belongs
+            raise ConfigError(f"invalid training config: {exc}") from exc
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
@@ -190,46 +202,6 @@ def _all_reduce_grads(params: list[torch.nn.Parameter], world: int) -> None:
             p.grad = torch.zeros_like(p)
         dist.all_reduce(p.grad)
         p.grad /= world
-
-
-# ----- state on disk: safetensors + JSON only -----------------------------------------------------------
-
-
-def _save_state(run_dir: Path, mot: MoT, optimizer: torch.optim.Optimizer, step: int, cfg: TrainConfig,
-                metrics: dict) -> None:
-    ckpt = run_dir / "checkpoint"
-    save_checkpoint(mot, ckpt, training={**asdict(cfg), "steps_done": step}, metrics=metrics)
-    names = {id(p): n for n, p in mot.translator.named_parameters()}
-    tensors = {}
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            state = optimizer.state.get(p, {})
-            for key in ("exp_avg", "exp_avg_sq"):
-                if key in state:
-                    tensors[f"{names[id(p)]}::{key}"] = state[key].contiguous()
-    adam_step = next((float(s["step"]) for s in optimizer.state.values() if "step" in s), 0.0)
-    tmp = run_dir / f"optimizer.safetensors.tmp-{os.getpid()}"
-    save_file(tensors, str(tmp))
-    os.replace(tmp, run_dir / "optimizer.safetensors")
-    tmp_json = run_dir / f"train_state.json.tmp-{os.getpid()}"
-    tmp_json.write_text(json.dumps({"step": step, "adam_step": adam_step}))
-    os.replace(tmp_json, run_dir / "train_state.json")
-
-
-def _load_state(run_dir: Path, mot: MoT, optimizer: torch.optim.Optimizer) -> int:
-    state = json.loads((run_dir / "train_state.json").read_text())
-    trained, _ = load_checkpoint(run_dir / "checkpoint")
-    mot.translator.load_state_dict(trained.translator.state_dict())
-    tensors = load_file(str(run_dir / "optimizer.safetensors"))
-    params = dict(mot.translator.named_parameters())
-    for name, p in params.items():
-        if f"{name}::exp_avg" in tensors:
-            optimizer.state[p] = {
-                "step": torch.tensor(state["adam_step"]),
-                "exp_avg": tensors[f"{name}::exp_avg"].clone(),
-                "exp_avg_sq": tensors[f"{name}::exp_avg_sq"].clone(),
-            }
-    return int(state["step"])
 
 
 # ----- channels -----------------------------------------------------------------------------------------
@@ -340,13 +312,24 @@ def _seed_everything(seed: int) -> None:
 
 
 def train(cfg: TrainConfig, resume: bool = False, source: LoadedModel | None = None,
-          target: LoadedModel | None = None, bank: torch.Tensor | None = None, progress: bool = True) -> Path:
-    """Run (or resume) training; returns the run folder. Models and the sequence bank can be passed in (tests)."""
+          target: LoadedModel | None = None, bank: torch.Tensor | None = None, progress: bool = True,
+          overwrite: bool = False) -> Path:
+    """Run (or resume) training; returns the run folder. Models and the sequence bank can be passed in (tests).
+
+    A folder that holds a run needs resume (continue it) or overwrite (replace it); nothing is replaced silently.
+    """
     from tqdm import tqdm
 
     rank, world = init_distributed()
     run_dir = Path(cfg.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if rank == 0:
+        resume = runs.prepare_run_dir(run_dir, resume, overwrite)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        runs.clean_run_dir(run_dir)
+    dist = _dist()
+    if dist is not None:
+        dist.barrier()  # the other ranks read the folder only once rank 0 has checked and recovered it
+    resumed = resume and runs.has_state(run_dir)
     log = (lambda msg: print(f"[train] {msg}", file=sys.stderr, flush=True)) if rank == 0 else (lambda msg: None)
     _seed_everything(cfg.seed)
     source = source or load_model(cfg.source)
@@ -355,7 +338,7 @@ def train(cfg: TrainConfig, resume: bool = False, source: LoadedModel | None = N
         from .data import training_sequences
 
         bank = training_sequences(target.tokenizer, cfg.total_tokens, n_sequences=cfg.num_sequences, seed=cfg.seed)
-    if resume and (run_dir / "train_state.json").exists():
+    if resumed:
         channels = Channels.from_json(json.loads((run_dir / "checkpoint" / "config.json").read_text())["channels"])
         channel_profile = json.loads((run_dir / "channel_profile.json").read_text()) if (run_dir / "channel_profile.json").exists() else {}
     else:
@@ -371,10 +354,11 @@ def train(cfg: TrainConfig, resume: bool = False, source: LoadedModel | None = N
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     step = 0
     stage_metrics: dict = {}
-    resumed = resume and (run_dir / "train_state.json").exists()
     if resumed:
-        step = _load_state(run_dir, mot, optimizer)
+        step = runs.load_state(run_dir, mot, optimizer)
         stage_metrics = json.loads((run_dir / "bank_stage.json").read_text()) if (run_dir / "bank_stage.json").exists() else {}
+        if rank == 0:
+            runs.truncate_log(run_dir / runs.LOG_FILE, step)
         log(f"resumed from step {step}")
     elif rank == 0:
         (run_dir / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2))
@@ -385,7 +369,7 @@ def train(cfg: TrainConfig, resume: bool = False, source: LoadedModel | None = N
     if cfg.uses_bank and not resumed:  # stage 1: a killed run redoes it, deterministically, on --resume
         stage_metrics = _bank_stages(cfg, mot, source, target, run_dir, rank, world, log, progress, params)
         if cfg.max_steps == 0 and rank == 0:
-            _save_state(run_dir, mot, optimizer, 0, cfg, stage_metrics)
+            runs.save_state(run_dir, mot, optimizer, 0, asdict(cfg), stage_metrics)
     mot.train()
     rows_per_step = cfg.batch_size * cfg.grad_accum_steps * world
     start_time = time.time()
@@ -429,57 +413,78 @@ def train(cfg: TrainConfig, resume: bool = False, source: LoadedModel | None = N
                     f.write(json.dumps(row) + "\n")
                 last, window = row, []
             if rank == 0 and (step % cfg.save_every == 0 or step == cfg.max_steps):
-                _save_state(run_dir, mot, optimizer, step, cfg, {**stage_metrics, "last_log": last})
+                runs.save_state(run_dir, mot, optimizer, step, asdict(cfg), {**stage_metrics, "last_log": last})
     except KeyboardInterrupt:
         if rank == 0 and completed > 0:
             # an unfinished step's gradients are discarded; the parameters are those of step `completed`
-            _save_state(run_dir, mot, optimizer, completed, cfg, {**stage_metrics, "last_log": last})
+            runs.save_state(run_dir, mot, optimizer, completed, asdict(cfg), {**stage_metrics, "last_log": last})
             log(f"interrupted: checkpoint of step {completed} saved in {run_dir / 'checkpoint'} (continue with --resume)")
         raise
     finally:
         bar.close()
     mot.eval()
     log(f"done: {step} steps in {time.time() - start_time:.0f} s -> {run_dir / 'checkpoint'}")
-    dist = _dist()
     if dist is not None:
         dist.barrier()
     return run_dir
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
-    """--config FILE, then --key value overrides for any TrainConfig field, plus --resume."""
+def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, bool, bool]:
+    """--config FILE, then --key value overrides for any TrainConfig field, plus --resume / --overwrite.
+
+    Every mistake in the arguments or the config file raises ConfigError before any model is loaded.
+    """
     parser = argparse.ArgumentParser(description="Train a MoT translator with the Context Correction Loss.")
     parser.add_argument("--config", help="JSON file of TrainConfig fields")
     parser.add_argument("--resume", action="store_true", help="continue the run in --output_dir from its checkpoint")
+    parser.add_argument("--overwrite", action="store_true", help="replace the run already in --output_dir")
     for f in dataclasses.fields(TrainConfig):
         parser.add_argument(f"--{f.name}", default=None, help=f"override {f.name} (default {f.default!r})")
     args = parser.parse_args(argv)
-    data = json.loads(Path(args.config).read_text()) if args.config else {}
+    data = _read_json(Path(args.config), "--config") if args.config else {}
     if args.resume and args.output_dir and not args.config and (Path(args.output_dir) / "train_config.json").exists():
-        data = json.loads((Path(args.output_dir) / "train_config.json").read_text())
+        data = _read_json(Path(args.output_dir) / "train_config.json", "the run's train_config.json")
     types = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
     for name in types:
         raw = getattr(args, name)
         if raw is None:
             continue
         current = data.get(name, TrainConfig.__dataclass_fields__[name].default)
-        if raw.lower() == "none":
-            data[name] = None
-        elif isinstance(current, bool):
-            data[name] = raw.lower() in ("1", "true", "yes")
-        elif isinstance(current, int) or types[name] in ("int", "int | None"):
-            data[name] = int(raw)
-        elif isinstance(current, float):
-            data[name] = float(raw)
-        else:
-            data[name] = raw
-    return TrainConfig.from_json(data), args.resume
+        try:
+            if raw.lower() == "none":
+                data[name] = None
+            elif isinstance(current, bool):
+                data[name] = raw.lower() in ("1", "true", "yes")
+            elif isinstance(current, int) or types[name] in ("int", "int | None"):
+                data[name] = int(raw)
+            elif isinstance(current, float):
+                data[name] = float(raw)
+            else:
+                data[name] = raw
+        except ValueError:
+            raise ConfigError(f"--{name} {raw!r} is not a number; it takes a value like {current!r}.") from None
+    return TrainConfig.from_json(data), args.resume, args.overwrite
+
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{what} '{path}' cannot be read ({exc.strerror}). Give the path of a JSON config file.") from exc
+    except ValueError as exc:
+        raise ConfigError(f"{what} '{path}' is not valid JSON ({exc}). Fix the file; configs/ has examples.") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} '{path}' must hold a JSON object of TrainConfig fields, not {type(data).__name__}.")
+    return data
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg, resume = parse_args(argv)
     try:
-        train(cfg, resume=resume)
+        cfg, resume, overwrite = parse_args(argv)
+        train(cfg, resume=resume, overwrite=overwrite)
+    except MotVizError as exc:  # one message with its fix, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     return 0

@@ -79,9 +79,10 @@ def test_schedule_warms_up_then_follows_a_cosine_to_zero():
 def test_config_overrides_and_validation(tmp_path):
     cfg_file = tmp_path / "c.json"
     cfg_file.write_text(json.dumps({"max_steps": 7, "variant": "single"}))
-    cfg, resume = train_mod.parse_args(["--config", str(cfg_file), "--max_steps", "9", "--learning_rate", "0.5",
-                                        "--topk_sparse_attn", "none", "--resume"])
-    assert (cfg.max_steps, cfg.variant, cfg.learning_rate, cfg.topk_sparse_attn, resume) == (9, "single", 0.5, None, True)
+    cfg, resume, overwrite = train_mod.parse_args(["--config", str(cfg_file), "--max_steps", "9", "--learning_rate",
+                                                   "0.5", "--topk_sparse_attn", "none", "--resume"])
+    assert (cfg.max_steps, cfg.variant, cfg.learning_rate, cfg.topk_sparse_attn, resume, overwrite) == (
+        9, "single", 0.5, None, True, False)
     with pytest.raises(Exception, match="unknown training config keys"):
         TrainConfig.from_json({"max_stepz": 3})
 
@@ -114,7 +115,7 @@ def test_resume_after_an_interrupt_matches_an_uninterrupted_run(tmp_path, monkey
     cfg = _cfg(tmp_path / "b", save_every=100)  # no periodic save: the Ctrl-C handler must leave one
     with pytest.raises(KeyboardInterrupt):
         train(cfg, source=source, target=target, bank=_bank(), progress=False)
-    state = json.loads((Path(cfg.output_dir) / "train_state.json").read_text())
+    state = json.loads((Path(cfg.output_dir) / "checkpoint" / "train_state.json").read_text())
     assert state["step"] == 2
     monkeypatch.setattr(train_mod, "row_loss", real_row_loss)
     train(cfg, resume=True, source=source, target=target, bank=_bank(), progress=False)

@@ -1,0 +1,64 @@
+"""Files written so a crash never leaves half of them: temporary names carry the writer's PID, and
+leftovers of dead writers are removed by the next process that looks (run folders, model cache, banks)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+# "<name>.tmp-<pid>", "<name>.old-<pid>", "<name>.work-<pid>": what an atomic write leaves while it runs
+_TEMP_NAME = re.compile(r"^(?P<base>.+)\.(?P<kind>tmp|old|work)-(?P<pid>\d+)$")
+
+
+def pid_alive(pid: int) -> bool:
+    """True when a process with this PID exists on this machine (signal 0 checks without sending)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def temp_parts(path: Path) -> tuple[str, str, int] | None:
+    """(base name, kind, pid) of a temporary name written by an atomic write, else None."""
+    m = _TEMP_NAME.match(path.name)
+    return (m["base"], m["kind"], int(m["pid"])) if m else None
+
+
+def stale_temporaries(folder: Path) -> list[Path]:
+    """Temporary files and folders in folder whose writing process is gone (never this process's own)."""
+    if not folder.is_dir():
+        return []
+    out = []
+    for p in sorted(folder.iterdir()):
+        parts = temp_parts(p)
+        if parts and parts[2] != os.getpid() and not pid_alive(parts[2]):
+            out.append(p)
+    return out
+
+
+def remove_stale_temporaries(folder: Path, keep=lambda path: False) -> list[Path]:
+    """Delete what stale_temporaries finds, except paths keep(path) spares; returns what was deleted."""
+    removed = []
+    for p in stale_temporaries(folder):
+        if keep(p):
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        removed.append(p)
+    return removed
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write a small text file so a reader sees the old content or the new one, never a torn one."""
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -1,0 +1,269 @@
+"""Hostile inputs and injected faults against training runs and checkpoints: nothing is lost, nothing
+non-finite gets through, and every mistake gives one typed error whose message names the fix."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import tiny_model
+from mot_viz import checkpoint as checkpoint_mod
+from mot_viz import runs
+from mot_viz import train as train_mod
+from mot_viz.channels import terminal_channels
+from mot_viz.checkpoint import load_checkpoint, save_checkpoint
+from mot_viz.errors import CheckpointError, ConfigError, TranslationError
+from mot_viz.fsutil import remove_stale_temporaries
+from mot_viz.mot import MoT, translate
+from mot_viz.train import TrainConfig, train
+
+
+def _pair():
+    return tiny_model("gpt2", vocab_size=280, layers=4, seed=1), tiny_model("llama", layers=4)
+
+
+def _bank(n=12, length=24, seed=0):
+    return torch.randint(2, 250, (n, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _cfg(folder: Path, **kw) -> TrainConfig:
+    base = dict(output_dir=str(folder / "run"), max_steps=4, batch_size=2, grad_accum_steps=1, total_tokens=24,
+                prefix_tokens=12, learning_rate=1e-2, warmup_steps=1, translator_dim=16, translator_heads=2,
+                mot_num_translators=2, mot_top_k=1, layer_alignment="terminal", max_window_size_ratio=0.5,
+                topk_sparse_attn=4, num_bottom_full_attn=1, log_every=1, save_every=2)
+    return TrainConfig(**{**base, **kw})
+
+
+def _weights(run_dir: Path) -> dict:
+    return load_file(str(Path(run_dir) / "checkpoint" / "translator.safetensors"))
+
+
+def _mot(source, target):
+    torch.manual_seed(0)
+    return MoT.build(source.spec, target.spec, terminal_channels(4, 4, 0.5), dim=16, heads=2, num_experts=2, top_k=1)
+
+
+class _Kill(BaseException):
+    """A kill -9 stand-in: nothing in the code under test may catch it."""
+
+
+# ----- run folders: never replaced silently ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("finished")
+    source, target = _pair()
+    run_dir = train(_cfg(folder), source=source, target=target, bank=_bank(), progress=False)
+    return run_dir, {p.name: p.read_bytes() for p in [run_dir / "log.jsonl", run_dir / "checkpoint" / "translator.safetensors"]}
+
+
+def test_training_into_a_finished_run_without_resume_or_overwrite_is_refused(finished_run):
+    run_dir, before = finished_run
+    source, target = _pair()
+    cfg = TrainConfig(**{**json.loads((run_dir / "train_config.json").read_text()), "max_steps": 2})
+    with pytest.raises(ConfigError, match="--resume.*--overwrite"):
+        train(cfg, source=source, target=target, bank=_bank(), progress=False)
+    assert (run_dir / "log.jsonl").read_bytes() == before["log.jsonl"]
+    assert (run_dir / "checkpoint" / "translator.safetensors").read_bytes() == before["translator.safetensors"]
+
+
+def test_overwrite_replaces_the_run_and_excludes_resume(tmp_path):
+    source, target = _pair()
+    cfg = _cfg(tmp_path, max_steps=2)
+    train(cfg, source=source, target=target, bank=_bank(), progress=False)
+    with pytest.raises(ConfigError, match="exclude each other"):
+        train(cfg, resume=True, overwrite=True, source=source, target=target, bank=_bank(), progress=False)
+    run_dir = train(cfg, overwrite=True, source=source, target=target, bank=_bank(), progress=False)
+    assert [r["step"] for r in runs.read_log(run_dir / "log.jsonl")] == [1, 2]
+
+
+def test_resume_with_nothing_to_resume_is_refused(tmp_path):
+    source, target = _pair()
+    with pytest.raises(ConfigError, match="Nothing to resume.*without --resume"):
+        train(_cfg(tmp_path), resume=True, source=source, target=target, bank=_bank(), progress=False)
+    assert not (tmp_path / "run" / "log.jsonl").exists()
+
+
+def test_output_dir_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "run").write_text("not a folder")
+    source, target = _pair()
+    with pytest.raises(ConfigError, match="is a file"):
+        train(_cfg(tmp_path), source=source, target=target, bank=_bank(), progress=False)
+
+
+# ----- a kill at every step of a checkpoint save --------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    source, target = _pair()
+    run_dir = train(_cfg(tmp_path_factory.mktemp("full"), max_steps=6), source=source, target=target, bank=_bank(),
+                    progress=False)
+    return _weights(run_dir), runs.read_log(run_dir / "log.jsonl")
+
+
+# runs.save_state's disk operations, in order: rmtree(tmp), save_file(weights), save_file(optimizer),
+# rmtree(stale .old), replace(checkpoint -> .old), replace(tmp -> checkpoint), rmtree(.old); a kill before each
+@pytest.mark.parametrize("kill_at", range(1, 8))
+def test_a_kill_at_any_point_of_a_save_resumes_exactly(tmp_path, monkeypatch, uninterrupted, kill_at):
+    """Kill during the second save (step 4), at each of its disk operations; --resume must end where an
+    uninterrupted run ends, with each step logged once."""
+    source, target = _pair()
+    cfg = _cfg(tmp_path, max_steps=6)
+    counter = {"armed": False, "n": 0}
+
+    def tick():
+        if counter["armed"]:
+            counter["n"] += 1
+            if counter["n"] == kill_at:
+                raise _Kill
+
+    def wrap(fn):
+        def inner(*a, **k):
+            tick()
+            return fn(*a, **k)
+        return inner
+
+    real_save_state = runs.save_state
+
+    def save_state(run_dir, mot, optimizer, step, *a, **k):
+        counter["armed"] = step == 4
+        try:
+            return real_save_state(run_dir, mot, optimizer, step, *a, **k)
+        finally:
+            counter["armed"] = False
+
+    monkeypatch.setattr(runs, "save_state", save_state)
+    monkeypatch.setattr(runs, "save_file", wrap(runs.save_file))
+    monkeypatch.setattr(checkpoint_mod, "save_file", wrap(checkpoint_mod.save_file))
+    monkeypatch.setattr(checkpoint_mod.os, "replace", wrap(os.replace))
+    monkeypatch.setattr(checkpoint_mod.shutil, "rmtree", wrap(checkpoint_mod.shutil.rmtree))
+    with pytest.raises(_Kill):
+        train(cfg, source=source, target=target, bank=_bank(), progress=False)
+    monkeypatch.undo()
+    run_dir = train(cfg, resume=True, source=source, target=target, bank=_bank(), progress=False)
+    weights, log = uninterrupted
+    resumed = _weights(run_dir)
+    assert all(torch.equal(weights[k], resumed[k]) for k in weights)
+    assert [r["step"] for r in runs.read_log(run_dir / "log.jsonl")] == [r["step"] for r in log]
+    assert not [p.name for p in run_dir.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+
+
+def test_a_checkpoint_unit_without_its_step_counter_is_never_used(tmp_path):
+    """A unit whose train_state.json was not written is incomplete: recovery picks the complete one."""
+    source, target = _pair()
+    run_dir = train(_cfg(tmp_path, max_steps=2), source=source, target=target, bank=_bank(), progress=False)
+    broken = run_dir / f"checkpoint.tmp-{os.getpid()}"
+    save_checkpoint(_mot(source, target), broken)  # weights but no optimizer state or step counter
+    assert runs.recover_checkpoint(run_dir) == run_dir / "checkpoint"
+    assert json.loads((run_dir / "checkpoint" / "train_state.json").read_text())["step"] == 2
+    assert not broken.exists()
+
+
+def test_resume_drops_a_torn_log_line_and_logs_each_step_once(tmp_path):
+    source, target = _pair()
+    cfg = _cfg(tmp_path, max_steps=4, save_every=2)
+    run_dir = train(cfg, source=source, target=target, bank=_bank(), progress=False)
+    with open(run_dir / "log.jsonl", "a") as f:
+        f.write('{"step": 5, "loss": 1.')  # an interrupted append
+    cfg6 = TrainConfig(**{**json.loads((run_dir / "train_config.json").read_text()), "max_steps": 6})
+    train(cfg6, resume=True, source=source, target=target, bank=_bank(), progress=False)
+    assert [r["step"] for r in runs.read_log(run_dir / "log.jsonl")] == [1, 2, 3, 4, 5, 6]
+
+
+def test_stale_temporaries_of_dead_processes_are_removed_and_live_ones_kept(tmp_path):
+    dead = tmp_path / "model.tmp-999999999"
+    dead.mkdir()
+    (tmp_path / "log.jsonl.tmp-999999998").write_text("x")
+    mine = tmp_path / f"model.tmp-{os.getpid()}"
+    mine.mkdir()
+    parent = tmp_path / f"model.work-{os.getppid()}"
+    parent.mkdir()
+    removed = remove_stale_temporaries(tmp_path)
+    assert sorted(p.name for p in removed) == ["log.jsonl.tmp-999999998", "model.tmp-999999999"]
+    assert mine.exists() and parent.exists() and not dead.exists()
+
+
+# ----- non-finite weights and translations --------------------------------------------------------------
+
+
+def test_a_checkpoint_with_one_nan_is_refused_at_load(tmp_path):
+    source, target = _pair()
+    path = save_checkpoint(_mot(source, target), tmp_path / "ckpt")
+    state = load_file(str(path / "translator.safetensors"))
+    name = sorted(state)[3]
+    state[name].view(-1)[0] = float("nan")
+    save_file(state, str(path / "translator.safetensors"))
+    with pytest.raises(CheckpointError, match="NaN or Inf.*earlier checkpoint or retrain"):
+        load_checkpoint(path)
+
+
+def test_saving_weights_beyond_fp16_range_is_refused(tmp_path):
+    source, target = _pair()
+    mot = _mot(source, target)
+    with torch.no_grad():
+        next(mot.translator.parameters()).view(-1)[0] = 1e6  # Inf in fp16
+    with pytest.raises(CheckpointError, match="NaN/Inf.*dtype's range"):
+        save_checkpoint(mot, tmp_path / "ckpt", dtype=torch.float16)
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_translation_with_non_finite_output_raises_instead_of_reaching_a_page():
+    source, target = _pair()
+    mot = _mot(source, target)
+    with torch.no_grad():
+        for p in mot.translator.parameters():
+            p.fill_(float("inf"))
+    with pytest.raises(TranslationError, match="NaN or Inf.*float32"):
+        translate(mot, source, target, "the cat sat on the mat and looked at the dog")
+
+
+# ----- the CLI: one message, before any model is loaded -------------------------------------------------
+
+
+@pytest.fixture
+def no_models(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(train_mod, "load_model", refuse)
+
+
+@pytest.mark.parametrize("args, config, fix", [
+    (["--config", "missing.json"], None, "cannot be read.*JSON config file"),
+    (["--config", "{cfg}"], "{not json", "not valid JSON.*configs/"),
+    (["--config", "{cfg}"], "[1, 2]", "JSON object of TrainConfig fields"),
+    (["--config", "{cfg}"], '{"max_stepz": 3}', "unknown training config keys.*--help"),
+    (["--max_steps", "abc"], None, "--max_steps 'abc' is not a number"),
+    (["--learning_rate", "nan"], None, "learning_rate must be a finite number > 0"),
+    (["--learning_rate", "-0.001"], None, "learning_rate must be a finite number > 0"),
+    (["--weight_decay", "inf"], None, "weight_decay must be a finite number >= 0"),
+    (["--max_steps", "0"], None, "nothing to train.*bank_steps"),
+    (["--save_every", "0"], None, "save_every must be >= 1"),
+    (["--config", "{cfg}"], '{"max_steps": "ten"}', "invalid training config"),
+    (["--resume", "--output_dir", "{dir}/empty"], None, "Nothing to resume"),
+])
+def test_train_cli_mistakes_give_one_message_before_loading_models(tmp_path, capsys, no_models, args, config, fix):
+    cfg = tmp_path / "c.json"
+    if config is not None:
+        cfg.write_text(config)
+    args = [a.replace("{cfg}", str(cfg)).replace("{dir}", str(tmp_path)) for a in args]
+    if "--output_dir" not in args:
+        args += ["--output_dir", str(tmp_path / "run")]
+    assert train_mod.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err
+    assert __import__("re").search(fix, err), err
+    assert not (tmp_path / "run").exists()  # nothing half-made
+
+
+def test_train_cli_refuses_a_finished_run_without_touching_it(finished_run, capsys, no_models):
+    run_dir, before = finished_run
+    assert train_mod.main(["--output_dir", str(run_dir), "--max_steps", "2"]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert (run_dir / "log.jsonl").read_bytes() == before["log.jsonl"]
