@@ -17,7 +17,7 @@ from . import hf
 from .alignment import (TokenAlignment, align_ids, apply_alignment, decode, encode, identity_alignment,
                         remap_sparse_indices)
 from .channels import Channels, sparse_source_layer
-from .errors import CheckpointError, ConfigError, ContextError
+from .errors import CheckpointError, ConfigError, ContextError, TranslationError
 from .layout import context_positions, from_block, to_block, window_blocks
 from .models import LoadedModel, ModelSpec
 from .translator import KVTranslator, TranslatorConfig, TranslatorOutput
@@ -133,6 +133,12 @@ def prepare_source(mot: MoT, source: LoadedModel, target: LoadedModel, target_id
     s_ids = encode(source.tokenizer, text)
     if not s_ids:
         raise ContextError("The source tokenizer produced no tokens for this context.")
+    limit = source.spec.max_positions - len(source.prefix_ids)
+    if len(s_ids) > limit:  # past it, GPT-2 fails with an IndexError and a RoPE model extrapolates silently
+        raise ContextError(
+            f"The context is {len(s_ids)} tokens long for the source model '{source.spec.name}', which allows at most "
+            f"{limit}. Shorten the context (python -m mot_viz.evaluate: lower --max_context_tokens)."
+        )
     same = source.spec.name == target.spec.name and s_ids == t_ids
     alignment = identity_alignment(len(t_ids)) if same else align_ids(source.tokenizer, s_ids, target.tokenizer, t_ids, text)
     timings["alignment"] = time.perf_counter() - t0
@@ -262,10 +268,12 @@ def translate(mot: MoT, source: LoadedModel, target: LoadedModel, text: str, wit
         t0 = time.perf_counter()
         translated = translate_window(mot, src, source, target)
         timings["translator"] = time.perf_counter() - t0
+        check_finite("translated window", translated.keys, translated.values)
         t0 = time.perf_counter()
         sparse = sparse_indices(mot, src) if mot.replay.topk_sparse_attn else {}
         mixed = replay(target, target_ids, mot.channels.target_layers, translated.keys, translated.values, sparse)
         timings["replay"] = time.perf_counter() - t0
+        check_finite("replayed cache", *(t for kv in mixed for t in kv))
         native = None
         if with_native:
             t0 = time.perf_counter()
@@ -275,6 +283,16 @@ def translate(mot: MoT, source: LoadedModel, target: LoadedModel, text: str, wit
     injected = list(zip(from_block(translated.keys, n_kv), from_block(translated.values, n_kv)))
     return Translation(text, src, translated, injected, mixed, native, sparse, prefix_len=len(target.prefix_ids),
                        timings=timings)
+
+
+def check_finite(what: str, *tensors: torch.Tensor) -> None:
+    """Raise TranslationError when any tensor holds NaN or Inf: such a cache never reaches a page or a score."""
+    for t in tensors:
+        if not torch.isfinite(t).all():
+            raise TranslationError(
+                f"The {what} holds NaN or Inf values. The checkpoint's weights or the models' activations "
+                "overflow: load the models in float32 and re-export or retrain the checkpoint."
+            )
 
 
 def check_pair(mot: MoT, source: LoadedModel, target: LoadedModel) -> None:
