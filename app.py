@@ -2,10 +2,10 @@
 
     .venv/bin/streamlit run app.py
 
-The entry point draws the shared sidebar and declares the navigation (st.navigation). Every page starts
-with ``app_state.page_setup()`` (a no-op inside this frame; it draws the sidebar when Streamlit runs a
-page file on its own) and reads the one cached translation through ``app_state.current_run()``. Extra
-pages dropped into pages/ are listed after the built-in ones.
+The entry point draws the shared sidebar and declares the navigation (st.navigation). Every page is a
+``main()`` run by ``app_state.run_page``, the one place an error becomes a message (it draws the sidebar
+too when Streamlit runs a page file on its own), and reads the one cached translation through
+``app_state.current_run()``. Extra pages dropped into pages/ are listed after the built-in ones.
 """
 
 from __future__ import annotations
@@ -32,7 +32,10 @@ PAGES = {
 
 def overview() -> None:
     """The landing page: what MoT does, and the headline facts of the current translation."""
-    app_state.page_setup()
+    app_state.run_page(_overview)
+
+
+def _overview() -> None:
     st.title("MoT Viz")
     st.markdown(
         "A **Mixture-of-Translators (MoT)** lets a *target* language model reuse a *source* model's key/value (KV) "

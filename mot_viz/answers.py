@@ -16,6 +16,7 @@ from . import hf
 from .alignment import encode
 from .controls import random_window
 from .data import QAExample, build_prompt, choice_label_texts
+from .errors import ContextError
 from .models import LoadedModel
 from .mot import MoT, Translation, empty_context_cache, replay, translate
 from .qa_metrics import exact_match, postprocess_generation, squad_f1
@@ -71,16 +72,33 @@ def answer_is_complete(text: str) -> bool:
     return "\n" in body or "\r" in body
 
 
+def check_question_fits(target: LoadedModel, kv: list[hf.KV] | None, question_tokens: int, answer_tokens: int) -> None:
+    """Raise ContextError unless the cached context, the question and the answer fit the target's positions."""
+    context = 0 if kv is None else max(k.shape[2] for k, _ in kv)  # its BOS prefix included
+    needed = context + question_tokens + answer_tokens
+    if needed > target.spec.max_positions:
+        raise ContextError(
+            f"The context ({context} tokens), the question ({question_tokens}) and the answer (up to {answer_tokens}) "
+            f"need {needed} positions; the target model '{target.spec.name}' allows at most "
+            f"{target.spec.max_positions} tokens. Shorten the context or the question "
+            "(python -m mot_viz.evaluate: lower --max_context_tokens or --max_new_tokens)."
+        )
+
+
 def answer_from_cache(target: LoadedModel, kv: list[hf.KV] | None, example: QAExample, condition: str,
                       max_new_tokens: int = 24, suffix_text: str | None = None) -> Answer:
-    """The target's answer to `example` given a cache of its context (None: no context)."""
+    """The target's answer to `example` given a cache of its context (None: no context).
+
+    Raises ContextError when the context, the question and the longest answer do not fit the target's positions.
+    """
     suffix = suffix_text if suffix_text is not None else build_prompt(example, target.chat_frame).suffix_text
     suffix_ids = torch.tensor([encode(target.tokenizer, suffix)])
+    labels = choice_label_texts(example) if example.kind == "closed" else []
+    label_ids = [encode(target.tokenizer, " " + lab) for lab in labels]
+    check_question_fits(target, kv, suffix_ids.shape[1], max(map(len, label_ids)) if labels else max_new_tokens)
     start = time.perf_counter()
     if example.kind == "closed":
-        labels = choice_label_texts(example)
-        logps = tuple(hf.continuation_logprob(target.model, kv, suffix_ids, encode(target.tokenizer, " " + lab))
-                      for lab in labels)
+        logps = tuple(hf.continuation_logprob(target.model, kv, suffix_ids, ids) for ids in label_ids)
         pick = max(range(len(labels)), key=lambda i: logps[i])
         return Answer(condition, labels[pick], float(pick == example.label), None, logps, time.perf_counter() - start)
     tokens = hf.greedy_generate(

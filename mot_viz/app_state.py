@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import json
 import os
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +32,7 @@ from .fidelity import MeanVectors, reference_means, translation_fidelity
 from .figures import token_labels
 from .models import BUNDLED_MODELS, DEFAULT_SOURCE, DEFAULT_TARGET, LoadedModel, load_model
 from .mot import MoT, Translation, check_pair, translate
+from .runs import read_log
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CHECKPOINT = "smollm2-to-gemma3"
@@ -313,14 +314,16 @@ class Run:
     source_tokens: list[str]
 
 
-_ERROR_TITLES = {"ModelLoadError": "The model could not be loaded", "CheckpointError": "Checkpoint problem",
-                 "ContextError": "Context problem", "DataUnavailableError": "Dataset unavailable",
-                 "DataFormatError": "Dataset problem", "ConfigError": "Configuration problem"}
-
-
-def show_error(exc: Exception) -> None:
-    """A user-caused error as a message with its fix (no traceback)."""
-    st.error(f"**{_ERROR_TITLES.get(type(exc).__name__, 'Problem')}.** {exc}", icon="⚠️")
+def show_error(exc: BaseException) -> None:
+    """An error as a message, never a traceback: a user-caused one with its fix, anything else with a details expander."""
+    if isinstance(exc, MotVizError):
+        st.error(f"**{exc.title}.** {exc}", icon="⚠️")
+        return
+    st.error(f"**Unexpected error.** {type(exc).__name__}: {exc}\n\nThe page could not be drawn. Other pages and "
+             "another context or checkpoint may still work; if this persists, please report it with the details.",
+             icon="🛑")
+    with st.expander("Details"):
+        st.code("".join(traceback.format_exception(exc)), language=None)
 
 
 def current_run() -> Run:
@@ -476,6 +479,19 @@ def navigation_frame():
         _FRAME_DREW_SIDEBAR.reset(token)
 
 
+def run_page(body: Callable[[], None]) -> None:
+    """Every page's entry: the shared sidebar, then the page body; the one place an error becomes a message.
+
+    A library error shows its fix; anything else a short message with a "Details" expander, never a bare
+    traceback. st.stop and reruns are BaseExceptions and pass through.
+    """
+    page_setup()
+    try:
+        body()
+    except Exception as exc:
+        show_error(exc)
+
+
 def page_setup() -> Selection:
     """The first call of every page: the shared sidebar, and the applied selection.
 
@@ -518,14 +534,18 @@ def evaluation_table(config: dict) -> pd.DataFrame | None:
     if not evaluation:
         return None
     rows = []
-    for dataset, record in evaluation.items():
-        for condition, values in record["conditions"].items():
-            metric = next(k for k in values if k not in ("n", "ci95", "retained"))
-            low, high = values["ci95"]
-            rows.append({"dataset": dataset, "condition": CONDITION_LABELS.get(condition, condition), "n": values["n"],
-                         "metric": metric, "mean": round(values[metric], 3), "95% CI": f"[{low:.3f}, {high:.3f}]",
-                         "retained": f"{values['retained']:.1%}", "prompts": record.get("prompts", "plain"),
-                         "results": record["results"]})
+    try:
+        for dataset, record in evaluation.items():
+            for condition, values in record["conditions"].items():
+                metric = next(k for k in values if k not in ("n", "ci95", "retained"))
+                low, high = values["ci95"]
+                rows.append({"dataset": dataset, "condition": CONDITION_LABELS.get(condition, condition),
+                             "n": values["n"], "metric": metric, "mean": round(values[metric], 3),
+                             "95% CI": f"[{low:.3f}, {high:.3f}]", "retained": f"{values['retained']:.1%}",
+                             "prompts": record.get("prompts", "plain"), "results": record["results"]})
+    except (AttributeError, KeyError, TypeError, ValueError, StopIteration) as exc:
+        raise CheckpointError(f"metrics.evaluation in the checkpoint's config.json is malformed ({type(exc).__name__}: "
+                              f"{exc}). Record it again with scripts/results_md.py --record.") from exc
     return pd.DataFrame(rows)
 
 
@@ -534,5 +554,5 @@ def read_training_log(checkpoint: str, name: str = "log.jsonl") -> pd.DataFrame 
     path = Path(checkpoint) / name
     if not path.is_file():
         return None
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = read_log(path)  # a torn last line (an interrupted append) is skipped
     return pd.DataFrame(rows) if rows else None

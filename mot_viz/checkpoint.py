@@ -82,6 +82,8 @@ def read_config(path: str | Path) -> dict:
         config = json.loads(cfg_file.read_text())
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{cfg_file} is not valid JSON ({exc}).") from exc
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{cfg_file} holds a JSON {type(config).__name__}, not the object MoT Viz writes.")
     missing = [k for k in ("source", "target", "channels", "translator") if k not in config]
     if missing:
         raise CheckpointError(f"{cfg_file} lacks {', '.join(missing)}; it was not written by MoT Viz.")
@@ -110,8 +112,9 @@ def load_checkpoint(path: str | Path, source=None, target=None) -> tuple[MoT, di
         mot = MoT(spec_from_json(config["source"]), spec_from_json(config["target"]),
                   Channels.from_json(config["channels"]), TranslatorConfig(**config["translator"]),
                   ReplayConfig(**config.get("replay", {})))
-    except (TypeError, ConfigError) as exc:
-        raise CheckpointError(f"{path / CONFIG_FILE} has an invalid configuration: {exc}") from exc
+    except (TypeError, KeyError, ValueError, AttributeError, ConfigError) as exc:  # rows missing keys, wrong types
+        raise CheckpointError(f"{path / CONFIG_FILE} has an invalid configuration ({type(exc).__name__}: {exc}). "
+                              "Re-export the checkpoint with MoT Viz or restore its config.json.") from exc
     if source is not None and target is not None:
         check_pair(mot, source, target)
     weights = path / WEIGHTS_FILE

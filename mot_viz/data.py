@@ -443,6 +443,8 @@ def load_jsonl(path: str | Path) -> JsonlLoad:
     Blank lines are ignored. This never raises for a bad row, only for a missing file.
     """
     path = Path(path)
+    if path.is_dir():
+        raise DataFormatError(f"{path} is a folder, not a JSONL file. Pass the path of a .jsonl file (one example per line).")
     if not path.is_file():
         raise DataUnavailableError(f"Data file {path} does not exist.")
     dataset = f"{path.stem}/jsonl"
@@ -452,7 +454,7 @@ def load_jsonl(path: str | Path) -> JsonlLoad:
     with path.open("rb") as f:
         for line_no, raw in enumerate(f, start=1):
             try:
-                text = raw.decode("utf-8")
+                text = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")  # a BOM (Windows editors) is not text
                 if not text.strip():
                     continue
                 example = _parse_row(json.loads(text), line_no, dataset)

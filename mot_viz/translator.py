@@ -29,6 +29,12 @@ class TranslatorConfig:
     key_space: str = "post_rope"  # "post_rope" (method.md) or "pre_rope": keys translated before rotation
 
     def __post_init__(self):
+        limits = {"source_kv_hidden": 65536, "target_kv_hidden": 65536, "window": 512, "dim": 16384, "heads": 256,
+                  "depth": 64, "mlp_ratio": 64, "num_experts": 256}  # far above any real model: catches garbage
+        for name, high in limits.items():
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
+                raise ConfigError(f"translator {name} must be an integer in [1, {high}], got {value!r}")
         if self.dim % self.heads:
             raise ConfigError(f"translator dim {self.dim} must be divisible by heads {self.heads}")
         if self.variant not in ("mot", "single", "linear"):

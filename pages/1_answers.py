@@ -9,64 +9,68 @@ from mot_viz.data import choice_label_texts
 from mot_viz.errors import MotVizError
 from mot_viz.figures import answers_figure
 
-app_state.page_setup()
-st.title("Answers")
-app_state.explain(
-    "The target model answers the same question from four caches of the same context:\n\n"
-    "- **Native context** — the target read the text itself (the upper bound).\n"
-    "- **No context** — only the question (what it knows without the passage).\n"
-    "- **MoT-translated cache** — the *source* read the text; its KV cache was translated and replayed into the "
-    "target. Close to native = the translation carried the passage's information.\n"
-    "- **Random-window control** — the translated window replaced by norm-matched noise: the native window plus a "
-    "random vector as long as the translation's error. If MoT beats this, it carries information beyond noise.\n\n"
-    "Extractive questions (SQuAD) are scored by token F1 and exact match against the gold answers; closed "
-    "questions (yes/no, multiple choice) by whether the likeliest choice label is the correct one. "
-    "*Building the cache* is the time to make that cache; *answering* is the time to generate or score from it."
-)
-run = app_state.current_run()
-app_state.run_caption(run)
-sel = run.selection
-if sel.example is None:
-    st.info("This free-text context has no question. Type one in the sidebar (and a gold answer to score it), "
-            "then press **Translate**.")
-    st.stop()
 
-st.markdown(f"**Question:** {sel.example.question}")
-if sel.example.choices:
-    labels = choice_label_texts(sel.example)
-    st.markdown("\n".join(f"- **{lab}**: {text}" for lab, text in zip(labels, sel.example.choices)))
-if sel.example.answers:
-    st.markdown(f"**Gold answer:** {' | '.join(sel.example.answers)}")
-else:
-    st.caption("No gold answer given, so the answers are not scored.")
+def main() -> None:
+    st.title("Answers")
+    app_state.explain(
+        "The target model answers the same question from four caches of the same context:\n\n"
+        "- **Native context** — the target read the text itself (the upper bound).\n"
+        "- **No context** — only the question (what it knows without the passage).\n"
+        "- **MoT-translated cache** — the *source* read the text; its KV cache was translated and replayed into the "
+        "target. Close to native = the translation carried the passage's information.\n"
+        "- **Random-window control** — the translated window replaced by norm-matched noise: the native window plus a "
+        "random vector as long as the translation's error. If MoT beats this, it carries information beyond noise.\n\n"
+        "Extractive questions (SQuAD) are scored by token F1 and exact match against the gold answers; closed "
+        "questions (yes/no, multiple choice) by whether the likeliest choice label is the correct one. "
+        "*Building the cache* is the time to make that cache; *answering* is the time to generate or score from it."
+    )
+    run = app_state.current_run()
+    app_state.run_caption(run)
+    sel = run.selection
+    if sel.example is None:
+        st.info("This free-text context has no question. Type one in the sidebar (and a gold answer to score it), "
+                "then press **Translate**.")
+        st.stop()
 
-others = {name: path for name, path in app_state.available_checkpoints().items() if path != sel.checkpoint}
-app_state.widget_default("pg.answers.second", "(none)", ["(none)", *others])
-second = st.selectbox("Compare with a second checkpoint (optional)", ["(none)", *others], key="pg.answers.second")
-app_state.widget_default("pg.answers.max_new", app_state.DEFAULT_MAX_NEW_TOKENS)
-max_new = st.slider("Longest generated answer (tokens)", 4, 64, key="pg.answers.max_new",
-                    disabled=sel.example.kind == "closed", help="Closed questions score the choice labels instead.")
+    st.markdown(f"**Question:** {sel.example.question}")
+    if sel.example.choices:
+        labels = choice_label_texts(sel.example)
+        st.markdown("\n".join(f"- **{lab}**: {text}" for lab, text in zip(labels, sel.example.choices)))
+    if sel.example.answers:
+        st.markdown(f"**Gold answer:** {' | '.join(sel.example.answers)}")
+    else:
+        st.caption("No gold answer given, so the answers are not scored.")
 
-jobs = [(c, None) for c in CONDITIONS] + ([("mot", others[second])] if second != "(none)" else [])
-rows = []
-progress = st.progress(0.0, text="Answering …")
-for i, (condition, checkpoint) in enumerate(jobs):
-    progress.progress(i / len(jobs), text=f"Answering: {condition} …")
-    try:
-        rows.append(app_state.answer_row(sel, condition, max_new, checkpoint))
-    except MotVizError as exc:  # e.g. the second checkpoint is for another pair
-        app_state.show_error(exc)
-progress.empty()
+    others = {name: path for name, path in app_state.available_checkpoints().items() if path != sel.checkpoint}
+    app_state.widget_default("pg.answers.second", "(none)", ["(none)", *others])
+    second = st.selectbox("Compare with a second checkpoint (optional)", ["(none)", *others], key="pg.answers.second")
+    app_state.widget_default("pg.answers.max_new", app_state.DEFAULT_MAX_NEW_TOKENS)
+    max_new = st.slider("Longest generated answer (tokens)", 4, 64, key="pg.answers.max_new",
+                        disabled=sel.example.kind == "closed", help="Closed questions score the choice labels instead.")
 
-table = pd.DataFrame(rows)
-score_name = "F1" if sel.example.kind == "extractive" else "correct"
-st.dataframe(
-    table.rename(columns={"score": score_name, "exact_match": "EM", "seconds_cache": "building the cache (s)",
-                          "seconds_answer": "answering (s)", "choice_logprobs": "mean log p per choice"})
-    .drop(columns="key").dropna(axis=1, how="all"),
-    hide_index=True, width="stretch",
-    column_config={score_name: st.column_config.NumberColumn(format="%.3f"),
-                   "building the cache (s)": st.column_config.NumberColumn(format="%.3f"),
-                   "answering (s)": st.column_config.NumberColumn(format="%.3f")},
-)
-app_state.show_figure(answers_figure(table), table, "answers")
+    jobs = [(c, None) for c in CONDITIONS] + ([("mot", others[second])] if second != "(none)" else [])
+    rows = []
+    progress = st.progress(0.0, text="Answering …")
+    for i, (condition, checkpoint) in enumerate(jobs):
+        progress.progress(i / len(jobs), text=f"Answering: {condition} …")
+        try:
+            rows.append(app_state.answer_row(sel, condition, max_new, checkpoint))
+        except MotVizError as exc:  # e.g. the second checkpoint is for another pair
+            app_state.show_error(exc)
+    progress.empty()
+
+    table = pd.DataFrame(rows)
+    score_name = "F1" if sel.example.kind == "extractive" else "correct"
+    st.dataframe(
+        table.rename(columns={"score": score_name, "exact_match": "EM", "seconds_cache": "building the cache (s)",
+                              "seconds_answer": "answering (s)", "choice_logprobs": "mean log p per choice"})
+        .drop(columns="key").dropna(axis=1, how="all"),
+        hide_index=True, width="stretch",
+        column_config={score_name: st.column_config.NumberColumn(format="%.3f"),
+                       "building the cache (s)": st.column_config.NumberColumn(format="%.3f"),
+                       "answering (s)": st.column_config.NumberColumn(format="%.3f")},
+    )
+    app_state.show_figure(answers_figure(table), table, "answers")
+
+
+app_state.run_page(main)

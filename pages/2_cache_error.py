@@ -7,67 +7,71 @@ from mot_viz.cache_metrics import COMPARISONS, cache_error_grid, cache_error_tab
 from mot_viz.fidelity import fidelity_verdicts
 from mot_viz.figures import FIDELITY_TITLES, METRIC_TITLES, error_heatmap, fidelity_figure, layer_error_figure
 
-app_state.page_setup()
-st.title("Per-layer cache error")
-app_state.explain(
-    "Each target layer keeps a key (K) and a value (V) vector per token. We compare two caches with the one the "
-    "target builds when it reads the text itself (**native**):\n\n"
-    "- **translated** — what the translator wrote for the injection-window layers (shaded): its direct output.\n"
-    "- **replayed** — the cache the target actually keeps after the replay with the translation injected. Layers "
-    "below the window are only touched by the sparse top-k attention of the replay; layers above it inherit the "
-    "injected information through the hidden states.\n\n"
-    "**MSE** is the mean squared difference per number, **relative L2 error** is ‖candidate − native‖ / ‖native‖ "
-    "(0 = identical, 1 = as large as the native vector itself), **cosine** compares directions (1 = same direction). "
-    "One token's vector is all its KV heads concatenated. Hover any point or cell for the exact value."
-)
-run = app_state.current_run()
-app_state.run_caption(run)
-window = run.mot.channels.target_layers
 
-table = cache_error_table(run.translation, run.mot.channels)
-st.subheader("Per layer")
-app_state.show_figure(layer_error_figure(table, window), table, "cache_error_per_layer")
+def main() -> None:
+    st.title("Per-layer cache error")
+    app_state.explain(
+        "Each target layer keeps a key (K) and a value (V) vector per token. We compare two caches with the one the "
+        "target builds when it reads the text itself (**native**):\n\n"
+        "- **translated** — what the translator wrote for the injection-window layers (shaded): its direct output.\n"
+        "- **replayed** — the cache the target actually keeps after the replay with the translation injected. Layers "
+        "below the window are only touched by the sparse top-k attention of the replay; layers above it inherit the "
+        "injected information through the hidden states.\n\n"
+        "**MSE** is the mean squared difference per number, **relative L2 error** is ‖candidate − native‖ / ‖native‖ "
+        "(0 = identical, 1 = as large as the native vector itself), **cosine** compares directions (1 = same direction). "
+        "One token's vector is all its KV heads concatenated. Hover any point or cell for the exact value."
+    )
+    run = app_state.current_run()
+    app_state.run_caption(run)
+    window = run.mot.channels.target_layers
 
-st.subheader("Per layer and token")
-cols = st.columns(3)
-app_state.widget_default("pg.error.kv", "K")
-kv = cols[0].radio("Tensor", ["K", "V"], key="pg.error.kv", horizontal=True)
-app_state.widget_default("pg.error.comparison", "replayed")
-comparison = cols[1].radio("Compare", list(COMPARISONS), key="pg.error.comparison", horizontal=True,
-                           format_func=lambda c: f"{c} vs native")
-app_state.widget_default("pg.error.metric", "rel_l2")
-metric = cols[2].radio("Metric", list(METRIC_TITLES), key="pg.error.metric", horizontal=True,
-                       format_func=METRIC_TITLES.get)
-grid = cache_error_grid(run.translation, run.mot.channels, comparison, kv, metric)
-title = f"{kv}: {METRIC_TITLES[metric]}, {COMPARISONS[comparison]}"
-grid_csv = grid.assign(token_text=[run.target_tokens[i] for i in grid["token"]], metric=metric, kv=kv,
-                       comparison=comparison)
-app_state.show_figure(error_heatmap(grid, run.target_tokens, window, metric, title), grid_csv,
-                      f"cache_error_{kv}_{comparison}_{metric}")
+    table = cache_error_table(run.translation, run.mot.channels)
+    st.subheader("Per layer")
+    app_state.show_figure(layer_error_figure(table, window), table, "cache_error_per_layer")
 
-st.subheader("Window fidelity against its baselines")
-st.markdown(
-    "How close the translated window is to the native window on this context, beside what simpler "
-    "\"translations\" score (method.md §13):\n\n"
-    "- **centered cosine** — the cosine after removing each layer's own mean over this context's tokens. A vector "
-    "added to every key leaves attention unchanged, so raw K cosine mostly rewards the shared mean; the centered "
-    "cosine asks whether the token-to-token structure is right (0 = one shared vector for every token).\n"
-    "- **attention-output cosine** — each window layer's attention output computed with the translated K/V versus "
-    "with the native K/V, on the same (native) queries: what attention actually reads from the window.\n"
-    "- **mean vector** — every token's K/V replaced by the mean native K/V of that layer over LAMBADA prose: a "
-    "window with no context-specific content.\n"
-    "- **linear** — the closed-form ridge map of the same window, when a `linear` checkpoint for this pair and window "
-    "is installed: the floor a trained translator must clear to earn its cost."
-)
-fidelity = app_state.window_fidelity(run)
-own = fidelity["candidate"].iloc[0]
-for warning in fidelity_verdicts(fidelity, own):
-    st.warning(warning, icon="⚠️")
-app_state.widget_default("pg.error.fidelity", ["centered_cos_k", "centered_cos_v", "attn_out_cos"])
-chosen = st.multiselect("Metrics", list(FIDELITY_TITLES), key="pg.error.fidelity", format_func=FIDELITY_TITLES.get)
-if chosen:
-    app_state.show_figure(fidelity_figure(fidelity, chosen), fidelity, "window_fidelity")
-summary = fidelity.groupby("candidate", sort=False)[list(FIDELITY_TITLES)].mean().round(3)
-st.dataframe(summary.rename(columns=FIDELITY_TITLES), width="stretch")
-st.caption(f"This context only ({int(fidelity['tokens'].iloc[0])} target tokens); the held-out averages over 40 "
-           "passages per corpus are on the Training page.")
+    st.subheader("Per layer and token")
+    cols = st.columns(3)
+    app_state.widget_default("pg.error.kv", "K")
+    kv = cols[0].radio("Tensor", ["K", "V"], key="pg.error.kv", horizontal=True)
+    app_state.widget_default("pg.error.comparison", "replayed")
+    comparison = cols[1].radio("Compare", list(COMPARISONS), key="pg.error.comparison", horizontal=True,
+                               format_func=lambda c: f"{c} vs native")
+    app_state.widget_default("pg.error.metric", "rel_l2")
+    metric = cols[2].radio("Metric", list(METRIC_TITLES), key="pg.error.metric", horizontal=True,
+                           format_func=METRIC_TITLES.get)
+    grid = cache_error_grid(run.translation, run.mot.channels, comparison, kv, metric)
+    title = f"{kv}: {METRIC_TITLES[metric]}, {COMPARISONS[comparison]}"
+    grid_csv = grid.assign(token_text=[run.target_tokens[i] for i in grid["token"]], metric=metric, kv=kv,
+                           comparison=comparison)
+    app_state.show_figure(error_heatmap(grid, run.target_tokens, window, metric, title), grid_csv,
+                          f"cache_error_{kv}_{comparison}_{metric}")
+
+    st.subheader("Window fidelity against its baselines")
+    st.markdown(
+        "How close the translated window is to the native window on this context, beside what simpler "
+        "\"translations\" score (method.md §13):\n\n"
+        "- **centered cosine** — the cosine after removing each layer's own mean over this context's tokens. A vector "
+        "added to every key leaves attention unchanged, so raw K cosine mostly rewards the shared mean; the centered "
+        "cosine asks whether the token-to-token structure is right (0 = one shared vector for every token).\n"
+        "- **attention-output cosine** — each window layer's attention output computed with the translated K/V versus "
+        "with the native K/V, on the same (native) queries: what attention actually reads from the window.\n"
+        "- **mean vector** — every token's K/V replaced by the mean native K/V of that layer over LAMBADA prose: a "
+        "window with no context-specific content.\n"
+        "- **linear** — the closed-form ridge map of the same window, when a `linear` checkpoint for this pair and window "
+        "is installed: the floor a trained translator must clear to earn its cost."
+    )
+    fidelity = app_state.window_fidelity(run)
+    own = fidelity["candidate"].iloc[0]
+    for warning in fidelity_verdicts(fidelity, own):
+        st.warning(warning, icon="⚠️")
+    app_state.widget_default("pg.error.fidelity", ["centered_cos_k", "centered_cos_v", "attn_out_cos"])
+    chosen = st.multiselect("Metrics", list(FIDELITY_TITLES), key="pg.error.fidelity", format_func=FIDELITY_TITLES.get)
+    if chosen:
+        app_state.show_figure(fidelity_figure(fidelity, chosen), fidelity, "window_fidelity")
+    summary = fidelity.groupby("candidate", sort=False)[list(FIDELITY_TITLES)].mean().round(3)
+    st.dataframe(summary.rename(columns=FIDELITY_TITLES), width="stretch")
+    st.caption(f"This context only ({int(fidelity['tokens'].iloc[0])} target tokens); the held-out averages over 40 "
+               "passages per corpus are on the Training page.")
+
+
+app_state.run_page(main)

@@ -15,32 +15,6 @@ from mot_viz.shift_figures import (correction_split_figure, correction_trajector
 # saved sweeps (scripts/shift_sweep.py); $MOT_VIZ_SHIFT_RESULTS points elsewhere (tests)
 RESULTS_DIR = Path(os.environ.get("MOT_VIZ_SHIFT_RESULTS", app_state.REPO_ROOT / "results" / "shift"))
 
-app_state.page_setup()
-st.title("Shift analysis")
-app_state.explain(
-    "The translated window changes the K/V the target attends to, so at every answer token the target's "
-    "**residual stream** (the running sum each layer adds to) ends up somewhere else than when it read the text "
-    "itself. We teacher-force the first answer tokens (the gold answer) on top of each cache and read the residual "
-    "state **h_k** at every layer boundary k.\n\n"
-    "- **Initial shift ‖s‖** — how far the state has moved just after the injected window (boundary k0).\n"
-    "- **ρ_k = ‖Δh_k‖/‖s‖** — the shift trajectory over the layers above the window. Above 1 the upper layers "
-    "*amplify* the shift (it propagates), below 1 they *correct* it.\n"
-    "- **Last-state shift ‖Δh_L‖** — what is left at the top, where the next token is read out.\n"
-    "- **α** — the part of the upper layers' correction that pushes straight back against the shift; **β** — the "
-    "part that moves it sideways; **cosine** = α/‖correction‖. α splits exactly into an **attention** and an "
-    "**MLP** share.\n"
-    "- **Random control** — the same replay with a random window of the same per-vector distance from the native "
-    "one. If the translated window is corrected more than random noise of the same size, the target 'recognises' "
-    "its structure.\n\n"
-    "Early windows leave many layers to correct the shift but also to amplify it; late windows leave none, so "
-    "their initial shift reaches the output untouched. The sweep below shows both failure modes against the "
-    "window start. Definitions: method.md §9.1–§9.2."
-)
-run = app_state.current_run()
-app_state.run_caption(run)
-sel = run.selection
-stamp = app_state.checkpoint_stamp(sel.checkpoint)
-
 
 @st.cache_resource(show_spinner=False, max_entries=8)
 def _checkpoint_window(selection, stamp: int, test: bool, seed: int):
@@ -62,120 +36,149 @@ def _live_sweep(selection, stamp: int, test: bool, mode: str, window: int, size:
     return shift.sweep(tgt, [case], cfg, source=src, profile_mot=profile_mot, progress=_progress)
 
 
-# ----- 1. the checkpoint's own window on this context --------------------------------------------------
+def main() -> None:
+    st.title("Shift analysis")
+    app_state.explain(
+        "The translated window changes the K/V the target attends to, so at every answer token the target's "
+        "**residual stream** (the running sum each layer adds to) ends up somewhere else than when it read the text "
+        "itself. We teacher-force the first answer tokens (the gold answer) on top of each cache and read the residual "
+        "state **h_k** at every layer boundary k.\n\n"
+        "- **Initial shift ‖s‖** — how far the state has moved just after the injected window (boundary k0).\n"
+        "- **ρ_k = ‖Δh_k‖/‖s‖** — the shift trajectory over the layers above the window. Above 1 the upper layers "
+        "*amplify* the shift (it propagates), below 1 they *correct* it.\n"
+        "- **Last-state shift ‖Δh_L‖** — what is left at the top, where the next token is read out.\n"
+        "- **α** — the part of the upper layers' correction that pushes straight back against the shift; **β** — the "
+        "part that moves it sideways; **cosine** = α/‖correction‖. α splits exactly into an **attention** and an "
+        "**MLP** share.\n"
+        "- **Random control** — the same replay with a random window of the same per-vector distance from the native "
+        "one. If the translated window is corrected more than random noise of the same size, the target 'recognises' "
+        "its structure.\n\n"
+        "Early windows leave many layers to correct the shift but also to amplify it; late windows leave none, so "
+        "their initial shift reaches the output untouched. The sweep below shows both failure modes against the "
+        "window start. Definitions: method.md §9.1–§9.2."
+    )
+    run = app_state.current_run()
+    app_state.run_caption(run)
+    sel = run.selection
+    stamp = app_state.checkpoint_stamp(sel.checkpoint)
 
-st.header("This checkpoint's window on this context")
-if not sel.suffix:
-    st.info("Free text without a question has no answer to trace. Type a question (and ideally its gold answer) "
-            "in the sidebar, then press **Translate**.", icon="ℹ️")
-else:
-    app_state.widget_default("pg.shift.seed", 0)
-    seed = int(st.session_state["pg.shift.seed"])
-    try:
-        with st.spinner("Tracing the residual stream on the native, MoT and random-control caches …"):
-            ws, window_run, case = _checkpoint_window(sel, stamp, app_state.test_mode(), seed)
-    except MotVizError as exc:
-        app_state.show_error(exc)
-        st.stop()
-    tokens = [run.target.tokenizer.decode([t]) for t in case.answer_ids]
-    st.caption(f"Window: target layers {ws.window_start}–{ws.window_end} of {ws.num_layers}; k0 = {ws.k0}, "
-               f"{ws.num_upper_layers} layer(s) above it. Teacher-forced answer tokens: "
-               f"{' · '.join(repr(t) for t in tokens)}"
-               f"{'' if case.example is not None else ' (the native greedy answer: no gold answer was given)'}.")
-    summary = ws.summary_frame()
-    cols = st.columns(4)
-    full = ws.summary("full_mix")
-    rnd = ws.summary("random")
-    cols[0].metric("Initial shift ‖s‖ (MoT)", f"{full.initial_shift:.4g}",
-                   help="Mean over answer tokens, at the boundary just after the window.")
-    cols[1].metric("Last-state shift ‖Δh_L‖ (MoT)", f"{full.final_shift:.4g}")
-    cols[2].metric("Median ρ_L (MoT / random)", f"{full.median_final_shrink:.3g} / {rnd.median_final_shrink:.3g}")
-    cols[3].metric("KL(native ‖ MoT) next token", f"{window_run.kl.get('native||full_mix', float('nan')):.4g}")
-    if ws.num_upper_layers == 0:
-        st.info("This checkpoint injects into the target's top layers, so no layer is left above the window: "
-                "the shift at the top *is* the initial shift (ρ = 1 trivially). The sweep below moves a window "
-                "of the same kind down the target to show what the upper layers would do.", icon="ℹ️")
-    if full.pre_window_shift > 0:
-        st.caption(f"The MoT cache is replayed with sparse top-k attention, so the residual stream moves already "
-                   f"below the window (mean ‖Δh_t0‖ = {full.pre_window_shift:.4g}); ‖s‖ includes that part.")
-    trajectories = ws.trajectories()
-    token_index = st.select_slider("Answer token", options=list(range(len(case.answer_ids))), key="pg.shift.token",
-                                   format_func=lambda j: f"{j}: {tokens[j]!r}") if len(case.answer_ids) > 1 else 0
-    app_state.show_figure(rho_trajectory_figure(trajectories, token_index), trajectories, "shift_rho_trajectory")
-    app_state.show_figure(correction_trajectory_figure(trajectories, token_index), trajectories,
-                          "shift_correction_trajectory")
-    app_state.show_figure(correction_split_figure(summary), summary, "shift_correction_split")
-    st.number_input("Random-control seed", min_value=0, step=1, key="pg.shift.seed")
+    # ----- 1. the checkpoint's own window on this context --------------------------------------------------
 
-# ----- 2. a training-free sweep on this context ------------------------------------------------------
-
-st.header("Sweep the window start on this context (training-free)")
-st.markdown(
-    "Instead of training a translator per start, inject the **native** window plus a random direction of a chosen "
-    "relative size (*perturbation*), or with this checkpoint's own per-token, per-layer relative error moved to each "
-    "start (*checkpoint error profile*). This isolates what the layers above the window do with a shift of that size. "
-    "In these modes the random control is a second draw of the same noise, so MoT-vs-random differences are noise. "
-    "The replay is dense; the task metric is left out (the KL and the gold-answer likelihood are shown) to keep it "
-    "to seconds per start."
-)
-if sel.suffix:
-    cols = st.columns(4)
-    app_state.widget_default("pg.shift.mode", "perturbation")
-    mode = cols[0].radio("Window", ["perturbation", "checkpoint-error-profile"], key="pg.shift.mode",
-                         format_func=lambda m: {"perturbation": "perturbation",
-                                                "checkpoint-error-profile": "checkpoint error profile"}[m])
-    n_layers = run.target.spec.num_layers
-    app_state.widget_default("pg.shift.window", min(4, n_layers))
-    window = int(cols[1].number_input("Window size W", min_value=1, max_value=n_layers, step=1, key="pg.shift.window"))
-    app_state.widget_default("pg.shift.size", 0.5)
-    size = float(cols[2].number_input("Relative size ‖δ‖/‖N‖", min_value=0.0, max_value=10.0, step=0.1,
-                                      key="pg.shift.size", disabled=mode != "perturbation"))
-    app_state.widget_default("pg.shift.controls", False)
-    controls = cols[3].checkbox("dir_only / mag_only controls (slower)", key="pg.shift.controls")
-    params = (mode, window, size, controls, int(st.session_state.get("pg.shift.seed", 0)))
-    if st.button("Run the sweep", key="shift.run"):
-        st.session_state["pg.shift.live"] = params
-    if st.session_state.get("pg.shift.live") == params:
-        bar = st.empty()
+    st.header("This checkpoint's window on this context")
+    if not sel.suffix:
+        st.info("Free text without a question has no answer to trace. Type a question (and ideally its gold answer) "
+                "in the sidebar, then press **Translate**.", icon="ℹ️")
+    else:
+        app_state.widget_default("pg.shift.seed", 0)
+        seed = int(st.session_state["pg.shift.seed"])
         try:
-            live = _live_sweep(sel, stamp, app_state.test_mode(), *params,
-                               _progress=lambda f, what: bar.progress(min(f, 1.0), text=what))
+            with st.spinner("Tracing the residual stream on the native, MoT and random-control caches …"):
+                ws, window_run, case = _checkpoint_window(sel, stamp, app_state.test_mode(), seed)
         except MotVizError as exc:
             app_state.show_error(exc)
-            live = None
-        bar.empty()
-        if live is not None:
-            st.caption(f"{shift.MODE_LABELS[mode]} · {len(live.summary)} starts · {live.meta['seconds']} s")
-            app_state.show_figure(shift_vs_start_figure(live.summary), live.summary, "shift_live_vs_start")
-            app_state.show_figure(metric_kl_figure(live.summary), live.summary, "shift_live_kl")
-    elif st.session_state.get("pg.shift.live") is not None:
-        st.info("The settings changed. Press **Run the sweep** to apply them.", icon="ℹ️")
+            st.stop()
+        tokens = [run.target.tokenizer.decode([t]) for t in case.answer_ids]
+        st.caption(f"Window: target layers {ws.window_start}–{ws.window_end} of {ws.num_layers}; k0 = {ws.k0}, "
+                   f"{ws.num_upper_layers} layer(s) above it. Teacher-forced answer tokens: "
+                   f"{' · '.join(repr(t) for t in tokens)}"
+                   f"{'' if case.example is not None else ' (the native greedy answer: no gold answer was given)'}.")
+        summary = ws.summary_frame()
+        cols = st.columns(4)
+        full = ws.summary("full_mix")
+        rnd = ws.summary("random")
+        cols[0].metric("Initial shift ‖s‖ (MoT)", f"{full.initial_shift:.4g}",
+                       help="Mean over answer tokens, at the boundary just after the window.")
+        cols[1].metric("Last-state shift ‖Δh_L‖ (MoT)", f"{full.final_shift:.4g}")
+        cols[2].metric("Median ρ_L (MoT / random)", f"{full.median_final_shrink:.3g} / {rnd.median_final_shrink:.3g}")
+        cols[3].metric("KL(native ‖ MoT) next token", f"{window_run.kl.get('native||full_mix', float('nan')):.4g}")
+        if ws.num_upper_layers == 0:
+            st.info("This checkpoint injects into the target's top layers, so no layer is left above the window: "
+                    "the shift at the top *is* the initial shift (ρ = 1 trivially). The sweep below moves a window "
+                    "of the same kind down the target to show what the upper layers would do.", icon="ℹ️")
+        if full.pre_window_shift > 0:
+            st.caption(f"The MoT cache is replayed with sparse top-k attention, so the residual stream moves already "
+                       f"below the window (mean ‖Δh_t0‖ = {full.pre_window_shift:.4g}); ‖s‖ includes that part.")
+        trajectories = ws.trajectories()
+        token_index = st.select_slider("Answer token", options=list(range(len(case.answer_ids))), key="pg.shift.token",
+                                       format_func=lambda j: f"{j}: {tokens[j]!r}") if len(case.answer_ids) > 1 else 0
+        app_state.show_figure(rho_trajectory_figure(trajectories, token_index), trajectories, "shift_rho_trajectory")
+        app_state.show_figure(correction_trajectory_figure(trajectories, token_index), trajectories,
+                              "shift_correction_trajectory")
+        app_state.show_figure(correction_split_figure(summary), summary, "shift_correction_split")
+        st.number_input("Random-control seed", min_value=0, step=1, key="pg.shift.seed")
 
-# ----- 3. the shipped sweep ----------------------------------------------------------------------
+    # ----- 2. a training-free sweep on this context ------------------------------------------------------
 
-st.header("Shipped sweep (results/shift)")
-sweeps = shift.find_sweeps(RESULTS_DIR, sel.source, sel.target)
-if not sweeps:
-    st.info(f"No saved sweep for {sel.source} → {sel.target} in {RESULTS_DIR}. Make one with "
-            "`python scripts/shift_sweep.py --source ... --target ...`.", icon="ℹ️")
-else:
-    app_state.widget_default("pg.shift.shipped", next(iter(sweeps)), list(sweeps))
-    name = st.selectbox("Sweep", list(sweeps), key="pg.shift.shipped")
-    result = shift.SweepResult.load(sweeps[name])
-    meta = result.meta
-    st.caption(f"**{meta['mode_label']}** · {meta['dataset']}/{meta['split']}, n = {meta['n']} examples "
-               f"(data seed {meta.get('data_seed')}) · window W = {meta['config']['window']}"
-               + (f", relative size {meta['config']['perturbation_size']}" if meta["mode"] == "perturbation" else "")
-               + (f", {meta['train_steps']} training steps per start" if meta.get("train_steps") else "")
-               + f" · {meta.get('date', '')} · `{meta.get('command', '')}`")
-    relative = st.toggle("Shift relative to the native residual norm ‖Δh‖/‖h‖", key="pg.shift.relative")
-    app_state.show_figure(shift_vs_start_figure(result.summary, relative=relative), result.summary,
-                          f"{name}_shift_vs_start")
-    app_state.show_figure(correction_vs_start_figure(result.summary), result.summary, f"{name}_correction_vs_start")
-    app_state.show_figure(metric_kl_figure(result.summary, meta.get("metric")), result.summary, f"{name}_metric_kl")
-    starts = sorted(result.trajectories["start"].unique().tolist())
-    app_state.widget_default("pg.shift.start", starts[len(starts) // 2], starts)
-    start = st.select_slider("Window start for the trajectories", options=starts, key="pg.shift.start")
-    traj = result.trajectories[result.trajectories["start"] == start]
-    app_state.show_figure(rho_trajectory_figure(traj, 0, title=f"ρ_k at window start {start}, answer token 0"),
-                          traj, f"{name}_rho_start{start}")
+    st.header("Sweep the window start on this context (training-free)")
+    st.markdown(
+        "Instead of training a translator per start, inject the **native** window plus a random direction of a chosen "
+        "relative size (*perturbation*), or with this checkpoint's own per-token, per-layer relative error moved to each "
+        "start (*checkpoint error profile*). This isolates what the layers above the window do with a shift of that size. "
+        "In these modes the random control is a second draw of the same noise, so MoT-vs-random differences are noise. "
+        "The replay is dense; the task metric is left out (the KL and the gold-answer likelihood are shown) to keep it "
+        "to seconds per start."
+    )
+    if sel.suffix:
+        cols = st.columns(4)
+        app_state.widget_default("pg.shift.mode", "perturbation")
+        mode = cols[0].radio("Window", ["perturbation", "checkpoint-error-profile"], key="pg.shift.mode",
+                             format_func=lambda m: {"perturbation": "perturbation",
+                                                    "checkpoint-error-profile": "checkpoint error profile"}[m])
+        n_layers = run.target.spec.num_layers
+        app_state.widget_default("pg.shift.window", min(4, n_layers))
+        window = int(cols[1].number_input("Window size W", min_value=1, max_value=n_layers, step=1, key="pg.shift.window"))
+        app_state.widget_default("pg.shift.size", 0.5)
+        size = float(cols[2].number_input("Relative size ‖δ‖/‖N‖", min_value=0.0, max_value=10.0, step=0.1,
+                                          key="pg.shift.size", disabled=mode != "perturbation"))
+        app_state.widget_default("pg.shift.controls", False)
+        controls = cols[3].checkbox("dir_only / mag_only controls (slower)", key="pg.shift.controls")
+        params = (mode, window, size, controls, int(st.session_state.get("pg.shift.seed", 0)))
+        if st.button("Run the sweep", key="shift.run"):
+            st.session_state["pg.shift.live"] = params
+        if st.session_state.get("pg.shift.live") == params:
+            bar = st.empty()
+            try:
+                live = _live_sweep(sel, stamp, app_state.test_mode(), *params,
+                                   _progress=lambda f, what: bar.progress(min(f, 1.0), text=what))
+            except MotVizError as exc:
+                app_state.show_error(exc)
+                live = None
+            bar.empty()
+            if live is not None:
+                st.caption(f"{shift.MODE_LABELS[mode]} · {len(live.summary)} starts · {live.meta['seconds']} s")
+                app_state.show_figure(shift_vs_start_figure(live.summary), live.summary, "shift_live_vs_start")
+                app_state.show_figure(metric_kl_figure(live.summary), live.summary, "shift_live_kl")
+        elif st.session_state.get("pg.shift.live") is not None:
+            st.info("The settings changed. Press **Run the sweep** to apply them.", icon="ℹ️")
+
+    # ----- 3. the shipped sweep ----------------------------------------------------------------------
+
+    st.header("Shipped sweep (results/shift)")
+    sweeps = shift.find_sweeps(RESULTS_DIR, sel.source, sel.target)
+    if not sweeps:
+        st.info(f"No saved sweep for {sel.source} → {sel.target} in {RESULTS_DIR}. Make one with "
+                "`python scripts/shift_sweep.py --source ... --target ...`.", icon="ℹ️")
+    else:
+        app_state.widget_default("pg.shift.shipped", next(iter(sweeps)), list(sweeps))
+        name = st.selectbox("Sweep", list(sweeps), key="pg.shift.shipped")
+        result = shift.SweepResult.load(sweeps[name])
+        meta = result.meta
+        st.caption(f"**{meta['mode_label']}** · {meta['dataset']}/{meta['split']}, n = {meta['n']} examples "
+                   f"(data seed {meta.get('data_seed')}) · window W = {meta['config']['window']}"
+                   + (f", relative size {meta['config']['perturbation_size']}" if meta["mode"] == "perturbation" else "")
+                   + (f", {meta['train_steps']} training steps per start" if meta.get("train_steps") else "")
+                   + f" · {meta.get('date', '')} · `{meta.get('command', '')}`")
+        relative = st.toggle("Shift relative to the native residual norm ‖Δh‖/‖h‖", key="pg.shift.relative")
+        app_state.show_figure(shift_vs_start_figure(result.summary, relative=relative), result.summary,
+                              f"{name}_shift_vs_start")
+        app_state.show_figure(correction_vs_start_figure(result.summary), result.summary, f"{name}_correction_vs_start")
+        app_state.show_figure(metric_kl_figure(result.summary, meta.get("metric")), result.summary, f"{name}_metric_kl")
+        starts = sorted(result.trajectories["start"].unique().tolist())
+        app_state.widget_default("pg.shift.start", starts[len(starts) // 2], starts)
+        start = st.select_slider("Window start for the trajectories", options=starts, key="pg.shift.start")
+        traj = result.trajectories[result.trajectories["start"] == start]
+        app_state.show_figure(rho_trajectory_figure(traj, 0, title=f"ρ_k at window start {start}, answer token 0"),
+                              traj, f"{name}_rho_start{start}")
+
+
+app_state.run_page(main)

@@ -416,3 +416,77 @@ def test_training_page_shows_the_recorded_held_out_fidelity(pretrained):
     assert shown.iloc[0]["centered_cos_k"] == pytest.approx(round(expected, 3))
     per_layer = [d.value for d in at.dataframe if "layer" in d.value.columns and "held-out text" in d.value.columns]
     assert len(per_layer) == 1 and sorted(set(per_layer[0]["layer"])) == sorted(mot.channels.target_layers)
+
+
+# ----- hostile checkpoints and logs: a message on the page, never a traceback ---------------------------
+
+
+def _copy_checkpoint(pretrained, tmp_path, name="smollm2-to-gemma3") -> Path:
+    import shutil
+
+    return Path(shutil.copytree(pretrained[name], tmp_path / name))
+
+
+def _choose_checkpoint(path: Path) -> AppTest:
+    at = start()
+    at.selectbox(key="sb.checkpoint").set_value("other (type below)").run()
+    at.text_input(key="sb.checkpoint_other").input(str(path))
+    translate_button(at).click().run()
+    return at
+
+
+def test_a_checkpoint_with_a_nan_weight_is_refused(pretrained, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    path = _copy_checkpoint(pretrained, tmp_path)
+    state = load_file(str(path / "translator.safetensors"))
+    first = sorted(state)[0]
+    state[first].view(-1)[0] = float("nan")
+    save_file(state, str(path / "translator.safetensors"))
+    at = _choose_checkpoint(path)
+    assert not at.exception
+    assert any("NaN or Inf" in e and "retrain" in e for e in errors(at))
+
+
+@pytest.mark.parametrize("damage", ["rows missing keys", "absurd size", "not an object"])
+def test_a_damaged_checkpoint_config_is_reported_with_its_fix(pretrained, tmp_path, damage):
+    path = _copy_checkpoint(pretrained, tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    if damage == "rows missing keys":
+        config["channels"] = [{"src_layer_idx": 1}]
+    elif damage == "absurd size":
+        config["translator"]["dim"] = 10 ** 9
+    else:
+        config = [config]
+    (path / "config.json").write_text(json.dumps(config))
+    at = _choose_checkpoint(path)
+    assert not at.exception
+    assert any(("Re-export the checkpoint" in e or "not the object MoT Viz writes" in e) for e in errors(at)), errors(at)
+
+
+def test_training_page_survives_a_torn_log_line_and_a_malformed_evaluation(pretrained, tmp_path):
+    path = _copy_checkpoint(pretrained, tmp_path)
+    with open(path / "log.jsonl", "a") as f:
+        f.write('{"step": 15, "loss": 7.')  # what an interrupted append leaves
+    config = json.loads((path / "config.json").read_text())
+    config["metrics"]["evaluation"] = {"squad/validation": "not a table"}
+    (path / "config.json").write_text(json.dumps(config))
+    at = goto(_choose_checkpoint(path), "6_training")
+    assert figures(at), "the complete log rows are still plotted"
+    assert any("metrics.evaluation" in e and "results_md.py --record" in e for e in errors(at))
+    assert any(x.label == "Per window layer" for x in at.expander) or any("How it was trained" in m.value for m in at.markdown)
+
+
+def test_an_unexpected_error_in_a_page_is_a_message_with_details(monkeypatch):
+    at = goto(start(), "4_alignment")
+    assert not errors(at)
+    import mot_viz.figures
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("injected")
+
+    monkeypatch.setattr(mot_viz.figures, "alignment_heatmap", broken)
+    at.switch_page("pages/4_alignment.py").run()
+    assert not at.exception
+    assert any("Unexpected error" in e and "ZeroDivisionError: injected" in e for e in errors(at))
+    assert any(x.label == "Details" for x in at.expander)

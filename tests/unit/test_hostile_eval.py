@@ -1,0 +1,204 @@
+"""Hostile inputs to the evaluator: bad flags and folders fail before a model loads, a bad example is a counted
+skip, an interrupted or shorter run resumes to the same rows, and contexts too long for either model fail clearly."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pandas as pd
+import pytest
+
+from conftest import CORPUS, tiny_model
+from mot_viz import evaluate
+from mot_viz.answers import answer_from_cache
+from mot_viz.channels import Channels
+from mot_viz.data import QAExample, load_dataset, load_jsonl
+from mot_viz.errors import CheckpointError, ConfigError, ContextError, DataFormatError, DataUnavailableError
+from mot_viz.mot import MoT, native_cache, target_context_ids, translate
+from mot_viz.testing import load_test_model, write_test_checkpoints
+
+ROWS = [{"id": f"q{i}", "context": CORPUS[i % 3], "question": "Is it so?", "choices": ["yes", "no"], "label": i % 2}
+        for i in range(4)]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    return write_test_checkpoints(tmp_path_factory.mktemp("checkpoints"))
+
+
+@pytest.fixture()
+def data(tmp_path):
+    path = tmp_path / "toy.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return path
+
+
+@pytest.fixture()
+def no_models(monkeypatch):
+    def load_model(name):
+        raise AssertionError(f"a model ({name}) was loaded before the arguments were checked")
+
+    monkeypatch.setattr(evaluate, "load_model", load_model)
+
+
+@pytest.fixture()
+def test_models(monkeypatch):
+    monkeypatch.setattr(evaluate, "load_model", load_test_model)
+
+
+def cli_error(capsys, checkpoints, data, out, *extra) -> str:
+    """main()'s one-line message for arguments that must fail with exit status 2 and no traceback."""
+    argv = ["--checkpoint", str(checkpoints["smollm2-to-gemma3"]), "--datasets", str(data), "--out", str(out), *extra]
+    assert evaluate.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1
+    return err
+
+
+def eval_argv(checkpoints, data, out, n, *extra) -> list[str]:
+    return ["--checkpoint", str(checkpoints["smollm2-to-gemma3"]), "--datasets", str(data), "--n", str(n),
+            "--max_new_tokens", "2", "--bootstrap", "20", "--out", str(out), *extra]
+
+
+def rows(out) -> pd.DataFrame:
+    """examples.csv exactly as written (every field a string), without the timings."""
+    return pd.read_csv(out / "examples.csv", dtype=str, keep_default_na=False).drop(columns="seconds")
+
+
+@pytest.mark.parametrize("flag, value, least", [("--n", 0, 1), ("--n", -5, 1), ("--bootstrap", 0, 1),
+                                                ("--max_new_tokens", 0, 1), ("--max_context_tokens", 3, 16)])
+def test_out_of_range_flags_fail_before_loading(capsys, checkpoints, data, tmp_path, no_models, flag, value, least):
+    err = cli_error(capsys, checkpoints, data, tmp_path / "out", flag, str(value))
+    assert err.startswith(f"ConfigError: {flag} must be at least {least}, got {value}. Pass {flag} {least} or more.")
+
+
+def test_out_that_is_a_file_fails(capsys, checkpoints, data, tmp_path, no_models):
+    out = tmp_path / "results.txt"
+    out.write_text("not a folder")
+    err = cli_error(capsys, checkpoints, data, out)
+    assert err.startswith(f"ConfigError: --out {out} is a file. Pass a folder")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders, so chmod cannot make one")
+def test_read_only_out_fails(capsys, checkpoints, data, tmp_path, no_models):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        err = cli_error(capsys, checkpoints, data, locked / "out")
+    finally:
+        locked.chmod(0o700)
+    assert err.startswith("ConfigError: Cannot write into --out") and "Pass a folder you can write to" in err
+
+
+def test_unreadable_checkpoints_fail(capsys, checkpoints, data, tmp_path, no_models):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    err = cli_error(capsys, {"smollm2-to-gemma3": broken}, data, tmp_path / "out")
+    assert err.startswith(f"CheckpointError: --checkpoint {broken}: ") and "not valid JSON" in err
+    assert "Pass a checkpoint folder written by MoT Viz" in err
+    err = cli_error(capsys, checkpoints, data, tmp_path / "out", "--second", str(checkpoints["gemma3-to-smollm2"]))
+    assert err.startswith("CheckpointError: --second") and "Pass a second checkpoint of the same pair" in err
+
+
+def test_unknown_dataset_and_folder_named_jsonl_fail_before_loading(capsys, checkpoints, tmp_path, no_models):
+    err = cli_error(capsys, checkpoints, "no-such-dataset", tmp_path / "out")
+    assert err.startswith("DataUnavailableError: Unknown dataset 'no-such-dataset'") and "Built-in" in err
+    folder = tmp_path / "x.jsonl"
+    folder.mkdir()
+    err = cli_error(capsys, checkpoints, folder, tmp_path / "out")
+    assert err.startswith(f"DataFormatError: {folder} is a folder, not a JSONL file. Pass the path of a .jsonl file")
+    with pytest.raises(DataFormatError, match="is a folder"):
+        load_jsonl(folder)
+    with pytest.raises(DataUnavailableError, match="does not exist"):  # a missing file is still reported as missing
+        load_jsonl(tmp_path / "absent.jsonl")
+
+
+def test_bom_keeps_the_first_row(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\r\n" for r in ROWS[:2]).encode())
+    loaded = load_jsonl(path)
+    assert loaded.errors == [] and [e.id for e in loaded.examples] == ["q0", "q1"]
+    assert len(load_dataset(str(path))) == 2
+
+
+def test_out_of_other_settings_is_refused(capsys, checkpoints, data, tmp_path, test_models, monkeypatch):
+    out = tmp_path / "out"
+    assert evaluate.main(eval_argv(checkpoints, data, out, 1)) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(evaluate, "load_model", lambda name: pytest.fail("a model was loaded for a refused --out"))
+    for extra in ([], ["--resume"]):
+        err = cli_error(capsys, checkpoints, data, out, "--n", "2", "--max_new_tokens", "2", "--seed", "7", *extra)
+        assert err.startswith(f"ConfigError: --out {out} holds results of other settings (seed differ)")
+        assert "--resume cannot continue" in err and "Pass another --out folder" in err
+    err = cli_error(capsys, checkpoints, data, out, "--n", "1", "--max_new_tokens", "2")
+    assert err.startswith(f"ConfigError: --out {out} already holds results of these settings. Add --resume")
+
+
+def test_resume_computes_only_new_examples_and_equals_one_run(checkpoints, data, tmp_path, test_models, monkeypatch):
+    computed = []
+    example_rows = evaluate.example_rows
+    monkeypatch.setattr(evaluate, "example_rows", lambda *a, **k: computed.append(a[3].id) or example_rows(*a, **k))
+    assert evaluate.main(eval_argv(checkpoints, data, tmp_path / "whole", 4)) == 0
+    assert evaluate.main(eval_argv(checkpoints, data, tmp_path / "part", 2)) == 0
+    computed.clear()
+    assert evaluate.main(eval_argv(checkpoints, data, tmp_path / "part", 4, "--resume")) == 0
+    assert len(computed) == 2  # the first two examples were kept, not recomputed
+    pd.testing.assert_frame_equal(rows(tmp_path / "part"), rows(tmp_path / "whole"))
+    assert json.loads((tmp_path / "part" / "summary.json").read_text())["settings"]["n"] == 4
+
+
+def test_interrupted_run_keeps_its_rows_and_resumes_to_the_same(checkpoints, data, tmp_path, test_models, monkeypatch):
+    assert evaluate.main(eval_argv(checkpoints, data, tmp_path / "whole", 3)) == 0
+    example_rows = evaluate.example_rows
+
+    def interrupted(*args, **kwargs):
+        if args[3].id == load_dataset(str(data), n=3)[1].id:
+            raise KeyboardInterrupt
+        return example_rows(*args, **kwargs)
+
+    monkeypatch.setattr(evaluate, "example_rows", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate.main(eval_argv(checkpoints, data, tmp_path / "part", 3))
+    assert len(rows(tmp_path / "part")) == 4  # the first example's four conditions were written
+    monkeypatch.setattr(evaluate, "example_rows", example_rows)
+    assert evaluate.main(eval_argv(checkpoints, data, tmp_path / "part", 3, "--resume")) == 0
+    pd.testing.assert_frame_equal(rows(tmp_path / "part"), rows(tmp_path / "whole"))
+
+
+def test_lone_surrogate_is_a_counted_skip_and_the_run_goes_on(checkpoints, tmp_path, test_models):
+    path = tmp_path / "hostile.jsonl"
+    bad = {**ROWS[0], "id": "bad", "context": "Paris \ud800 France"}  # valid JSON text ("\\ud800"), untokenizable
+    path.write_text(json.dumps(bad) + "\n" + json.dumps(ROWS[1]) + "\n")
+    assert evaluate.main(eval_argv(checkpoints, path, tmp_path / "out", 2)) == 0
+    df = rows(tmp_path / "out")
+    assert set(df.loc[df["id"] == "q1", "condition"]) == {"native", "no_context", "mot", "random"}
+    skipped = df[df["condition"] == "skipped"]
+    assert list(skipped["id"]) == ["bad"] and skipped["error"].iloc[0].startswith("TypeError: ")
+    meta = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert meta["skipped"] == 1 and meta["skipped_examples"][0]["id"] == "bad"
+    assert "Skipped examples: 1." in (tmp_path / "out" / "summary.md").read_text()
+    assert "* skipped hostile/jsonl bad: TypeError" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_context_past_the_source_limit_names_the_source():
+    source = tiny_model("gpt2", vocab_size=280, max_positions=32, name="tiny-gpt2-32")
+    target = tiny_model("llama", seed=1, max_positions=1024)
+    mot = MoT.build(source.spec, target.spec, Channels((2, 3), (2, 3)), dim=16, heads=2)
+    with pytest.raises(ContextError, match=r"source model 'tiny-gpt2-32', which allows at most 32\. Shorten the "
+                                           r"context \(python -m mot_viz.evaluate: lower --max_context_tokens\)"):
+        translate(mot, source, target, CORPUS[0] + " " + CORPUS[1])
+
+
+def test_question_past_the_target_limit_names_the_target():
+    target = tiny_model("llama", max_positions=64, name="tiny-llama-64")
+    example = QAExample("long", "toy", CORPUS[0][:30], " ".join(CORPUS[1:3]), ("x",))
+    kv = native_cache(target, target_context_ids(target, example.context))
+    for cache in (kv, None):  # the question alone is too long, too
+        with pytest.raises(ContextError, match=r"target model 'tiny-llama-64' allows at most 64 tokens\. Shorten "
+                                               r"the context or the question .*--max_context_tokens or --max_new_tokens"):
+            answer_from_cache(target, cache, example, "native", max_new_tokens=4)
+    short = QAExample("short", "toy", example.context, "Where?", ("x",))
+    assert answer_from_cache(target, kv, short, "native", max_new_tokens=4).text is not None
