@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 
 from .alignment import decode, encode
 from .errors import ConfigError
+from .fsutil import remove_stale_temporaries, write_text_atomic
 from .models import LoadedModel, cache_dir
 from .mot import MoT, native_cache, prepare_source, translator_inputs, translator_targets
 
@@ -154,12 +155,6 @@ def context_blocks(mot: MoT, source: LoadedModel, target: LoadedModel, ids: torc
     return {"source_keys": sk[0], "source_values": sv[0], "target_keys": tk[0], "target_values": tv[0]}
 
 
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
-
-
 def build_bank(mot: MoT, source: LoadedModel, target: LoadedModel, cfg: BankConfig = BankConfig(),
                root: Path | None = None, progress: bool = True) -> Bank:
     """Load the bank for (mot's pair, window, key space, cfg), building whatever shards are missing first."""
@@ -167,6 +162,7 @@ def build_bank(mot: MoT, source: LoadedModel, target: LoadedModel, cfg: BankConf
 
     folder = (root or cache_dir() / "banks") / bank_key(mot, cfg)
     folder.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(folder)  # shards a killed build was writing
     manifest_path = folder / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     if not manifest:
@@ -194,14 +190,14 @@ def build_bank(mot: MoT, source: LoadedModel, target: LoadedModel, cfg: BankConf
             os.replace(tmp, folder / name)
             manifest["shards"].append({"file": name, "first_context": first, "contexts": len(chunk),
                                        "tokens": int(tensors["lengths"].sum())})
-            _write_json(manifest_path, manifest)
+            write_text_atomic(manifest_path, json.dumps(manifest, indent=2))
             bar.update(int(tensors["lengths"].sum()))
         bar.close()
         manifest["shards"].sort(key=lambda s: s["first_context"])
         manifest["complete"] = True
         manifest["num_contexts"] = len(contexts)
         manifest["num_tokens"] = total
-        _write_json(manifest_path, manifest)
+        write_text_atomic(manifest_path, json.dumps(manifest, indent=2))
     shards = [load_file(str(folder / s["file"])) for s in manifest["shards"]]
     merged = {k: torch.cat([s[k] for s in shards]) for k in _FIELDS}
     return Bank(**merged, folder=folder, manifest=manifest)

@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from .channels import Channels
 from .errors import CheckpointError, ConfigError
+from .fsutil import write_text_atomic
 from .mot import MoT, ReplayConfig, check_pair, mot_config_json, spec_from_json
 from .translator import TranslatorConfig
 
@@ -94,10 +95,7 @@ def record_metrics(path: str | Path, key: str, value: dict) -> None:
     """Set metrics[key] in a checkpoint's config.json (written atomically); the weights are untouched."""
     config = read_config(path)
     config.setdefault("metrics", {})[key] = value
-    target = Path(path) / CONFIG_FILE
-    tmp = target.with_name(target.name + f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(config, indent=2))
-    os.replace(tmp, target)
+    write_text_atomic(Path(path) / CONFIG_FILE, json.dumps(config, indent=2))
 
 
 def load_checkpoint(path: str | Path, source=None, target=None) -> tuple[MoT, dict]:

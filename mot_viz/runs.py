@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from .checkpoint import load_checkpoint, swap_into_place, write_checkpoint
 from .errors import CheckpointError, ConfigError
-from .fsutil import pid_alive, remove_stale_temporaries, temp_parts
+from .fsutil import pid_alive, remove_stale_temporaries, temp_parts, write_text_atomic
 from .mot import MoT
 
 CHECKPOINT = "checkpoint"
@@ -165,9 +165,7 @@ def read_log(path: Path) -> list[dict]:
 def truncate_log(path: Path, step: int) -> None:
     """Keep the log rows of steps up to the resumed one, so a resumed run never logs a step twice."""
     rows = [r for r in read_log(path) if isinstance(r.get("step"), int) and r["step"] <= step]
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 def clean_run_dir(run_dir: Path) -> None:

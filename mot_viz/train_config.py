@@ -1,0 +1,164 @@
+"""A training run's configuration (saved as train_config.json beside its checkpoints) and the train CLI's parsing.
+
+Every mistake in the arguments or the config file raises ConfigError before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ConfigError
+
+
+@dataclass
+class TrainConfig:
+    """Everything one training run needs; saved as train_config.json beside the checkpoints."""
+
+    source: str = "smollm2-135m"  # source model: bundled name, Hub id, folder or .gguf
+    target: str = "gemma3-270m"  # target model
+    output_dir: str = "runs/mot"  # run folder: checkpoints, log.jsonl, train_config.json
+    layer_alignment: str = "terminal"  # injection | terminal | depth-ratio
+    min_window_size_ratio: float = 0.3  # depth-ratio/terminal window size, as a share of min(L_S, L_T)
+    max_window_size_ratio: float = 0.3
+    injection_layer_start_idx: int = 0  # injection mode: first target layer
+    injection_window_size: int = 6  # injection mode: window size
+    proxy_steps: int = 32  # depth-ratio search: steps per proxy translator
+    proxy_val_sequences: int = 8  # depth-ratio search: validation rows per proxy score
+    max_steps: int = 300  # optimiser steps
+    batch_size: int = 2  # rows per micro-batch (replay is row-wise)
+    grad_accum_steps: int = 2  # micro-batches per optimiser step
+    total_tokens: int = 128  # tokens per training sequence
+    prefix_tokens: int = 64  # P: the cache holds P-1 tokens, the prompt the next 64
+    num_sequences: int = 2048  # size of the training bank drawn from the prose corpus
+    learning_rate: float = 1e-3  # peak learning rate (reference 1e-4 at 500 steps of 16 rows, on a GPU)
+    weight_decay: float = 0.01
+    warmup_steps: int = 20
+    grad_clip_norm: float = 1.0
+    mse_weight: float = 1.0  # λ in CE + λ·(MSE_K + MSE_V) of the replayed cache (method.md §7)
+    translation_weight: float = 0.0  # λ_tr: + λ_tr·MSE of the injected window K/V against native (project term)
+    balance_weight: float = 0.0  # Switch-style router load balancing (both stages); 0 = off
+    init: str = "random"  # random | linear: start from the closed-form ridge map fitted on the bank
+    key_space: str = "post_rope"  # post_rope (method.md) | pre_rope: translate keys before rotation
+    bank_tokens: int = 16384  # target tokens in the cached training bank (init=linear or bank_steps > 0)
+    bank_min_tokens: int = 32  # shortest bank context
+    bank_max_tokens: int = 448  # longest bank context (the app's and the evaluator's lengths)
+    bank_steps: int = 0  # stage 1: steps on the bank's translation term alone, before the replay stage
+    bank_batch: int = 8  # contexts per bank step
+    bank_crop: int = 128  # tokens per context crop in a bank step
+    bank_learning_rate: float = 1e-3  # peak learning rate of stage 1
+    train_linear_path: bool = False  # init=linear: also update the fitted linear path (default: kept fixed)
+    log_every: int = 5  # optimiser steps per log line
+    save_every: int = 25  # optimiser steps per checkpoint
+    seed: int = 42
+    translator_dim: int = 64
+    translator_heads: int = 4
+    translator_depth: int = 1
+    translator_mlp_ratio: int = 2
+    variant: str = "mot"  # mot | single
+    mot_num_translators: int = 4
+    mot_top_k: int = 2
+    output_activation: str = "gelu"  # gelu (reference) | none
+    topk_sparse_attn: int | None = 32  # None: dense replay
+    num_bottom_full_attn: int = 2
+
+    def __post_init__(self):
+        if self.layer_alignment not in ("injection", "terminal", "depth-ratio"):
+            raise ConfigError(f"layer_alignment must be injection, terminal or depth-ratio, not {self.layer_alignment}")
+        if not (self.max_window_size_ratio >= self.min_window_size_ratio > 0):
+            raise ConfigError("need max_window_size_ratio >= min_window_size_ratio > 0")
+        if not 0 < self.prefix_tokens < self.total_tokens:
+            raise ConfigError("need 0 < prefix_tokens < total_tokens")
+        if self.max_steps < 0 or self.batch_size < 1 or self.grad_accum_steps < 1:
+            raise ConfigError("max_steps must be >= 0, batch_size and grad_accum_steps >= 1")
+        if self.max_steps == 0 and self.bank_steps == 0 and self.variant != "linear":
+            raise ConfigError("nothing to train: set max_steps (replay stage) or bank_steps (bank stage) above 0")
+        if self.init not in ("random", "linear"):
+            raise ConfigError(f"init must be 'random' or 'linear', not '{self.init}'")
+        if self.bank_steps < 0 or self.translation_weight < 0 or self.balance_weight < 0:
+            raise ConfigError("bank_steps, translation_weight and balance_weight must be >= 0")
+        for name in ("learning_rate", "bank_learning_rate", "grad_clip_norm"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
+        for name in ("weight_decay", "mse_weight"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.log_every < 1 or self.save_every < 1 or self.warmup_steps < 0:
+            raise ConfigError("log_every and save_every must be >= 1, warmup_steps >= 0")
+
+    @property
+    def uses_bank(self) -> bool:
+        return self.init == "linear" or self.variant == "linear" or self.bank_steps > 0
+
+    def bank_config(self):
+        from .bank import BankConfig
+
+        return BankConfig(num_tokens=self.bank_tokens, min_tokens=self.bank_min_tokens,
+                          max_tokens=self.bank_max_tokens, seed=self.seed)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "TrainConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown training config keys: {unknown}. Known keys: python -m mot_viz.train --help")
+        try:
+            return cls(**data)
+        except TypeError as exc:  # e.g. a string where a number belongs
+            raise ConfigError(f"invalid training config: {exc}") from exc
+
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, bool, bool]:
+    """--config FILE, then --key value overrides for any TrainConfig field, plus --resume / --overwrite.
+
+    Every mistake in the arguments or the config file raises ConfigError before any model is loaded.
+    """
+    parser = argparse.ArgumentParser(description="Train a MoT translator with the Context Correction Loss.")
+    parser.add_argument("--config", help="JSON file of TrainConfig fields")
+    parser.add_argument("--resume", action="store_true", help="continue the run in --output_dir from its checkpoint")
+    parser.add_argument("--overwrite", action="store_true", help="replace the run already in --output_dir")
+    for f in dataclasses.fields(TrainConfig):
+        parser.add_argument(f"--{f.name}", default=None, help=f"override {f.name} (default {f.default!r})")
+    args = parser.parse_args(argv)
+    data = _read_json(Path(args.config), "--config") if args.config else {}
+    if args.resume and args.output_dir and not args.config and (Path(args.output_dir) / "train_config.json").exists():
+        data = _read_json(Path(args.output_dir) / "train_config.json", "the run's train_config.json")
+    types = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
+    for name in types:
+        raw = getattr(args, name)
+        if raw is None:
+            continue
+        current = data.get(name, TrainConfig.__dataclass_fields__[name].default)
+        try:
+            if raw.lower() == "none":
+                data[name] = None
+            elif isinstance(current, bool):
+                data[name] = raw.lower() in ("1", "true", "yes")
+            elif isinstance(current, int) or types[name] in ("int", "int | None"):
+                data[name] = int(raw)
+            elif isinstance(current, float):
+                data[name] = float(raw)
+            else:
+                data[name] = raw
+        except ValueError:
+            raise ConfigError(f"--{name} {raw!r} is not a number; it takes a value like {current!r}.") from None
+    return TrainConfig.from_json(data), args.resume, args.overwrite
+
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{what} '{path}' cannot be read ({exc.strerror}). Give the path of a JSON config file.") from exc
+    except ValueError as exc:
+        raise ConfigError(f"{what} '{path}' is not valid JSON ({exc}). Fix the file; configs/ has examples.") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} '{path}' must hold a JSON object of TrainConfig fields, not {type(data).__name__}.")
+    return data
