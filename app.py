@@ -16,6 +16,7 @@ import pandas as pd
 import streamlit as st
 
 from mot_viz import app_state
+from mot_viz.cache_metrics import cost_table, kv_cache_bytes
 
 PAGES_DIR = Path(__file__).parent / "pages"
 # file -> title, in the order a reader follows the data: answers first, then why they look like that
@@ -73,15 +74,35 @@ def _overview() -> None:
         st.dataframe(pd.DataFrame(run.mot.channels.pairs(), columns=["source layer", "target layer"]),
                      hide_index=True)
     with right:
-        st.markdown("**Time per stage** (this context, computed once and shared by every page)")
-        st.dataframe(pd.DataFrame({"stage": list(run.translation.timings),
-                                   "seconds": [round(s, 3) for s in run.translation.timings.values()]}),
-                     hide_index=True)
+        _cost_panel(run)
     with st.expander("The translated context"):
         st.text(run.selection.text)
     st.markdown("**Pages**")
     for file, title in PAGES.items():
         st.page_link(f"pages/{file}", label=title)
+
+
+def _cost_panel(run) -> None:
+    """What this translation cost, stage by stage, beside the target's own prefill, and what the caches weigh."""
+    st.markdown("**What it costs** (this context, measured once in this run and shared by every page)")
+    costs = cost_table(run.translation.timings)
+    st.dataframe(costs.round({"seconds": 3, "× native prefill": 2}), hide_index=True)
+    sizes = pd.DataFrame([{"model": f"{role}: {spec.name}", "layers × KV width": f"{spec.num_layers} × {spec.kv_hidden}",
+                           "MB per 1,000 tokens (fp16)": round(kv_cache_bytes(spec) / 1e6, 1)}
+                          for role, spec in (("source", run.source.spec), ("target", run.target.spec))])
+    st.dataframe(sizes, hide_index=True)
+    replay = run.mot.replay
+    attention = ("dense attention at every layer" if replay.topk_sparse_attn is None else
+                 f"sparse top-{replay.topk_sparse_attn} attention (key positions chosen from the source's own "
+                 f"attention) from layer {replay.num_bottom_full_attn} up and in every window layer")
+    st.caption(
+        "The replay is one forward pass of the target over the context tokens, so MoT does not skip the target's "
+        "prefill: the target computes every layer itself, and inside the window its attention reads the translated "
+        f"K/V instead of its own. This checkpoint replays with {attention}. Sparse attention is where the replay can "
+        "save time — per token it costs k key positions instead of the whole context — so on long contexts; on short "
+        "ones dense attention is already cheap. Cache sizes count K and V at every layer (a sliding-window layer at "
+        "most its window)."
+    )
 
 
 def main() -> None:

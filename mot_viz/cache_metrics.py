@@ -210,3 +210,42 @@ def token_routing_table(key_gates: torch.Tensor, value_gates: torch.Tensor, toke
         "K_kept": [" ".join(map(str, k)) for k in kept_experts(key_gates)],
         "V_kept": [" ".join(map(str, k)) for k in kept_experts(value_gates)],
     })
+
+
+# ----- what a translation costs ---------------------------------------------------------------------------
+
+# stage -> what it is, in the order they run (method.md §6: the replay is a forward pass of the target)
+COST_STAGES = {
+    "source_prefill": "source prefill (its cache is what gets translated; in a multi-model system it exists already)",
+    "alignment": "token alignment (character spans of both tokenizations)",
+    "translator": "translator (experts + router, or the linear map, over the window)",
+    "replay": "replay: the target's forward pass over the context with the translated window injected",
+}
+
+
+def cost_table(timings: dict[str, float]) -> pd.DataFrame:
+    """Seconds per stage of one translation beside the target's own prefill of the same text, measured in one run.
+
+    The share column divides each stage by the native prefill; "translator + replay" is what the target side
+    spends instead of its own prefill.
+    """
+    native = timings.get("native_prefill")
+    rows = [{"stage": label, "seconds": timings[key]} for key, label in COST_STAGES.items() if key in timings]
+    rows.append({"stage": "translator + replay (the target side of MoT)",
+                 "seconds": timings.get("translator", 0.0) + timings.get("replay", 0.0)})
+    if native is not None:
+        rows.append({"stage": "native: the target's own prefill of the same text", "seconds": native})
+    df = pd.DataFrame(rows)
+    df["× native prefill"] = df["seconds"] / native if native else np.nan
+    return df
+
+
+def kv_cache_bytes(spec, tokens: int = 1000, bytes_per_value: int = 2) -> int:
+    """Bytes of a model's KV cache over `tokens` tokens: K and V at every layer (fp16/bf16: 2 bytes per value).
+
+    A sliding-window layer stores at most its window of tokens (Gemma 3's local layers) in a serving cache;
+    the caches MoT Viz builds for measurement keep every token at every layer.
+    """
+    per_layer = [min(tokens, spec.sliding_window) if spec.sliding_window and i in spec.sliding_layers else tokens
+                 for i in range(spec.num_layers)]
+    return 2 * spec.kv_hidden * bytes_per_value * sum(per_layer)

@@ -490,3 +490,38 @@ def test_an_unexpected_error_in_a_page_is_a_message_with_details(monkeypatch):
     assert not at.exception
     assert any("Unexpected error" in e and "ZeroDivisionError: injected" in e for e in errors(at))
     assert any(x.label == "Details" for x in at.expander)
+
+
+# ----- explanations match method.md §6, and the cost panel is the shown translation's ------------------
+
+REPLAY_IS_A_FORWARD_PASS = {  # page -> words its "What am I looking at?" must contain
+    None: "one forward pass over the context tokens",
+    "1_answers": "one forward pass over the same context tokens",
+    "2_cache_error": "the replay is the target's own forward pass",
+    "6_training": "the target replays the context",
+}
+
+
+@pytest.mark.parametrize("page", list(REPLAY_IS_A_FORWARD_PASS))
+def test_each_explanation_says_the_replay_is_a_target_forward_pass(page):
+    at = start() if page is None else goto(start(), page)
+    text = " ".join(m.value for m in at.markdown)
+    assert REPLAY_IS_A_FORWARD_PASS[page] in text
+    assert "without having read" not in text and "never reads the text" not in text
+
+
+def test_overview_cost_panel_is_the_shown_translation_beside_native_prefill():
+    from mot_viz.cache_metrics import kv_cache_bytes
+
+    at = start()
+    costs, sizes = [d.value for d in at.dataframe if "stage" in d.value.columns or "model" in d.value.columns][:2]
+    by_stage = dict(zip(costs["stage"], costs["seconds"]))
+    native = next(v for k, v in by_stage.items() if k.startswith("native"))
+    side = next(v for k, v in by_stage.items() if k.startswith("translator + replay"))
+    translator = next(v for k, v in by_stage.items() if k.startswith("translator ("))
+    replay = next(v for k, v in by_stage.items() if k.startswith("replay"))
+    assert side == pytest.approx(translator + replay, abs=2e-3) and native > 0
+    assert costs["× native prefill"].iloc[-1] == pytest.approx(1.0)
+    target = load_test_model("gemma3-270m")
+    assert sizes["MB per 1,000 tokens (fp16)"].iloc[1] == round(kv_cache_bytes(target.spec) / 1e6, 1)
+    assert any("does not skip the target's prefill" in c.value for c in at.caption)

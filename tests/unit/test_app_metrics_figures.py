@@ -147,3 +147,19 @@ def test_pca_matches_scikit_learn_up_to_sign():
     np.testing.assert_array_equal(pca_project(x)[0], coords)  # deterministic
     flat, flat_ratios = pca_project(np.ones((5, 3)))  # no variance: zeros, not NaN
     assert np.all(flat == 0) and np.all(flat_ratios == 0)
+
+
+def test_kv_cache_bytes_counts_k_and_v_at_every_layer_and_caps_sliding_layers():
+    from mot_viz.cache_metrics import cost_table, kv_cache_bytes
+    from mot_viz.models import ModelSpec
+
+    dense = ModelSpec("s", "llama", 30, 9, 3, 64, 576, 100, 8192, None, (), "x")
+    assert kv_cache_bytes(dense, 1000) == 2 * 30 * 192 * 2 * 1000  # 23.04 MB, SmolLM2-135M in fp16
+    gemma = ModelSpec("g", "gemma3_text", 18, 4, 1, 256, 640, 100, 32768, 512,
+                      tuple(i for i in range(18) if i % 6 != 5), "y")
+    assert kv_cache_bytes(gemma, 1000) == 2 * 256 * 2 * (3 * 1000 + 15 * 512)
+    assert kv_cache_bytes(gemma, 400) == 2 * 256 * 2 * 18 * 400  # shorter than the window: every token kept
+    costs = cost_table({"source_prefill": 0.2, "alignment": 0.01, "translator": 0.05, "replay": 0.3,
+                        "native_prefill": 0.25})
+    assert costs["seconds"].tolist()[-2:] == pytest.approx([0.35, 0.25])
+    assert costs["× native prefill"].tolist()[-2:] == pytest.approx([1.4, 1.0])
