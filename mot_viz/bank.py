@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -156,8 +157,12 @@ def context_blocks(mot: MoT, source: LoadedModel, target: LoadedModel, ids: torc
 
 
 def build_bank(mot: MoT, source: LoadedModel, target: LoadedModel, cfg: BankConfig = BankConfig(),
-               root: Path | None = None, progress: bool = True) -> Bank:
-    """Load the bank for (mot's pair, window, key space, cfg), building whatever shards are missing first."""
+               root: Path | None = None, progress: bool = True,
+               on_progress: Callable[[int, int], None] | None = None) -> Bank:
+    """Load the bank for (mot's pair, window, key space, cfg), building whatever shards are missing first.
+
+    on_progress(tokens done, tokens in total) is called after each shard (the app's progress bar).
+    """
     from tqdm import tqdm
 
     folder = (root or cache_dir() / "banks") / bank_key(mot, cfg)
@@ -192,6 +197,8 @@ def build_bank(mot: MoT, source: LoadedModel, target: LoadedModel, cfg: BankConf
                                        "tokens": int(tensors["lengths"].sum())})
             write_text_atomic(manifest_path, json.dumps(manifest, indent=2))
             bar.update(int(tensors["lengths"].sum()))
+            if on_progress is not None:
+                on_progress(bar.n, total)
         bar.close()
         manifest["shards"].sort(key=lambda s: s["first_context"])
         manifest["complete"] = True
