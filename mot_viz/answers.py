@@ -22,6 +22,7 @@ from .mot import MoT, Translation, empty_context_cache, replay, translate
 from .qa_metrics import exact_match, postprocess_generation, squad_f1
 
 CONDITIONS = ("native", "no_context", "mot", "random")  # what every evaluation and the app answer under
+MAX_NEW_TOKENS = 24  # greedy answer length of the evaluator, the app and the benchmarks
 EXTRA_CONDITIONS = ("mean",)  # on request: needs the mean native window (mot_viz.fidelity.mean_vectors)
 CONDITION_LABELS = {
     "native": "Native context (target prefilled the text itself)",
@@ -86,7 +87,7 @@ def check_question_fits(target: LoadedModel, kv: list[hf.KV] | None, question_to
 
 
 def answer_from_cache(target: LoadedModel, kv: list[hf.KV] | None, example: QAExample, condition: str,
-                      max_new_tokens: int = 24, suffix_text: str | None = None) -> Answer:
+                      max_new_tokens: int = MAX_NEW_TOKENS, suffix_text: str | None = None) -> Answer:
     """The target's answer to `example` given a cache of its context (None: no context).
 
     Raises ContextError when the context, the question and the longest answer do not fit the target's positions.
@@ -137,7 +138,7 @@ def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example
 
 
 def answer_all(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample,
-               translation: Translation | None = None, seed: int = 0, max_new_tokens: int = 24) -> dict[str, Answer]:
+               translation: Translation | None = None, seed: int = 0, max_new_tokens: int = MAX_NEW_TOKENS) -> dict[str, Answer]:
     """Answers of every condition for one example."""
     translation, caches = condition_caches(mot, source, target, example, translation, seed)
     return {c: answer_from_cache(target, kv, example, c, max_new_tokens) for c, kv in caches.items()}

@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 
 from .alignment import encode
-from .answers import CONDITIONS, EXTRA_CONDITIONS, answer_from_cache, condition_caches
+from .answers import CONDITIONS, EXTRA_CONDITIONS, MAX_NEW_TOKENS, answer_from_cache, condition_caches
 from .checkpoint import load_checkpoint, read_config
 from .data import BUILTIN_DATASETS, QAExample, build_prompt, load_dataset
 from .errors import CheckpointError, ConfigError, MotVizError
@@ -380,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
                              "or paths of .jsonl files")
     parser.add_argument("--n", type=int, default=300, help="examples per dataset (at least 1)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the example sample and the random control")
-    parser.add_argument("--max_new_tokens", type=int, default=24, help="longest generated answer, in target tokens")
+    parser.add_argument("--max_new_tokens", type=int, default=MAX_NEW_TOKENS,
+                        help="longest generated answer, in target tokens")
     parser.add_argument("--max_context_tokens", type=int, default=448,
                         help=f"passages are cut to this many target tokens (at least {MIN_CONTEXT_TOKENS})")
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of each interval (at least 1)")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import sys
 import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -24,23 +23,22 @@ from pathlib import Path
 import pandas as pd
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # run as a plain script from any folder
 
-from mot_viz.alignment import encode  # noqa: E402
-from mot_viz.answers import CONDITIONS, answer_from_cache, condition_caches  # noqa: E402
-from mot_viz.app_state import read_training_log  # noqa: E402
+from mot_viz.alignment import encode
+from mot_viz.answers import CONDITIONS, MAX_NEW_TOKENS, answer_from_cache, condition_caches
+from mot_viz.app_state import read_training_log
 from mot_viz.cache_metrics import (cache_error_grid, cache_error_table, cache_space_table, expert_usage, gate_table,
                                    token_routing_table, window_vectors)
-from mot_viz.checkpoint import load_checkpoint  # noqa: E402
-from mot_viz.data import build_prompt, load_dataset  # noqa: E402
+from mot_viz.checkpoint import load_checkpoint
+from mot_viz.data import build_prompt, load_dataset
 from mot_viz.figures import (alignment_heatmap, alignment_table, answers_figure, cache_space_figure, entropy_figure,
                              error_heatmap, expert_usage_figure, gates_heatmap, layer_error_figure, token_labels,
                              training_figure)
-from mot_viz.models import DEFAULT_SOURCE, DEFAULT_TARGET, load_model  # noqa: E402
-from mot_viz.mot import translate  # noqa: E402
-from mot_viz import shift  # noqa: E402
-from mot_viz.shift_figures import correction_split_figure, correction_trajectory_figure, rho_trajectory_figure  # noqa: E402
-from mot_viz.translator import gate_balance  # noqa: E402
+from mot_viz.models import DEFAULT_SOURCE, DEFAULT_TARGET, load_model
+from mot_viz.mot import translate
+from mot_viz import shift
+from mot_viz.shift_figures import correction_split_figure, correction_trajectory_figure, rho_trajectory_figure
+from mot_viz.translator import gate_balance
 
 TARGET_SECONDS = 5.0
 
@@ -200,10 +198,11 @@ def report(rows: pd.DataFrame, facts: dict, load_before: tuple[float, float, flo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", type=Path, default=REPO / "pretrained" / "smollm2-to-gemma3")
-    parser.add_argument("--tokens", type=int, default=256)
-    parser.add_argument("--max-new-tokens", type=int, default=24)
-    parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench_app.md")
+    parser.add_argument("--checkpoint", type=Path, default=REPO / "pretrained" / "smollm2-to-gemma3",
+                        help="checkpoint folder of the bundled pair")
+    parser.add_argument("--tokens", type=int, default=256, help="target tokens of the benchmark context")
+    parser.add_argument("--max_new_tokens", type=int, default=MAX_NEW_TOKENS, help="greedy answer length")
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench_app.md", help="markdown file to write")
     args = parser.parse_args()
     load_before = os.getloadavg()
     rows, facts = bench(args.checkpoint, args.tokens, args.max_new_tokens)

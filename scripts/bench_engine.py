@@ -21,12 +21,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mot_viz.alignment import encode  # noqa: E402
-from mot_viz.channels import terminal_channels  # noqa: E402
-from mot_viz.models import DEFAULT_SOURCE, DEFAULT_TARGET, load_model  # noqa: E402
-from mot_viz.mot import MoT, translate  # noqa: E402
+from mot_viz.alignment import encode
+from mot_viz.channels import terminal_channels
+from mot_viz.models import DEFAULT_SOURCE, DEFAULT_TARGET, load_model
+from mot_viz.mot import MoT, translate
 
 PASSAGE = (
     "The Normans were the people who in the 10th and 11th centuries gave their name to Normandy, a region in "

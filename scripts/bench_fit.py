@@ -12,14 +12,12 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script from any folder
 
 from mot_viz.bank import BankConfig, build_bank
 from mot_viz.channels import terminal_channels

@@ -13,14 +13,12 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script from any folder
 
 from mot_viz.checkpoint import load_checkpoint
 from mot_viz.fidelity import fidelity_table, heldout_texts, reference_means, summarize_fidelity

@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script from any folder
 
-from mot_viz.evaluate import paired_differences, paired_markdown  # noqa: E402
+from mot_viz.evaluate import paired_differences, paired_markdown
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,9 +19,8 @@ from pathlib import Path
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from mot_viz.evaluate import EvalSettings, markdown_table, paired_differences, paired_markdown  # noqa: E402
+from mot_viz.evaluate import EvalSettings, markdown_table, paired_differences, paired_markdown
 
 # (first checkpoint, second checkpoint): paired over the examples both were evaluated on, first − second
 COMPARISONS = [("pretrained/smollm2-to-gemma3-v1", "pretrained/smollm2-to-gemma3-single-v1")]

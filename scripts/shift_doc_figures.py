@@ -16,10 +16,9 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from mot_viz.shift import SweepResult  # noqa: E402
-from mot_viz.shift_figures import (correction_vs_start_figure, metric_kl_figure, rho_trajectory_figure,  # noqa: E402
+from mot_viz.shift import SweepResult
+from mot_viz.shift_figures import (correction_vs_start_figure, metric_kl_figure, rho_trajectory_figure,
                                    shift_vs_start_figure)
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
