@@ -37,7 +37,7 @@ from mot_viz.figures import (alignment_heatmap, alignment_table, answers_figure,
 from mot_viz.models import DEFAULT_SOURCE, DEFAULT_TARGET, load_model
 from mot_viz.mot import translate
 from mot_viz import shift
-from mot_viz.shift_figures import correction_split_figure, correction_trajectory_figure, rho_trajectory_figure
+from mot_viz.shift.figures import correction_split_figure, correction_trajectory_figure, rho_trajectory_figure
 from mot_viz.translator import gate_balance
 
 TARGET_SECONDS = 5.0

@@ -18,7 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 from mot_viz.shift import SweepResult
-from mot_viz.shift_figures import (correction_vs_start_figure, metric_kl_figure, rho_trajectory_figure,
+from mot_viz.shift.figures import (correction_vs_start_figure, metric_kl_figure, rho_trajectory_figure,
                                    shift_vs_start_figure)
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -26,14 +26,13 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from mot_viz import shift  # noqa: E402
-from mot_viz.answers import answer_from_cache  # noqa: E402
-from mot_viz.checkpoint import load_checkpoint  # noqa: E402
-from mot_viz.data import load_dataset  # noqa: E402
-from mot_viz.models import load_model  # noqa: E402
-from mot_viz.mot import native_cache  # noqa: E402
+from mot_viz import runs, shift
+from mot_viz.answers import answer_from_cache
+from mot_viz.checkpoint import load_checkpoint
+from mot_viz.data import load_dataset
+from mot_viz.models import load_model
+from mot_viz.mot import native_cache
 
 
 def log(msg: str) -> None:
@@ -81,13 +80,15 @@ def trained_mot_factory(args, source, target):
     def mot_for_start(start: int):
         cfg = shift_train_config(base, args, start, Path(args.runs_dir) / tag / f"start-{start}")
         run_dir = Path(cfg.output_dir)
-        state = run_dir / "train_state.json"
-        if not (state.exists() and json.loads(state.read_text())["step"] >= cfg.max_steps):
+        unit = runs.recover_checkpoint(run_dir) if run_dir.is_dir() else None
+        if not (unit and json.loads((unit / runs.STATE_FILE).read_text())["step"] >= cfg.max_steps):
             if "bank" not in bank_cache:  # the first rows of the stream are the same whatever its length
                 rows = cfg.max_steps * cfg.batch_size * cfg.grad_accum_steps
                 bank_cache["bank"] = training_sequences(target.tokenizer, cfg.total_tokens, n_sequences=rows, seed=cfg.seed)
             log(f"training start {start} for {cfg.max_steps} steps -> {run_dir}")
-            train(cfg, resume=True, source=source, target=target, bank=bank_cache["bank"], progress=False)
+            resume = (run_dir / runs.CONFIG_FILE).is_file()  # continue an unfinished start, else begin it
+            train(cfg, resume=resume, overwrite=not resume, source=source, target=target, bank=bank_cache["bank"],
+                  progress=False)
         mot, _ = load_checkpoint(run_dir / "checkpoint", source, target)
         return mot
 

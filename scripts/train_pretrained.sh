@@ -11,6 +11,7 @@ smollm2-to-gemma3-mid-single gemma3-to-smollm2-linear smollm2-to-smollm2-linear 
 smollm2-to-gemma3-v1 smollm2-to-gemma3-mid-v1 smollm2-to-gemma3-single-v1"
 for name in ${@:-$default}; do
   mkdir -p "runs/$name"
-  OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" .venv/bin/python -m mot_viz.train --config "configs/$name.json" --resume > "runs/$name/train.log" 2>&1 || { echo "$name failed"; continue; }
+  resume=""; [ -f "runs/$name/train_config.json" ] && resume="--resume"  # continue an unfinished run
+  OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" .venv/bin/python -m mot_viz.train --config "configs/$name.json" $resume >> "runs/$name/train.log" 2>&1 || { echo "$name failed"; continue; }
   .venv/bin/python -m mot_viz.export "runs/$name" "pretrained/$name"
 done

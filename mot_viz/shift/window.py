@@ -1,0 +1,96 @@
+"""One injection window on one context: trace, KL and task metric of its caches against native (§9.1, §9.2)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..answers import answer_from_cache
+from ..channels import Channels
+from ..errors import ConfigError
+from ..hf import KV
+from ..models import LoadedModel
+from ..mot import MoT, Translation, replay, translate
+from .cases import ContextCase, ReplayFn, window_caches
+from .metrics import TRACE_CONDITIONS, TokenShift, WindowShift, kl_divergence, token_shifts
+from .trace import CacheTrace, trace_cache
+
+KL_PAIRS = (("native", "dir_only"), ("native", "mag_only"), ("native", "full_mix"),
+            ("full_mix", "dir_only"), ("full_mix", "mag_only"))  # method.md §9.1
+
+
+# ----- one window on one context ----------------------------------------------------------------------------
+
+
+@dataclass
+class WindowRun:
+    """Everything measured for one window on one context."""
+
+    shifts: list[TokenShift]
+    skipped: dict[str, int]
+    kl: dict[str, float]  # "ref||cand" -> KL of the next-token distributions after the seed
+    scores: dict[str, float]  # condition -> task score (F1 or accuracy); empty without an example
+    answer_logprob: dict[str, float]  # condition -> mean log p of the teacher-forced gold answer tokens
+
+
+def run_window(target: LoadedModel, case: ContextCase, native_trace: CacheTrace, caches: dict[str, list[KV]],
+               channels: Channels, example_index: int = 0, task_metric: bool = True,
+               native_score: float | None = None, max_new_tokens: int = 16) -> WindowRun:
+    """Trace, KL and task metric of the given window caches against native, for one context."""
+    logps = {"native": native_trace.seed_logprobs}
+    answer_lp = {"native": native_trace.answer_logprob}
+    shifts: list[TokenShift] = []
+    skipped: dict[str, int] = {}
+    for cond, kv in caches.items():
+        traced = cond in TRACE_CONDITIONS
+        trace = trace_cache(target, kv, case.suffix_ids, case.answer_ids, residuals=traced)
+        logps[cond], answer_lp[cond] = trace.seed_logprobs, trace.answer_logprob
+        if traced:
+            got, skip = token_shifts(native_trace, trace, channels.start, channels.end + 1, cond, example_index)
+            shifts += got
+            skipped[cond] = skip
+    kl = {f"{a}||{b}": kl_divergence(logps[a], logps[b]) for a, b in KL_PAIRS if a in logps and b in logps}
+    scores: dict[str, float] = {}
+    if task_metric and case.example is not None:
+        scores = {c: answer_from_cache(target, kv, case.example, c, max_new_tokens).score
+                  for c, kv in caches.items() if c != "random"}
+        if native_score is not None:
+            scores["native"] = native_score
+    return WindowRun(shifts, skipped, kl, scores, answer_lp)
+
+
+def analyse_translation(mot: MoT, source: LoadedModel, target: LoadedModel, case: ContextCase,
+                        translation: Translation | None = None, seed: int = 0,
+                        conditions: Sequence[str] = ("full_mix", "random"), task_metric: bool = False,
+                        max_new_tokens: int = 16) -> tuple[WindowShift, WindowRun]:
+    """§9.2 for a checkpoint's own window on one context: native vs the MoT cache vs the random control.
+
+    The MoT cache is replayed the way the checkpoint replays (sparse if it is sparse); the shift
+    already present below the window then shows up as ``pre_window_shift``.
+    """
+    if translation is None:
+        translation = translate(mot, source, target, case.context_text)
+    if translation.native_kv is None:
+        raise ConfigError("the translation must include the native cache (translate(..., with_native=True))")
+    if not torch.equal(translation.target_ids, case.target_ids):
+        raise ConfigError("the translation was made for another context than this case")
+    channels = mot.channels
+    nk, nv = translation.native_window_blocks(channels)
+    replay_fn = _mot_replay(mot, target, translation)
+    caches = window_caches(replay_fn, nk, nv, translation.translated.keys, translation.translated.values,
+                           conditions, seed, full_mix=translation.mixed_kv)
+    native_trace = trace_cache(target, translation.native_kv, case.suffix_ids, case.answer_ids)
+    native_score = None
+    if task_metric and case.example is not None:
+        native_score = answer_from_cache(target, translation.native_kv, case.example, "native", max_new_tokens).score
+    run = run_window(target, case, native_trace, caches, channels, 0, task_metric, native_score, max_new_tokens)
+    ws = WindowShift("trained", channels.start, channels.end, target.spec.num_layers, run.shifts, run.skipped)
+    return ws, run
+
+
+def _mot_replay(mot: MoT, target: LoadedModel, translation: Translation) -> ReplayFn:
+    """Replay windows the way this MoT does (its sparse indices for this context)."""
+    return lambda k, v: replay(target, translation.target_ids, mot.channels.target_layers, k, v,
+                               translation.sparse_indices)
