@@ -138,7 +138,15 @@ def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example
 
 
 def answer_all(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample,
-               translation: Translation | None = None, seed: int = 0, max_new_tokens: int = MAX_NEW_TOKENS) -> dict[str, Answer]:
+               translation: Translation | None = None, seed: int = 0,
+               max_new_tokens: int = MAX_NEW_TOKENS) -> dict[str, Answer]:
     """Answers of every condition for one example."""
     translation, caches = condition_caches(mot, source, target, example, translation, seed)
     return {c: answer_from_cache(target, kv, example, c, max_new_tokens) for c, kv in caches.items()}
+
+
+@torch.no_grad()
+def first_answer_logprobs(target: LoadedModel, kv: list[hf.KV] | None, suffix_text: str) -> torch.Tensor:
+    """log p [V] (float32) of the target's first answer token, given a cache of the context and the question."""
+    suffix_ids = torch.tensor([encode(target.tokenizer, suffix_text)])
+    return hf.run(target.model, suffix_ids, kv=kv, logits_to_keep=1).logits[0, -1].float().log_softmax(-1)

@@ -248,3 +248,23 @@ def fidelity_figure(rows: pd.DataFrame, metrics: Sequence[str] = ("centered_cos_
         fig.update_xaxes(title_text="target layer (window)", dtick=1, row=1, col=c)
     fig.update_layout(height=360, legend_title_text="window written by")
     return fig
+
+
+def what_if_figure(errors: pd.DataFrame, window: Sequence[int]) -> go.Figure:
+    """Cosine to native per target layer, K and V, of the replayed cache under each gate choice ("choice" column
+    of stacked cache_error_table rows); the injection window shaded."""
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, column_titles=["K", "V"])
+    replayed = errors[errors["comparison"] == "replayed"]
+    for c, kv in enumerate(("K", "V"), start=1):
+        for i, (choice, rows) in enumerate(replayed[replayed["kv"] == kv].groupby("choice", sort=False)):
+            rows = rows.sort_values("layer")
+            fig.add_scatter(x=rows["layer"], y=rows["cosine"], mode="lines+markers", name=choice, legendgroup=choice,
+                            showlegend=c == 1, line_dash="solid" if i == 0 else "dash",
+                            hovertemplate=f"{kv} layer %{{x}}<br>cosine %{{y:.4f}}<extra>{choice}</extra>",
+                            row=1, col=c)
+        fig.add_vrect(x0=min(window) - 0.5, x1=max(window) + 0.5, fillcolor="orange", opacity=0.12, line_width=0,
+                      row=1, col=c)
+    fig.update_xaxes(title_text="target layer (shaded: injection window)", dtick=1)
+    fig.update_yaxes(title_text="replayed cache: cosine to native", col=1)
+    fig.update_layout(height=380, legend_title_text="gates", legend=dict(orientation="h", y=-0.25))
+    return fig

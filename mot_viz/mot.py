@@ -20,7 +20,7 @@ from .channels import Channels, sparse_source_layer
 from .errors import CheckpointError, ConfigError, ContextError, TranslationError
 from .layout import context_positions, from_block, to_block, window_blocks
 from .models import LoadedModel, ModelSpec
-from .translator import KVTranslator, TranslatorConfig, TranslatorOutput
+from .translator import GateOverride, KVTranslator, TranslatorConfig, TranslatorOutput
 
 KV = hf.KV
 
@@ -211,9 +211,13 @@ def translator_targets(mot: MoT, target: LoadedModel, native_kv: list[KV], prefi
     return keys, values
 
 
-def translate_window(mot: MoT, src: SourceContext, source: LoadedModel, target: LoadedModel) -> TranslatorOutput:
-    """Aligned source window blocks through the K and V translators; keys come out in the cache's (post-RoPE) space."""
-    out = mot.translator(*translator_inputs(mot, src, source))
+def translate_window(mot: MoT, src: SourceContext, source: LoadedModel, target: LoadedModel,
+                     override: GateOverride | None = None) -> TranslatorOutput:
+    """Aligned source window blocks through the K and V translators; keys come out in the cache's (post-RoPE) space.
+
+    override: a what-if on the mixtures' gates (GateOverride); None is the router's own choice.
+    """
+    out = mot.translator(*translator_inputs(mot, src, source), override=override)
     if mot.translator.config.key_space == "pre_rope":  # the target's own rotary embedding places the keys
         out.keys = rotate_block(target, mot.channels.target_layers, out.keys, src.target_prefix_len, inverse=False)
     return out
@@ -258,15 +262,15 @@ def empty_context_cache(lm: LoadedModel) -> list[KV] | None:
 
 
 def translate(mot: MoT, source: LoadedModel, target: LoadedModel, text: str, with_native: bool = True,
-              max_tokens: int | None = None) -> Translation:
-    """Translate one context end to end (no grad). Timings in seconds per stage."""
+              max_tokens: int | None = None, override: GateOverride | None = None) -> Translation:
+    """Translate one context end to end (no grad). Timings in seconds per stage; override: see translate_window."""
     check_pair(mot, source, target)
     timings = {}
     with torch.no_grad():
         target_ids = target_context_ids(target, text, max_tokens)
         src = prepare_source(mot, source, target, target_ids, timings)
         t0 = time.perf_counter()
-        translated = translate_window(mot, src, source, target)
+        translated = translate_window(mot, src, source, target, override)
         timings["translator"] = time.perf_counter() - t0
         check_finite("translated window", translated.keys, translated.values)
         t0 = time.perf_counter()

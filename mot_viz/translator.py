@@ -106,6 +106,45 @@ class Routing:
     gates: torch.Tensor  # [B, N, E], softmax over the kept top-k, zeros elsewhere
 
 
+@dataclass(frozen=True)
+class GateOverride:
+    """A what-if on every token's gates (the Expert routing page): the router's own choice, one expert forced,
+    one expert dropped (the router's top-k among the others), or uniform gates over all experts."""
+
+    mode: str = "router"  # router | force | drop | uniform
+    expert: int | None = None  # force / drop: which expert
+
+    def __post_init__(self):
+        if self.mode not in ("router", "force", "drop", "uniform"):
+            raise ConfigError(f"gate override mode must be router, force, drop or uniform, not '{self.mode}'")
+        if (self.mode in ("force", "drop")) != (self.expert is not None):
+            raise ConfigError("force and drop need an expert index; router and uniform take none")
+
+    def gates(self, logits: torch.Tensor, top_k: int) -> torch.Tensor:
+        """Gates [B, N, E] from router logits [B, N, E] under this override."""
+        num_experts = logits.shape[-1]
+        if self.expert is not None and not 0 <= self.expert < num_experts:
+            raise ConfigError(f"expert {self.expert} does not exist: this mixture has experts 0–{num_experts - 1}")
+        if self.mode == "force":
+            return nn.functional.one_hot(torch.full(logits.shape[:-1], self.expert, device=logits.device),
+                                         num_experts).to(logits.dtype)
+        if self.mode == "uniform":
+            return torch.full_like(logits, 1.0 / num_experts)
+        if self.mode == "drop":
+            logits = logits.clone()
+            logits[..., self.expert] = float("-inf")
+            top_k = min(top_k, num_experts - 1)
+        return top_k_gates(logits, top_k)
+
+
+def top_k_gates(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Softmax over each token's top-k logits, zeros elsewhere (method.md §5)."""
+    if top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return logits.softmax(dim=-1)
+
+
 class Router(nn.Module):
     """Per-token gate over E experts from the flattened aligned source block (method.md §5)."""
 
@@ -116,13 +155,10 @@ class Router(nn.Module):
                                  nn.Linear(hidden, num_experts))
         self.top_k = top_k
 
-    def forward(self, x: torch.Tensor) -> Routing:  # x: (B, N, W, H_S)
+    def forward(self, x: torch.Tensor, override: GateOverride | None = None) -> Routing:  # x: (B, N, W, H_S)
         logits = self.net(x.flatten(2))  # (B, N, E)
-        masked = logits
-        if self.top_k < logits.shape[-1]:
-            kth = logits.topk(self.top_k, dim=-1).values[..., -1:]
-            masked = logits.masked_fill(logits < kth, float("-inf"))
-        return Routing(logits=logits, gates=masked.softmax(dim=-1))
+        gates = top_k_gates(logits, self.top_k) if override is None else override.gates(logits, self.top_k)
+        return Routing(logits=logits, gates=gates)
 
 
 class MixtureOfTranslators(nn.Module):
@@ -133,10 +169,10 @@ class MixtureOfTranslators(nn.Module):
         self.translators = nn.ModuleList(CrossLayerWindowTranslator(cfg) for _ in range(cfg.num_experts))
         self.router = Router(cfg.window * cfg.source_kv_hidden, cfg.dim, cfg.num_experts, cfg.top_k)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, Routing | None]:
+    def forward(self, x: torch.Tensor, override: GateOverride | None = None) -> tuple[torch.Tensor, Routing | None]:
         if len(self.translators) == 1:
             return self.translators[0](x), None
-        routing = self.router(x)
+        routing = self.router(x, override)
         experts = torch.stack([t(x) for t in self.translators], dim=-1)  # (B, N, W, H_T, E)
         return torch.einsum("bnwhe,bne->bnwh", experts, routing.gates), routing
 
@@ -192,17 +228,20 @@ class KVTranslator(nn.Module):
             self.value_translator = make(cfg)
         self.linear = LinearKVMap(cfg) if cfg.variant == "linear" or cfg.linear_residual else None
 
-    def _path(self, module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, Routing | None]:
-        out = module(x)
-        return out if isinstance(out, tuple) else (out, None)
+    def _path(self, module: nn.Module, x: torch.Tensor, override: GateOverride | None
+              ) -> tuple[torch.Tensor, Routing | None]:
+        if isinstance(module, MixtureOfTranslators):
+            return module(x, override)
+        return module(x), None
 
-    def forward(self, keys: torch.Tensor, values: torch.Tensor) -> TranslatorOutput:
-        """keys, values: aligned source blocks [B, N_t, W, H_S]."""
+    def forward(self, keys: torch.Tensor, values: torch.Tensor, override: GateOverride | None = None
+                ) -> TranslatorOutput:
+        """keys, values: aligned source blocks [B, N_t, W, H_S]; override: a what-if on both mixtures' gates."""
         if self.config.variant == "linear":
             k, v = self.linear(keys, values)
             return TranslatorOutput(keys=k, values=v, key_routing=None, value_routing=None)
-        k, k_routing = self._path(self.key_translator, keys)
-        v, v_routing = self._path(self.value_translator, values)
+        k, k_routing = self._path(self.key_translator, keys, override)
+        v, v_routing = self._path(self.value_translator, values, override)
         if self.linear is not None:
             lin_k, lin_v = self.linear(keys, values)
             k, v = k + lin_k, v + lin_v

@@ -5,8 +5,20 @@ import streamlit as st
 
 from mot_viz import app_state
 from mot_viz.cache_metrics import expert_usage, gate_table, token_routing_table
-from mot_viz.figures import entropy_figure, expert_usage_figure, gates_heatmap
-from mot_viz.translator import gate_balance
+from mot_viz.figures import entropy_figure, expert_usage_figure, gates_heatmap, what_if_figure
+from mot_viz.translator import GateOverride, gate_balance
+from mot_viz.whatif import expert_error_table, what_if
+
+WHAT_IF_MODES = {"force one expert": "force", "drop one expert": "drop", "uniform gates": "uniform"}
+
+
+@st.cache_resource(show_spinner="Translating again with the overridden gates …", max_entries=8)
+def _what_if(selection, stamp: int, test: bool, mode: str, expert: int | None, max_new_tokens: int):
+    src, tgt = app_state.get_model(selection.source), app_state.get_model(selection.target)
+    mot, _ = app_state.get_checkpoint(selection.checkpoint, src, tgt)
+    base = app_state.get_translation(selection)
+    return [what_if(mot, src, tgt, base, override, selection.example, selection.suffix, max_new_tokens)
+            for override in (GateOverride(), GateOverride(mode, expert))]
 
 
 def main() -> None:
@@ -19,7 +31,10 @@ def main() -> None:
         "- **Entropy** per token: 0 = one expert did everything, log k = the kept experts shared evenly.\n"
         "- **Importance** of an expert = the sum of its gates over the context; **load** = how many tokens kept it. "
         "The dotted line is a perfectly even share. The CV² values (squared coefficient of variation) are the balance "
-        "numbers logged in training: 0 = perfectly balanced."
+        "numbers logged in training: 0 = perfectly balanced.\n\n"
+        "**What if** below overrides every token's gates — one expert forced, one dropped (the router's top-k among "
+        "the others) or uniform — and shows what that does to the replayed cache and the answer: how much the "
+        "router's choice matters on this context."
     )
     run = app_state.current_run()
     app_state.run_caption(run)
@@ -51,6 +66,44 @@ def main() -> None:
     app_state.show_figure(expert_usage_figure(usage), usage, "expert_usage")
     with st.expander("Experts kept per token"):
         st.dataframe(per_token, hide_index=True, width="stretch")
+
+    st.subheader("How each expert's tokens are translated")
+    st.caption("Tokens grouped by the expert holding their largest gate: how many, and the mean relative L2 error and "
+               "cosine of their translated window (all window layers) against native.")
+    st.dataframe(expert_error_table(run.translation, run.mot).round(4), hide_index=True)
+
+    st.subheader("What if the router chose differently?")
+    st.caption("The same context translated again with every token's gates overridden, for K and V alike; the "
+               "experts, the alignment and the replay stay the checkpoint's own. Compared with the router's own "
+               "choice: the replayed cache per layer, the first answer token's KL to the native distribution, and "
+               "the answer.")
+    app_state.widget_default("pg.routing.whatif", "force one expert")
+    app_state.widget_default("pg.routing.expert", 0)
+    choice = st.radio("Gates", list(WHAT_IF_MODES), key="pg.routing.whatif", horizontal=True)
+    mode = WHAT_IF_MODES[choice]
+    expert = None
+    if mode != "uniform":
+        expert = int(st.number_input("Expert", min_value=0, max_value=cfg.num_experts - 1, step=1,
+                                     key="pg.routing.expert"))
+    sel = run.selection
+    results = _what_if(sel, app_state.checkpoint_stamp(sel.checkpoint), app_state.test_mode(), mode, expert,
+                       app_state.DEFAULT_MAX_NEW_TOKENS)
+    errors = pd.concat([r.errors.assign(choice=r.label) for r in results])
+    app_state.show_figure(what_if_figure(errors, run.mot.channels.target_layers), errors, f"what_if_{mode}")
+    def mean_cosine(e: pd.DataFrame, comparison: str, kvs=("K", "V")) -> float:
+        return e[(e.comparison == comparison) & e.kv.isin(kvs)].cosine.mean()
+
+    summary = pd.DataFrame([{
+        "gates": r.label,
+        **{f"translated {kv} cosine (window)": mean_cosine(r.errors, "translated", (kv,)) for kv in ("K", "V")},
+        "replayed cosine (all layers)": mean_cosine(r.errors, "replayed"),
+        "first-token KL to native": r.first_token_kl,
+        "answer": None if r.answer is None else r.answer.text,
+        "score": None if r.answer is None else r.answer.score,
+    } for r in results])
+    st.dataframe(summary.round(4), hide_index=True, width="stretch")
+    if results[0].answer is None:
+        st.info("Free text without a question: the KL and the answer need a question (type one in the sidebar).")
 
 
 app_state.run_page(main)

@@ -208,7 +208,7 @@ def test_cache_error_page_scores_the_window_against_its_baselines():
 def test_routing_page_shows_top_k_gates_per_token():
     at = goto(use_free_text(start(), FREE_TEXT), "3_routing")
     charts = figures(at)
-    assert len(charts) == 4  # K gates, V gates, entropy, expert usage
+    assert len(charts) == 5  # K gates, V gates, entropy, expert usage, what-if per layer
     gates = np.array(charts[0]["data"][0]["z"], dtype=float)  # experts x tokens
     assert gates.shape[0] == 4
     np.testing.assert_allclose(gates.sum(0), 1.0, atol=1e-5)
@@ -525,3 +525,25 @@ def test_overview_cost_panel_is_the_shown_translation_beside_native_prefill():
     target = load_test_model("gemma3-270m")
     assert sizes["MB per 1,000 tokens (fp16)"].iloc[1] == round(kv_cache_bytes(target.spec) / 1e6, 1)
     assert any("does not skip the target's prefill" in c.value for c in at.caption)
+
+
+def test_routing_what_if_matches_the_library_and_reacts_to_the_choice():
+    from mot_viz.translator import GateOverride
+    from mot_viz.whatif import what_if
+
+    at = goto(start(), "3_routing")
+    summary = next(d.value for d in at.dataframe if "gates" in d.value.columns)
+    assert summary["gates"].tolist() == ["the router's own gates", "every token to expert 0"]
+    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
+    sel = at.session_state["applied"]
+    mot, _ = load_checkpoint(sel.checkpoint, source, target)
+    base = translate(mot, source, target, sel.text)
+    forced = what_if(mot, source, target, base, GateOverride("force", 0), sel.example, sel.suffix)
+    assert summary["first-token KL to native"].iloc[1] == pytest.approx(forced.first_token_kl, rel=1e-3, abs=1e-4)
+    assert summary["answer"].iloc[1] == forced.answer.text
+    at.radio(key="pg.routing.whatif").set_value("uniform gates").run()
+    assert not at.exception
+    summary = next(d.value for d in at.dataframe if "gates" in d.value.columns)
+    assert summary["gates"].iloc[1] == "uniform gates over all experts"
+    experts = next(d.value for d in at.dataframe if "expert" in d.value.columns and "share" in d.value.columns)
+    assert experts.groupby("mixture").share.sum().round(6).eq(1.0).all()
