@@ -3,9 +3,12 @@
 import streamlit as st
 
 from mot_viz import app_state
+from mot_viz.answers import first_answer_logprobs
 from mot_viz.cache_metrics import COMPARISONS, cache_error_grid, cache_error_table
 from mot_viz.fidelity import fidelity_verdicts
 from mot_viz.figures import FIDELITY_TITLES, METRIC_TITLES, error_heatmap, fidelity_figure, layer_error_figure
+from mot_viz.shift.metrics import kl_divergence
+from mot_viz.verdict import VerdictThresholds, reuse_verdict
 
 
 def main() -> None:
@@ -74,6 +77,47 @@ def main() -> None:
     st.dataframe(summary.rename(columns=FIDELITY_TITLES), width="stretch")
     st.caption(f"This context only ({int(fidelity['tokens'].iloc[0])} target tokens); the held-out averages over 40 "
                "passages per corpus are on the Training page.")
+    _verdict_section(run, fidelity, own)
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def _first_token_kl(selection, stamp: int, test: bool) -> float | None:
+    """KL(native ‖ translated) of the first answer token on this context and question (None without one)."""
+    if selection.suffix is None:
+        return None
+    target = app_state.get_model(selection.target)
+    translation = app_state.get_translation(selection)
+    return kl_divergence(first_answer_logprobs(target, translation.native_kv, selection.suffix),
+                         first_answer_logprobs(target, translation.mixed_kv, selection.suffix))
+
+
+def _verdict_section(run, fidelity, candidate: str) -> None:
+    st.subheader("Reuse verdict: use this translated cache, or re-prefill?")
+    st.markdown(
+        "A verdict from the measurable signals above, per window layer and overall. A layer passes when its "
+        "attention-output cosine and its K and V centered cosines reach their thresholds and it errs less than the "
+        "mean vector; the cache is reused when every window layer passes and the first answer token's distribution "
+        "stays within a KL bound of the native one. The thresholds are tuned against QA (does MoT keep ≥ 90% of "
+        "native F1?) in docs/RESULTS.md; change them below to see the verdict move."
+    )
+    defaults = VerdictThresholds()
+    with st.expander("Thresholds"):
+        c = st.columns(4)
+        values = {name: c[i].number_input(name, value=float(getattr(defaults, name)), step=0.05,
+                                          key=f"pg.error.verdict.{name}", format="%.2f")
+                  for i, name in enumerate(("attn_out_cos", "centered_cos_k", "centered_cos_v", "first_token_kl"))}
+    sel = run.selection
+    kl = _first_token_kl(sel, app_state.checkpoint_stamp(sel.checkpoint), app_state.test_mode())
+    verdict = reuse_verdict(fidelity, kl, candidate, VerdictThresholds(**values))
+    (st.success if verdict.reuse else st.warning)(
+        f"**Verdict: {verdict.decision}.** " + ("Every signal is within its threshold." if verdict.reuse else
+                                                 "Because: " + "; ".join(verdict.reasons) + "."))
+    if kl is None:
+        st.caption("No question is given, so the first-token KL is not part of this verdict.")
+    else:
+        st.caption(f"First answer token: KL(native ‖ translated) = {kl:.4f} nats (bound {values['first_token_kl']}).")
+    st.dataframe(verdict.layers.round(3), hide_index=True, width="stretch")
+    st.dataframe(verdict.thresholds_table(), hide_index=True, width="stretch")
 
 
 app_state.run_page(main)

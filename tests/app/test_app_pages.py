@@ -547,3 +547,26 @@ def test_routing_what_if_matches_the_library_and_reacts_to_the_choice():
     assert summary["gates"].iloc[1] == "uniform gates over all experts"
     experts = next(d.value for d in at.dataframe if "expert" in d.value.columns and "share" in d.value.columns)
     assert experts.groupby("mixture").share.sum().round(6).eq(1.0).all()
+
+
+def test_cache_error_page_reuse_verdict_is_the_library_verdict_and_follows_the_thresholds():
+    from mot_viz.verdict import VerdictThresholds
+
+    at = goto(start(), "2_cache_error")
+    layers = next(d.value for d in at.dataframe if "layer verdict" in d.value.columns)
+    assert any(b.value.startswith("**Verdict: ") for b in [*at.success, *at.warning])
+    # the signals are the library's, on the same translation
+    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
+    sel = at.session_state["applied"]
+    mot, _ = load_checkpoint(sel.checkpoint, source, target)
+    rows = pd.DataFrame(translation_fidelity(translate(mot, source, target, sel.text), target, mot.channels))
+    np.testing.assert_allclose(layers["attn_out_cos"], rows["attn_out_cos"].round(3), atol=1e-3)
+    assert len(layers) == 2 and set(layers["layer verdict"]) <= {"reuse", "re-prefill"}
+    thresholds = next(d.value for d in at.dataframe if "threshold" in d.value.columns)
+    assert dict(zip(thresholds.signal, thresholds.threshold))["attn_out_cos"] == VerdictThresholds().attn_out_cos
+    # a threshold nobody can reach turns every layer into re-prefill
+    at.number_input(key="pg.error.verdict.attn_out_cos").set_value(1.5).run()
+    assert not at.exception
+    layers = next(d.value for d in at.dataframe if "layer verdict" in d.value.columns)
+    assert set(layers["layer verdict"]) == {"re-prefill"}
+    assert any("attn_out_cos fails its threshold at layers" in w.value for w in at.warning)

@@ -1,0 +1,150 @@
+"""Validate the reuse verdict (mot_viz.verdict) against QA: does "reuse" agree with "MoT keeps >= 90% of the
+native answer's F1" on the SQuAD examples of docs/RESULTS.md? Thresholds are tuned on the first half of the
+examples and the agreement is reported on the second half.
+
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/verdict_validation.py signals \\
+        --checkpoint pretrained/smollm2-to-gemma3-mid --n 300 --out results/verdict/smollm2-to-gemma3-mid
+    .venv/bin/python scripts/verdict_validation.py report --out results/verdict/smollm2-to-gemma3-mid \\
+        --eval results/eval/smollm2-to-gemma3-mid-v2-squad300
+
+`signals` computes each example's verdict signals exactly as the app does (same truncation as the evaluator)
+and appends them to signals.csv (resumable); `report` joins them with the evaluator's per-example F1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from mot_viz.answers import first_answer_logprobs
+from mot_viz.checkpoint import load_checkpoint, read_config
+from mot_viz.data import build_prompt, load_dataset
+from mot_viz.evaluate import truncate_context
+from mot_viz.fidelity import reference_means, translation_fidelity
+from mot_viz.models import load_model
+from mot_viz.mot import translate
+from mot_viz.shift.metrics import kl_divergence
+from mot_viz.verdict import VerdictThresholds, layer_signals, reuse_verdict
+
+GRID = {"attn_out_cos": [0.0, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95],
+        "centered_cos_k": [0.0, 0.3, 0.5, 0.6, 0.7, 0.8],
+        "centered_cos_v": [0.0, 0.3, 0.4, 0.5, 0.6, 0.7],
+        "first_token_kl": [0.05, 0.1, 0.25, 0.5, 1.0, 2.0, float("inf")]}
+
+
+def signals(args) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "signals.csv"
+    done = set(pd.read_csv(path, dtype={"id": str}).id) if path.is_file() else set()
+    config = read_config(args.checkpoint)
+    source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
+    mot, _ = load_checkpoint(args.checkpoint, source, target)
+    means = reference_means(target, mot.channels.target_layers)
+    from tqdm import tqdm
+
+    for example in tqdm(load_dataset("squad", n=args.n, seed=0), desc="signals"):
+        if example.id in done:
+            continue
+        example = truncate_context(target, example, args.max_context_tokens)
+        prompt = build_prompt(example, target.chat_frame)
+        translation = translate(mot, source, target, prompt.context_text)
+        rows = pd.DataFrame(translation_fidelity(translation, target, mot.channels, means))
+        kl = kl_divergence(first_answer_logprobs(target, translation.native_kv, prompt.suffix_text),
+                           first_answer_logprobs(target, translation.mixed_kv, prompt.suffix_text))
+        layers = layer_signals(rows, "translator")
+        record = {"id": example.id, "first_token_kl": kl, "tokens": int(translation.target_ids.shape[1]),
+                  "layers": json.dumps(layers.to_dict(orient="records"))}
+        pd.DataFrame([record]).to_csv(path, mode="a", header=not path.is_file(), index=False)
+
+
+def _verdicts(table: pd.DataFrame, t: VerdictThresholds) -> np.ndarray:
+    return np.array([reuse_verdict(_fidelity_rows(r), r.first_token_kl, thresholds=t).reuse
+                     for r in table.itertuples()])
+
+
+def _fidelity_rows(record) -> pd.DataFrame:
+    """layer_signals' rows back as fidelity rows (the mean-vector comparison is kept as a flag)."""
+    layers = pd.DataFrame(json.loads(record.layers))
+    rows = layers.assign(candidate="translator")
+    if "beats_mean_vector" in layers:  # a mean-vector row that the translator beats (or not) by the recorded flag
+        worse = layers.assign(candidate="mean vector", rel_err_k=np.where(layers.beats_mean_vector, np.inf, 0.0),
+                              rel_err_v=np.where(layers.beats_mean_vector, np.inf, 0.0))
+        rows = pd.concat([rows, worse])
+    return rows
+
+
+def _confusion(verdict: np.ndarray, keeps: np.ndarray) -> dict:
+    tp, tn = int((verdict & keeps).sum()), int((~verdict & ~keeps).sum())
+    fp, fn = int((verdict & ~keeps).sum()), int((~verdict & keeps).sum())
+    sens = tp / max(tp + fn, 1)
+    spec = tn / max(tn + fp, 1)
+    return {"n": len(keeps), "agreement": (tp + tn) / max(len(keeps), 1), "balanced_accuracy": (sens + spec) / 2,
+            "reuse_and_keeps": tp, "reuse_but_loses": fp, "reprefill_but_keeps": fn, "reprefill_and_loses": tn}
+
+
+def report(args) -> None:
+    out = Path(args.out)
+    sig = pd.read_csv(out / "signals.csv", dtype={"id": str})
+    ex = pd.read_csv(Path(args.eval) / "examples.csv", dtype={"id": str})
+    f1 = ex[ex.condition.isin(["native", "mot"])].pivot_table(index="id", columns="condition", values="score")
+    table = sig.merge(f1, left_on="id", right_index=True)
+    table = table[table.native > 0].reset_index(drop=True)  # "keeps 90% of native" needs a native answer to keep
+    keeps = (table.mot >= 0.9 * table.native).to_numpy()
+    half = len(table) // 2
+    tune, test = slice(0, half), slice(half, None)
+    best, best_score = VerdictThresholds(), -1.0
+    for values in itertools.product(*GRID.values()):
+        t = replace(VerdictThresholds(), **dict(zip(GRID, values)))
+        score = _confusion(_verdicts(table[tune], t), keeps[tune])["balanced_accuracy"]
+        if score > best_score:
+            best, best_score = t, score
+    default = VerdictThresholds()
+    rows = []
+    for name, t in (("tuned on the first half", best), ("shipped defaults", default)):
+        for part, sl in (("first half (tuning)", tune), ("second half (held out)", test)):
+            rows.append({"thresholds": name, "examples": part, **_confusion(_verdicts(table[sl], t), keeps[sl])})
+    result = pd.DataFrame(rows)
+    min_attn = table.layers.map(lambda s: min(r["attn_out_cos"] for r in json.loads(s)))
+    ratio = (table.mot / table.native).clip(upper=2.0)
+    corr = {"min attn_out_cos": float(np.corrcoef(min_attn, ratio)[0, 1]),
+            "first_token_kl": float(np.corrcoef(table.first_token_kl, ratio)[0, 1])}
+    lines = [f"Reuse verdict vs QA on {len(table)} SQuAD examples with a native F1 > 0 (of {len(sig)} scored; "
+             f"checkpoint and F1 from `{args.eval}`). Label: MoT keeps ≥ 90% of native F1 "
+             f"({int(keeps.sum())} of {len(keeps)} do).", "",
+             "| thresholds | examples | n | agreement | balanced accuracy | reuse & keeps | reuse but loses | "
+             "re-prefill but keeps | re-prefill & loses |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in result.itertuples():
+        lines.append(f"| {r.thresholds} | {r.examples} | {r.n} | {r.agreement:.2f} | {r.balanced_accuracy:.2f} | "
+                     f"{r.reuse_and_keeps} | {r.reuse_but_loses} | {r.reprefill_but_keeps} | {r.reprefill_and_loses} |")
+    lines += ["", f"Tuned thresholds: {asdict(best)}.",
+              f"Pearson r with the retained share (mot/native F1, capped at 2): min-layer attention-output cosine "
+              f"{corr['min attn_out_cos']:+.2f}, first-token KL {corr['first_token_kl']:+.2f}."]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    (out / "tuned_thresholds.json").write_text(json.dumps(asdict(best), indent=2))
+    print("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("signals", help="compute each example's verdict signals (resumable)")
+    s.add_argument("--checkpoint", required=True, help="checkpoint folder")
+    s.add_argument("--n", type=int, default=300, help="SQuAD examples (seed 0, as the evaluator samples them)")
+    s.add_argument("--max_context_tokens", type=int, default=448, help="the evaluator's passage cut")
+    s.add_argument("--out", required=True, help="folder for signals.csv")
+    r = sub.add_parser("report", help="tune thresholds on one half, report agreement on the other")
+    r.add_argument("--out", required=True, help="folder holding signals.csv")
+    r.add_argument("--eval", required=True, help="evaluator output folder with examples.csv (native and mot F1)")
+    args = parser.parse_args()
+    signals(args) if args.command == "signals" else report(args)
+
+
+if __name__ == "__main__":
+    main()
