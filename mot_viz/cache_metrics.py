@@ -135,39 +135,55 @@ def window_vectors(translation: Translation, channels: Channels, position: int, 
     return out
 
 
-def pca_project(x: np.ndarray, dims: int = 2) -> tuple[np.ndarray, np.ndarray]:
-    """PCA of the rows of `x` [n, H] to `dims` coordinates; returns (coords, explained variance ratios).
+def pca_fit(x: np.ndarray, dims: int = 2) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """PCA of the rows of `x` [n, H]: (mean [H], signed components [k, H], explained variance ratios [k]).
 
     A thin SVD of the centred rows in float64 (no scikit-learn: its first import alone costs the app ~0.8 s).
     Each axis is signed so that its largest loading is positive, so reruns and other machines agree.
     """
-    centred = np.asarray(x, dtype=np.float64)
-    centred = centred - centred.mean(axis=0, keepdims=True)
-    k = min(dims, *centred.shape)
-    u, s, vt = np.linalg.svd(centred, full_matrices=False)
+    x = np.asarray(x, dtype=np.float64)
+    mean = x.mean(axis=0)
+    k = min(dims, *x.shape)
+    _, s, vt = np.linalg.svd(x - mean, full_matrices=False)
     signs = np.sign(vt[np.arange(k), np.abs(vt[:k]).argmax(axis=1)])
     signs[signs == 0] = 1.0
-    coords = u[:, :k] * s[:k] * signs
     total = float((s ** 2).sum())
     ratios = (s[:k] ** 2) / total if total > 0 else np.zeros(k)
-    return coords, ratios
+    return mean, vt[:k] * signs[:, None], ratios
 
 
-def umap_project(x: np.ndarray, dims: int = 2, seed: int = 0) -> np.ndarray:
-    """UMAP of rows of `x` [n, H] to `dims` coordinates (cosine metric, fixed seed, so reruns agree)."""
+def pca_project(x: np.ndarray, dims: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """PCA of the rows of `x` [n, H] to `dims` coordinates; returns (coords, explained variance ratios)."""
+    mean, components, ratios = pca_fit(x, dims)
+    return (np.asarray(x, dtype=np.float64) - mean) @ components.T, ratios
+
+
+def umap_project(x: np.ndarray, dims: int = 2, seed: int = 0, extra: np.ndarray | None = None):
+    """UMAP of rows of `x` [n, H] to `dims` coordinates (cosine metric, fixed seed, so reruns agree).
+
+    With `extra` [m, H], those rows are placed in the same embedding afterwards (UMAP's transform) and the
+    coordinates of both are returned as a tuple.
+    """
     import umap
 
     neighbours = max(2, min(15, x.shape[0] - 1))
-    return umap.UMAP(n_components=dims, n_neighbors=neighbours, metric="cosine", random_state=seed,
-                     n_jobs=1).fit_transform(x)
+    reducer = umap.UMAP(n_components=dims, n_neighbors=neighbours, metric="cosine", random_state=seed, n_jobs=1)
+    coords = reducer.fit_transform(x)
+    return coords if extra is None else (coords, reducer.transform(extra))
 
 
-def cache_space_table(vectors: dict[str, torch.Tensor], tokens: Sequence[str], method: str = "pca") -> pd.DataFrame:
+FIT_ON = ("native target", "translated")  # the target-space projection is fitted on these kinds together
+
+
+def cache_space_table(vectors: dict[str, torch.Tensor], tokens: Sequence[str], method: str = "pca",
+                      fit_on: Sequence[str] = FIT_ON) -> pd.DataFrame:
     """2-D coordinates of every kind's vectors, one row per (kind, token), with the space each was projected in.
 
-    Kinds in the target space (native, translated, replayed) share ONE projection fitted on all of them, so their
-    distances are comparable. The source lives in another space with another width, so it gets its own projection:
-    its coordinates show the source's own geometry, not closeness to the target points.
+    Kinds in the target space (native, translated, replayed, a linear map's) share ONE projection, fitted on the
+    `fit_on` kinds together (all target kinds when none of them is given) and applied to the others, so their
+    distances are comparable and the axes do not move when a kind is shown or hidden. The source lives in
+    another space with another width, so it gets its own projection: its coordinates show the source's own
+    geometry, not closeness to the target points.
     """
     frames = []
     target_kinds = [k for k in vectors if k != "source (aligned)"]
@@ -177,21 +193,41 @@ def cache_space_table(vectors: dict[str, torch.Tensor], tokens: Sequence[str], m
     for space, kinds in groups:
         if not kinds:
             continue
-        stacked = torch.cat([vectors[k] for k in kinds]).numpy()
+        fitted = [k for k in kinds if k in fit_on] or kinds
+        rest = [k for k in kinds if k not in fitted]
+        fit_x = torch.cat([vectors[k] for k in fitted]).numpy()
+        rest_x = torch.cat([vectors[k] for k in rest]).numpy() if rest else None
+        on = " + ".join(fitted) if space == "target space" else space
         if method == "pca":
-            coords, ratio = pca_project(stacked)
-            note = f"PCA, {100 * ratio.sum():.0f}% of variance"
+            mean, components, ratio = pca_fit(fit_x)
+            coords = (np.concatenate([fit_x] + ([rest_x] if rest else [])).astype(np.float64) - mean) @ components.T
+            note = f"PCA fitted on {on}, {100 * ratio.sum():.0f}% of its variance"
         elif method == "umap":
-            coords, note = umap_project(stacked), "UMAP (cosine)"
+            out = umap_project(fit_x, extra=rest_x)
+            coords = np.concatenate(out) if rest else out
+            note = f"UMAP (cosine) fitted on {on}"
         else:
             raise ValueError(f"method must be 'pca' or 'umap', got {method!r}")
         n = vectors[kinds[0]].shape[0]
-        for i, kind in enumerate(kinds):
+        for i, kind in enumerate(fitted + rest):
             block = coords[i * n:(i + 1) * n]
             frames.append(pd.DataFrame({"space": space, "projection": note, "kind": kind, "token_index": range(n),
                                         "token": list(tokens), "x": block[:, 0],
                                         "y": block[:, 1] if block.shape[1] > 1 else 0.0}))
     return pd.concat(frames, ignore_index=True)
+
+
+def token_annotations(translation: Translation, channels: Channels, position: int, kv: str) -> pd.DataFrame:
+    """Per context token of one window channel: the expert holding its largest gate (mixtures only) and the
+    relative L2 error of its translated vector against native (the Cache space page's colourings)."""
+    vectors = window_vectors(translation, channels, position, kv)
+    out = pd.DataFrame({"token_index": range(vectors["translated"].shape[0])})
+    if "native target" in vectors:
+        out["rel_l2"] = per_token_errors(vectors["translated"], vectors["native target"])["rel_l2"].numpy()
+    routing = translation.translated.key_routing if kv == "K" else translation.translated.value_routing
+    if routing is not None:
+        out["expert"] = routing.gates[0].argmax(-1).numpy()
+    return out
 
 
 def gate_table(gates: torch.Tensor, tokens: Sequence[str]) -> pd.DataFrame:

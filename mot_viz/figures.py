@@ -16,7 +16,7 @@ from plotly.subplots import make_subplots
 
 _WHITESPACE = str.maketrans({" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"})
 KIND_COLOURS = {"native target": "#1f77b4", "translated": "#d62728", "replayed target": "#2ca02c",
-                "source (aligned)": "#9467bd"}
+                "source (aligned)": "#9467bd", "linear map": "#ff7f0e"}
 COMPARISON_COLOURS = {"translated": "#d62728", "replayed": "#2ca02c"}
 METRIC_TITLES = {"mse": "MSE", "rel_l2": "relative L2 error", "cosine": "cosine similarity"}
 
@@ -186,18 +186,52 @@ def alignment_table(matrix: torch.Tensor, target_tokens: Sequence[str], source_t
 # ----- cache space -------------------------------------------------------------------------------
 
 
-def cache_space_figure(points: pd.DataFrame) -> go.Figure:
-    """Scatter of projected K/V vectors (rows of cache_metrics.cache_space_table), one panel per space."""
+EXPERT_COLOURS = ("#e377c2", "#17becf", "#bcbd22", "#8c564b", "#ff7f0e", "#7f7f7f", "#9467bd", "#2ca02c")
+
+
+def cache_space_figure(points: pd.DataFrame, join: Sequence[str] = (), colour: str = "kind") -> go.Figure:
+    """Scatter of projected K/V vectors (rows of cache_metrics.cache_space_table), one panel per space.
+
+    join: kinds whose points are joined by a line to the same token's native point (how far, and which way, each
+    token was moved). colour: "kind", or a column of `points` that colours the translated points instead —
+    "expert" (categorical: the expert holding the token's largest gate) or "rel_l2" (continuous).
+    """
     spaces = list(dict.fromkeys(points["space"]))
     titles = [f"{s}: {points.loc[points['space'] == s, 'projection'].iloc[0]}" for s in spaces]
     fig = make_subplots(rows=1, cols=len(spaces), subplot_titles=titles)
+    hover = "token %{customdata[0]} %{customdata[1]}<br>(%{x:.4g}, %{y:.4g})"
     for c, space in enumerate(spaces, start=1):
-        for kind, rows in points[points["space"] == space].groupby("kind", sort=False):
-            fig.add_scatter(x=rows["x"], y=rows["y"], mode="markers", name=kind,
-                            marker=dict(color=KIND_COLOURS.get(kind), size=6, opacity=0.75),
-                            customdata=list(zip(rows["token_index"], rows["token"])),
-                            hovertemplate="token %{customdata[0]} %{customdata[1]}<br>(%{x:.4g}, %{y:.4g})<extra>"
-                                          + kind + "</extra>",
+        here = points[points["space"] == space]
+        native = here[here["kind"] == "native target"].set_index("token_index")
+        for kind in join:
+            moved = here[here["kind"] == kind].set_index("token_index")
+            if native.empty or moved.empty:
+                continue
+            xs, ys = [], []
+            for i in moved.index.intersection(native.index):
+                xs += [native.at[i, "x"], moved.at[i, "x"], None]
+                ys += [native.at[i, "y"], moved.at[i, "y"], None]
+            fig.add_scatter(x=xs, y=ys, mode="lines", name=f"native → {kind}", hoverinfo="skip",
+                            line=dict(color=KIND_COLOURS.get(kind, "#999999"), width=0.7), opacity=0.45,
+                            row=1, col=c)
+        for kind, rows in here.groupby("kind", sort=False):
+            custom = list(zip(rows["token_index"], rows["token"]))
+            if kind == "translated" and colour == "expert" and "expert" in rows:
+                for e, part in rows.groupby("expert"):
+                    fig.add_scatter(x=part["x"], y=part["y"], mode="markers", name=f"translated, expert {int(e)}",
+                                    marker=dict(color=EXPERT_COLOURS[int(e) % len(EXPERT_COLOURS)], size=7,
+                                                symbol="diamond"),
+                                    customdata=list(zip(part["token_index"], part["token"])),
+                                    hovertemplate=hover + f"<extra>translated, expert {int(e)}</extra>", row=1, col=c)
+                continue
+            marker = dict(color=KIND_COLOURS.get(kind), size=6, opacity=0.75)
+            if kind == "translated" and colour == "rel_l2" and "rel_l2" in rows:
+                marker = dict(color=rows["rel_l2"], colorscale="Reds", size=7, symbol="diamond", showscale=True,
+                              colorbar=dict(title="rel. L2<br>to native", x=1.02))
+                custom = list(zip(rows["token_index"], rows["token"], rows["rel_l2"]))
+            fig.add_scatter(x=rows["x"], y=rows["y"], mode="markers", name=kind, marker=marker, customdata=custom,
+                            hovertemplate=hover + ("<br>rel. L2 %{customdata[2]:.3f}" if len(custom[0]) > 2 else "")
+                                          + "<extra>" + kind + "</extra>",
                             row=1, col=c)
     fig.update_layout(height=520, legend_title_text="kind")
     return fig

@@ -3,7 +3,7 @@
 import streamlit as st
 
 from mot_viz import app_state
-from mot_viz.cache_metrics import cache_space_table, window_vectors
+from mot_viz.cache_metrics import FIT_ON, cache_space_table, token_annotations, window_vectors
 from mot_viz.figures import cache_space_figure
 
 
@@ -18,6 +18,9 @@ def main() -> None:
         "- **Right, source space:** the source's vectors, averaged onto the target's tokens (the translator's input). "
         "They have another width and no shared coordinates with the target, so they get their **own** projection; "
         "compare shapes, not positions, across the two panels.\n\n"
+        "Lines join each token's native point to its translated one (and the replayed or linear-map one when shown): "
+        "their length and direction are that token's translation error in this projection. The translated points can "
+        "be coloured by their error to native or by the expert that carried most of their gate.\n\n"
         "**PCA** is a linear projection (its axes keep global distances; the share of variance it keeps is in the "
         "title). **UMAP** is nonlinear: it keeps neighbourhoods, not distances, and is slower. Hover a dot for its token."
     )
@@ -35,10 +38,38 @@ def main() -> None:
     method = cols[2].radio("Projection", ["pca", "umap"], key="pg.space.method", horizontal=True,
                            format_func=str.upper)
 
+    options = st.columns(3)
+    app_state.widget_default("pg.space.kinds", ["native target", "translated", "source (aligned)"])
+    linear = app_state.linear_baseline_for(run.selection, run.mot) if run.mot.translator.config.variant != "linear" \
+        else None
+    offered = ["native target", "translated", "replayed target", "source (aligned)"] + (["linear map"] if linear else [])
+    kinds = options[0].multiselect("Show", offered, key="pg.space.kinds")
+    app_state.widget_default("pg.space.join", True)
+    join = options[1].checkbox("Join each token's native and translated points", key="pg.space.join")
+    routed = run.translation.translated.key_routing is not None
+    app_state.widget_default("pg.space.colour", "kind")
+    colour = options[2].radio("Colour translated points by", ["kind", "rel_l2"] + (["expert"] if routed else []),
+                              key="pg.space.colour", horizontal=True,
+                              format_func={"kind": "kind", "rel_l2": "error to native", "expert": "routed expert"}.get)
+
     vectors = window_vectors(run.translation, run.mot.channels, position, kv)
+    if linear:
+        lin = app_state.get_translation(run.selection, linear).translated
+        vectors["linear map"] = (lin.keys if kv == "K" else lin.values)[0, :, position].float()
+    vectors = {k: v for k, v in vectors.items() if k in kinds}
+    if not vectors:
+        st.info("Choose at least one kind of vector to show.")
+        st.stop()
     with st.spinner(f"Projecting {sum(v.shape[0] for v in vectors.values())} vectors with {method.upper()} …"):
         points = cache_space_table(vectors, run.target_tokens, method)
-    app_state.show_figure(cache_space_figure(points), points, f"cache_space_{kv}_layer{pairs[position][1]}_{method}")
+    points = points.merge(token_annotations(run.translation, run.mot.channels, position, kv), on="token_index",
+                          how="left")
+    joined = [k for k in ("translated", "replayed target", "linear map") if join and k in kinds]
+    app_state.show_figure(cache_space_figure(points, joined, colour), points,
+                          f"cache_space_{kv}_layer{pairs[position][1]}_{method}")
+    st.caption(f"The target-space projection is fitted on {' + '.join(k for k in FIT_ON if k in kinds) or 'the kinds shown'} "
+               "together; every other target-space kind is placed in that same projection, so the axes stay put "
+               "when a kind is shown or hidden." + (f" Linear map: `{linear}` on the same context." if linear else ""))
 
 
 app_state.run_page(main)

@@ -253,10 +253,35 @@ def test_cache_space_page_projects_each_kind(method):
     assert not at.exception
     traces = figures(at)[0]["data"]
     n_tokens = len(encode(load_test_model("gemma3-270m").tokenizer, FREE_TEXT))
-    assert {t["name"] for t in traces} == {"native target", "translated", "replayed target", "source (aligned)"}
-    assert all(len(t["x"]) == n_tokens for t in traces)
-    source_trace = next(t for t in traces if t["name"] == "source (aligned)")
-    assert source_trace["xaxis"] == "x2"  # its own panel: another space
+    points = {t["name"]: t for t in traces if t["mode"] == "markers"}
+    assert set(points) == {"native target", "translated", "source (aligned)"}
+    assert all(len(t["x"]) == n_tokens for t in points.values())
+    assert points["source (aligned)"]["xaxis"] == "x2"  # its own panel: another space
+    lines = next(t for t in traces if t["name"] == "native → translated")
+    assert len(lines["x"]) == 3 * n_tokens  # one segment per token, None-separated
+    assert (lines["x"][0], lines["x"][1]) == (points["native target"]["x"][0], points["translated"]["x"][0])
+
+
+def test_cache_space_page_paired_options_follow_the_library():
+    from mot_viz.cache_metrics import per_token_errors, window_vectors
+
+    at = goto(use_free_text(start(), FREE_TEXT), "5_cache_space")
+    at.multiselect(key="pg.space.kinds").set_value(["native target", "translated", "replayed target", "linear map"]).run()
+    at.radio(key="pg.space.colour").set_value("rel_l2").run()
+    assert not at.exception
+    traces = figures(at)[0]["data"]
+    names = {t["name"] for t in traces}
+    assert {"native → translated", "native → replayed target", "native → linear map", "linear map"} <= names
+    translated = next(t for t in traces if t["name"] == "translated")
+    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
+    sel = at.session_state["applied"]
+    mot, _ = load_checkpoint(sel.checkpoint, source, target)
+    vectors = window_vectors(translate(mot, source, target, sel.text), mot.channels, mot.channels.window - 1, "K")
+    errors = per_token_errors(vectors["translated"], vectors["native target"])["rel_l2"].numpy()
+    np.testing.assert_allclose(np.asarray(translated["marker"]["color"], dtype=float), errors, rtol=1e-4)
+    at.radio(key="pg.space.colour").set_value("expert").run()
+    experts = [t["name"] for t in figures(at)[0]["data"] if t["name"].startswith("translated, expert")]
+    assert experts and all(0 <= int(n.rsplit(" ", 1)[1]) < 4 for n in experts)
 
 
 # ----- training ---------------------------------------------------------------------------------------

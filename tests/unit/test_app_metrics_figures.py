@@ -63,7 +63,21 @@ def test_cache_space_shares_one_projection_in_the_target_space_only():
     np.testing.assert_allclose(a, b, atol=1e-5)  # identical vectors land on identical points
     source = table[table["space"] == "source space"]
     assert set(source["kind"]) == {"source (aligned)"} and len(source) == 20
-    assert target["projection"].iloc[0].startswith("PCA, ")
+    assert target["projection"].iloc[0].startswith("PCA fitted on translated + native target, ")
+
+
+def test_kinds_outside_the_fit_are_placed_in_the_same_projection():
+    gen = torch.Generator().manual_seed(1)
+    native, translated = torch.randn(12, 6, generator=gen), torch.randn(12, 6, generator=gen)
+    tokens = [f"t{i}" for i in range(12)]
+    alone = cm.cache_space_table({"native target": native, "translated": translated}, tokens)
+    more = cm.cache_space_table({"native target": native, "translated": translated,
+                                 "replayed target": native.clone()}, tokens)
+    key = ["kind", "token_index"]
+    shared = more[more.kind != "replayed target"].sort_values(key)[["x", "y"]].to_numpy()
+    np.testing.assert_allclose(shared, alone.sort_values(key)[["x", "y"]].to_numpy())  # the axes did not move
+    replayed = more[more.kind == "replayed target"][["x", "y"]].to_numpy()
+    np.testing.assert_allclose(replayed, more[more.kind == "native target"][["x", "y"]].to_numpy(), atol=1e-9)
 
 
 def test_whitespace_is_visible_and_axis_labels_unique():
