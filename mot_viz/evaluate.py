@@ -29,6 +29,7 @@ import torch
 from .alignment import encode
 from .answers import CONDITIONS, EXTRA_CONDITIONS, MAX_NEW_TOKENS, answer_from_cache, condition_caches
 from .checkpoint import load_checkpoint, read_config
+from .cli import run_cli
 from .data import BUILTIN_DATASETS, QAExample, build_prompt, load_dataset
 from .errors import CheckpointError, ConfigError, MotVizError
 from .models import LoadedModel, load_model
@@ -401,19 +402,17 @@ def main(argv: list[str] | None = None) -> int:
     settings = EvalSettings(args.checkpoint, args.second, tuple(args.datasets), args.n, args.seed,
                             args.max_new_tokens, args.max_context_tokens, args.bootstrap, conditions)
     out_dir = Path(args.out)
-    try:
+
+    def body() -> None:
         if args.lm_sequences < 0:
             raise ConfigError(f"--lm_sequences must be at least 0, got {args.lm_sequences}. Pass 0 to skip the LM check.")
         checked = check_run(settings, out_dir, args.resume)  # before any model is loaded
         if args.lm_sequences:
             run_lm(settings, out_dir, args.lm_sequences)
-        summary = run(settings, out_dir, resume=args.resume, checked=checked) if args.datasets else None
-    except MotVizError as exc:
-        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
-    if summary is not None:
-        print(markdown_table(summary))
-    return 0
+        if args.datasets:
+            print(markdown_table(run(settings, out_dir, resume=args.resume, checked=checked)))
+
+    return run_cli(body)
 
 
 def run_lm(settings: EvalSettings, out_dir: Path, n: int) -> pd.DataFrame:

@@ -40,4 +40,6 @@ if __name__ == "__main__":
     if len(sys.argv) != 3:
         print(__doc__, file=sys.stderr)
         sys.exit(2)
-    print(export_run(sys.argv[1], sys.argv[2]))
+    from .cli import run_cli
+
+    sys.exit(run_cli(lambda: print(export_run(sys.argv[1], sys.argv[2]))))

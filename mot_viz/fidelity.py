@@ -221,6 +221,7 @@ def heldout_texts(target: LoadedModel, corpus: str, n: int, max_tokens: int = 44
 def main(argv: list[str] | None = None) -> int:
     from .bank import CORPORA
     from .checkpoint import load_checkpoint, read_config, record_metrics
+    from .cli import run_cli
     from .models import load_model
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -233,27 +234,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record", action="store_true", help="write the summary into each config.json (metrics.fidelity)")
     parser.add_argument("--out", help="folder for the per-context CSVs (one per checkpoint and corpus)")
     args = parser.parse_args(argv)
-    configs = [read_config(c) for c in args.checkpoint]
-    source, target = load_model(configs[0]["source"]["name"]), load_model(configs[0]["target"]["name"])
-    for path in args.checkpoint:
-        mot, _ = load_checkpoint(path, source, target)
-        means = reference_means(target, mot.channels.target_layers, args.reference_n)
-        recorded = {}
-        for corpus in args.corpus:
-            table = fidelity_table(mot, source, target, heldout_texts(target, corpus, args.n), means)
-            recorded[corpus] = fidelity_record(table, corpus, means)
-            summary = summarize_fidelity(table)
-            window = summary[summary.layer == "window"].set_index("candidate")
-            print(f"{Path(path).name} on {corpus} (n={len(table.context.unique())}):")
-            print(window[list(METRICS)].round(3).to_string())
-            if args.out:
-                out = Path(args.out)
-                out.mkdir(parents=True, exist_ok=True)
-                table.to_csv(out / f"{Path(path).name}-{corpus}.csv", index=False)
-        command = "python -m mot_viz.fidelity " + " ".join(sys.argv[1:] if argv is None else argv)
-        if args.record:
-            record_metrics(path, "fidelity", {"command": command, **recorded})
-    return 0
+
+    def body() -> None:
+        configs = [read_config(c) for c in args.checkpoint]
+        source, target = load_model(configs[0]["source"]["name"]), load_model(configs[0]["target"]["name"])
+        for path in args.checkpoint:
+            mot, _ = load_checkpoint(path, source, target)
+            means = reference_means(target, mot.channels.target_layers, args.reference_n)
+            recorded = {}
+            for corpus in args.corpus:
+                table = fidelity_table(mot, source, target, heldout_texts(target, corpus, args.n), means)
+                recorded[corpus] = fidelity_record(table, corpus, means)
+                summary = summarize_fidelity(table)
+                window = summary[summary.layer == "window"].set_index("candidate")
+                print(f"{Path(path).name} on {corpus} (n={len(table.context.unique())}):")
+                print(window[list(METRICS)].round(3).to_string())
+                if args.out:
+                    out = Path(args.out)
+                    out.mkdir(parents=True, exist_ok=True)
+                    table.to_csv(out / f"{Path(path).name}-{corpus}.csv", index=False)
+            command = "python -m mot_viz.fidelity " + " ".join(sys.argv[1:] if argv is None else argv)
+            if args.record:
+                record_metrics(path, "fidelity", {"command": command, **recorded})
+
+    return run_cli(body)
 
 
 if __name__ == "__main__":

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,13 +25,14 @@ from .errors import ModelLoadError
 from .fsutil import remove_stale_temporaries, write_text_atomic
 
 Progress = Callable[[str], None]
+log = logging.getLogger(__name__)
 
 CONVERSION_VERSION = 1  # bump when the conversion recipe changes, so old folders are rebuilt
 MARKER = "mot_viz_conversion.json"  # written last: a folder without it is a half-written one
 
 
 def _progress(message: str) -> None:
-    print(f"[mot_viz] {message}", file=sys.stderr, flush=True)
+    log.info(message)
 
 
 def _cache_error(path: Path, problem: str) -> ModelLoadError:

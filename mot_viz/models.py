@@ -336,12 +336,16 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, progress: Progress
 
 
 def _main(argv: list[str]) -> int:
+    from .cli import run_cli
+
     if argv[:1] != ["prepare"]:
         print("usage: python -m mot_viz.models prepare   # convert the bundled models once", file=sys.stderr)
         return 2
-    for name in BUNDLED_MODELS:
-        print(f"{name}: {bundled_model_dir(name)}")
-    return 0
+    def prepare() -> None:
+        for name in BUNDLED_MODELS:
+            print(f"{name}: {bundled_model_dir(name)}")
+
+    return run_cli(prepare)
 
 
 if __name__ == "__main__":

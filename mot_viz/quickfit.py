@@ -23,7 +23,8 @@ import torch
 from .bank import BankConfig, build_bank
 from .channels import Channels, terminal_channels
 from .checkpoint import CONFIG_FILE, save_checkpoint
-from .errors import ConfigError, MotVizError
+from .cli import run_cli
+from .errors import ConfigError
 from .fit import fit_linear
 from .model_cache import cache_dir
 from .models import LoadedModel, load_model
@@ -120,15 +121,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--key_space", choices=("pre_rope", "post_rope"), default=QuickFitConfig.key_space,
                         help="translate keys before rotation (pre_rope) or as cached (post_rope)")
     args = parser.parse_args(argv)
-    try:
+
+    def body() -> None:
         cfg = QuickFitConfig(tokens=args.tokens, window_start=args.window_start, window_size=args.window_size,
                              key_space=args.key_space)
         source, target = load_model(args.source), load_model(args.target)
         print(fit_pair(source, target, cfg, progress=True))
-    except MotVizError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+
+    return run_cli(body)
 
 
 if __name__ == "__main__":

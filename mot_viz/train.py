@@ -13,6 +13,7 @@ safetensors, written atomically, so ``--resume`` gives the same result as an uni
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import sys
@@ -25,7 +26,7 @@ import torch
 from . import hf, runs
 from .channels import (Channels, depth_ratio_candidates, depth_ratio_window, injection_channels, terminal_channels,
                        window_size_range)
-from .errors import MotVizError
+from .cli import run_cli
 from .models import LoadedModel, load_model
 from .fit import balance_loss, bank_stage, cosine_lr, fit_linear, trainable_parameters
 from .layout import window_blocks
@@ -229,7 +230,7 @@ def train(cfg: TrainConfig, resume: bool = False, source: LoadedModel | None = N
     if dist is not None:
         dist.barrier()  # the other ranks read the folder only once rank 0 has checked and recovered it
     resumed = resume and runs.has_state(run_dir)
-    log = (lambda msg: print(f"[train] {msg}", file=sys.stderr, flush=True)) if rank == 0 else (lambda msg: None)
+    log = logging.getLogger(__name__).info if rank == 0 else (lambda msg: None)
     _seed_everything(cfg.seed)
     source = source or load_model(cfg.source)
     target = target or load_model(cfg.target)
@@ -329,15 +330,11 @@ def train(cfg: TrainConfig, resume: bool = False, source: LoadedModel | None = N
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
+    def body() -> None:
         cfg, resume, overwrite = parse_args(argv)
         train(cfg, resume=resume, overwrite=overwrite)
-    except MotVizError as exc:  # one message with its fix, no traceback
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    return 0
+
+    return run_cli(body)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,45 @@
+"""One convention for every command line and every progress message.
+
+Progress goes through the ``mot_viz`` logger (``logging.getLogger("mot_viz.<module>")``), which prints
+``[mot_viz.<module>] message`` on stderr at INFO unless the application configures logging itself. A
+command's ``main`` runs under ``run_cli``: a user error (MotVizError) is one line, ``error: <Type>: <message
+with its fix>``, and exit status 2; Ctrl-C is status 130. Flags use underscores and every flag has help.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+
+from .errors import MotVizError
+
+LOGGER = logging.getLogger("mot_viz")
+
+
+def _default_handler() -> None:
+    if not LOGGER.handlers:  # an application that configured the logger keeps its own setup
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
+        LOGGER.addHandler(handler)
+        LOGGER.setLevel(logging.INFO)
+        LOGGER.propagate = False
+
+
+_default_handler()
+
+
+def error_line(exc: MotVizError) -> str:
+    """How every command reports a user error."""
+    return f"error: {type(exc).__name__}: {exc}"
+
+
+def run_cli(main: Callable[[], int | None]) -> int:
+    """Run a command's body; returns its exit status (0, 2 for a user error, 130 for Ctrl-C)."""
+    try:
+        return main() or 0
+    except MotVizError as exc:
+        print(error_line(exc), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
