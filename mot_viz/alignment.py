@@ -117,8 +117,9 @@ def remap_sparse_indices(indices: torch.Tensor, alignment: TokenAlignment) -> to
     """Source top-k key indices [B, 1, N_s, k] -> target [B, 1, N_t, k]; duplicates become the sentinel N_t."""
     n_s = indices.shape[2]
     n_t = alignment.target_to_source.shape[1]
-    rows = indices[:, 0].gather(1, alignment.target_to_source[..., None].expand(-1, -1, indices.shape[-1]))
-    mapped = alignment.source_to_target.gather(1, rows.clamp(0, n_s - 1).flatten(1)).view_as(rows)  # [B, N_t, k]
+    target_to_source = alignment.target_to_source.to(indices.device)
+    rows = indices[:, 0].gather(1, target_to_source[..., None].expand(-1, -1, indices.shape[-1]))
+    mapped = alignment.source_to_target.to(indices.device).gather(1, rows.clamp(0, n_s - 1).flatten(1)).view_as(rows)
     out = mapped.clone()
     for j in range(1, mapped.shape[-1]):
         duplicate = (mapped[..., j : j + 1] == mapped[..., :j]).any(-1)

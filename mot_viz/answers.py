@@ -93,7 +93,7 @@ def answer_from_cache(target: LoadedModel, kv: list[hf.KV] | None, example: QAEx
     Raises ContextError when the context, the question and the longest answer do not fit the target's positions.
     """
     suffix = suffix_text if suffix_text is not None else build_prompt(example, target.chat_frame).suffix_text
-    suffix_ids = torch.tensor([encode(target.tokenizer, suffix)])
+    suffix_ids = target.ids_tensor(encode(target.tokenizer, suffix))
     labels = choice_label_texts(example) if example.kind == "closed" else []
     label_ids = [encode(target.tokenizer, " " + lab) for lab in labels]
     check_question_fits(target, kv, suffix_ids.shape[1], max(map(len, label_ids)) if labels else max_new_tokens)
@@ -148,5 +148,5 @@ def answer_all(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAEx
 @torch.no_grad()
 def first_answer_logprobs(target: LoadedModel, kv: list[hf.KV] | None, suffix_text: str) -> torch.Tensor:
     """log p [V] (float32) of the target's first answer token, given a cache of the context and the question."""
-    suffix_ids = torch.tensor([encode(target.tokenizer, suffix_text)])
+    suffix_ids = target.ids_tensor(encode(target.tokenizer, suffix_text))
     return hf.run(target.model, suffix_ids, kv=kv, logits_to_keep=1).logits[0, -1].float().log_softmax(-1)

@@ -185,7 +185,7 @@ def build_bank(mot: MoT, source: LoadedModel, target: LoadedModel, cfg: BankConf
             if first in done:
                 continue
             chunk = contexts[first : first + cfg.shard_contexts]
-            blocks = [context_blocks(mot, source, target, torch.tensor([ids])) for ids in chunk]
+            blocks = [context_blocks(mot, source, target, target.ids_tensor(ids)) for ids in chunk]
             tensors = {k: torch.cat([b[k] for b in blocks]).contiguous() for k in blocks[0]}
             tensors["target_ids"] = torch.tensor([i for ids in chunk for i in ids])
             tensors["lengths"] = torch.tensor([len(ids) for ids in chunk])

@@ -45,7 +45,7 @@ def vector_fidelity(candidate: torch.Tensor, native: torch.Tensor) -> dict[str, 
     centered_c, centered_n = c - c.mean(0), n - n.mean(0)
     # a token whose centered vector is only rounding error (a constant candidate) has no direction: cosine 0
     has_direction = centered_c.norm(dim=-1) > 1e-5 * c.norm(dim=-1).clamp(min=_EPS)
-    centered = torch.where(has_direction, _cos(centered_c, centered_n), torch.zeros(()))
+    centered = torch.where(has_direction, _cos(centered_c, centered_n), torch.zeros((), device=c.device))
     return {
         "raw_cos": float(_cos(c, n).mean()),
         "centered_cos": float(centered.mean()),

@@ -79,8 +79,13 @@ class LoadedModel:
     spec: ModelSpec
 
     @property
-    def eos_token_id(self) -> int | None:
-        return self.tokenizer.eos_token_id
+    def device(self) -> torch.device:
+        """Where the model's weights are: every tensor made from token ids goes there."""
+        return next(self.model.parameters()).device
+
+    def ids_tensor(self, ids: list[int]) -> torch.Tensor:
+        """Token ids [1, N] on the model's device."""
+        return torch.tensor([ids], device=self.device)
 
     @property
     def prefix_ids(self) -> list[int]:

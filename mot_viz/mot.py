@@ -115,7 +115,7 @@ def target_context_ids(target: LoadedModel, text: str, max_tokens: int | None = 
         raise ContextError(
             f"The context is {len(ids)} target tokens long; this pair allows at most {limit}. Shorten the context."
         )
-    return torch.tensor([ids])
+    return target.ids_tensor(ids)
 
 
 @torch.no_grad()
@@ -146,12 +146,12 @@ def prepare_source(mot: MoT, source: LoadedModel, target: LoadedModel, target_id
     needed = {sparse_source_layer(mot.channels, l, mot.source.num_layers) for l in mot.sparse_layers()}
     plan = hf.AttentionPlan(record=needed if with_attention else set())
     p = len(source.prefix_ids)
-    out = hf.run(source.model, torch.tensor([source.prefix_ids + s_ids]), plan=plan, logits_to_keep=1)
+    out = hf.run(source.model, source.ids_tensor(source.prefix_ids + s_ids), plan=plan, logits_to_keep=1)
     # the source's BOS position is dropped: only context tokens are aligned and translated
     kv = [context_positions(layer, p) for layer in out.kv]
     attention = {l: a[:, :, p:, p:] for l, a in out.attention.items()}
     timings["source_prefill"] = time.perf_counter() - t0
-    return SourceContext(torch.tensor([s_ids]), target_ids, alignment, kv, attention, len(target.prefix_ids), p)
+    return SourceContext(source.ids_tensor(s_ids), target_ids, alignment, kv, attention, len(target.prefix_ids), p)
 
 
 def with_prefix(indices: torch.Tensor, prefix_len: int) -> torch.Tensor:
@@ -164,9 +164,9 @@ def with_prefix(indices: torch.Tensor, prefix_len: int) -> torch.Tensor:
         return indices
     b, _, n, k = indices.shape
     sentinel = prefix_len + n
-    prefix = torch.arange(prefix_len).view(1, 1, 1, prefix_len)
+    prefix = torch.arange(prefix_len, device=indices.device).view(1, 1, 1, prefix_len)
     context_rows = torch.cat([prefix.expand(b, 1, n, prefix_len), indices + prefix_len], dim=-1)
-    prefix_rows = torch.full((b, 1, prefix_len, prefix_len + k), sentinel, dtype=indices.dtype)
+    prefix_rows = torch.full((b, 1, prefix_len, prefix_len + k), sentinel, dtype=indices.dtype, device=indices.device)
     prefix_rows[..., :prefix_len] = prefix
     return torch.cat([prefix_rows, context_rows], dim=2)
 
@@ -189,7 +189,7 @@ def sparse_indices(mot: MoT, src: SourceContext) -> dict[int, torch.Tensor]:
 
 def rotate_block(lm: LoadedModel, layers, keys: torch.Tensor, prefix_len: int, inverse: bool) -> torch.Tensor:
     """Rotate (or un-rotate) a key block [1, N, W, H] of `layers` with the model's own RoPE at positions P..P+N-1."""
-    positions = torch.arange(prefix_len, prefix_len + keys.shape[1])
+    positions = torch.arange(prefix_len, prefix_len + keys.shape[1], device=keys.device)
     per_layer = from_block(keys, lm.spec.num_kv_heads)
     return to_block([hf.rotate_keys(lm.model, l, k, positions, inverse) for l, k in zip(layers, per_layer)])
 
@@ -245,7 +245,7 @@ def replay(target: LoadedModel, target_ids: torch.Tensor, target_layers: tuple[i
 
 
 def _with_bos(lm: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
-    prefix = torch.tensor([lm.prefix_ids] * ids.shape[0], dtype=ids.dtype).view(ids.shape[0], -1)
+    prefix = torch.tensor([lm.prefix_ids] * ids.shape[0], dtype=ids.dtype, device=ids.device).view(ids.shape[0], -1)
     return torch.cat([prefix, ids], dim=1)
 
 
@@ -258,7 +258,7 @@ def native_cache(target: LoadedModel, target_ids: torch.Tensor) -> list[KV]:
 @torch.no_grad()
 def empty_context_cache(lm: LoadedModel) -> list[KV] | None:
     """The cache a model starts from with no context: its BOS prefix, or nothing."""
-    return hf.run(lm.model, torch.tensor([lm.prefix_ids]), logits_to_keep=1).kv if lm.prefix_ids else None
+    return hf.run(lm.model, lm.ids_tensor(lm.prefix_ids), logits_to_keep=1).kv if lm.prefix_ids else None
 
 
 def translate(mot: MoT, source: LoadedModel, target: LoadedModel, text: str, with_native: bool = True,

@@ -52,7 +52,7 @@ def case_from_example(target: LoadedModel, example: QAExample, max_answer_tokens
     """The context, suffix and teacher-forced answer tokens of a QA example (prompts as in method.md §8)."""
     prompt = build_prompt(example, target.chat_frame)
     ids = target_context_ids(target, prompt.context_text)
-    suffix = torch.tensor([encode(target.tokenizer, prompt.suffix_text)])
+    suffix = target.ids_tensor(encode(target.tokenizer, prompt.suffix_text))
     return ContextCase(ids, suffix, answer_token_ids(target.tokenizer, example, max_answer_tokens),
                        prompt.context_text, example)
 
@@ -66,7 +66,7 @@ def case_from_text(target: LoadedModel, context_text: str, suffix_text: str, exa
     native cache's own greedy answer tokens.
     """
     ids = target_context_ids(target, context_text)
-    suffix = torch.tensor([encode(target.tokenizer, suffix_text or "")])
+    suffix = target.ids_tensor(encode(target.tokenizer, suffix_text or ""))
     if suffix.shape[1] == 0:
         raise ConfigError("the suffix is empty; the analysis needs at least the seed token (ask a question)")
     has_gold = example is not None and (example.kind == "closed" or any(a.strip() for a in example.answers))
