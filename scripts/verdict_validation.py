@@ -64,19 +64,40 @@ def signals(args) -> None:
         pd.DataFrame([record]).to_csv(path, mode="a", header=not path.is_file(), index=False)
 
 
-def _verdicts(table: pd.DataFrame, t: VerdictThresholds) -> np.ndarray:
+def _per_example(table: pd.DataFrame) -> pd.DataFrame:
+    """Each example's weakest window layer per signal: a verdict passes every layer iff it passes the weakest."""
+    layers = table.layers.map(json.loads)
+    return pd.DataFrame({
+        "attn_out_cos": layers.map(lambda rows: min(r["attn_out_cos"] for r in rows)),
+        "centered_cos_k": layers.map(lambda rows: min(r["centered_cos_k"] for r in rows)),
+        "centered_cos_v": layers.map(lambda rows: min(r["centered_cos_v"] for r in rows)),
+        "beats_mean_vector": layers.map(lambda rows: all(r.get("beats_mean_vector", True) for r in rows)),
+        "first_token_kl": table.first_token_kl,
+    })
+
+
+def _verdicts(weakest: pd.DataFrame, t: VerdictThresholds) -> np.ndarray:
+    ok = ((weakest.attn_out_cos >= t.attn_out_cos) & (weakest.centered_cos_k >= t.centered_cos_k)
+          & (weakest.centered_cos_v >= t.centered_cos_v) & (weakest.first_token_kl <= t.first_token_kl))
+    if t.require_beating_mean:
+        ok &= weakest.beats_mean_vector
+    return ok.to_numpy()
+
+
+def _library_verdicts(table: pd.DataFrame, t: VerdictThresholds) -> np.ndarray:
+    """The same verdicts from mot_viz.verdict itself (checks that _verdicts is its vectorised twin)."""
     return np.array([reuse_verdict(_fidelity_rows(r), r.first_token_kl, thresholds=t).reuse
                      for r in table.itertuples()])
 
 
 def _fidelity_rows(record) -> pd.DataFrame:
-    """layer_signals' rows back as fidelity rows (the mean-vector comparison is kept as a flag)."""
+    """layer_signals' rows back as fidelity rows, with a mean-vector row that the translator beats (or not) as
+    recorded."""
     layers = pd.DataFrame(json.loads(record.layers))
     rows = layers.assign(candidate="translator")
-    if "beats_mean_vector" in layers:  # a mean-vector row that the translator beats (or not) by the recorded flag
-        worse = layers.assign(candidate="mean vector", rel_err_k=np.where(layers.beats_mean_vector, np.inf, 0.0),
-                              rel_err_v=np.where(layers.beats_mean_vector, np.inf, 0.0))
-        rows = pd.concat([rows, worse])
+    if "beats_mean_vector" in layers:
+        mean_err = np.where(layers.beats_mean_vector, np.inf, 0.0)
+        rows = pd.concat([rows, layers.assign(candidate="mean vector", rel_err_k=mean_err, rel_err_v=mean_err)])
     return rows
 
 
@@ -97,23 +118,24 @@ def report(args) -> None:
     table = sig.merge(f1, left_on="id", right_index=True)
     table = table[table.native > 0].reset_index(drop=True)  # "keeps 90% of native" needs a native answer to keep
     keeps = (table.mot >= 0.9 * table.native).to_numpy()
+    weakest = _per_example(table)
+    assert (_verdicts(weakest, VerdictThresholds()) == _library_verdicts(table, VerdictThresholds())).all()
     half = len(table) // 2
     tune, test = slice(0, half), slice(half, None)
     best, best_score = VerdictThresholds(), -1.0
     for values in itertools.product(*GRID.values()):
         t = replace(VerdictThresholds(), **dict(zip(GRID, values)))
-        score = _confusion(_verdicts(table[tune], t), keeps[tune])["balanced_accuracy"]
+        score = _confusion(_verdicts(weakest[tune], t), keeps[tune])["balanced_accuracy"]
         if score > best_score:
             best, best_score = t, score
     default = VerdictThresholds()
     rows = []
     for name, t in (("tuned on the first half", best), ("shipped defaults", default)):
         for part, sl in (("first half (tuning)", tune), ("second half (held out)", test)):
-            rows.append({"thresholds": name, "examples": part, **_confusion(_verdicts(table[sl], t), keeps[sl])})
+            rows.append({"thresholds": name, "examples": part, **_confusion(_verdicts(weakest[sl], t), keeps[sl])})
     result = pd.DataFrame(rows)
-    min_attn = table.layers.map(lambda s: min(r["attn_out_cos"] for r in json.loads(s)))
     ratio = (table.mot / table.native).clip(upper=2.0)
-    corr = {"min attn_out_cos": float(np.corrcoef(min_attn, ratio)[0, 1]),
+    corr = {"min attn_out_cos": float(np.corrcoef(weakest.attn_out_cos, ratio)[0, 1]),
             "first_token_kl": float(np.corrcoef(table.first_token_kl, ratio)[0, 1])}
     lines = [f"Reuse verdict vs QA on {len(table)} SQuAD examples with a native F1 > 0 (of {len(sig)} scored; "
              f"checkpoint and F1 from `{args.eval}`). Label: MoT keeps ≥ 90% of native F1 "
