@@ -114,6 +114,30 @@ def sparse_attention(module, query, key, value, indices, scaling) -> torch.Tenso
     return out.transpose(1, 2).contiguous()
 
 
+def sparse_mask_attention(module, query, key, value, indices, scaling) -> torch.Tensor | None:
+    """sparse_attention computed as dense SDPA under a boolean mask of each query's top-k key positions.
+
+    The same set of keys and the same softmax (a row's indices are distinct: top-k positions, with remapped
+    duplicates already turned into the sentinel), at the cost of ordinary attention instead of a gather of
+    N·k key vectors: on two CPU cores the replay then costs what the native prefill costs (docs/bench_engine.md). Returns None when some query keeps no key (the
+    gather path's uniform fallback, possible only after token remapping), so the caller falls back to it.
+    """
+    b, h, n, _ = query.shape
+    n_kv, length = key.shape[1], key.shape[2]
+    idx = indices if indices.shape[1] == 1 else indices[:, :: h // n_kv]  # per query head group
+    keep = torch.zeros(*idx.shape[:3], length + 1, dtype=torch.bool, device=query.device)
+    keep.scatter_(-1, idx.clamp(0, length), True)  # the duplicate sentinel lands in the extra column
+    keep = keep[..., :length] & _allowed_positions(n, length, getattr(module, "sliding_window", None), query.device)
+    if not keep.any(-1).all():
+        return None
+    if keep.shape[1] > 1:
+        keep = keep.repeat_interleave(h // n_kv, dim=1)
+    rep = h // n_kv
+    out = torch.nn.functional.scaled_dot_product_attention(query, repeat_kv(key, rep), repeat_kv(value, rep),
+                                                           attn_mask=keep, scale=scaling)
+    return out.transpose(1, 2).contiguous()
+
+
 def mot_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """The attention function registered as ``mot_viz``: SDPA, unless the active plan says otherwise."""
     plan = _ACTIVE_PLAN.get()
@@ -135,7 +159,10 @@ def mot_attention(module, query, key, value, attention_mask, scaling=None, dropo
         if layer in plan.record:
             plan.recorded[layer] = _eager_probs(module, query, key, scaling).mean(dim=1, keepdim=True).detach()
         if layer in plan.sparse:
-            return sparse_attention(module, query, key, value, plan.sparse[layer], scaling), None
+            out = sparse_mask_attention(module, query, key, value, plan.sparse[layer], scaling)
+            if out is None:
+                out = sparse_attention(module, query, key, value, plan.sparse[layer], scaling)
+            return out, None
     return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
 
 

@@ -131,3 +131,23 @@ def test_bos_prefix_is_kept_native_and_never_translated():
     mixed = replay(target, tr.target_ids, channels.target_layers, k, v, sparse=None)
     assert all((m[0] - n[0]).abs().max() <= 1e-5 for m, n in zip(mixed, tr.native_kv))
 
+
+
+@pytest.mark.parametrize("per_head, window", [(False, None), (True, None), (False, 5)])
+def test_masked_dense_sparse_attention_equals_the_gather_path(per_head, window):
+    """The SDPA-under-a-mask path (used by default: faster on CPU) keeps the same keys and the same softmax as
+    the gather path of method.md §6, with GQA groups, per-head indices, duplicate sentinels and a sliding window."""
+    g = torch.Generator().manual_seed(0)
+    b, h, n_kv, n, d, k = 1, 4, 2, 12, 8, 4
+    q, key, value = (torch.randn(b, heads, n, d, generator=g) for heads in (h, n_kv, n_kv))
+    rows = (b, h if per_head else 1, n)
+    others = torch.rand(*rows, n - 1, generator=g).argsort(-1)[..., : k - 2] + 1  # distinct, as top-k indices are
+    idx = torch.cat([torch.zeros(*rows, 1, dtype=torch.long),  # every query keeps position 0 (a BOS sink)
+                     others, torch.full((*rows, 1), n)], dim=-1)  # and the sentinel of a removed duplicate
+    module = type("Attn", (), {"sliding_window": window})()
+    masked = hf.sparse_mask_attention(module, q, key, value, idx, 0.35)
+    gathered = hf.sparse_attention(module, q, key, value, idx, 0.35)
+    if window is None:
+        assert masked is not None and torch.allclose(masked, gathered, atol=1e-5)
+    else:  # the window hides position 0 from late queries: some keep no key, so the gather path's fallback rules
+        assert masked is None
