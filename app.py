@@ -96,6 +96,9 @@ def _cost_panel(run) -> None:
                  f"sparse top-{replay.topk_sparse_attn} attention (key positions chosen from the source's own "
                  f"attention) from layer {replay.num_bottom_full_attn} up and in every window layer")
     st.caption(
+        "Source prefill: the source reads the text (in a multi-model system its cache exists already). Alignment: "
+        "the character spans of both tokenizations. Translator: the experts and router (or the linear map) over "
+        "the window. "
         "The replay is one forward pass of the target over the context tokens, so MoT does not skip the target's "
         "prefill: the target computes every layer itself, and inside the window its attention reads the translated "
         f"K/V instead of its own. This checkpoint replays with {attention}. Sparse attention is where the replay can "

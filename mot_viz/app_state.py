@@ -3,7 +3,8 @@
 The only non-page module that imports Streamlit. Every page reads the *applied* selection (what the
 last "Translate" — or the first visit — chose) through :func:`current_run`; the translation of one
 (source, target, checkpoint, context) is computed once and shared by every page and every browser tab.
-Cached objects are never mutated.
+Cached objects are never mutated. The applied selection and every page option (``pg.*`` widget key) live in the
+URL's query parameters (mot_viz.permalink), so a reload or a copied link opens the same view.
 
 Test mode: with ``MOT_VIZ_TEST_MODELS=1`` the bundled model names load tiny random stand-ins
 (mot_viz.testing), and ``MOT_VIZ_PRETRAINED`` may point the checkpoint list at another folder.
@@ -14,8 +15,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import threading
 import time
 import traceback
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +35,8 @@ from .fidelity import MeanVectors, reference_means, translation_fidelity
 from .figures import token_labels
 from .models import BUNDLED_MODELS, DEFAULT_SOURCE, DEFAULT_TARGET, LoadedModel, load_model
 from .mot import MoT, Translation, check_pair, translate
+from .permalink import (MAX_TEXT_IN_LINK, PAGE_PREFIX, SidebarLink, check_value, page_params, parse_link,
+                        python_snippet, query_string, sidebar_params, text_digest)
 from .runs import read_log
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -55,7 +60,7 @@ _DEFAULTS: dict[str, object] = {
     "sb.checkpoint_other": "", "sb.mode": DATASET_MODE, "sb.dataset": "squad", "sb.example": 0,
     "sb.text": DEFAULT_FREE_TEXT, "sb.question": "Who designed the tower?", "sb.gold": "Gustave Eiffel",
 }
-PAGE_KEY_PREFIX = "pg."  # pages give their widgets keys starting with this, so they persist too
+PAGE_KEY_PREFIX = PAGE_PREFIX  # pages give their widgets keys starting with "pg.", so they persist (and are linked)
 
 
 def test_mode() -> bool:
@@ -359,8 +364,11 @@ def keep_widget_state() -> None:
 def widget_default(key: str, default: object, options: list | None = None) -> None:
     """Give a keyed widget its first value (widgets then take no value= argument, so none is overridden).
 
-    A value no longer offered among `options` (e.g. a removed checkpoint) falls back to the default.
+    A value no longer offered among `options` (e.g. a removed checkpoint) falls back to the default, and so does
+    a value an opened link set that does not fit the default's type or the options (the page's warning names it).
     """
+    if key in st.session_state.get(_LINK_UNCHECKED, ()):  # a value an opened link set: it must fit this widget
+        _check_linked_value(key, default, options)
     if key not in st.session_state or (options is not None and st.session_state[key] not in options):
         st.session_state[key] = default
 
@@ -446,9 +454,162 @@ def sidebar() -> Selection:
         pressed = st.button("Translate", type="primary", width="stretch")
         if pressed or "applied" not in st.session_state:
             st.session_state["applied"] = chosen  # the first visit runs on the defaults without a click
+            st.session_state[_LINK] = _link_of_widgets(source, target)
         elif st.session_state["applied"] != chosen:
             st.info("The inputs changed. Press **Translate** to apply them.", icon="ℹ️")
+        _share()
     return st.session_state["applied"]
+
+
+# ----- permalinks: the applied view in the URL (mot_viz.permalink) ---------------------------------
+
+_LINK = "link.applied"  # the applied selection as a permalink.SidebarLink
+_LINK_NOTES = "link.ignored"  # what an opened link held that was ignored: one warning, until a page run completes
+_LINK_UNCHECKED = "link.unchecked"  # page options an opened link set that no widget_default has checked yet
+_LINK_DRAWN = "link.drawn"  # linked page options that fit their widget's type this run: key -> value (checked at the end)
+_LINK_DROP = "link.drop"  # linked page options to forget at the start of the next run (a widget holds them now)
+_LINK_RERUN = "link.rerun"  # a linked page option was dropped during the run: rerun to show the one warning
+MAX_REMEMBERED_TEXTS = 256  # long free texts this process can restore by digest
+_LONG_TEXTS: OrderedDict[str, str] = OrderedDict()  # digest -> text; a link holds only the digest of these
+_LONG_TEXTS_LOCK = threading.Lock()
+
+
+def _remember_text(text: str) -> None:
+    digest = text_digest(text)
+    with _LONG_TEXTS_LOCK:
+        _LONG_TEXTS[digest] = text
+        _LONG_TEXTS.move_to_end(digest)
+        while len(_LONG_TEXTS) > MAX_REMEMBERED_TEXTS:
+            _LONG_TEXTS.popitem(last=False)
+
+
+def _recall_text(digest: str) -> str | None:
+    with _LONG_TEXTS_LOCK:
+        return _LONG_TEXTS.get(digest)
+
+
+def _restore_link() -> None:
+    """A fresh session: seed the sidebar and page widgets from the URL's link before any widget is drawn."""
+    state = st.session_state
+    if "applied" in state or "link.restored" in state:
+        return
+    state["link.restored"] = True
+    params = st.query_params.to_dict()
+    if not params:
+        return
+    parsed = parse_link(params, models=list(BUNDLED_MODELS), checkpoints=list(available_checkpoints()),
+                        datasets=list(BUILTIN_DATASETS), examples=EXAMPLES_PER_DATASET, recall_text=_recall_text)
+    link = parsed.sidebar
+    for role, key in (("source", "sb.source"), ("target", "sb.target")):
+        if getattr(link, role):
+            state[key] = getattr(link, role)
+    for role, value in parsed.typed.items():  # not loaded from a link; offered under "other"
+        state[f"sb.{role}_other"] = value
+    if link.checkpoint:
+        state["sb.pair"] = (link.source or DEFAULT_SOURCE, link.target or DEFAULT_TARGET)  # keeps it (_checkpoint_picker)
+        state["sb.checkpoint"] = link.checkpoint
+    if link.text is not None:
+        state.update({"sb.mode": FREE_TEXT_MODE, "sb.text": link.text, "sb.question": link.question or "",
+                      "sb.gold": link.gold or ""})
+    elif link.dataset is not None or link.example is not None:
+        state["sb.mode"] = DATASET_MODE
+        if link.dataset is not None:
+            state["sb.dataset"] = link.dataset
+        if link.example is not None:
+            state["sb.example"] = link.example
+    state.update(parsed.page)
+    state[_LINK_UNCHECKED] = set(parsed.page)
+    if parsed.ignored:
+        state[_LINK_NOTES] = parsed.ignored
+
+
+def _check_linked_value(key: str, default: object, options: list | None) -> None:
+    """Keep a page option an opened link set if it fits the widget's type and options; else drop it (and say so)."""
+    state = st.session_state
+    state[_LINK_UNCHECKED].discard(key)
+    fits, value = check_value(state[key], default, options)
+    if fits:
+        state[key] = value
+        state.setdefault(_LINK_DRAWN, {})[key] = value
+        return
+    state.setdefault(_LINK_NOTES, []).append(f"the page option {key[len(PAGE_PREFIX):]}={state[key]!r} "
+                                             f"(the option takes values like {default!r})")
+    state[_LINK_RERUN] = True  # the warning is drawn above the page: show it in a fresh run
+    del state[key]
+
+
+def _drop_linked_page_options(failed: bool) -> bool:
+    """After a page run: forget linked page options the page could not use, and say which (True: rerun now).
+
+    `failed`: the page raised, so every linked option not yet confirmed is suspect; otherwise those a widget
+    replaced (a radio or select box shows its first choice for a value it does not offer).
+    """
+    state = st.session_state
+    drawn = state.pop(_LINK_DRAWN, {})
+    if failed:
+        dropped = set(drawn) | state.get(_LINK_UNCHECKED, set())
+        state[_LINK_UNCHECKED] = set()
+    else:
+        dropped = {key for key, value in drawn.items() if key in state and state[key] != value}
+    if dropped:
+        state[_LINK_DROP] = dropped
+        many = len(dropped) > 1
+        why = f"the page failed with {'them' if many else 'it'}" if failed else "not among the choices"
+        names = ", ".join(f"{k[len(PAGE_PREFIX):]}={drawn[k]!r}" if k in drawn else k[len(PAGE_PREFIX):]
+                          for k in sorted(dropped))
+        state.setdefault(_LINK_NOTES, []).append(f"the page option{'s' if many else ''} {names} ({why})")
+    return state.pop(_LINK_RERUN, False) or bool(dropped)
+
+
+def _link_of_widgets(source: str, target: str) -> SidebarLink:
+    """The sidebar's current choice as a link (what a Translate press applies)."""
+    state = st.session_state
+    checkpoint = state["sb.checkpoint_other"].strip() if state["sb.checkpoint"] == OTHER else state["sb.checkpoint"]
+    if state["sb.mode"] == FREE_TEXT_MODE:
+        if len(state["sb.text"]) > MAX_TEXT_IN_LINK:
+            _remember_text(state["sb.text"])
+        return SidebarLink(source, target, checkpoint, text=state["sb.text"], question=state["sb.question"],
+                           gold=state["sb.gold"])
+    return SidebarLink(source, target, checkpoint, dataset=state["sb.dataset"], example=int(state["sb.example"]))
+
+
+def link_params() -> dict[str, str]:
+    """The query parameters of this session's view: the applied selection and every page option."""
+    state = st.session_state
+    link = state.get(_LINK)
+    pages = {k: state[k] for k in state.keys() if isinstance(k, str) and k.startswith(PAGE_PREFIX)}
+    return {**(sidebar_params(link) if link is not None else {}), **page_params(pages)}
+
+
+def _sync_link() -> dict[str, str]:
+    """Write the view to the URL when it differs (setting query parameters does not rerun the script)."""
+    params = link_params()
+    if st.query_params.to_dict() != params:
+        st.query_params.from_dict(params)
+    return params
+
+
+def python_code() -> str:
+    """The "Copy as Python" snippet: library code that translates the applied context and prints per-layer numbers."""
+    sel, link = applied_selection(), st.session_state.get(_LINK) or SidebarLink()
+    path = Path(sel.checkpoint)
+    shown = str(path.relative_to(REPO_ROOT)) if path.is_absolute() and path.is_relative_to(REPO_ROOT) else sel.checkpoint
+    return python_snippet(sel.source, sel.target, shown, dataset=link.dataset, example=link.example,
+                          text=link.text if link.dataset is None else None, examples_per_dataset=EXAMPLES_PER_DATASET,
+                          max_context_tokens=MAX_CONTEXT_TOKENS)
+
+
+def _share() -> None:
+    """The sidebar's "Copy link" and "Copy as Python" for the applied selection."""
+    params = _sync_link()
+    with st.expander("Copy link"):
+        st.caption("The address bar holds this view's link. Or append this to the app's address and page "
+                   "(e.g. `…:8501/cache_error`):")
+        st.code(query_string(params) or "(the defaults: no parameters)", language=None, wrap_lines=True)
+    with st.expander("Copy as Python"):
+        st.caption("The same translation with the library, printing the Per-layer cache error page's numbers "
+                   "(run it from the repository root).")
+        st.code(python_code(), language="python")
 
 
 def applied_selection() -> Selection:
@@ -464,7 +625,13 @@ _FRAME_DREW_SIDEBAR: contextvars.ContextVar[bool] = contextvars.ContextVar("mot_
 
 def _setup() -> Selection:
     st.set_page_config(page_title="MoT Viz", page_icon="🔀", layout="wide")
+    _restore_link()
+    for key in st.session_state.pop(_LINK_DROP, ()):  # linked page options that failed: their defaults apply
+        st.session_state.pop(key, None)
     keep_widget_state()
+    if st.session_state.get(_LINK_NOTES):  # until a page run completes (a rerun may come first)
+        st.warning("This link holds values the app cannot restore, so it shows the defaults instead of: "
+                   + "; ".join(st.session_state[_LINK_NOTES]) + ".", icon="⚠️")
     return sidebar()
 
 
@@ -483,13 +650,19 @@ def run_page(body: Callable[[], None]) -> None:
     """Every page's entry: the shared sidebar, then the page body; the one place an error becomes a message.
 
     A library error shows its fix; anything else a short message with a "Details" expander, never a bare
-    traceback. st.stop and reruns are BaseExceptions and pass through.
+    traceback. st.stop and reruns are BaseExceptions and pass through. A completed run writes the view to the URL.
     """
     page_setup()
     try:
         body()
     except Exception as exc:
+        if _drop_linked_page_options(failed=True):  # the page failed on options an opened link set: use defaults
+            st.rerun()
         show_error(exc)
+    if _drop_linked_page_options(failed=False):  # a widget replaced a linked value it does not offer
+        st.rerun()
+    _sync_link()  # with the page options this run gave their first values
+    st.session_state.pop(_LINK_NOTES, None)  # shown in this completed run
 
 
 def page_setup() -> Selection:

@@ -250,27 +250,24 @@ def token_routing_table(key_gates: torch.Tensor, value_gates: torch.Tensor, toke
 
 # ----- what a translation costs ---------------------------------------------------------------------------
 
-# stage -> what it is, in the order they run (method.md §6: the replay is a forward pass of the target)
-COST_STAGES = {
-    "source_prefill": "source prefill (its cache is what gets translated; in a multi-model system it exists already)",
-    "alignment": "token alignment (character spans of both tokenizations)",
-    "translator": "translator (experts + router, or the linear map, over the window)",
-    "replay": "replay: the target's forward pass over the context with the translated window injected",
-}
+# stage -> its label, in the order they run (method.md §6: the replay is a forward pass of the target)
+COST_STAGES = {"source_prefill": "source prefill", "alignment": "alignment", "translator": "translator",
+               "replay": "replay (target forward pass)"}
+TARGET_SIDE = "translator + replay"
+NATIVE = "native prefill (target reads the text)"
 
 
 def cost_table(timings: dict[str, float]) -> pd.DataFrame:
     """Seconds per stage of one translation beside the target's own prefill of the same text, measured in one run.
 
-    The share column divides each stage by the native prefill; "translator + replay" is what the target side
+    The last column divides each stage by the native prefill; "translator + replay" is what the target side
     spends instead of its own prefill.
     """
     native = timings.get("native_prefill")
     rows = [{"stage": label, "seconds": timings[key]} for key, label in COST_STAGES.items() if key in timings]
-    rows.append({"stage": "translator + replay (the target side of MoT)",
-                 "seconds": timings.get("translator", 0.0) + timings.get("replay", 0.0)})
+    rows.append({"stage": TARGET_SIDE, "seconds": timings.get("translator", 0.0) + timings.get("replay", 0.0)})
     if native is not None:
-        rows.append({"stage": "native: the target's own prefill of the same text", "seconds": native})
+        rows.append({"stage": NATIVE, "seconds": native})
     df = pd.DataFrame(rows)
     df["× native prefill"] = df["seconds"] / native if native else np.nan
     return df

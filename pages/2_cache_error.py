@@ -105,9 +105,11 @@ def _verdict_section(run, fidelity, candidate: str) -> None:
     defaults = VerdictThresholds()
     with st.expander("Thresholds"):
         c = st.columns(4)
-        values = {name: c[i].number_input(name, value=float(getattr(defaults, name)), step=0.05,
-                                          key=f"pg.error.verdict.{name}", format="%.2f")
-                  for i, name in enumerate(("attn_out_cos", "centered_cos_k", "centered_cos_v", "first_token_kl"))}
+        names = ("attn_out_cos", "centered_cos_k", "centered_cos_v", "first_token_kl")
+        for name in names:
+            app_state.widget_default(f"pg.error.verdict.{name}", float(getattr(defaults, name)))
+        values = {name: c[i].number_input(name, step=0.05, key=f"pg.error.verdict.{name}", format="%.2f")
+                  for i, name in enumerate(names)}
     sel = run.selection
     kl = _first_token_kl(sel, app_state.checkpoint_stamp(sel.checkpoint), app_state.test_mode())
     verdict = reuse_verdict(fidelity, kl, candidate, VerdictThresholds(**values))

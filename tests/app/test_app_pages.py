@@ -541,10 +541,8 @@ def test_overview_cost_panel_is_the_shown_translation_beside_native_prefill():
     at = start()
     costs, sizes = [d.value for d in at.dataframe if "stage" in d.value.columns or "model" in d.value.columns][:2]
     by_stage = dict(zip(costs["stage"], costs["seconds"]))
-    native = next(v for k, v in by_stage.items() if k.startswith("native"))
-    side = next(v for k, v in by_stage.items() if k.startswith("translator + replay"))
-    translator = next(v for k, v in by_stage.items() if k.startswith("translator ("))
-    replay = next(v for k, v in by_stage.items() if k.startswith("replay"))
+    native, side = by_stage["native prefill (target reads the text)"], by_stage["translator + replay"]
+    translator, replay = by_stage["translator"], by_stage["replay (target forward pass)"]
     assert side == pytest.approx(translator + replay, abs=2e-3) and native > 0
     assert costs["× native prefill"].iloc[-1] == pytest.approx(1.0)
     target = load_test_model("gemma3-270m")

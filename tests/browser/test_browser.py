@@ -1,4 +1,4 @@
-"""The real app in headless Chromium: the default pair, every page, two tabs at once; screenshots for the README.
+"""The real app in headless Chromium: the default pair, every page, two tabs at once, permalinks; README screenshots.
 
 Starts ``streamlit run app.py`` on a free localhost port with the bundled models and whatever checkpoint the
 app's default resolution picks in pretrained/ (or ``$MOT_VIZ_PRETRAINED``). Needs Debian's Chromium
@@ -15,6 +15,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import pytest
 
@@ -151,3 +152,65 @@ def test_default_pair_every_page_and_two_tabs(app_url, browser):
     page.screenshot(path=str(SCREENSHOTS / "shift_sweep.png"))
     assert all((SCREENSHOTS / f"{n}.png").stat().st_size > 10_000
                for n in ["overview", "shift_sweep", *PAGES.values()])
+
+
+def _link(**params: str) -> str:
+    return urlencode({"src": "smollm2-135m", "tgt": "gemma3-270m", "ckpt": "smollm2-to-gemma3", **params})
+
+
+def _open_alignment(context, url: str):
+    page = context.new_page()
+    page.set_default_timeout(SLOW_MS)
+    page.goto(url)
+    page.get_by_role("heading", name="Token alignment", exact=True).wait_for()
+    page.locator(".js-plotly-plot").first.wait_for(state="visible", timeout=SLOW_MS)
+    _wait_until_settled(page)
+    _assert_no_failure(page)
+    return page
+
+
+def _assert_view(page, dataset: str, label: str, example: int, view: str) -> None:
+    """The pair, checkpoint and context in the caption and the sidebar, the page option, and the URL."""
+    caption = page.get_by_text("smollm2-135m → gemma3-270m · checkpoint")
+    assert f"context: {label} #{example}" in caption.inner_text() and "smollm2-to-gemma3" in caption.inner_text()
+    sidebar = page.locator('[data-testid="stSidebarContent"]')
+    assert sidebar.get_by_label("Example (0–49)").input_value() == str(example)
+    assert sidebar.get_by_role("combobox", name="Dataset").input_value() == label
+    assert sidebar.get_by_role("combobox", name="MoT checkpoint").input_value() == "smollm2-to-gemma3"
+    assert page.get_by_role("radio", name=view, exact=True).is_checked()
+    query = _query(page)
+    assert (query["ds"], query["ex"], query.get("align.view", "shared characters")) == (dataset, str(example), view)
+
+
+def _query(page) -> dict[str, str]:
+    return dict(parse_qsl(urlsplit(page.url).query))
+
+
+def test_a_permalink_opens_the_same_view_and_another_tab_leaves_it_alone(app_url, browser):
+    context = browser.new_context(viewport={"width": 1440, "height": 1000})  # a fresh browser: no session yet
+    try:
+        first = _open_alignment(context, f"{app_url}/alignment?{_link(ds='squad', ex='2', **{'align.view': 'weights'})}")
+        _assert_view(first, "squad", "SQuAD", 2, "weights")
+        for chrome in ("stAppDeployButton", "stMainMenu"):  # .streamlit/config.toml: toolbarMode = "minimal"
+            assert first.locator(f'[data-testid="{chrome}"]').count() == 0, chrome
+        second = _open_alignment(context, f"{app_url}/alignment?{_link(ds='boolq', ex='1')}")
+        _assert_view(second, "boolq", "BoolQ", 1, "shared characters")
+        _assert_view(first, "squad", "SQuAD", 2, "weights")  # untouched by the second tab
+        # a rerun in the first tab (another page option) keeps its own selection and writes the option to its URL
+        first.get_by_text("shared characters", exact=True).click()
+        _wait_until_settled(first)
+        _assert_no_failure(first)
+        _assert_view(first, "squad", "SQuAD", 2, "shared characters")
+        assert _query(first)["align.view"] == "shared characters"
+        _assert_view(second, "boolq", "BoolQ", 1, "shared characters")
+        # the copied link (the address bar) reopens the same view in a third tab
+        third = _open_alignment(context, first.url)
+        _assert_view(third, "squad", "SQuAD", 2, "shared characters")
+        # another page keeps the view in its URL (the first link is the landing page; it is titled "app" instead of
+        # "Overview" when this server's first session opened a page's URL before any ran app.py)
+        third.locator('[data-testid="stSidebarNav"] a').first.click()
+        third.get_by_text("Target tokens").wait_for()
+        _wait_until_settled(third)
+        assert _query(third) == _query(first)
+    finally:
+        context.close()

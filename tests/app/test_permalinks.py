@@ -1,0 +1,306 @@
+"""Permalinks: the applied view in the URL and back (mot_viz.permalink), driven through AppTest on tiny models.
+
+The pure encode/decode functions are tested on their own first; then the app: a non-default selection and page
+option reach ``st.query_params``, a fresh session opened on those parameters shows the same view, free text
+(short and long) round-trips, hostile parameters give one warning and the defaults, and the sidebar's
+"Copy as Python" snippet translates the same text and prints the numbers the Per-layer cache error page shows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+from urllib.parse import parse_qsl
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import mot_viz.models
+from mot_viz import app_state
+from mot_viz.permalink import (MAX_TEXT_IN_LINK, SidebarLink, check_value, decode_value, encode_value, page_params,
+                               parse_link, sidebar_params, text_digest)
+from mot_viz.testing import load_test_model, write_test_checkpoints
+from plotly_figures import figures
+from test_app_pages import APP, TIMEOUT, goto, translate_button
+
+FREE_TEXT = "The Eiffel Tower is in Paris. It was built by Gustave Eiffel's company from 1887 to 1889.\n"
+LINK_ARGS = dict(models=["smollm2-135m", "gemma3-270m"], checkpoints=["smollm2-to-gemma3", "other-ckpt"],
+                 datasets=["squad", "boolq"], examples=50)
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory) -> dict[str, Path]:
+    return write_test_checkpoints(tmp_path_factory.mktemp("pretrained"))
+
+
+@pytest.fixture(autouse=True)
+def test_env(monkeypatch, pretrained):
+    monkeypatch.setenv("MOT_VIZ_TEST_MODELS", "1")
+    monkeypatch.setenv("MOT_VIZ_PRETRAINED", str(next(iter(pretrained.values())).parent))
+
+
+def start(params: dict[str, str] | None = None) -> AppTest:
+    """A fresh session (a new browser tab) opened on a URL with `params`."""
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params.update(params or {})
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def copied_link(at: AppTest) -> dict[str, str]:
+    code = next(c.value for c in at.code if c.value.startswith("?"))
+    return dict(parse_qsl(code[1:], keep_blank_values=True))
+
+
+def python_code(at: AppTest) -> str:
+    return next(c.value for c in at.code if c.language == "python")
+
+
+def link_warning(at: AppTest) -> str:
+    """The one warning naming what an opened link held that was ignored."""
+    found = [w.value for w in at.warning if w.value.startswith("This link holds values")]
+    assert len(found) == 1, [w.value for w in at.warning]
+    return found[0]
+
+
+def sidebar_values(at: AppTest) -> dict[str, object]:
+    return {key: at.session_state[key] for key in ("sb.source", "sb.target", "sb.checkpoint", "sb.mode",
+                                                   "sb.dataset", "sb.example")}
+
+
+# ----- the pure encoding --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["K", "shared characters", "", "1", "true", "null", "[x", '"quoted"', "NaN",
+                                   24, 0, -3, 0.5, 1.0, True, False, ["centered_cos_k", "attn_out_cos"], [], [1, 2]])
+def test_page_values_keep_their_type_through_a_link(value):
+    encoded = encode_value(value)
+    assert isinstance(encoded, str)
+    decoded = decode_value(encoded)
+    assert decoded == value and type(decoded) is type(value)
+    assert encode_value("K") == "K" and encode_value("shared characters") == "shared characters"  # readable
+
+
+def test_values_a_link_cannot_carry_are_left_out():
+    assert encode_value((1, 2)) is None and encode_value(float("nan")) is None and encode_value({"a": 1}) is None
+    assert page_params({"pg.shift.live": ("perturbation", 4), "pg.error.kv": "V", "sb.example": 3, "applied": 1,
+                        "pg.bad key": "x"}) == {"error.kv": "V"}
+    for raw in ("NaN", "Infinity", "1e999", '{"a": 1}', "[[1]]"):  # hostile values read as text, never as numbers
+        assert decode_value(raw) == raw
+
+
+def test_check_value_against_the_widget_default_and_options():
+    assert check_value(7, "K") == (False, None)
+    assert check_value("abc", 24) == (False, None)
+    assert check_value(True, 24) == (False, None) and check_value(1, False) == (False, None)
+    fits, value = check_value(1, 0.5)
+    assert fits and value == 1.0 and isinstance(value, float)
+    assert check_value("V", "K", ["K", "V"]) == (True, "V")
+    assert check_value("X", "K", ["K", "V"]) == (False, None)
+    assert check_value(["a"], ["a", "b"]) == (True, ["a"]) and check_value([1], ["a"]) == (False, None)
+    assert check_value("x", ["a"]) == (False, None)
+
+
+def test_a_sidebar_link_round_trips():
+    dataset = SidebarLink("gemma3-270m", "smollm2-135m", "other-ckpt", dataset="boolq", example=7)
+    params = sidebar_params(dataset)
+    assert params == {"src": "gemma3-270m", "tgt": "smollm2-135m", "ckpt": "other-ckpt", "ds": "boolq", "ex": "7"}
+    parsed = parse_link(params, **LINK_ARGS)
+    assert parsed.sidebar == dataset and not parsed.ignored and not parsed.page
+    free = SidebarLink("smollm2-135m", "gemma3-270m", "smollm2-to-gemma3", text="Paris.\n", question="Where?",
+                       gold="Paris | France")
+    assert parse_link(sidebar_params(free), **LINK_ARGS).sidebar == free
+    no_question = SidebarLink("smollm2-135m", "gemma3-270m", "smollm2-to-gemma3", text="Paris.", question="", gold="")
+    assert set(sidebar_params(no_question)) == {"src", "tgt", "ckpt", "text"}
+    assert parse_link(sidebar_params(no_question), **LINK_ARGS).sidebar == no_question
+
+
+def test_a_long_text_is_linked_by_its_digest():
+    text = "x" * (MAX_TEXT_IN_LINK + 1)
+    params = sidebar_params(SidebarLink("smollm2-135m", "gemma3-270m", "smollm2-to-gemma3", text=text, question="Q"))
+    assert "text" not in params and params["th"] == text_digest(text) and len(params["th"]) == 16
+    assert parse_link(params, **LINK_ARGS, recall_text={text_digest(text): text}.get).sidebar.text == text
+    lost = parse_link(params, **LINK_ARGS)
+    assert lost.sidebar.text is None and lost.sidebar.question is None
+    assert len(lost.ignored) == 1 and f"sha256:{params['th']}" in lost.ignored[0]
+    assert len(sidebar_params(SidebarLink(text="y" * MAX_TEXT_IN_LINK))["text"]) == MAX_TEXT_IN_LINK
+
+
+@pytest.mark.parametrize("params, named", [
+    ({"src": "no-such-model"}, "source model 'no-such-model'"),
+    ({"tgt": "/etc/passwd"}, "target model '/etc/passwd'"),
+    ({"ckpt": "../../secret"}, "checkpoint '../../secret'"),
+    ({"ds": "imagenet", "ex": "1"}, "dataset 'imagenet'"),
+    ({"ex": "abc"}, "example index 'abc'"),
+    ({"ex": "-1"}, "example index '-1'"),
+    ({"ex": "50"}, "example index '50'"),
+    ({"ex": "99999999999999999999"}, "example index '99999999999999999999'"),
+    ({"ex": "1.5"}, "example index '1.5'"),
+    ({"what": "x"}, "unknown parameter 'what'"),
+    ({"q": "Who?"}, "q (a question and gold answer go with free text only)"),
+    ({"text": "Paris.", "ds": "squad"}, "the dataset example (the link also holds free text)"),
+])
+def test_hostile_parameters_are_named_and_dropped(params, named):
+    parsed = parse_link(params, **LINK_ARGS)
+    assert any(line.startswith(named) for line in parsed.ignored), parsed.ignored
+    link = parsed.sidebar
+    assert link.source is None and link.target is None and link.checkpoint is None and link.example is None
+    assert link.dataset in (None, "squad")
+
+
+# ----- the app: the URL holds the applied view ------------------------------------------------------
+
+
+def test_the_applied_selection_and_page_options_are_in_the_url_and_a_fresh_session_restores_them():
+    at = start()
+    assert at.query_params == {"src": "smollm2-135m", "tgt": "gemma3-270m", "ckpt": "smollm2-to-gemma3",
+                               "ds": "squad", "ex": "0"}
+    at.number_input(key="sb.example").set_value(3).run()
+    assert at.query_params["ex"] == "0"  # not applied yet: the URL keeps the applied view
+    translate_button(at).click().run()
+    assert at.query_params["ex"] == "3" and at.session_state["applied"].label == "SQuAD #3"
+    at = goto(at, "2_cache_error")
+    at.radio(key="pg.error.metric").set_value("cosine").run()
+    at.radio(key="pg.error.kv").set_value("V").run()
+    at.multiselect(key="pg.error.fidelity").set_value(["attn_out_cos"]).run()
+    params = dict(at.query_params)
+    assert params["error.metric"] == "cosine" and params["error.kv"] == "V"
+    assert params["error.fidelity"] == '["attn_out_cos"]'
+    assert copied_link(at).items() >= {"ex": "3", "error.kv": "V"}.items()  # the sidebar's "Copy link"
+
+    fresh = start(params)  # a new tab opened on the copied URL
+    assert not fresh.warning
+    assert sidebar_values(fresh) == sidebar_values(at)
+    assert fresh.session_state["applied"] == at.session_state["applied"]
+    assert fresh.query_params == params  # written back unchanged: no churn
+    fresh = goto(fresh, "2_cache_error")
+    assert not any(w.value.startswith("This link") for w in fresh.warning)
+    assert fresh.radio(key="pg.error.metric").value == "cosine" and fresh.radio(key="pg.error.kv").value == "V"
+    assert fresh.multiselect(key="pg.error.fidelity").value == ["attn_out_cos"]
+    shown, before = figures(fresh)[1], figures(at)[1]  # the same heatmap (V, replayed, cosine)
+    assert shown["layout"]["title"] == before["layout"]["title"] and "V: cosine" in str(shown["layout"]["title"])
+    assert np.array_equal(np.asarray(shown["data"][0]["z"], dtype=float), np.asarray(before["data"][0]["z"], dtype=float))
+    assert fresh.query_params == params
+
+
+def test_another_pair_and_checkpoint_round_trip(pretrained):
+    at = start({"src": "gemma3-270m", "tgt": "smollm2-135m", "ckpt": "gemma3-to-smollm2", "ds": "boolq", "ex": "4"})
+    assert not at.warning and not at.error
+    applied = at.session_state["applied"]
+    assert (applied.source, applied.target, applied.label) == ("gemma3-270m", "smollm2-135m", "BoolQ #4")
+    assert applied.checkpoint == str(pretrained["gemma3-to-smollm2"])
+    assert at.selectbox(key="sb.checkpoint").value == "gemma3-to-smollm2"
+
+
+def test_free_text_round_trips():
+    at = start()
+    at.radio(key="sb.mode").set_value("Free text").run()
+    at.text_area(key="sb.text").input(FREE_TEXT)
+    at.text_input(key="sb.question").input("Who built the tower?")
+    at.text_input(key="sb.gold").input("Gustave Eiffel | Eiffel")
+    translate_button(at).click().run()
+    params = dict(at.query_params)
+    assert params["text"] == FREE_TEXT and params["q"] == "Who built the tower?"
+    assert params["gold"] == "Gustave Eiffel | Eiffel" and "ds" not in params and "ex" not in params
+
+    fresh = start(params)
+    assert not fresh.warning
+    assert fresh.session_state["sb.mode"] == "Free text" and fresh.text_area(key="sb.text").value == FREE_TEXT
+    assert fresh.text_input(key="sb.gold").value == "Gustave Eiffel | Eiffel"
+    assert fresh.session_state["applied"] == at.session_state["applied"]
+    assert fresh.session_state["applied"].example.answers == ("Gustave Eiffel", "Eiffel")
+
+
+def test_a_long_free_text_is_linked_by_digest_and_restored_only_where_it_was_seen(monkeypatch):
+    text = (FREE_TEXT * 12)[: MAX_TEXT_IN_LINK + 50]
+    at = start()
+    at.radio(key="sb.mode").set_value("Free text").run()
+    at.text_area(key="sb.text").input(text)
+    at.text_input(key="sb.question").input("Who built the tower?")
+    translate_button(at).click().run()
+    params = dict(at.query_params)
+    assert "text" not in params and params["th"] == text_digest(text)
+
+    assert start(params).session_state["applied"] == at.session_state["applied"]  # this app process saw it
+    monkeypatch.setattr(app_state, "_LONG_TEXTS", type(app_state._LONG_TEXTS)())  # e.g. after a restart
+    lost = start(params)
+    assert len(lost.warning) == 1 and f"sha256:{params['th']}" in lost.warning[0].value
+    assert "paste the text under Free text" in lost.warning[0].value
+    assert lost.session_state["applied"].label == "SQuAD #0"  # the default context, not a half-restored one
+    assert "th" not in lost.query_params  # the URL now says what is shown
+
+
+def test_hostile_parameters_give_one_warning_and_the_defaults():
+    default = start()
+    at = start({"src": "no-such-model", "tgt": "gemma3-270m", "ckpt": "missing-checkpoint", "ds": "squad",
+                "ex": "abc", "junk": "1", "error.kv": "7", "error.metric": "bogus", "answers.max_new": "1000",
+                "answers.second": "not-a-checkpoint"})
+    assert len(at.warning) == 1 and not at.error
+    warning = link_warning(at)
+    for named in ("no-such-model", "missing-checkpoint", "'abc'", "'junk'"):
+        assert named in warning
+    assert sidebar_values(at) == sidebar_values(default)
+    assert at.session_state["applied"] == default.session_state["applied"]
+    assert at.session_state["sb.source_other"] == "no-such-model"  # offered under "other", not loaded
+    assert at.query_params["src"] == "smollm2-135m" and at.query_params["ex"] == "0"
+
+    for params in ({"ex": "99999999999999999999"}, {"ex": "-3"}, {"ds": "squad", "ex": "50"}, {"ckpt": ""}):
+        other = start(params)
+        assert not other.error and other.session_state["applied"] == default.session_state["applied"]
+
+    at = goto(at, "2_cache_error")  # a wrong type, and a value the radio does not offer: the defaults
+    warning = link_warning(at)
+    assert "error.kv=7" in warning and "error.metric='bogus'" in warning
+    assert at.radio(key="pg.error.kv").value == "K" and at.radio(key="pg.error.metric").value == "rel_l2"
+    at = goto(at, "1_answers")  # out of the slider's range (the widget raises), and a checkpoint not offered
+    assert not at.error
+    warning = link_warning(at)
+    assert "answers.max_new=1000" in warning and "answers.second='not-a-checkpoint'" in warning
+    assert at.slider(key="pg.answers.max_new").value == app_state.DEFAULT_MAX_NEW_TOKENS
+    assert at.selectbox(key="pg.answers.second").value == "(none)"
+    assert at.query_params["answers.max_new"] == str(app_state.DEFAULT_MAX_NEW_TOKENS)
+    at.run()  # the warnings were shown once
+    assert not any(w.value.startswith("This link") for w in at.warning)
+
+
+# ----- "Copy as Python" ---------------------------------------------------------------------------------
+
+
+def run_snippet(code: str) -> tuple[dict, str]:
+    namespace: dict = {}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "<copy as python>", "exec"), namespace)
+    return namespace, out.getvalue()
+
+
+@pytest.fixture
+def test_models(monkeypatch):
+    monkeypatch.setattr(mot_viz.models, "load_model", load_test_model)  # what MOT_VIZ_TEST_MODELS=1 serves the app
+
+
+def test_copy_as_python_translates_the_same_text_and_prints_the_page_numbers(test_models):
+    at = goto(start({"ds": "squad", "ex": "2"}), "2_cache_error")
+    code = python_code(at)
+    assert "load_dataset('squad', n=50, seed=0)[2]" in code
+    namespace, printed = run_snippet(code)
+    assert namespace["text"] == at.session_state["applied"].text  # exactly the context the app translated
+    replayed = namespace["replayed"]
+    per_layer = figures(at)[0]
+    for kv in ("K", "V"):
+        shown = next(t for t in per_layer["data"] if t["name"] == "replayed"
+                     and t["hovertemplate"].startswith(f"{kv} layer") and "cosine similarity" in t["hovertemplate"])
+        assert list(shown["x"]) == list(replayed.index)
+        assert np.allclose(np.asarray(shown["y"], dtype=float), replayed[("cosine", kv)].to_numpy(), atol=1e-6)
+    first = replayed[("cosine", "K")].iloc[0]
+    assert f"{first:.6f}" in printed and "rel_l2" in printed
+
+
+def test_copy_as_python_on_free_text(test_models):
+    at = start({"text": FREE_TEXT, "q": "Who built it?"})
+    namespace, printed = run_snippet(python_code(at))
+    assert namespace["text"] == at.session_state["applied"].text
+    assert len(namespace["replayed"]) == 6 and "cosine" in printed  # every target layer of the tiny Gemma
