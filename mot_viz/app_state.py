@@ -37,6 +37,7 @@ from .models import BUNDLED_MODELS, DEFAULT_SOURCE, DEFAULT_TARGET, LoadedModel,
 from .mot import MoT, Translation, check_pair, translate
 from .permalink import (MAX_TEXT_IN_LINK, PAGE_PREFIX, SidebarLink, check_value, page_params, parse_link,
                         python_snippet, query_string, sidebar_params, text_digest)
+from .quickfit import QuickFitConfig, fit_pair, fits_dir
 from .runs import read_log
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -89,25 +90,42 @@ class Selection:
     label: str  # where the context came from, for captions
 
 
+FIT_PREFIX = "fit: "  # checkpoints fitted in the app (mot_viz.quickfit), listed after the shipped ones
+
+
 def available_checkpoints() -> dict[str, str]:
-    """Checkpoint folders in pretrained/: name -> path (folders holding a config.json only)."""
-    root = pretrained_dir()
-    if not root.is_dir():
-        return {}
-    return {p.name: str(p) for p in sorted(root.iterdir()) if (p / "config.json").is_file()}
+    """Checkpoint folders in pretrained/, then the linear maps fitted here (<cache>/fits): name -> path."""
+    found = {}
+    try:
+        fits = fits_dir()
+    except MotVizError:  # an unusable cache folder: its own message comes with the first model load
+        fits = None
+    for root, prefix in ((pretrained_dir(), ""), (fits, FIT_PREFIX)):
+        if root is not None and root.is_dir():
+            found.update({prefix + p.name: str(p) for p in sorted(root.iterdir()) if (p / "config.json").is_file()})
+    return found
 
 
-def default_checkpoint(source: str, target: str, checkpoints: dict[str, str]) -> str | None:
-    """pretrained/smollm2-to-gemma3 for the default pair if present, else the first made for the chosen names."""
-    if source == DEFAULT_SOURCE and target == DEFAULT_TARGET and DEFAULT_CHECKPOINT in checkpoints:
-        return DEFAULT_CHECKPOINT
+def checkpoints_for_pair(source: str, target: str, checkpoints: dict[str, str]) -> list[str]:
+    """Names of the checkpoints whose config says they were made for these model names."""
+    names = []
     for name, path in checkpoints.items():
         try:
             cfg = read_config(path)
         except MotVizError:
             continue
         if cfg["source"].get("name") == source and cfg["target"].get("name") == target:
-            return name
+            names.append(name)
+    return names
+
+
+def default_checkpoint(source: str, target: str, checkpoints: dict[str, str]) -> str | None:
+    """pretrained/smollm2-to-gemma3 for the default pair if present, else the first made for the chosen names."""
+    if source == DEFAULT_SOURCE and target == DEFAULT_TARGET and DEFAULT_CHECKPOINT in checkpoints:
+        return DEFAULT_CHECKPOINT
+    made_for = checkpoints_for_pair(source, target, checkpoints)
+    if made_for:
+        return made_for[0]
     return DEFAULT_CHECKPOINT if DEFAULT_CHECKPOINT in checkpoints else next(iter(checkpoints), None)
 
 
@@ -385,18 +403,71 @@ def _model_picker(role: str) -> str:
 
 
 def _checkpoint_picker(source: str, target: str) -> str:
+    fitted = _fit_control(source, target, available_checkpoints())
     checkpoints = available_checkpoints()
     options = [*checkpoints, OTHER]
     default = default_checkpoint(source, target, checkpoints) or OTHER
     if st.session_state.get("sb.pair") != (source, target):  # a new pair: offer the checkpoint made for it
         st.session_state["sb.pair"] = (source, target)
         st.session_state["sb.checkpoint"] = default
+    if fitted is not None:  # just fitted: choose it (the selectbox is drawn below, so its state may still change)
+        st.session_state["sb.checkpoint"] = next(n for n, p in checkpoints.items() if p == fitted)
     widget_default("sb.checkpoint", default, options)
     choice = st.selectbox("MoT checkpoint", options, key="sb.checkpoint",
                           help=f"Folders in {pretrained_dir()} holding config.json + translator.safetensors.")
     typed = st.text_input("Checkpoint folder path", key="sb.checkpoint_other", disabled=choice != OTHER,
                           placeholder="e.g. runs/my-run/checkpoint")
     return typed.strip() if choice == OTHER else checkpoints[choice]
+
+
+def quickfit_config() -> QuickFitConfig:
+    """The app's quick fit: 4k bank tokens (a smaller bank with the tiny test models)."""
+    return QuickFitConfig(tokens=512, max_context_tokens=64) if test_mode() else QuickFitConfig()
+
+
+def _fit_control(source: str, target: str, checkpoints: dict[str, str]) -> str | None:
+    """"Fit a linear translator for this pair" (mot_viz.quickfit); returns the checkpoint path it just fitted."""
+    made_for = checkpoints_for_pair(source, target, checkpoints)
+    title = "Fit a linear translator for this pair" if made_for else "No checkpoint for this pair? Fit one"
+    with st.expander(title, expanded=not made_for and bool(source.strip() and target.strip())):
+        cfg = quickfit_config()
+        st.caption(f"The closed-form ridge map of a window (method.md §13, the baseline every translator must beat), "
+                   f"fitted on {cfg.tokens:,} tokens of LAMBADA prose: about a minute on two CPU cores, then saved "
+                   f"in {fits_dir()} and listed as `{FIT_PREFIX}…` for every page.")
+        widget_default("sb.fit.window", "terminal")
+        where = st.radio("Window", ["terminal", "from a target layer"], key="sb.fit.window", horizontal=True)
+        start = None
+        if where != "terminal":
+            widget_default("sb.fit.start", 0)
+            start = int(st.number_input("First target layer (5 layers)", min_value=0, step=1, key="sb.fit.start"))
+        if not st.button("Fit a linear translator", key="fit.go", width="stretch"):
+            return None
+        bar = st.progress(0.0, text="Loading the models …")
+        try:
+            src, tgt = get_model(source), get_model(target)
+            cfg = QuickFitConfig(**{**cfg.__dict__, "window_start": start})
+            path = fit_pair(src, tgt, cfg, on_progress=lambda message, done: bar.progress(done, text=message))
+        except MotVizError as exc:
+            bar.empty()
+            show_error(exc)
+            return None
+        bar.empty()
+        st.success(f"Fitted: `{FIT_PREFIX}{path.name}` is now the checkpoint. Press **Translate** to apply it.")
+        st.download_button("Download it (zip)", checkpoint_zip(path), file_name=f"{path.name}.zip",
+                           mime="application/zip", key="fit.download", on_click="ignore")
+        return str(path)
+
+
+def checkpoint_zip(path: Path) -> bytes:
+    """A checkpoint folder's config.json and weights as a zip, for download."""
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name in ("config.json", "translator.safetensors"):
+            archive.write(path / name, f"{path.name}/{name}")
+    return buffer.getvalue()
 
 
 def _target_chat_frame(target: str) -> ChatFrame | None:

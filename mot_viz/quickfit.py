@@ -68,12 +68,17 @@ def quickfit_channels(source: LoadedModel, target: LoadedModel, cfg: QuickFitCon
     return Channels(sources, targets)
 
 
+def fits_dir() -> Path:
+    """Where quick fits are saved (<cache>/fits)."""
+    return cache_dir() / "fits"
+
+
 def quickfit_dir(source: LoadedModel, target: LoadedModel, cfg: QuickFitConfig) -> Path:
     """Where the fit of (pair, cfg) is saved: <cache>/fits/<source>-to-<target>-<hash>."""
     ident = json.dumps({"source": source.spec.fingerprint, "target": target.spec.fingerprint, **asdict(cfg)},
                        sort_keys=True)
     name = f"{Path(source.spec.name).name}-to-{Path(target.spec.name).name}-linear-"
-    return cache_dir() / "fits" / (name + hashlib.sha256(ident.encode()).hexdigest()[:12])
+    return fits_dir() / (name + hashlib.sha256(ident.encode()).hexdigest()[:12])
 
 
 def fit_pair(source: LoadedModel, target: LoadedModel, cfg: QuickFitConfig = QuickFitConfig(),

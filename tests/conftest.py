@@ -17,3 +17,9 @@ def real_source() -> LoadedModel:
 @pytest.fixture(scope="session")
 def real_target() -> LoadedModel:
     return load_model("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
+def app_cache(tmp_path_factory):
+    """A user cache folder (MOT_VIZ_CACHE) of the app tests' own: what they fit or save never reaches ~/.cache."""
+    return tmp_path_factory.mktemp("mot_viz_cache")

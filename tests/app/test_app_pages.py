@@ -53,8 +53,9 @@ def pretrained(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(autouse=True)
-def test_env(monkeypatch, pretrained):
+def test_env(monkeypatch, app_cache, pretrained):
     monkeypatch.setenv("MOT_VIZ_TEST_MODELS", "1")
+    monkeypatch.setenv("MOT_VIZ_CACHE", str(app_cache))  # fits made in a test stay in it
     monkeypatch.setenv("MOT_VIZ_PRETRAINED", str(next(iter(pretrained.values())).parent))
 
 
@@ -593,3 +594,26 @@ def test_cache_error_page_reuse_verdict_is_the_library_verdict_and_follows_the_t
     layers = next(d.value for d in at.dataframe if "layer verdict" in d.value.columns)
     assert set(layers["layer verdict"]) == {"re-prefill"}
     assert any("attn_out_cos fails its threshold at layers" in w.value for w in at.warning)
+
+
+def test_fit_a_linear_translator_for_a_pair_without_a_checkpoint(app_cache):
+    from mot_viz.quickfit import fits_dir
+
+    at = start()
+    at.selectbox(key="sb.target").set_value("smollm2-135m").run()  # smollm2 → smollm2: no checkpoint ships for it
+    assert any(e.label.startswith("No checkpoint for this pair? Fit one") for e in at.expander)
+    next(b for b in at.button if b.label == "Fit a linear translator").click().run()
+    assert not at.exception and not errors(at)
+    fitted = at.selectbox(key="sb.checkpoint").value
+    assert fitted.startswith("fit: smollm2-135m-to-smollm2-135m-linear-")
+    folder = fits_dir() / fitted.removeprefix("fit: ")
+    assert folder.parent == app_cache / "fits" and (folder / "translator.safetensors").is_file()
+    assert any("is now the checkpoint" in s.value for s in at.success)
+    translate_button(at).click().run()
+    assert not at.exception and not errors(at)
+    assert at.session_state["applied"].checkpoint == str(folder)
+    at = goto(at, "2_cache_error")  # every page works on it
+    assert figures(at)
+    # the fitted map carries the context: the identity pair's window is recovered closely
+    layers = next(d.value for d in at.dataframe if "layer verdict" in d.value.columns)
+    assert (layers["centered_cos_k"] > 0.9).all()

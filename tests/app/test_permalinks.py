@@ -36,8 +36,9 @@ def pretrained(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(autouse=True)
-def test_env(monkeypatch, pretrained):
+def test_env(monkeypatch, app_cache, pretrained):
     monkeypatch.setenv("MOT_VIZ_TEST_MODELS", "1")
+    monkeypatch.setenv("MOT_VIZ_CACHE", str(app_cache))  # fits made in a test stay in it
     monkeypatch.setenv("MOT_VIZ_PRETRAINED", str(next(iter(pretrained.values())).parent))
 
 

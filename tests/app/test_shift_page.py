@@ -44,8 +44,9 @@ def shipped(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def test_env(monkeypatch, pretrained, shipped):
+def test_env(monkeypatch, app_cache, pretrained, shipped):
     monkeypatch.setenv("MOT_VIZ_TEST_MODELS", "1")
+    monkeypatch.setenv("MOT_VIZ_CACHE", str(app_cache))  # fits made in a test stay in it
     monkeypatch.setenv("MOT_VIZ_PRETRAINED", str(next(iter(pretrained.values())).parent))
     monkeypatch.setenv("MOT_VIZ_SHIFT_RESULTS", str(shipped))
 
