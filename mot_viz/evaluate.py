@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 
 from .alignment import encode
-from .answers import CONDITIONS, EXTRA_CONDITIONS, MAX_NEW_TOKENS, answer_from_cache, condition_caches
+from .answers import CONDITIONS, EXTRA_CONDITIONS, MAX_NEW_TOKENS, answers_from_caches, condition_caches
 from .checkpoint import load_checkpoint, read_config
 from .cli import run_cli
 from .data import BUILTIN_DATASETS, QAExample, build_prompt, load_dataset
@@ -110,8 +110,9 @@ def example_rows(mot: MoT, source: LoadedModel, target: LoadedModel, example: QA
         caches["second"] = translate(second, source, target, translation.text, with_native=False).mixed_kv
         build["second"] = time.perf_counter() - t0
     rows = []
+    answers = answers_from_caches(target, caches, example, settings.max_new_tokens)  # same-length caches: one batch
     for condition, kv in caches.items():
-        ans = answer_from_cache(target, kv, example, condition, settings.max_new_tokens)
+        ans = answers[condition]
         rows.append({
             "dataset": example.dataset, "id": example.id, "condition": condition, "score": ans.score,
             "exact_match": ans.exact_match, "answer": ans.text,

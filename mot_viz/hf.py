@@ -292,6 +292,38 @@ def greedy_generate(model, kv: list[KV] | None, prompt_ids: torch.Tensor, max_ne
 
 
 @torch.no_grad()
+def greedy_generate_batch(model, kvs: list[list[KV]], prompt_ids: torch.Tensor, max_new_tokens: int,
+                          stop_ids: set[int], stop_when=None) -> list[list[int]]:
+    """greedy_generate for several caches of the same length at once (one forward pass per step for all).
+
+    kvs: caches whose layers all hold the same number of positions; each row stops on its own rule, and a
+    stopped row's later tokens are discarded. Returns one token list per cache.
+    """
+    b = len(kvs)
+    batched = [(torch.cat([kv[l][0] for kv in kvs]), torch.cat([kv[l][1] for kv in kvs])) for l in range(len(kvs[0]))]
+    cache = cache_from_kv(batched)
+    ids = prompt_ids.expand(b, -1)
+    generated: list[list[int]] = [[] for _ in range(b)]
+    running = [True] * b
+    for _ in range(max_new_tokens):
+        logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits
+        tokens = logits[:, -1].argmax(-1).tolist()
+        for i, token in enumerate(tokens):
+            if not running[i]:
+                continue
+            if token in stop_ids:
+                running[i] = False
+                continue
+            generated[i].append(token)
+            if stop_when is not None and stop_when(generated[i]):
+                running[i] = False
+        if not any(running):
+            break
+        ids = torch.tensor(tokens, device=prompt_ids.device).view(b, 1)
+    return generated
+
+
+@torch.no_grad()
 def continuation_logprob(model, kv: list[KV] | None, prompt_ids: torch.Tensor, continuation: list[int]) -> float:
     """Mean log p(continuation | cache + prompt) per token (method.md §8 rule a, length-normalised)."""
     ids = torch.cat([prompt_ids, torch.tensor([continuation], device=prompt_ids.device)], dim=1)

@@ -120,3 +120,27 @@ def test_paired_differences_on_known_scores():
     assert row["ci_low"] <= 0.25 <= row["ci_high"]
     assert paired.iloc[1]["diff"] == pytest.approx(-0.5) and paired.iloc[1]["b_better"] == 2
     assert "mot − random | 4 | +0.250" in paired_markdown(paired)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma3_text"])
+def test_batched_answers_equal_one_by_one(family):
+    """The same-length caches (native, MoT, random) decoded as one batch give exactly the answers decoded alone."""
+    from mot_viz.answers import answer_from_cache, answers_from_caches, condition_caches
+    from mot_viz.channels import Channels
+    from mot_viz.mot import MoT
+
+    source, target = tiny_model("llama", vocab_size=280, layers=4, seed=1), tiny_model(family, layers=4)
+    torch.manual_seed(0)
+    mot = MoT.build(source.spec, target.spec, Channels((2, 3), (2, 3)), dim=16, heads=2, num_experts=2, top_k=1)
+    example = QAExample(dataset="t", id="0", context="The cat sat on the mat near the door of the house.",
+                        question="Where did the cat sit?", answers=("on the mat",))
+    _, caches = condition_caches(mot, source, target, example)
+    g = torch.Generator().manual_seed(1)  # a very different cache of the same length: rows a mix-up would show
+    caches["noise"] = [(k + 5 * torch.randn(k.shape, generator=g), v + 5 * torch.randn(v.shape, generator=g))
+                       for k, v in caches["native"]]
+    together = answers_from_caches(target, caches, example, max_new_tokens=8)
+    assert list(together) == list(caches)
+    assert len({a.text for a in together.values()}) > 1
+    for condition, kv in caches.items():
+        alone = answer_from_cache(target, kv, example, condition, 8)
+        assert (together[condition].text, together[condition].score) == (alone.text, alone.score), condition
