@@ -16,7 +16,7 @@ from . import hf
 from .alignment import encode
 from .controls import random_window
 from .data import QAExample, build_prompt, choice_label_texts
-from .errors import ContextError
+from .errors import ConfigError, ContextError
 from .models import LoadedModel
 from .mot import MoT, Translation, empty_context_cache, replay, translate
 from .qa_metrics import exact_match, postprocess_generation, squad_f1
@@ -157,9 +157,9 @@ def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example
     known = CONDITIONS + EXTRA_CONDITIONS
     unknown = set(conditions) - set(known)
     if unknown:
-        raise ValueError(f"unknown conditions {sorted(unknown)}; choose from {known}")
+        raise ConfigError(f"unknown conditions {sorted(unknown)}; choose from {known}")
     if "mean" in conditions and means is None:
-        raise ValueError("the 'mean' condition needs the mean native window: pass means=mean_vectors(...)")
+        raise ConfigError("the 'mean' condition needs the mean native window: pass means=mean_vectors(...)")
     if translation is None:
         translation = translate(mot, source, target, build_prompt(example, target.chat_frame).context_text)
     build = {

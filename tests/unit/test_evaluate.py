@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from conftest import CORPUS, tiny_model
+from mot_viz.errors import ConfigError
 from mot_viz.answers import answer_all, condition_caches
 from mot_viz.channels import Channels
 from mot_viz.data import QAExample
@@ -72,7 +73,7 @@ def test_condition_subset_gives_the_same_scores(setup):
     merged = part.merge(full, on=key, suffixes=("_part", "_full"))
     assert len(merged) == 4 and (merged["score_part"] == merged["score_full"]).all()
     assert (merged["answer_part"] == merged["answer_full"]).all()
-    with pytest.raises(ValueError, match="unknown conditions"):
+    with pytest.raises(ConfigError, match="unknown conditions"):
         condition_caches(*setup, EXTRACTIVE, conditions=("native", "bogus"))
 
 

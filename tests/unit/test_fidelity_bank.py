@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import tiny_model
+from mot_viz.errors import ConfigError
 from mot_viz import hf
 from mot_viz import train as train_mod
 from mot_viz.bank import BankConfig, build_bank, context_blocks
@@ -239,7 +240,7 @@ def test_mean_vector_control_replays_one_shared_vector_per_layer():
     mot = MoT.build(source.spec, target.spec, Channels((2, 3), (2, 3)), ReplayConfig(4, 1), variant="linear")
     example = QAExample(id="0", dataset="t", context="the quick brown fox jumps over the lazy dog", question="who?",
                         answers=("fox",))
-    with pytest.raises(ValueError, match="mean native window"):
+    with pytest.raises(ConfigError, match="mean native window"):
         condition_caches(mot, source, target, example, conditions=("native", "mean"))
     means = mean_vectors(target, (2, 3), ["a tale of two cities", "the lazy dog sleeps all day"], "test")
     assert means.tokens > 0 and means.keys.shape == (2, target.spec.kv_hidden)
