@@ -3,9 +3,9 @@
     .venv/bin/streamlit run app.py
 
 The entry point draws the shared sidebar and declares the navigation (st.navigation). Every page is a
-``main()`` run by ``app_state.run_page``, the one place an error becomes a message (it draws the sidebar
+``main()`` run by ``mot_viz.app.run_page``, the one place an error becomes a message (it draws the sidebar
 too when Streamlit runs a page file on its own), and reads the one cached translation through
-``app_state.current_run()``. Extra pages dropped into pages/ are listed after the built-in ones.
+``app.current_run()``. Extra pages dropped into pages/ are listed after the built-in ones.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from mot_viz import app_state
+from mot_viz import app
 from mot_viz.cache_metrics import cost_table, kv_cache_bytes
 
 PAGES_DIR = Path(__file__).parent / "pages"
@@ -33,7 +33,7 @@ PAGES = {
 
 def overview() -> None:
     """The landing page: what MoT does, and the headline facts of the current translation."""
-    app_state.run_page(_overview)
+    app.run_page(_overview)
 
 
 def _overview() -> None:
@@ -47,7 +47,7 @@ def _overview() -> None:
         "the K/V it computes itself — the window layers' recomputed from their shifted inputs — so the translation "
         "reaches the cache through the hidden states. The target then answers from that cache."
     )
-    app_state.explain(
+    app.explain(
         "The sidebar picks the two models, the trained translator (checkpoint) and the context. The defaults open "
         "on SmolLM2-135M → Gemma-3-270M with a SQuAD passage, so every page has something to show at once.\n\n"
         "1. **Answers** — does the target answer as well from the translated cache as from its own?\n"
@@ -60,8 +60,8 @@ def _overview() -> None:
         "7. **Shift analysis** — where the injected window moves the target's residual stream, and whether the "
         "layers above it correct or amplify that shift (early versus late injection)."
     )
-    run = app_state.current_run()
-    app_state.run_caption(run)
+    run = app.current_run()
+    app.run_caption(run)
     spec = run.mot.translator.config
     cols = st.columns(4)
     cols[0].metric("Target tokens", len(run.target_tokens))
@@ -114,7 +114,7 @@ def main() -> None:
     # pages added by other work appear after the built-in ones, titled by file name
     pages += [st.Page(f"pages/{p.name}") for p in sorted(PAGES_DIR.glob("*.py"))
               if p.name not in PAGES and not p.name.startswith("_")]
-    with app_state.navigation_frame():
+    with app.navigation_frame():
         st.navigation(pages).run()
 
 

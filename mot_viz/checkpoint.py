@@ -98,6 +98,18 @@ def record_metrics(path: str | Path, key: str, value: dict) -> None:
     write_text_atomic(Path(path) / CONFIG_FILE, json.dumps(config, indent=2))
 
 
+def checkpoint_zip(path: Path) -> bytes:
+    """A checkpoint folder's config.json and weights as a zip, for download."""
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name in ("config.json", "translator.safetensors"):
+            archive.write(path / name, f"{path.name}/{name}")
+    return buffer.getvalue()
+
+
 def load_checkpoint(path: str | Path, source=None, target=None) -> tuple[MoT, dict]:
     """Rebuild the MoT of a checkpoint folder (float32, eval mode) and return it with its config.
 

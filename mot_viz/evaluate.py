@@ -27,7 +27,8 @@ import pandas as pd
 import torch
 
 from .alignment import encode
-from .answers import CONDITIONS, EXTRA_CONDITIONS, MAX_NEW_TOKENS, answers_from_caches, condition_caches
+from .answers import (CONDITION_LABELS, CONDITIONS, EXTRA_CONDITIONS, MAX_NEW_TOKENS, answers_from_caches,
+                      condition_caches)
 from .checkpoint import load_checkpoint, read_config
 from .cli import run_cli
 from .data import BUILTIN_DATASETS, QAExample, build_prompt, load_dataset
@@ -246,6 +247,28 @@ def markdown_table(summary: pd.DataFrame) -> str:
             f"| {r.retained:.1%} [{r.retained_ci_low:.1%}, {r.retained_ci_high:.1%}] | {cos} | {r.seconds_per_example:.2f} |"
         )
     return "\n".join(lines)
+
+
+def evaluation_table(config: dict) -> pd.DataFrame | None:
+    """The QA results recorded in a checkpoint's config.json (metrics.evaluation; scripts/results_md.py --record):
+    one row per dataset and condition with n, the metric, its 95% interval and the share of native kept."""
+    evaluation = (config.get("metrics") or {}).get("evaluation")
+    if not evaluation:
+        return None
+    rows = []
+    try:
+        for dataset, record in evaluation.items():
+            for condition, values in record["conditions"].items():
+                metric = next(k for k in values if k not in ("n", "ci95", "retained"))
+                low, high = values["ci95"]
+                rows.append({"dataset": dataset, "condition": CONDITION_LABELS.get(condition, condition),
+                             "n": values["n"], "metric": metric, "mean": round(values[metric], 3),
+                             "95% CI": f"[{low:.3f}, {high:.3f}]", "retained": f"{values['retained']:.1%}",
+                             "prompts": record.get("prompts", "plain"), "results": record["results"]})
+    except (AttributeError, KeyError, TypeError, ValueError, StopIteration) as exc:
+        raise CheckpointError(f"metrics.evaluation in the checkpoint's config.json is malformed ({type(exc).__name__}: "
+                              f"{exc}). Record it again with scripts/results_md.py --record.") from exc
+    return pd.DataFrame(rows)
 
 
 # settings a --resume must share with the run it continues (n may grow or shrink)

@@ -1,6 +1,6 @@
 """Permalinks: the app's applied selection and page options as URL query parameters, and back; "Copy as Python".
 
-Pure functions (no Streamlit): mot_viz.app_state reads and writes ``st.query_params`` through them.
+Pure functions (no Streamlit): mot_viz.app.links reads and writes ``st.query_params`` through them.
 
 A link holds the *applied* sidebar choice under short keys — ``src``, ``tgt``, ``ckpt``, then either a dataset
 example (``ds``, ``ex``) or free text (``text``, or ``th`` = its sha256 prefix when longer than

@@ -14,6 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
@@ -160,6 +161,15 @@ def read_log(path: Path) -> list[dict]:
         if isinstance(row, dict):
             rows.append(row)
     return rows
+
+
+def read_training_log(checkpoint: str, name: str = "log.jsonl") -> pd.DataFrame | None:
+    """The checkpoint's log.jsonl (or bank_log.jsonl) as a DataFrame (one row per logged step), or None without one."""
+    path = Path(checkpoint) / name
+    if not path.is_file():
+        return None
+    rows = read_log(path)  # a torn last line (an interrupted append) is skipped
+    return pd.DataFrame(rows) if rows else None
 
 
 def truncate_log(path: Path, step: int) -> None:

@@ -1,7 +1,7 @@
 """Tiny randomly initialised models and checkpoints for fast tests of the library and the app.
 
 The app swaps its model loader for :func:`load_test_model` when ``MOT_VIZ_TEST_MODELS=1``
-(see mot_viz.app_state), so every page can be driven in seconds. The bundled names map to a tiny
+(see mot_viz.app.settings), so every page can be driven in seconds. The bundled names map to a tiny
 Llama (the source, like SmolLM2) and a tiny Gemma 3 (the target); their tokenizers differ in
 vocabulary size, so the two tokenizations of one text differ and the alignment is exercised.
 """

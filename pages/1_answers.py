@@ -3,7 +3,7 @@
 import pandas as pd
 import streamlit as st
 
-from mot_viz import app_state
+from mot_viz import app
 from mot_viz.answers import CONDITIONS
 from mot_viz.data import choice_label_texts
 from mot_viz.errors import MotVizError
@@ -12,7 +12,7 @@ from mot_viz.figures import answers_figure
 
 def main() -> None:
     st.title("Answers")
-    app_state.explain(
+    app.explain(
         "The target model answers the same question from four caches of the same context:\n\n"
         "- **Native context** — the target read the text itself (the upper bound).\n"
         "- **No context** — only the question (what it knows without the passage).\n"
@@ -26,8 +26,8 @@ def main() -> None:
         "questions (yes/no, multiple choice) by whether the likeliest choice label is the correct one. "
         "*Building the cache* is the time to make that cache; *answering* is the time to generate or score from it."
     )
-    run = app_state.current_run()
-    app_state.run_caption(run)
+    run = app.current_run()
+    app.run_caption(run)
     sel = run.selection
     if sel.example is None:
         st.info("This free-text context has no question. Type one in the sidebar (and a gold answer to score it), "
@@ -43,10 +43,10 @@ def main() -> None:
     else:
         st.caption("No gold answer given, so the answers are not scored.")
 
-    others = {name: path for name, path in app_state.available_checkpoints().items() if path != sel.checkpoint}
-    app_state.widget_default("pg.answers.second", "(none)", ["(none)", *others])
+    others = {name: path for name, path in app.available_checkpoints().items() if path != sel.checkpoint}
+    app.widget_default("pg.answers.second", "(none)", ["(none)", *others])
     second = st.selectbox("Compare with a second checkpoint (optional)", ["(none)", *others], key="pg.answers.second")
-    app_state.widget_default("pg.answers.max_new", app_state.DEFAULT_MAX_NEW_TOKENS)
+    app.widget_default("pg.answers.max_new", app.DEFAULT_MAX_NEW_TOKENS)
     max_new = st.slider("Longest generated answer (tokens)", 4, 64, key="pg.answers.max_new",
                         disabled=sel.example.kind == "closed", help="Closed questions score the choice labels instead.")
 
@@ -56,9 +56,9 @@ def main() -> None:
     for i, (condition, checkpoint) in enumerate(jobs):
         progress.progress(i / len(jobs), text=f"Answering: {condition} …")
         try:
-            rows.append(app_state.answer_row(sel, condition, max_new, checkpoint))
+            rows.append(app.answer_row(sel, condition, max_new, checkpoint))
         except MotVizError as exc:  # e.g. the second checkpoint is for another pair
-            app_state.show_error(exc)
+            app.show_error(exc)
     progress.empty()
 
     table = pd.DataFrame(rows)
@@ -72,7 +72,7 @@ def main() -> None:
                        "building the cache (s)": st.column_config.NumberColumn(format="%.3f"),
                        "answering (s)": st.column_config.NumberColumn(format="%.3f")},
     )
-    app_state.show_figure(answers_figure(table), table, "answers")
+    app.show_figure(answers_figure(table), table, "answers")
 
 
-app_state.run_page(main)
+app.run_page(main)

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from mot_viz import app_state
+from mot_viz import app
 from mot_viz.answers import first_answer_logprobs
 from mot_viz.cache_metrics import COMPARISONS, cache_error_grid, cache_error_table
 from mot_viz.fidelity import fidelity_verdicts
@@ -13,7 +13,7 @@ from mot_viz.verdict import VerdictThresholds, reuse_verdict
 
 def main() -> None:
     st.title("Per-layer cache error")
-    app_state.explain(
+    app.explain(
         "Each target layer keeps a key (K) and a value (V) vector per token. We compare two caches with the one the "
         "target builds when it reads the text itself (**native**):\n\n"
         "- **translated** — what the translator wrote for the injection-window layers (shaded): its direct output.\n"
@@ -26,30 +26,30 @@ def main() -> None:
         "(0 = identical, 1 = as large as the native vector itself), **cosine** compares directions (1 = same direction). "
         "One token's vector is all its KV heads concatenated. Hover any point or cell for the exact value."
     )
-    run = app_state.current_run()
-    app_state.run_caption(run)
+    run = app.current_run()
+    app.run_caption(run)
     window = run.mot.channels.target_layers
 
     table = cache_error_table(run.translation, run.mot.channels)
     st.subheader("Per layer")
-    app_state.show_figure(layer_error_figure(table, window), table, "cache_error_per_layer")
+    app.show_figure(layer_error_figure(table, window), table, "cache_error_per_layer")
 
     st.subheader("Per layer and token")
     cols = st.columns(3)
-    app_state.widget_default("pg.error.kv", "K")
+    app.widget_default("pg.error.kv", "K")
     kv = cols[0].radio("Tensor", ["K", "V"], key="pg.error.kv", horizontal=True)
-    app_state.widget_default("pg.error.comparison", "replayed")
+    app.widget_default("pg.error.comparison", "replayed")
     comparison = cols[1].radio("Compare", list(COMPARISONS), key="pg.error.comparison", horizontal=True,
                                format_func=lambda c: f"{c} vs native")
-    app_state.widget_default("pg.error.metric", "rel_l2")
+    app.widget_default("pg.error.metric", "rel_l2")
     metric = cols[2].radio("Metric", list(METRIC_TITLES), key="pg.error.metric", horizontal=True,
                            format_func=METRIC_TITLES.get)
     grid = cache_error_grid(run.translation, run.mot.channels, comparison, kv, metric)
     title = f"{kv}: {METRIC_TITLES[metric]}, {COMPARISONS[comparison]}"
     grid_csv = grid.assign(token_text=[run.target_tokens[i] for i in grid["token"]], metric=metric, kv=kv,
                            comparison=comparison)
-    app_state.show_figure(error_heatmap(grid, run.target_tokens, window, metric, title), grid_csv,
-                          f"cache_error_{kv}_{comparison}_{metric}")
+    app.show_figure(error_heatmap(grid, run.target_tokens, window, metric, title), grid_csv,
+                    f"cache_error_{kv}_{comparison}_{metric}")
 
     st.subheader("Window fidelity against its baselines")
     st.markdown(
@@ -65,14 +65,14 @@ def main() -> None:
         "- **linear** — the closed-form ridge map of the same window, when a `linear` checkpoint for this pair and window "
         "is installed: the floor a trained translator must clear to earn its cost."
     )
-    fidelity = app_state.window_fidelity(run)
+    fidelity = app.window_fidelity(run)
     own = fidelity["candidate"].iloc[0]
     for warning in fidelity_verdicts(fidelity, own):
         st.warning(warning, icon="⚠️")
-    app_state.widget_default("pg.error.fidelity", ["centered_cos_k", "centered_cos_v", "attn_out_cos"])
+    app.widget_default("pg.error.fidelity", ["centered_cos_k", "centered_cos_v", "attn_out_cos"])
     chosen = st.multiselect("Metrics", list(FIDELITY_TITLES), key="pg.error.fidelity", format_func=FIDELITY_TITLES.get)
     if chosen:
-        app_state.show_figure(fidelity_figure(fidelity, chosen), fidelity, "window_fidelity")
+        app.show_figure(fidelity_figure(fidelity, chosen), fidelity, "window_fidelity")
     summary = fidelity.groupby("candidate", sort=False)[list(FIDELITY_TITLES)].mean().round(3)
     st.dataframe(summary.rename(columns=FIDELITY_TITLES), width="stretch")
     st.caption(f"This context only ({int(fidelity['tokens'].iloc[0])} target tokens); the held-out averages over 40 "
@@ -85,8 +85,8 @@ def _first_token_kl(selection, stamp: int, test: bool) -> float | None:
     """KL(native ‖ translated) of the first answer token on this context and question (None without one)."""
     if selection.suffix is None:
         return None
-    target = app_state.get_model(selection.target)
-    translation = app_state.get_translation(selection)
+    target = app.get_model(selection.target)
+    translation = app.get_translation(selection)
     return kl_divergence(first_answer_logprobs(target, translation.native_kv, selection.suffix),
                          first_answer_logprobs(target, translation.mixed_kv, selection.suffix))
 
@@ -107,11 +107,11 @@ def _verdict_section(run, fidelity, candidate: str) -> None:
         c = st.columns(4)
         names = ("attn_out_cos", "centered_cos_k", "centered_cos_v", "first_token_kl")
         for name in names:
-            app_state.widget_default(f"pg.error.verdict.{name}", float(getattr(defaults, name)))
+            app.widget_default(f"pg.error.verdict.{name}", float(getattr(defaults, name)))
         values = {name: c[i].number_input(name, step=0.05, key=f"pg.error.verdict.{name}", format="%.2f")
                   for i, name in enumerate(names)}
     sel = run.selection
-    kl = _first_token_kl(sel, app_state.checkpoint_stamp(sel.checkpoint), app_state.test_mode())
+    kl = _first_token_kl(sel, app.checkpoint_stamp(sel.checkpoint), app.test_mode())
     verdict = reuse_verdict(fidelity, kl, candidate, VerdictThresholds(**values))
     (st.success if verdict.reuse else st.warning)(
         f"**Verdict: {verdict.decision}.** " + ("Every signal is within its threshold." if verdict.reuse else
@@ -124,4 +124,4 @@ def _verdict_section(run, fidelity, candidate: str) -> None:
     st.dataframe(verdict.thresholds_table(), hide_index=True, width="stretch")
 
 
-app_state.run_page(main)
+app.run_page(main)

@@ -3,7 +3,7 @@
 import pandas as pd
 import streamlit as st
 
-from mot_viz import app_state
+from mot_viz import app
 from mot_viz.cache_metrics import expert_usage, gate_table, token_routing_table
 from mot_viz.figures import entropy_figure, expert_usage_figure, gates_heatmap, what_if_figure
 from mot_viz.translator import GateOverride, gate_balance
@@ -14,16 +14,16 @@ WHAT_IF_MODES = {"force one expert": "force", "drop one expert": "drop", "unifor
 
 @st.cache_resource(show_spinner="Translating again with the overridden gates …", max_entries=8)
 def _what_if(selection, stamp: int, test: bool, mode: str, expert: int | None, max_new_tokens: int):
-    src, tgt = app_state.get_model(selection.source), app_state.get_model(selection.target)
-    mot, _ = app_state.get_checkpoint(selection.checkpoint, src, tgt)
-    base = app_state.get_translation(selection)
+    src, tgt = app.get_model(selection.source), app.get_model(selection.target)
+    mot, _ = app.get_checkpoint(selection.checkpoint, src, tgt)
+    base = app.get_translation(selection)
     return [what_if(mot, src, tgt, base, override, selection.example, selection.suffix, max_new_tokens)
             for override in (GateOverride(), GateOverride(mode, expert))]
 
 
 def main() -> None:
     st.title("Expert routing")
-    app_state.explain(
+    app.explain(
         "A MoT checkpoint has, for K and for V separately, several **expert** translators and a **router**. For every "
         "token, the router scores the experts from the token's aligned source K/V, keeps the **top-k** scores and turns "
         "them into **gates** that sum to 1; the token's translation is the gate-weighted sum of the experts' outputs. "
@@ -36,8 +36,8 @@ def main() -> None:
         "the others) or uniform — and shows what that does to the replayed cache and the answer: how much the "
         "router's choice matters on this context."
     )
-    run = app_state.current_run()
-    app_state.run_caption(run)
+    run = app.current_run()
+    app.run_caption(run)
     cfg = run.mot.translator.config
     out = run.translation.translated
     if out.key_routing is None or out.value_routing is None:
@@ -57,13 +57,13 @@ def main() -> None:
 
     for kv, routing in (("K", out.key_routing), ("V", out.value_routing)):
         gates = gate_table(routing.gates, run.target_tokens)
-        app_state.show_figure(gates_heatmap(gates, f"{kv} router gates per token"), gates, f"gates_{kv}")
+        app.show_figure(gates_heatmap(gates, f"{kv} router gates per token"), gates, f"gates_{kv}")
 
     per_token = token_routing_table(out.key_routing.gates, out.value_routing.gates, run.target_tokens)
-    app_state.show_figure(entropy_figure(per_token, cfg.top_k), per_token, "routing_entropy")
+    app.show_figure(entropy_figure(per_token, cfg.top_k), per_token, "routing_entropy")
 
     usage = pd.concat([expert_usage(r.gates).assign(kv=kv) for kv, r in (("K", out.key_routing), ("V", out.value_routing))])
-    app_state.show_figure(expert_usage_figure(usage), usage, "expert_usage")
+    app.show_figure(expert_usage_figure(usage), usage, "expert_usage")
     with st.expander("Experts kept per token"):
         st.dataframe(per_token, hide_index=True, width="stretch")
 
@@ -77,8 +77,8 @@ def main() -> None:
                "experts, the alignment and the replay stay the checkpoint's own. Compared with the router's own "
                "choice: the replayed cache per layer, the first answer token's KL to the native distribution, and "
                "the answer.")
-    app_state.widget_default("pg.routing.whatif", "force one expert")
-    app_state.widget_default("pg.routing.expert", 0)
+    app.widget_default("pg.routing.whatif", "force one expert")
+    app.widget_default("pg.routing.expert", 0)
     choice = st.radio("Gates", list(WHAT_IF_MODES), key="pg.routing.whatif", horizontal=True)
     mode = WHAT_IF_MODES[choice]
     expert = None
@@ -86,10 +86,10 @@ def main() -> None:
         expert = int(st.number_input("Expert", min_value=0, max_value=cfg.num_experts - 1, step=1,
                                      key="pg.routing.expert"))
     sel = run.selection
-    results = _what_if(sel, app_state.checkpoint_stamp(sel.checkpoint), app_state.test_mode(), mode, expert,
-                       app_state.DEFAULT_MAX_NEW_TOKENS)
+    results = _what_if(sel, app.checkpoint_stamp(sel.checkpoint), app.test_mode(), mode, expert,
+                       app.DEFAULT_MAX_NEW_TOKENS)
     errors = pd.concat([r.errors.assign(choice=r.label) for r in results])
-    app_state.show_figure(what_if_figure(errors, run.mot.channels.target_layers), errors, f"what_if_{mode}")
+    app.show_figure(what_if_figure(errors, run.mot.channels.target_layers), errors, f"what_if_{mode}")
     def mean_cosine(e: pd.DataFrame, comparison: str, kvs=("K", "V")) -> float:
         return e[(e.comparison == comparison) & e.kv.isin(kvs)].cosine.mean()
 
@@ -106,4 +106,4 @@ def main() -> None:
         st.info("Free text without a question: the KL and the answer need a question (type one in the sidebar).")
 
 
-app_state.run_page(main)
+app.run_page(main)

@@ -2,14 +2,14 @@
 
 import streamlit as st
 
-from mot_viz import app_state
+from mot_viz import app
 from mot_viz.cache_metrics import FIT_ON, cache_space_table, token_annotations, window_vectors
 from mot_viz.figures import cache_space_figure
 
 
 def main() -> None:
     st.title("Cache space")
-    app_state.explain(
+    app.explain(
         "Every dot is one token's K (or V) vector in one layer of the injection window, projected to two dimensions.\n\n"
         "- **Left, target space:** the target's own (**native**) vectors, the **translated** ones the translator wrote, "
         "and the **replayed** ones the target kept after injection. They have the same width, so they share **one** "
@@ -24,37 +24,37 @@ def main() -> None:
         "**PCA** is a linear projection (its axes keep global distances; the share of variance it keeps is in the "
         "title). **UMAP** is nonlinear: it keeps neighbourhoods, not distances, and is slower. Hover a dot for its token."
     )
-    run = app_state.current_run()
-    app_state.run_caption(run)
+    run = app.current_run()
+    app.run_caption(run)
     pairs = run.mot.channels.pairs()
 
     cols = st.columns(3)
-    app_state.widget_default("pg.space.position", len(pairs) - 1, list(range(len(pairs))))
+    app.widget_default("pg.space.position", len(pairs) - 1, list(range(len(pairs))))
     position = cols[0].selectbox("Window layer", list(range(len(pairs))), key="pg.space.position",
                                  format_func=lambda i: f"target layer {pairs[i][1]} ← source layer {pairs[i][0]}")
-    app_state.widget_default("pg.space.kv", "K")
+    app.widget_default("pg.space.kv", "K")
     kv = cols[1].radio("Tensor", ["K", "V"], key="pg.space.kv", horizontal=True)
-    app_state.widget_default("pg.space.method", "pca")
+    app.widget_default("pg.space.method", "pca")
     method = cols[2].radio("Projection", ["pca", "umap"], key="pg.space.method", horizontal=True,
                            format_func=str.upper)
 
     options = st.columns(3)
-    app_state.widget_default("pg.space.kinds", ["native target", "translated", "source (aligned)"])
-    linear = app_state.linear_baseline_for(run.selection, run.mot) if run.mot.translator.config.variant != "linear" \
+    app.widget_default("pg.space.kinds", ["native target", "translated", "source (aligned)"])
+    linear = app.linear_baseline_for(run.selection, run.mot) if run.mot.translator.config.variant != "linear" \
         else None
     offered = ["native target", "translated", "replayed target", "source (aligned)"] + (["linear map"] if linear else [])
     kinds = options[0].multiselect("Show", offered, key="pg.space.kinds")
-    app_state.widget_default("pg.space.join", True)
+    app.widget_default("pg.space.join", True)
     join = options[1].checkbox("Join each token's native and translated points", key="pg.space.join")
     routed = run.translation.translated.key_routing is not None
-    app_state.widget_default("pg.space.colour", "kind")
+    app.widget_default("pg.space.colour", "kind")
     colour = options[2].radio("Colour translated points by", ["kind", "rel_l2"] + (["expert"] if routed else []),
                               key="pg.space.colour", horizontal=True,
                               format_func={"kind": "kind", "rel_l2": "error to native", "expert": "routed expert"}.get)
 
     vectors = window_vectors(run.translation, run.mot.channels, position, kv)
     if linear:
-        lin = app_state.get_translation(run.selection, linear).translated
+        lin = app.get_translation(run.selection, linear).translated
         vectors["linear map"] = (lin.keys if kv == "K" else lin.values)[0, :, position].float()
     vectors = {k: v for k, v in vectors.items() if k in kinds}
     if not vectors:
@@ -65,11 +65,11 @@ def main() -> None:
     points = points.merge(token_annotations(run.translation, run.mot.channels, position, kv), on="token_index",
                           how="left")
     joined = [k for k in ("translated", "replayed target", "linear map") if join and k in kinds]
-    app_state.show_figure(cache_space_figure(points, joined, colour), points,
-                          f"cache_space_{kv}_layer{pairs[position][1]}_{method}")
+    app.show_figure(cache_space_figure(points, joined, colour), points,
+                    f"cache_space_{kv}_layer{pairs[position][1]}_{method}")
     st.caption(f"The target-space projection is fitted on {' + '.join(k for k in FIT_ON if k in kinds) or 'the kinds shown'} "
                "together; every other target-space kind is placed in that same projection, so the axes stay put "
                "when a kind is shown or hidden." + (f" Linear map: `{linear}` on the same context." if linear else ""))
 
 
-app_state.run_page(main)
+app.run_page(main)

@@ -5,16 +5,18 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from mot_viz import app_state
+from mot_viz import app
 from mot_viz.checkpoint import read_config
 from mot_viz.errors import MotVizError
+from mot_viz.evaluate import evaluation_table
 from mot_viz.fidelity import recorded_fidelity_table
 from mot_viz.figures import training_figure
+from mot_viz.runs import read_training_log
 
 
 def main() -> None:
     st.title("Training")
-    app_state.explain(
+    app.explain(
         "The translator is trained with the **Context Correction Loss** (method.md §7): the target replays the context "
         "with the translated K/V injected in the window, then its next-token cross-entropy on the text that follows is "
         "**ce**; **mse_k**, **mse_v** are the mean squared error between the *replayed* cache and the native one over "
@@ -25,19 +27,19 @@ def main() -> None:
         "(0 = every expert used equally), the importance entropy and, when trained with it, the Switch-style **balance** "
         "term (1 = uniform). Each point is an average over the logged steps."
     )
-    checkpoint = app_state.applied_selection().checkpoint
+    checkpoint = app.applied_selection().checkpoint
     try:
         config = read_config(checkpoint) if checkpoint else None
     except MotVizError as exc:
-        app_state.show_error(exc)
+        app.show_error(exc)
         st.stop()
     if config is None:
         st.info("No checkpoint is selected. Choose one in the sidebar.")
         st.stop()
 
     st.caption(f"Checkpoint `{Path(checkpoint).name}` ({checkpoint})")
-    log = app_state.read_training_log(checkpoint)
-    bank_log = app_state.read_training_log(checkpoint, "bank_log.jsonl")
+    log = read_training_log(checkpoint)
+    bank_log = read_training_log(checkpoint, "bank_log.jsonl")
     if config["translator"].get("variant") == "linear":
         st.info("A closed-form linear map: fitted in one solve (ridge regression on the cached bank, λ chosen on held-out "
                 "contexts; metrics.linear_fit below), so there are no training curves.")
@@ -46,17 +48,17 @@ def main() -> None:
     if bank_log is not None:
         st.markdown("**Bank stage**: the translator trained on the cached bank against the native window directly "
                     "(**tr_mse_k/v** on training crops, **val_mse_k/v** on held-out bank contexts), before the replay stage.")
-        app_state.show_figure(training_figure(bank_log, step="bank_step"), bank_log, f"bank_stage_{Path(checkpoint).name}")
+        app.show_figure(training_figure(bank_log, step="bank_step"), bank_log, f"bank_stage_{Path(checkpoint).name}")
     if log is not None:
         if bank_log is not None:
             st.markdown("**Replay stage**: the Context Correction Loss (plus **tr_mse**, the translation term, when its "
                         "weight is above 0).")
-        app_state.show_figure(training_figure(log), log, f"training_{Path(checkpoint).name}")
+        app.show_figure(training_figure(log), log, f"training_{Path(checkpoint).name}")
 
     try:
-        evaluation = app_state.evaluation_table(config)
+        evaluation = evaluation_table(config)
     except MotVizError as exc:  # the rest of the page is still worth showing
-        app_state.show_error(exc)
+        app.show_error(exc)
         evaluation = None
     if evaluation is not None:
         st.subheader("Measured quality")
@@ -88,4 +90,4 @@ def main() -> None:
         st.json(config.get("metrics", {}), expanded=False)
 
 
-app_state.run_page(main)
+app.run_page(main)

@@ -7,29 +7,29 @@ from pathlib import Path
 
 import streamlit as st
 
-from mot_viz import app_state, shift
+from mot_viz import app, shift
 from mot_viz.errors import MotVizError
 from mot_viz.shift.figures import (correction_split_figure, correction_trajectory_figure, correction_vs_start_figure,
                                    metric_kl_figure, rho_trajectory_figure, shift_vs_start_figure)
 
 # saved sweeps (scripts/shift_sweep.py); $MOT_VIZ_SHIFT_RESULTS points elsewhere (tests)
-RESULTS_DIR = Path(os.environ.get("MOT_VIZ_SHIFT_RESULTS", app_state.REPO_ROOT / "results" / "shift"))
+RESULTS_DIR = Path(os.environ.get("MOT_VIZ_SHIFT_RESULTS", app.REPO_ROOT / "results" / "shift"))
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
 def _checkpoint_window(selection, stamp: int, test: bool, seed: int):
-    src, tgt = app_state.get_model(selection.source), app_state.get_model(selection.target)
-    mot, _ = app_state.get_checkpoint(selection.checkpoint, src, tgt)
+    src, tgt = app.get_model(selection.source), app.get_model(selection.target)
+    mot, _ = app.get_checkpoint(selection.checkpoint, src, tgt)
     case = shift.case_from_text(tgt, selection.text, selection.suffix, selection.example)
-    ws, window_run = shift.analyse_translation(mot, src, tgt, case, app_state.get_translation(selection), seed=seed)
+    ws, window_run = shift.analyse_translation(mot, src, tgt, case, app.get_translation(selection), seed=seed)
     return ws, window_run, case
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
 def _live_sweep(selection, stamp: int, test: bool, mode: str, window: int, size: float, controls: bool, seed: int,
                 _progress=None):
-    src, tgt = app_state.get_model(selection.source), app_state.get_model(selection.target)
-    profile_mot = app_state.get_checkpoint(selection.checkpoint, src, tgt)[0] if mode != "perturbation" else None
+    src, tgt = app.get_model(selection.source), app.get_model(selection.target)
+    profile_mot = app.get_checkpoint(selection.checkpoint, src, tgt)[0] if mode != "perturbation" else None
     cfg = shift.SweepConfig(mode=mode, window=window, perturbation_size=size, seed=seed, controls=controls,
                             task_metric=False)
     case = shift.case_from_text(tgt, selection.text, selection.suffix, selection.example)
@@ -38,7 +38,7 @@ def _live_sweep(selection, stamp: int, test: bool, mode: str, window: int, size:
 
 def main() -> None:
     st.title("Shift analysis")
-    app_state.explain(
+    app.explain(
         "The translated window changes the K/V the target attends to, so at every answer token the target's "
         "**residual stream** (the running sum each layer adds to) ends up somewhere else than when it read the text "
         "itself. We teacher-force the first answer tokens (the gold answer) on top of each cache and read the residual "
@@ -57,10 +57,10 @@ def main() -> None:
         "their initial shift reaches the output untouched. The sweep below shows both failure modes against the "
         "window start. Definitions: method.md §9.1–§9.2."
     )
-    run = app_state.current_run()
-    app_state.run_caption(run)
+    run = app.current_run()
+    app.run_caption(run)
     sel = run.selection
-    stamp = app_state.checkpoint_stamp(sel.checkpoint)
+    stamp = app.checkpoint_stamp(sel.checkpoint)
 
     # ----- 1. the checkpoint's own window on this context --------------------------------------------------
 
@@ -69,13 +69,13 @@ def main() -> None:
         st.info("Free text without a question has no answer to trace. Type a question (and ideally its gold answer) "
                 "in the sidebar, then press **Translate**.", icon="ℹ️")
     else:
-        app_state.widget_default("pg.shift.seed", 0)
+        app.widget_default("pg.shift.seed", 0)
         seed = int(st.session_state["pg.shift.seed"])
         try:
             with st.spinner("Tracing the residual stream on the native, MoT and random-control caches …"):
-                ws, window_run, case = _checkpoint_window(sel, stamp, app_state.test_mode(), seed)
+                ws, window_run, case = _checkpoint_window(sel, stamp, app.test_mode(), seed)
         except MotVizError as exc:
-            app_state.show_error(exc)
+            app.show_error(exc)
             st.stop()
         tokens = [run.target.tokenizer.decode([t]) for t in case.answer_ids]
         st.caption(f"Window: target layers {ws.window_start}–{ws.window_end} of {ws.num_layers}; k0 = {ws.k0}, "
@@ -101,10 +101,10 @@ def main() -> None:
         trajectories = ws.trajectories()
         token_index = st.select_slider("Answer token", options=list(range(len(case.answer_ids))), key="pg.shift.token",
                                        format_func=lambda j: f"{j}: {tokens[j]!r}") if len(case.answer_ids) > 1 else 0
-        app_state.show_figure(rho_trajectory_figure(trajectories, token_index), trajectories, "shift_rho_trajectory")
-        app_state.show_figure(correction_trajectory_figure(trajectories, token_index), trajectories,
-                              "shift_correction_trajectory")
-        app_state.show_figure(correction_split_figure(summary), summary, "shift_correction_split")
+        app.show_figure(rho_trajectory_figure(trajectories, token_index), trajectories, "shift_rho_trajectory")
+        app.show_figure(correction_trajectory_figure(trajectories, token_index), trajectories,
+                        "shift_correction_trajectory")
+        app.show_figure(correction_split_figure(summary), summary, "shift_correction_split")
         st.number_input("Random-control seed", min_value=0, step=1, key="pg.shift.seed")
 
     # ----- 2. a training-free sweep on this context ------------------------------------------------------
@@ -120,17 +120,17 @@ def main() -> None:
     )
     if sel.suffix:
         cols = st.columns(4)
-        app_state.widget_default("pg.shift.mode", "perturbation")
+        app.widget_default("pg.shift.mode", "perturbation")
         mode = cols[0].radio("Window", ["perturbation", "checkpoint-error-profile"], key="pg.shift.mode",
                              format_func=lambda m: {"perturbation": "perturbation",
                                                     "checkpoint-error-profile": "checkpoint error profile"}[m])
         n_layers = run.target.spec.num_layers
-        app_state.widget_default("pg.shift.window", min(4, n_layers))
+        app.widget_default("pg.shift.window", min(4, n_layers))
         window = int(cols[1].number_input("Window size W", min_value=1, max_value=n_layers, step=1, key="pg.shift.window"))
-        app_state.widget_default("pg.shift.size", 0.5)
+        app.widget_default("pg.shift.size", 0.5)
         size = float(cols[2].number_input("Relative size ‖δ‖/‖N‖", min_value=0.0, max_value=10.0, step=0.1,
                                           key="pg.shift.size", disabled=mode != "perturbation"))
-        app_state.widget_default("pg.shift.controls", False)
+        app.widget_default("pg.shift.controls", False)
         controls = cols[3].checkbox("dir_only / mag_only controls (slower)", key="pg.shift.controls")
         params = (mode, window, size, controls, int(st.session_state.get("pg.shift.seed", 0)))
         if st.button("Run the sweep", key="shift.run"):
@@ -138,16 +138,16 @@ def main() -> None:
         if st.session_state.get("pg.shift.live") == params:
             bar = st.empty()
             try:
-                live = _live_sweep(sel, stamp, app_state.test_mode(), *params,
+                live = _live_sweep(sel, stamp, app.test_mode(), *params,
                                    _progress=lambda f, what: bar.progress(min(f, 1.0), text=what))
             except MotVizError as exc:
-                app_state.show_error(exc)
+                app.show_error(exc)
                 live = None
             bar.empty()
             if live is not None:
                 st.caption(f"{shift.MODE_LABELS[mode]} · {len(live.summary)} starts · {live.meta['seconds']} s")
-                app_state.show_figure(shift_vs_start_figure(live.summary), live.summary, "shift_live_vs_start")
-                app_state.show_figure(metric_kl_figure(live.summary), live.summary, "shift_live_kl")
+                app.show_figure(shift_vs_start_figure(live.summary), live.summary, "shift_live_vs_start")
+                app.show_figure(metric_kl_figure(live.summary), live.summary, "shift_live_kl")
         elif st.session_state.get("pg.shift.live") is not None:
             st.info("The settings changed. Press **Run the sweep** to apply them.", icon="ℹ️")
 
@@ -159,7 +159,7 @@ def main() -> None:
         st.info(f"No saved sweep for {sel.source} → {sel.target} in {RESULTS_DIR}. Make one with "
                 "`python scripts/shift_sweep.py --source ... --target ...`.", icon="ℹ️")
     else:
-        app_state.widget_default("pg.shift.shipped", next(iter(sweeps)), list(sweeps))
+        app.widget_default("pg.shift.shipped", next(iter(sweeps)), list(sweeps))
         name = st.selectbox("Sweep", list(sweeps), key="pg.shift.shipped")
         result = shift.SweepResult.load(sweeps[name])
         meta = result.meta
@@ -169,16 +169,16 @@ def main() -> None:
                    + (f", {meta['train_steps']} training steps per start" if meta.get("train_steps") else "")
                    + f" · {meta.get('date', '')} · `{meta.get('command', '')}`")
         relative = st.toggle("Shift relative to the native residual norm ‖Δh‖/‖h‖", key="pg.shift.relative")
-        app_state.show_figure(shift_vs_start_figure(result.summary, relative=relative), result.summary,
-                              f"{name}_shift_vs_start")
-        app_state.show_figure(correction_vs_start_figure(result.summary), result.summary, f"{name}_correction_vs_start")
-        app_state.show_figure(metric_kl_figure(result.summary, meta.get("metric")), result.summary, f"{name}_metric_kl")
+        app.show_figure(shift_vs_start_figure(result.summary, relative=relative), result.summary,
+                        f"{name}_shift_vs_start")
+        app.show_figure(correction_vs_start_figure(result.summary), result.summary, f"{name}_correction_vs_start")
+        app.show_figure(metric_kl_figure(result.summary, meta.get("metric")), result.summary, f"{name}_metric_kl")
         starts = sorted(result.trajectories["start"].unique().tolist())
-        app_state.widget_default("pg.shift.start", starts[len(starts) // 2], starts)
+        app.widget_default("pg.shift.start", starts[len(starts) // 2], starts)
         start = st.select_slider("Window start for the trajectories", options=starts, key="pg.shift.start")
         traj = result.trajectories[result.trajectories["start"] == start]
-        app_state.show_figure(rho_trajectory_figure(traj, 0, title=f"ρ_k at window start {start}, answer token 0"),
-                              traj, f"{name}_rho_start{start}")
+        app.show_figure(rho_trajectory_figure(traj, 0, title=f"ρ_k at window start {start}, answer token 0"),
+                        traj, f"{name}_rho_start{start}")
 
 
-app_state.run_page(main)
+app.run_page(main)

@@ -26,7 +26,6 @@ REPO = Path(__file__).resolve().parent.parent
 
 from mot_viz.alignment import encode
 from mot_viz.answers import CONDITIONS, MAX_NEW_TOKENS, answer_from_cache, condition_caches
-from mot_viz.app_state import read_training_log
 from mot_viz.cache_metrics import (cache_error_grid, cache_error_table, cache_space_table, expert_usage, gate_table,
                                    token_routing_table, window_vectors)
 from mot_viz.checkpoint import load_checkpoint
@@ -36,6 +35,7 @@ from mot_viz.figures import (alignment_heatmap, alignment_table, answers_figure,
                              training_figure)
 from mot_viz.models import DEFAULT_SOURCE, DEFAULT_TARGET, load_model
 from mot_viz.mot import translate
+from mot_viz.runs import read_training_log
 from mot_viz import shift
 from mot_viz.shift.figures import correction_split_figure, correction_trajectory_figure, rho_trajectory_figure
 from mot_viz.translator import gate_balance

@@ -149,8 +149,7 @@ def test_free_text_without_question_asks_for_one():
 
 
 def test_free_text_for_a_chat_tuned_target_is_wrapped_in_its_turns():
-    from mot_viz.app_state import free_text_selection
-    from mot_viz.data import ChatFrame
+    from mot_viz.data import ChatFrame, free_text_selection
 
     assert free_text_selection("Paris.", "", "") == ("Paris.", None, None)
     chat = ChatFrame("<user>", "<end><assistant>")

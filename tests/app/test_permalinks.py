@@ -18,7 +18,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import mot_viz.models
-from mot_viz import app_state
+from mot_viz import app
 from mot_viz.permalink import (MAX_TEXT_IN_LINK, SidebarLink, check_value, decode_value, encode_value, page_params,
                                parse_link, sidebar_params, text_digest)
 from mot_viz.testing import load_test_model, write_test_checkpoints
@@ -226,7 +226,7 @@ def test_a_long_free_text_is_linked_by_digest_and_restored_only_where_it_was_see
     assert "text" not in params and params["th"] == text_digest(text)
 
     assert start(params).session_state["applied"] == at.session_state["applied"]  # this app process saw it
-    monkeypatch.setattr(app_state, "_LONG_TEXTS", type(app_state._LONG_TEXTS)())  # e.g. after a restart
+    monkeypatch.setattr(app.links, "_LONG_TEXTS", type(app.links._LONG_TEXTS)())  # e.g. after a restart
     lost = start(params)
     assert len(lost.warning) == 1 and f"sha256:{params['th']}" in lost.warning[0].value
     assert "paste the text under Free text" in lost.warning[0].value
@@ -260,9 +260,9 @@ def test_hostile_parameters_give_one_warning_and_the_defaults():
     assert not at.error
     warning = link_warning(at)
     assert "answers.max_new=1000" in warning and "answers.second='not-a-checkpoint'" in warning
-    assert at.slider(key="pg.answers.max_new").value == app_state.DEFAULT_MAX_NEW_TOKENS
+    assert at.slider(key="pg.answers.max_new").value == app.DEFAULT_MAX_NEW_TOKENS
     assert at.selectbox(key="pg.answers.second").value == "(none)"
-    assert at.query_params["answers.max_new"] == str(app_state.DEFAULT_MAX_NEW_TOKENS)
+    assert at.query_params["answers.max_new"] == str(app.DEFAULT_MAX_NEW_TOKENS)
     at.run()  # the warnings were shown once
     assert not any(w.value.startswith("This link") for w in at.warning)
 

@@ -214,28 +214,3 @@ def test_a_permalink_opens_the_same_view_and_another_tab_leaves_it_alone(app_url
         assert _query(third) == _query(first)
     finally:
         context.close()
-
-
-def test_fit_a_linear_translator_for_the_bundled_pair(app_url, browser):
-    """The sidebar's "Fit a linear translator" end to end on the real pair: a bank, a ridge fit, a checkpoint in the
-    user cache chosen for the pair, and the pages on it (a second run reuses the fit saved by the first)."""
-    page = _open(browser, app_url)
-    page.get_by_text("Target tokens").wait_for()
-    _wait_until_settled(page)
-    sidebar = page.locator('[data-testid="stSidebarContent"]')
-    sidebar.get_by_text("Fit a linear translator for this pair").click()
-    sidebar.get_by_role("button", name="Fit a linear translator").click()
-    sidebar.get_by_text("is now the checkpoint").wait_for(timeout=SLOW_MS)
-    _assert_no_failure(page)
-    chosen = sidebar.get_by_role("combobox", name="MoT checkpoint").input_value()
-    assert chosen.startswith("fit: smollm2-135m-to-gemma3-270m-linear-")
-    page.get_by_role("button", name="Translate").click()
-    _wait_until_settled(page)
-    _assert_no_failure(page)
-    assert chosen.removeprefix("fit: ") in page.get_by_text("smollm2-135m → gemma3-270m · checkpoint").inner_text()
-    page.locator('[data-testid="stSidebarNav"]').get_by_role("link", name="Per-layer cache error", exact=True).click()
-    page.get_by_role("heading", name="Per-layer cache error", exact=True).wait_for()
-    page.locator(".js-plotly-plot").first.wait_for(state="visible", timeout=SLOW_MS)
-    _wait_until_settled(page)
-    _assert_no_failure(page)
-    page.close()

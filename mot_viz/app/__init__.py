@@ -1,0 +1,38 @@
+"""The Streamlit app's shared parts: the sidebar, the cached loaders and the one cached translation per input.
+
+The only part of mot_viz that imports Streamlit. Every page reads the *applied* selection (what the
+last "Translate" — or the first visit — chose) through :func:`current_run`; the translation of one
+(source, target, checkpoint, context) is computed once and shared by every page and every browser tab.
+Cached objects are never mutated. The applied selection and every page option (``pg.*`` widget key) live in the
+URL's query parameters (mot_viz.permalink), so a reload or a copied link opens the same view.
+
+Pages read ``from mot_viz import app`` and call ``app.run_page(main)``, ``app.current_run()``, … The modules,
+each importing only those above it:
+
+* ``settings`` — where the checkpoints live, test mode (``MOT_VIZ_TEST_MODELS=1``), limits and defaults;
+* ``loaders`` — the cached loaders: checkpoints on offer, models, checkpoints, translations, answers, fidelity;
+* ``links`` — the applied view in ``st.query_params`` and back (the pure part is mot_viz.permalink);
+* ``page`` — what a page draws with (``explain``, ``run_caption``, ``show_figure``, ``show_error``) and keyed
+  widgets' first values (``widget_default``);
+* ``sidebar`` — the model, checkpoint and context pickers, the quick-fit control, ``Selection``;
+* ``frame`` — every page run's frame: ``run_page``, ``navigation_frame``, ``current_run`` → ``Run``.
+"""
+
+from .frame import Run, applied_selection, current_run, navigation_frame, page_setup, run_page
+from .links import link_params, python_code
+from .loaders import (FIT_PREFIX, answer_row, available_checkpoints, checkpoint_stamp, checkpoints_for_pair,
+                      dataset_examples, default_checkpoint, get_checkpoint, get_model, get_translation,
+                      linear_baseline_for, translation_key, window_fidelity)
+from .page import explain, keep_widget_state, run_caption, show_error, show_figure, widget_default
+from .settings import (DEFAULT_CHECKPOINT, DEFAULT_MAX_NEW_TOKENS, EXAMPLES_PER_DATASET, MAX_CONTEXT_TOKENS, REPO_ROOT,
+                       pretrained_dir, test_mode)
+from .sidebar import Selection, quickfit_config, sidebar
+
+__all__ = [
+    "DEFAULT_CHECKPOINT", "DEFAULT_MAX_NEW_TOKENS", "EXAMPLES_PER_DATASET", "FIT_PREFIX", "MAX_CONTEXT_TOKENS",
+    "REPO_ROOT", "Run", "Selection", "answer_row", "applied_selection", "available_checkpoints", "checkpoint_stamp",
+    "checkpoints_for_pair", "current_run", "dataset_examples", "default_checkpoint", "explain", "get_checkpoint",
+    "get_model", "get_translation", "keep_widget_state", "linear_baseline_for", "link_params", "navigation_frame",
+    "page_setup", "pretrained_dir", "python_code", "quickfit_config", "run_caption", "run_page", "show_error",
+    "show_figure", "sidebar", "test_mode", "translation_key", "widget_default", "window_fidelity",
+]

@@ -1,0 +1,119 @@
+"""The frame of every page run: the shared sidebar once, the applied selection, the Run every page reads, and the
+one place an error becomes a message.
+
+Every page reads the *applied* selection (what the last "Translate" — or the first visit — chose) through
+:func:`current_run`. app.py runs the pages inside :func:`navigation_frame`; each page's entry is :func:`run_page`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import streamlit as st
+
+from ..errors import MotVizError
+from ..figures import token_labels
+from ..models import LoadedModel
+from ..mot import MoT, Translation
+from .links import LINK_DROP, LINK_NOTES, drop_linked_page_options, restore_link, sync_link
+from .loaders import get_checkpoint, get_model, get_translation
+from .page import keep_widget_state, show_error
+from .sidebar import Selection, sidebar
+
+
+@dataclass
+class Run:
+    """Everything a page shows for the applied selection (all cached; never mutate)."""
+
+    selection: Selection
+    source: LoadedModel
+    target: LoadedModel
+    mot: MoT
+    config: dict
+    translation: Translation
+    target_tokens: list[str]  # each target token decoded on its own, whitespace visible
+    source_tokens: list[str]
+
+
+def current_run() -> Run:
+    """The applied selection's models, checkpoint and translation; on a user error, shows it and stops the page."""
+    sel = applied_selection()
+    try:
+        with st.spinner(f"Loading {sel.source} and {sel.target} …"):
+            source, target = get_model(sel.source), get_model(sel.target)
+        with st.spinner("Loading the checkpoint …"):
+            mot, config = get_checkpoint(sel.checkpoint, source, target)
+        with st.spinner("Translating the context (source prefill, alignment, translator, replay) …"):
+            translation = get_translation(sel)
+    except MotVizError as exc:
+        show_error(exc)
+        st.stop()
+    return Run(sel, source, target, mot, config, translation,
+               token_labels(target.tokenizer, translation.target_ids[0].tolist()),
+               token_labels(source.tokenizer, translation.source.source_ids[0].tolist()))
+
+
+def applied_selection() -> Selection:
+    """The selection the pages show (set by the sidebar that page_setup draws)."""
+    if "applied" not in st.session_state:  # a page run on its own that skipped page_setup: draw the sidebar now
+        return _setup()
+    return st.session_state["applied"]
+
+
+# True while app.py's navigation frame runs a page: the frame has drawn the sidebar for this run already
+_FRAME_DREW_SIDEBAR: contextvars.ContextVar[bool] = contextvars.ContextVar("mot_viz_frame_sidebar", default=False)
+
+
+def _setup() -> Selection:
+    st.set_page_config(page_title="MoT Viz", page_icon="🔀", layout="wide")
+    restore_link()
+    for key in st.session_state.pop(LINK_DROP, ()):  # linked page options that failed: their defaults apply
+        st.session_state.pop(key, None)
+    keep_widget_state()
+    if st.session_state.get(LINK_NOTES):  # until a page run completes (a rerun may come first)
+        st.warning("This link holds values the app cannot restore, so it shows the defaults instead of: "
+                   + "; ".join(st.session_state[LINK_NOTES]) + ".", icon="⚠️")
+    return sidebar()
+
+
+@contextlib.contextmanager
+def navigation_frame():
+    """The entry script's frame around ``st.navigation(...).run()``: draws the sidebar once for every page."""
+    _setup()
+    token = _FRAME_DREW_SIDEBAR.set(True)
+    try:
+        yield
+    finally:  # also on st.stop / rerun, so a reused script thread starts clean
+        _FRAME_DREW_SIDEBAR.reset(token)
+
+
+def run_page(body: Callable[[], None]) -> None:
+    """Every page's entry: the shared sidebar, then the page body; the one place an error becomes a message.
+
+    A library error shows its fix; anything else a short message with a "Details" expander, never a bare
+    traceback. st.stop and reruns are BaseExceptions and pass through. A completed run writes the view to the URL.
+    """
+    page_setup()
+    try:
+        body()
+    except Exception as exc:
+        if drop_linked_page_options(failed=True):  # the page failed on options an opened link set: use defaults
+            st.rerun()
+        show_error(exc)
+    if drop_linked_page_options(failed=False):  # a widget replaced a linked value it does not offer
+        st.rerun()
+    sync_link()  # with the page options this run gave their first values
+    st.session_state.pop(LINK_NOTES, None)  # shown in this completed run
+
+
+def page_setup() -> Selection:
+    """The first call of every page: the shared sidebar, and the applied selection.
+
+    Inside app.py's navigation frame the sidebar is already drawn and this only returns the selection. Streamlit
+    also runs a file in pages/ on its own (a session that opens a page's URL before any session has run the entry
+    script, or AppTest.switch_page); then this draws the sidebar itself.
+    """
+    return applied_selection() if _FRAME_DREW_SIDEBAR.get() else _setup()

@@ -1,0 +1,175 @@
+"""Permalinks: the applied view in the URL's query parameters (the pure part is mot_viz.permalink).
+
+The applied selection and every page option (``pg.*`` widget key) live in ``st.query_params``, so a reload or a
+copied link opens the same view: a fresh session's widgets are seeded from the URL before any is drawn, a page
+option an opened link set is checked against its widget (:func:`check_linked_value`, through
+mot_viz.app.page.widget_default), and every completed page run writes the view back (:func:`sync_link`). The
+sidebar's "Copy link" and "Copy as Python" (:func:`share`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import streamlit as st
+
+from ..data import BUILTIN_DATASETS
+from ..models import BUNDLED_MODELS, DEFAULT_SOURCE, DEFAULT_TARGET
+from ..permalink import (MAX_TEXT_IN_LINK, PAGE_PREFIX, SidebarLink, check_value, page_params, parse_link,
+                         python_snippet, query_string, sidebar_params, text_digest)
+from .loaders import available_checkpoints
+from .settings import DATASET_MODE, EXAMPLES_PER_DATASET, FREE_TEXT_MODE, MAX_CONTEXT_TOKENS, OTHER, REPO_ROOT
+
+if TYPE_CHECKING:
+    from .sidebar import Selection
+
+LINK = "link.applied"  # the applied selection as a permalink.SidebarLink
+LINK_NOTES = "link.ignored"  # what an opened link held that was ignored: one warning, until a page run completes
+LINK_UNCHECKED = "link.unchecked"  # page options an opened link set that no widget_default has checked yet
+_LINK_DRAWN = "link.drawn"  # linked page options that fit their widget's type this run: key -> value (checked at the end)
+LINK_DROP = "link.drop"  # linked page options to forget at the start of the next run (a widget holds them now)
+_LINK_RERUN = "link.rerun"  # a linked page option was dropped during the run: rerun to show the one warning
+MAX_REMEMBERED_TEXTS = 256  # long free texts this process can restore by digest
+_LONG_TEXTS: OrderedDict[str, str] = OrderedDict()  # digest -> text; a link holds only the digest of these
+_LONG_TEXTS_LOCK = threading.Lock()
+
+
+def _remember_text(text: str) -> None:
+    digest = text_digest(text)
+    with _LONG_TEXTS_LOCK:
+        _LONG_TEXTS[digest] = text
+        _LONG_TEXTS.move_to_end(digest)
+        while len(_LONG_TEXTS) > MAX_REMEMBERED_TEXTS:
+            _LONG_TEXTS.popitem(last=False)
+
+
+def _recall_text(digest: str) -> str | None:
+    with _LONG_TEXTS_LOCK:
+        return _LONG_TEXTS.get(digest)
+
+
+def restore_link() -> None:
+    """A fresh session: seed the sidebar and page widgets from the URL's link before any widget is drawn."""
+    state = st.session_state
+    if "applied" in state or "link.restored" in state:
+        return
+    state["link.restored"] = True
+    params = st.query_params.to_dict()
+    if not params:
+        return
+    parsed = parse_link(params, models=list(BUNDLED_MODELS), checkpoints=list(available_checkpoints()),
+                        datasets=list(BUILTIN_DATASETS), examples=EXAMPLES_PER_DATASET, recall_text=_recall_text)
+    link = parsed.sidebar
+    for role, key in (("source", "sb.source"), ("target", "sb.target")):
+        if getattr(link, role):
+            state[key] = getattr(link, role)
+    for role, value in parsed.typed.items():  # not loaded from a link; offered under "other"
+        state[f"sb.{role}_other"] = value
+    if link.checkpoint:
+        state["sb.pair"] = (link.source or DEFAULT_SOURCE, link.target or DEFAULT_TARGET)  # keeps it (_checkpoint_picker)
+        state["sb.checkpoint"] = link.checkpoint
+    if link.text is not None:
+        state.update({"sb.mode": FREE_TEXT_MODE, "sb.text": link.text, "sb.question": link.question or "",
+                      "sb.gold": link.gold or ""})
+    elif link.dataset is not None or link.example is not None:
+        state["sb.mode"] = DATASET_MODE
+        if link.dataset is not None:
+            state["sb.dataset"] = link.dataset
+        if link.example is not None:
+            state["sb.example"] = link.example
+    state.update(parsed.page)
+    state[LINK_UNCHECKED] = set(parsed.page)
+    if parsed.ignored:
+        state[LINK_NOTES] = parsed.ignored
+
+
+def check_linked_value(key: str, default: object, options: list | None) -> None:
+    """Keep a page option an opened link set if it fits the widget's type and options; else drop it (and say so)."""
+    state = st.session_state
+    state[LINK_UNCHECKED].discard(key)
+    fits, value = check_value(state[key], default, options)
+    if fits:
+        state[key] = value
+        state.setdefault(_LINK_DRAWN, {})[key] = value
+        return
+    state.setdefault(LINK_NOTES, []).append(f"the page option {key[len(PAGE_PREFIX):]}={state[key]!r} "
+                                             f"(the option takes values like {default!r})")
+    state[_LINK_RERUN] = True  # the warning is drawn above the page: show it in a fresh run
+    del state[key]
+
+
+def drop_linked_page_options(failed: bool) -> bool:
+    """After a page run: forget linked page options the page could not use, and say which (True: rerun now).
+
+    `failed`: the page raised, so every linked option not yet confirmed is suspect; otherwise those a widget
+    replaced (a radio or select box shows its first choice for a value it does not offer).
+    """
+    state = st.session_state
+    drawn = state.pop(_LINK_DRAWN, {})
+    if failed:
+        dropped = set(drawn) | state.get(LINK_UNCHECKED, set())
+        state[LINK_UNCHECKED] = set()
+    else:
+        dropped = {key for key, value in drawn.items() if key in state and state[key] != value}
+    if dropped:
+        state[LINK_DROP] = dropped
+        many = len(dropped) > 1
+        why = f"the page failed with {'them' if many else 'it'}" if failed else "not among the choices"
+        names = ", ".join(f"{k[len(PAGE_PREFIX):]}={drawn[k]!r}" if k in drawn else k[len(PAGE_PREFIX):]
+                          for k in sorted(dropped))
+        state.setdefault(LINK_NOTES, []).append(f"the page option{'s' if many else ''} {names} ({why})")
+    return state.pop(_LINK_RERUN, False) or bool(dropped)
+
+
+def link_of_widgets(source: str, target: str) -> SidebarLink:
+    """The sidebar's current choice as a link (what a Translate press applies)."""
+    state = st.session_state
+    checkpoint = state["sb.checkpoint_other"].strip() if state["sb.checkpoint"] == OTHER else state["sb.checkpoint"]
+    if state["sb.mode"] == FREE_TEXT_MODE:
+        if len(state["sb.text"]) > MAX_TEXT_IN_LINK:
+            _remember_text(state["sb.text"])
+        return SidebarLink(source, target, checkpoint, text=state["sb.text"], question=state["sb.question"],
+                           gold=state["sb.gold"])
+    return SidebarLink(source, target, checkpoint, dataset=state["sb.dataset"], example=int(state["sb.example"]))
+
+
+def link_params() -> dict[str, str]:
+    """The query parameters of this session's view: the applied selection and every page option."""
+    state = st.session_state
+    link = state.get(LINK)
+    pages = {k: state[k] for k in state.keys() if isinstance(k, str) and k.startswith(PAGE_PREFIX)}
+    return {**(sidebar_params(link) if link is not None else {}), **page_params(pages)}
+
+
+def sync_link() -> dict[str, str]:
+    """Write the view to the URL when it differs (setting query parameters does not rerun the script)."""
+    params = link_params()
+    if st.query_params.to_dict() != params:
+        st.query_params.from_dict(params)
+    return params
+
+
+def python_code(sel: Selection) -> str:
+    """The "Copy as Python" snippet: library code that translates the applied context and prints per-layer numbers."""
+    link = st.session_state.get(LINK) or SidebarLink()
+    path = Path(sel.checkpoint)
+    shown = str(path.relative_to(REPO_ROOT)) if path.is_absolute() and path.is_relative_to(REPO_ROOT) else sel.checkpoint
+    return python_snippet(sel.source, sel.target, shown, dataset=link.dataset, example=link.example,
+                          text=link.text if link.dataset is None else None, examples_per_dataset=EXAMPLES_PER_DATASET,
+                          max_context_tokens=MAX_CONTEXT_TOKENS)
+
+
+def share(sel: Selection) -> None:
+    """The sidebar's "Copy link" and "Copy as Python" for the applied selection `sel`."""
+    params = sync_link()
+    with st.expander("Copy link"):
+        st.caption("The address bar holds this view's link. Or append this to the app's address and page "
+                   "(e.g. `…:8501/cache_error`):")
+        st.code(query_string(params) or "(the defaults: no parameters)", language=None, wrap_lines=True)
+    with st.expander("Copy as Python"):
+        st.caption("The same translation with the library, printing the Per-layer cache error page's numbers "
+                   "(run it from the repository root).")
+        st.code(python_code(sel), language="python")

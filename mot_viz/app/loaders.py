@@ -1,0 +1,246 @@
+"""The cached loaders (st.cache_resource / st.cache_data, on hashable keys only): the checkpoints on offer, the
+datasets' examples, the models, a checkpoint, the one translation per input, every answer condition's cache and
+answer, the mean vectors and the window fidelity.
+
+The translation of one (source, target, checkpoint, context) is computed once and shared by every page and every
+browser tab. Cached objects are never mutated.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pandas as pd
+import streamlit as st
+
+from ..answers import CONDITION_LABELS, Answer, answer_from_cache, condition_caches
+from ..checkpoint import load_checkpoint, read_config
+from ..data import QAExample
+from ..errors import CheckpointError, ModelLoadError, MotVizError
+from ..fidelity import MeanVectors, reference_means, translation_fidelity
+from ..models import DEFAULT_SOURCE, DEFAULT_TARGET, LoadedModel, load_model
+from ..mot import MoT, Translation, check_pair, translate
+from ..quickfit import fits_dir
+from .settings import (DEFAULT_CHECKPOINT, EXAMPLES_PER_DATASET, MAX_CONTEXT_TOKENS, MEAN_VECTOR_PASSAGES,
+                       pretrained_dir, test_mode)
+
+if TYPE_CHECKING:
+    from .frame import Run
+    from .sidebar import Selection
+
+FIT_PREFIX = "fit: "  # checkpoints fitted in the app (mot_viz.quickfit), listed after the shipped ones
+
+
+def available_checkpoints() -> dict[str, str]:
+    """Checkpoint folders in pretrained/, then the linear maps fitted here (<cache>/fits): name -> path."""
+    found = {}
+    try:
+        fits = fits_dir()
+    except MotVizError:  # an unusable cache folder: its own message comes with the first model load
+        fits = None
+    for root, prefix in ((pretrained_dir(), ""), (fits, FIT_PREFIX)):
+        if root is not None and root.is_dir():
+            found.update({prefix + p.name: str(p) for p in sorted(root.iterdir()) if (p / "config.json").is_file()})
+    return found
+
+
+def checkpoints_for_pair(source: str, target: str, checkpoints: dict[str, str]) -> list[str]:
+    """Names of the checkpoints whose config says they were made for these model names."""
+    names = []
+    for name, path in checkpoints.items():
+        try:
+            cfg = read_config(path)
+        except MotVizError:
+            continue
+        if cfg["source"].get("name") == source and cfg["target"].get("name") == target:
+            names.append(name)
+    return names
+
+
+def default_checkpoint(source: str, target: str, checkpoints: dict[str, str]) -> str | None:
+    """pretrained/smollm2-to-gemma3 for the default pair if present, else the first made for the chosen names."""
+    if source == DEFAULT_SOURCE and target == DEFAULT_TARGET and DEFAULT_CHECKPOINT in checkpoints:
+        return DEFAULT_CHECKPOINT
+    made_for = checkpoints_for_pair(source, target, checkpoints)
+    if made_for:
+        return made_for[0]
+    return DEFAULT_CHECKPOINT if DEFAULT_CHECKPOINT in checkpoints else next(iter(checkpoints), None)
+
+
+@st.cache_data(show_spinner=False)
+def dataset_examples(name: str) -> list[QAExample]:
+    """The examples offered for a built-in dataset (the same ones every session)."""
+    from ..data import load_dataset
+
+    return load_dataset(name, n=EXAMPLES_PER_DATASET, seed=0)
+
+
+# ----- cached loaders (hashable keys only) ---------------------------------------------------------
+
+
+def _model_loader() -> Callable[[str], LoadedModel]:
+    if test_mode():
+        from ..testing import load_test_model
+
+        return load_test_model
+    return load_model
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def _cached_model(name: str, test: bool) -> LoadedModel:
+    return _model_loader()(name)
+
+
+def get_model(name: str) -> LoadedModel:
+    """The loaded model of a name (cached per process); ModelLoadError when it cannot be loaded."""
+    if not name.strip():
+        raise ModelLoadError("No model name is given. Choose a bundled model, or type a Hub id, a local folder "
+                             "or a local .gguf file.")
+    try:
+        return _cached_model(name, test_mode())
+    except MotVizError:
+        raise
+    except Exception as exc:  # a typed Hub id or folder can fail in many ways inside transformers
+        raise ModelLoadError(f"Cannot load model '{name}': {type(exc).__name__}: {exc}. "
+                             "Check the name or path, or choose a bundled model.") from exc
+
+
+def checkpoint_stamp(path: str) -> int:
+    """Modification time of the checkpoint's weights, so a re-exported checkpoint is not served stale."""
+    weights = Path(path) / "translator.safetensors"
+    return weights.stat().st_mtime_ns if weights.is_file() else 0
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _cached_checkpoint(path: str, stamp: int) -> tuple[MoT, dict]:
+    return load_checkpoint(path)
+
+
+def get_checkpoint(path: str, source: LoadedModel, target: LoadedModel) -> tuple[MoT, dict]:
+    """The checkpoint's MoT and config, checked against the loaded pair (CheckpointError if it does not fit)."""
+    if not path:
+        found = ", ".join(available_checkpoints()) or "none"
+        raise CheckpointError(f"No MoT checkpoint is chosen (found in {pretrained_dir()}: {found}). Pick one, or "
+                              "type the path of a checkpoint folder; `bash scripts/train_pretrained.sh` trains them.")
+    mot, config = _cached_checkpoint(path, checkpoint_stamp(path))
+    check_pair(mot, source, target)
+    return mot, config
+
+
+# (source, target, checkpoint path, checkpoint stamp, context text, test mode): what one translation depends on
+TranslationKey = tuple[str, str, str, int, str, bool]
+
+
+def translation_key(sel: Selection, checkpoint: str | None = None) -> TranslationKey:
+    """The cache key of the selection's translation (optionally with another checkpoint)."""
+    path = sel.checkpoint if checkpoint is None else checkpoint
+    return sel.source, sel.target, path, checkpoint_stamp(path), sel.text, test_mode()
+
+
+# a translation of a 1,024-token context on the default pair holds ~200 MB of caches: keep a few
+@st.cache_resource(show_spinner=False, max_entries=6)
+def _cached_translation(key: TranslationKey) -> Translation:
+    source, target, path, _, text, _ = key
+    src, tgt = get_model(source), get_model(target)
+    mot, _ = get_checkpoint(path, src, tgt)
+    return translate(mot, src, tgt, text, max_tokens=min(MAX_CONTEXT_TOKENS, tgt.spec.max_positions))
+
+
+def get_translation(sel: Selection, checkpoint: str | None = None) -> Translation:
+    """The translation of the selection's context (optionally with another checkpoint); computed once per input."""
+    return _cached_translation(translation_key(sel, checkpoint))
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def _cached_condition_caches(key: TranslationKey) -> tuple[dict, float]:
+    """Every answer condition's cache, and the seconds of the one new piece of work (the random-window replay)."""
+    source, target, path, _, _, _ = key
+    src, tgt = get_model(source), get_model(target)
+    mot, _ = get_checkpoint(path, src, tgt)
+    start = time.perf_counter()
+    # condition_caches reads the example only to translate it; the translation is given here
+    _, caches = condition_caches(mot, src, tgt, None, _cached_translation(key))
+    return caches, time.perf_counter() - start
+
+
+@st.cache_resource(show_spinner=False, max_entries=64)
+def _cached_answer(key: TranslationKey, condition: str, example: QAExample, suffix: str | None,
+                   max_new_tokens: int) -> Answer:
+    if condition == "mot":  # the replayed cache alone: a second checkpoint needs no random-window replay
+        kv = _cached_translation(key).mixed_kv
+    else:
+        kv = _cached_condition_caches(key)[0][condition]
+    return answer_from_cache(get_model(key[1]), kv, example, condition, max_new_tokens, suffix)
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def _cached_mean_vectors(target: str, layers: tuple[int, ...], test: bool) -> MeanVectors:
+    return reference_means(get_model(target), layers, MEAN_VECTOR_PASSAGES)
+
+
+def linear_baseline_for(sel: Selection, mot: MoT) -> str | None:
+    """A shipped 'linear' checkpoint for the same pair and window as `mot` (other than the selected one), if any."""
+    for path in available_checkpoints().values():
+        if path == sel.checkpoint:
+            continue
+        try:
+            cfg = read_config(path)
+        except MotVizError:
+            continue
+        if (cfg["translator"].get("variant") == "linear" and cfg["source"].get("fingerprint") == mot.source.fingerprint
+                and cfg["target"].get("fingerprint") == mot.target.fingerprint
+                and cfg["channels"] == mot.channels.to_json()):
+            return path
+    return None
+
+
+def window_fidelity(run: "Run") -> pd.DataFrame:
+    """Window fidelity of the run's translation on its own context, with the mean-vector and linear baselines."""
+    return _cached_window_fidelity(translation_key(run.selection), run.selection)
+
+
+@st.cache_data(show_spinner="Scoring the window against its baselines …", max_entries=8)
+def _cached_window_fidelity(key: TranslationKey, _sel: Selection) -> pd.DataFrame:
+    source, target, path, _, _, _ = key
+    src, tgt = get_model(source), get_model(target)
+    mot, _ = get_checkpoint(path, src, tgt)
+    means = _cached_mean_vectors(target, tuple(mot.channels.target_layers), test_mode())
+    own = "linear" if mot.translator.config.variant == "linear" else "translator"
+    rows = translation_fidelity(_cached_translation(key), tgt, mot.channels, means, candidate=own)
+    linear = linear_baseline_for(_sel, mot) if own != "linear" else None
+    if linear is not None:
+        rows += translation_fidelity(get_translation(_sel, linear), tgt, mot.channels, candidate="linear")
+    return pd.DataFrame(rows)
+
+
+def answer_row(sel: Selection, condition: str, max_new_tokens: int, checkpoint: str | None = None) -> dict:
+    """One row of the answers table: the condition's answer, its score vs the gold answers, and its times.
+
+    With `checkpoint`, the condition's cache comes from that (second) checkpoint's translation.
+    """
+    key = translation_key(sel, checkpoint)
+    answer = _cached_answer(key, condition, sel.example, sel.suffix, max_new_tokens)
+    t = _cached_translation(key).timings
+    cache_seconds = {
+        "native": t.get("native_prefill", 0.0),
+        "no_context": 0.0,
+        "mot": sum(v for stage, v in t.items() if stage != "native_prefill"),  # every stage of the translation
+        "random": _cached_condition_caches(key)[1] if condition == "random" else 0.0,
+    }
+    label = CONDITION_LABELS[condition]
+    if checkpoint and checkpoint != sel.checkpoint:
+        label = f"MoT-translated cache, second checkpoint ({Path(checkpoint).name})"
+    return {
+        "key": f"{condition} (2nd)" if checkpoint and checkpoint != sel.checkpoint else condition,
+        "condition": label,
+        "answer": answer.text,
+        "score": answer.score,  # None without a gold answer (closed-set examples always have one)
+        "exact_match": answer.exact_match,
+        "seconds_cache": cache_seconds[condition],
+        "seconds_answer": answer.seconds,
+        "choice_logprobs": None if answer.choice_logprobs is None else
+        ", ".join(f"{x:.3f}" for x in answer.choice_logprobs),
+    }

@@ -1,0 +1,87 @@
+"""What a page draws with: its teaching note, its caption, figures with their data, error messages, and the
+first value of each keyed widget, kept while its page or mode is not shown."""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from ..errors import MotVizError
+from ..models import DEFAULT_SOURCE, DEFAULT_TARGET
+from ..permalink import PAGE_PREFIX
+from .links import LINK_UNCHECKED, check_linked_value
+from .settings import DATASET_MODE, DEFAULT_FREE_TEXT
+
+if TYPE_CHECKING:
+    from .frame import Run
+
+# Widget keys that outlive the page that shows them (see keep_widget_state); buttons are never listed.
+_DEFAULTS: dict[str, object] = {
+    "sb.source": DEFAULT_SOURCE, "sb.source_other": "", "sb.target": DEFAULT_TARGET, "sb.target_other": "",
+    "sb.checkpoint_other": "", "sb.mode": DATASET_MODE, "sb.dataset": "squad", "sb.example": 0,
+    "sb.text": DEFAULT_FREE_TEXT, "sb.question": "Who designed the tower?", "sb.gold": "Gustave Eiffel",
+}
+PAGE_KEY_PREFIX = PAGE_PREFIX  # pages give their widgets keys starting with "pg.", so they persist (and are linked)
+
+
+def explain(markdown: str) -> None:
+    """The page's short teaching note."""
+    with st.expander("What am I looking at?"):
+        st.markdown(markdown)
+
+
+def run_caption(run: Run) -> None:
+    """One line naming the pair, checkpoint and context the page shows."""
+    sel = run.selection
+    st.caption(f"{sel.source} → {sel.target} · checkpoint `{Path(sel.checkpoint).name}` · context: {sel.label} "
+               f"({len(run.target_tokens)} target / {len(run.source_tokens)} source tokens)")
+
+
+def show_figure(fig: go.Figure, data: pd.DataFrame, name: str) -> None:
+    """A plotly chart (PNG from its modebar camera) with a CSV download of the data behind it."""
+    st.plotly_chart(fig, width="stretch", key=f"fig.{name}",
+                    config={"toImageButtonOptions": {"format": "png", "filename": name, "scale": 2},
+                            "displaylogo": False})
+    st.download_button(f"Download the data (CSV): {name}.csv", data.to_csv(index=False).encode("utf-8"),
+                       file_name=f"{name}.csv", mime="text/csv", key=f"dl.{name}", on_click="ignore")
+
+
+def show_error(exc: BaseException) -> None:
+    """An error as a message, never a traceback: a user-caused one with its fix, anything else with a details expander."""
+    if isinstance(exc, MotVizError):
+        st.error(f"**{exc.title}.** {exc}", icon="⚠️")
+        return
+    st.error(f"**Unexpected error.** {type(exc).__name__}: {exc}\n\nThe page could not be drawn. Other pages and "
+             "another context or checkpoint may still work; if this persists, please report it with the details.",
+             icon="🛑")
+    with st.expander("Details"):
+        st.code("".join(traceback.format_exception(exc)), language=None)
+
+
+# ----- keyed widgets -------------------------------------------------------------------------------
+
+
+def keep_widget_state() -> None:
+    """Keep every keyed widget's value when its page or mode is not shown (Streamlit drops unrendered widgets)."""
+    for key, value in _DEFAULTS.items():
+        st.session_state.setdefault(key, value)
+    for key in list(st.session_state.keys()):
+        if isinstance(key, str) and (key.startswith("sb.") or key.startswith(PAGE_KEY_PREFIX)):
+            st.session_state[key] = st.session_state[key]
+
+
+def widget_default(key: str, default: object, options: list | None = None) -> None:
+    """Give a keyed widget its first value (widgets then take no value= argument, so none is overridden).
+
+    A value no longer offered among `options` (e.g. a removed checkpoint) falls back to the default, and so does
+    a value an opened link set that does not fit the default's type or the options (the page's warning names it).
+    """
+    if key in st.session_state.get(LINK_UNCHECKED, ()):  # a value an opened link set: it must fit this widget
+        check_linked_value(key, default, options)
+    if key not in st.session_state or (options is not None and st.session_state[key] not in options):
+        st.session_state[key] = default

@@ -1,0 +1,35 @@
+"""The app's settings: where the checkpoints live, test mode, limits and defaults, and the sidebar's choices.
+
+Test mode: with ``MOT_VIZ_TEST_MODELS=1`` the bundled model names load tiny random stand-ins
+(mot_viz.testing), and ``MOT_VIZ_PRETRAINED`` may point the checkpoint list at another folder.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CHECKPOINT = "smollm2-to-gemma3"
+MEAN_VECTOR_PASSAGES = 16  # LAMBADA passages behind the pages' mean-vector baseline (fewer than the CLIs' 40: start-up)
+MAX_CONTEXT_TOKENS = 1024  # the app's cap on target tokens: CPU time grows with the context
+EXAMPLES_PER_DATASET = 50  # examples offered per dataset (load_dataset(name, n=50, seed=0))
+DEFAULT_MAX_NEW_TOKENS = 24  # the evaluator's generation length, so the app's answers match its numbers
+DATASET_LABELS = {"squad": "SQuAD", "boolq": "BoolQ", "arc-easy": "ARC-Easy", "arc-challenge": "ARC-Challenge",
+                  "openbookqa": "OpenBookQA", "mmlu": "MMLU"}
+OTHER = "other (type below)"
+DATASET_MODE, FREE_TEXT_MODE = "Dataset example", "Free text"
+DEFAULT_FREE_TEXT = (
+    "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named after "
+    "the engineer Gustave Eiffel, whose company designed and built the tower from 1887 to 1889.\n"
+)
+
+
+def test_mode() -> bool:
+    """Whether the loaders serve tiny test models (``MOT_VIZ_TEST_MODELS=1``)."""
+    return os.environ.get("MOT_VIZ_TEST_MODELS") == "1"
+
+
+def pretrained_dir() -> Path:
+    """Where the shipped checkpoints live (``$MOT_VIZ_PRETRAINED``, default ``<repo>/pretrained``)."""
+    return Path(os.environ.get("MOT_VIZ_PRETRAINED", REPO_ROOT / "pretrained"))
