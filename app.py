@@ -101,10 +101,11 @@ def _cost_panel(run) -> None:
         "the window. "
         "The replay is one forward pass of the target over the context tokens, so MoT does not skip the target's "
         "prefill: the target computes every layer itself, and inside the window its attention reads the translated "
-        f"K/V instead of its own. This checkpoint replays with {attention}. Sparse attention is where the replay can "
-        "save time — per token it costs k key positions instead of the whole context — so on long contexts; on short "
-        "ones dense attention is already cheap. Cache sizes count K and V at every layer (a sliding-window layer at "
-        "most its window)."
+        f"K/V instead of its own. This checkpoint replays with {attention}. Sparse attention is where a replay can "
+        "save time on long contexts — per token it needs only k key positions instead of the whole context. MoT Viz "
+        "computes it as dense attention under a mask of those positions (faster on two CPU cores at these lengths), so "
+        "here the replay costs about what the target's own prefill costs. Cache sizes count K and V at every layer (a "
+        "sliding-window layer at most its window)."
     )
 
 
