@@ -15,10 +15,10 @@ import torch
 from . import hf
 from .alignment import encode
 from .controls import random_window
-from .data import QAExample, build_prompt, choice_label_texts
 from .errors import ConfigError, ContextError
 from .models import LoadedModel
 from .mot import MoT, Translation, empty_context_cache, replay, translate
+from .prompts import QAExample, build_prompt, choice_label_texts
 from .qa_metrics import exact_match, postprocess_generation, squad_f1
 
 CONDITIONS = ("native", "no_context", "mot", "random")  # what every evaluation and the app answer under
@@ -147,10 +147,31 @@ def _scored(example: QAExample, condition: str, generated: str, seconds: float) 
     return Answer(condition, text, squad_f1(text, example.answers), exact_match(text, example.answers), None, seconds)
 
 
-def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample,
+@dataclass(frozen=True)
+class ConditionCaches:
+    """Each requested condition's cache of one context, and the seconds it took to build from the text.
+
+    The one owner of these times, for the evaluator and the app alike: native = the target's own prefill;
+    no_context = the empty cache; mot = every stage of the translation but the native prefill
+    (:func:`translated_seconds`); random = the same plus its own replay (its noise is norm-matched to the
+    translation's error, so it needs the translation); mean = its own replay (the mean native window is
+    computed once per target and window, not per context).
+    """
+
+    translation: Translation
+    kv: dict[str, list[hf.KV] | None]
+    seconds: dict[str, float]
+
+
+def translated_seconds(translation: Translation) -> float:
+    """Seconds to build the MoT cache: every stage of the translation except the target's native prefill."""
+    return sum(v for stage, v in translation.timings.items() if stage != "native_prefill")
+
+
+def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample | None,
                      translation: Translation | None = None, seed: int = 0,
-                     conditions: tuple[str, ...] = CONDITIONS, means=None) -> tuple[Translation, dict]:
-    """The translation of the example's context and the cache of each requested condition.
+                     conditions: tuple[str, ...] = CONDITIONS, means=None) -> ConditionCaches:
+    """The translation of the example's context (or the one given) and the cache of each requested condition.
 
     The "mean" condition needs `means` (mot_viz.fidelity.MeanVectors of this target and window).
     """
@@ -169,15 +190,24 @@ def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example
         "random": lambda: random_control_cache(mot, target, translation, seed),
         "mean": lambda: mean_vector_cache(mot, target, translation, means),
     }
-    return translation, {c: build[c]() for c in known if c in conditions}
+    # what each cache needed from the translation (native and MoT caches are built by translate itself)
+    before = {"native": translation.timings.get("native_prefill", 0.0), "mot": translated_seconds(translation),
+              "random": translated_seconds(translation)}
+    kv, seconds = {}, {}
+    for condition in (c for c in known if c in conditions):
+        start = time.perf_counter()
+        kv[condition] = build[condition]()
+        own = time.perf_counter() - start if condition not in ("native", "mot") else 0.0
+        seconds[condition] = before.get(condition, 0.0) + own
+    return ConditionCaches(translation, kv, seconds)
 
 
 def answer_all(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample,
                translation: Translation | None = None, seed: int = 0,
                max_new_tokens: int = MAX_NEW_TOKENS) -> dict[str, Answer]:
     """Answers of every condition for one example."""
-    translation, caches = condition_caches(mot, source, target, example, translation, seed)
-    return {c: answer_from_cache(target, kv, example, c, max_new_tokens) for c, kv in caches.items()}
+    caches = condition_caches(mot, source, target, example, translation, seed)
+    return answers_from_caches(target, caches.kv, example, max_new_tokens)
 
 
 @torch.no_grad()

@@ -62,7 +62,8 @@ class BankConfig:
 
 def corpus_passages(corpus: str) -> list[str]:
     """The passages of one of CORPORA, in their stored order."""
-    from .data import lambada_passages, load_dataset
+    from .corpus import lambada_passages
+    from .eval_data import load_dataset
 
     if corpus == "lambada":
         return lambada_passages()[:-LAMBADA_HELDOUT]

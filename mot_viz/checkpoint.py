@@ -2,10 +2,16 @@
 
 Only safetensors and JSON are ever read; a folder holding a pickle instead is refused. A checkpoint
 records both models' geometry fingerprints, so loading it for another pair fails before any weight is used.
+
+A mixture initialised from a closed-form linear map keeps that map as a fixed residual path (``linear.*``
+weights, most of its bytes). Written with ``shared_linear``, the checkpoint stores those weights once: its
+config.json names the linear checkpoint they equal (relative path + SHA-256 of its weights file) and loading
+reads them from there. ``checkpoint_zip`` always writes a self-contained copy.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -13,7 +19,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save, save_file
 
 from .channels import Channels
 from .errors import CheckpointError, ConfigError
@@ -24,12 +30,46 @@ from .translator import TranslatorConfig
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "translator.safetensors"
 FORMAT_VERSION = 1
+SHARED_LINEAR = "shared_linear"  # config key: {"checkpoint": relative folder, "sha256": of its weights file}
+LINEAR_PREFIX = "linear."  # the translator's closed-form path (the residual path of a linear-initialised mixture)
 _PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")
 
 
+def weights_sha256(folder: Path) -> str:
+    """SHA-256 of a checkpoint folder's weights file (what a shared linear path is checked against)."""
+    digest = hashlib.sha256()
+    with open(Path(folder) / WEIGHTS_FILE, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _share_linear(state: dict[str, torch.Tensor], final: Path, linear: Path) -> tuple[dict, dict]:
+    """Drop the linear.* weights that equal those of the checkpoint at `linear`; the config entry naming it."""
+    own = {k: v for k, v in state.items() if k.startswith(LINEAR_PREFIX)}
+    if not own:
+        raise CheckpointError("shared_linear was given, but this translator has no linear path to share.")
+    try:
+        theirs = load_file(str(Path(linear) / WEIGHTS_FILE))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot share the linear path of '{linear}': its weights are unreadable ({exc}).") from exc
+    if set(own) != set(theirs) or any(not torch.equal(v, theirs[k].to(v.dtype)) or v.dtype != theirs[k].dtype
+                                      for k, v in own.items()):
+        raise CheckpointError(f"the linear path is not the one stored in '{linear}' (other weights or dtype): "
+                              "save it in full, or share the linear checkpoint it was initialised from.")
+    reference = {"checkpoint": os.path.relpath(Path(linear).resolve(), Path(final).resolve()),
+                 "sha256": weights_sha256(Path(linear))}
+    return {k: v for k, v in state.items() if k not in own}, reference
+
+
 def write_checkpoint(mot: MoT, folder: Path, dtype: torch.dtype = torch.float32, training: dict | None = None,
-                     metrics: dict | None = None, extra: dict | None = None) -> Path:
-    """Write config.json and the weights into a fresh folder (not atomic: see save_checkpoint)."""
+                     metrics: dict | None = None, extra: dict | None = None, shared_linear: Path | None = None,
+                     final: Path | None = None) -> Path:
+    """Write config.json and the weights into a fresh folder (not atomic: see save_checkpoint).
+
+    shared_linear: a linear checkpoint whose weights this translator's linear path equals; they are then stored
+    there only, referenced relative to `final` (where the folder will live; default: `folder`).
+    """
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     config = {"format_version": FORMAT_VERSION, **mot_config_json(mot), "training": training or {},
@@ -40,6 +80,12 @@ def write_checkpoint(mot: MoT, folder: Path, dtype: torch.dtype = torch.float32,
         shutil.rmtree(folder, ignore_errors=True)
         raise CheckpointError(f"refusing to save NaN/Inf weights ({', '.join(nonfinite[:5])}) as {dtype}: "
                               "the run diverged (lower the learning rate) or the values exceed the dtype's range.")
+    if shared_linear is not None:
+        try:
+            state, config[SHARED_LINEAR] = _share_linear(state, final or folder, shared_linear)
+        except CheckpointError:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2))
     save_file(state, str(folder / WEIGHTS_FILE), metadata={"format_version": str(FORMAT_VERSION)})
     return folder
@@ -59,11 +105,13 @@ def swap_into_place(tmp: Path, path: Path) -> Path:
 
 
 def save_checkpoint(mot: MoT, path: str | Path, dtype: torch.dtype = torch.float32,
-                    training: dict | None = None, metrics: dict | None = None, extra: dict | None = None) -> Path:
-    """Write the checkpoint folder atomically (a temporary folder renamed into place)."""
+                    training: dict | None = None, metrics: dict | None = None, extra: dict | None = None,
+                    shared_linear: str | Path | None = None) -> Path:
+    """Write the checkpoint folder atomically (a temporary folder renamed into place); see write_checkpoint."""
     path = Path(path)
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    write_checkpoint(mot, tmp, dtype, training, metrics, extra)
+    write_checkpoint(mot, tmp, dtype, training, metrics, extra,
+                     shared_linear=None if shared_linear is None else Path(shared_linear), final=path)
     return swap_into_place(tmp, path)
 
 
@@ -98,15 +146,57 @@ def record_metrics(path: str | Path, key: str, value: dict) -> None:
     write_text_atomic(Path(path) / CONFIG_FILE, json.dumps(config, indent=2))
 
 
+def read_weights(path: str | Path, config: dict | None = None) -> dict[str, torch.Tensor]:
+    """The checkpoint's stored tensors (their stored dtype), a shared linear path read from its own checkpoint."""
+    path = Path(path)
+    config = read_config(path) if config is None else config
+    weights = path / WEIGHTS_FILE
+    if not weights.is_file():
+        raise CheckpointError(f"'{path}' has no {WEIGHTS_FILE}.")
+    try:
+        state = load_file(str(weights))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{weights} is corrupt or truncated ({exc}). Re-download or re-train it.") from exc
+    shared = config.get(SHARED_LINEAR)
+    if shared is None:
+        return state
+    try:
+        linear = (path / shared["checkpoint"]).resolve()
+        expected = str(shared["sha256"])
+    except (TypeError, KeyError) as exc:
+        raise CheckpointError(f"{path / CONFIG_FILE}: '{SHARED_LINEAR}' is malformed ({exc}).") from exc
+    if not (linear / WEIGHTS_FILE).is_file():
+        raise CheckpointError(f"'{path}' stores its linear path in the checkpoint '{linear}', which is missing. Keep "
+                              "the two folders side by side as shipped, or download the checkpoint as a zip from "
+                              "the app (self-contained).")
+    if weights_sha256(linear) != expected:
+        raise CheckpointError(f"the linear checkpoint '{linear}' changed since '{path}' was saved (SHA-256 differs): "
+                              "restore it, or re-export this checkpoint in full.")
+    shared_state = {k: v for k, v in read_weights(linear).items() if k.startswith(LINEAR_PREFIX)}
+    clash = sorted(set(shared_state) & set(state))
+    if clash:
+        raise CheckpointError(f"{weights} stores {clash[:3]} itself and also names a shared linear path.")
+    return {**state, **shared_state}
+
+
 def checkpoint_zip(path: Path) -> bytes:
-    """A checkpoint folder's config.json and weights as a zip, for download."""
+    """A checkpoint folder's config.json and weights as a self-contained zip, for download (a shared linear
+    path is written into the zipped weights)."""
     import io
     import zipfile
 
+    config = read_config(path)
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name in ("config.json", "translator.safetensors"):
-            archive.write(path / name, f"{path.name}/{name}")
+        if SHARED_LINEAR in config:
+            state = read_weights(path, config)
+            config = {k: v for k, v in config.items() if k != SHARED_LINEAR}
+            archive.writestr(f"{path.name}/{CONFIG_FILE}", json.dumps(config, indent=2))
+            archive.writestr(f"{path.name}/{WEIGHTS_FILE}",
+                             save(state, metadata={"format_version": str(FORMAT_VERSION)}))
+        else:
+            for name in (CONFIG_FILE, WEIGHTS_FILE):
+                archive.write(path / name, f"{path.name}/{name}")
     return buffer.getvalue()
 
 
@@ -128,12 +218,7 @@ def load_checkpoint(path: str | Path, source=None, target=None) -> tuple[MoT, di
     if source is not None and target is not None:
         check_pair(mot, source, target)
     weights = path / WEIGHTS_FILE
-    if not weights.is_file():
-        raise CheckpointError(f"'{path}' has no {WEIGHTS_FILE}.")
-    try:
-        state = load_file(str(weights))
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{weights} is corrupt or truncated ({exc}). Re-download or re-train it.") from exc
+    state = read_weights(path, config)
     expected = mot.translator.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))

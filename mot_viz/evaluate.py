@@ -18,7 +18,6 @@ import datetime
 import json
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -27,14 +26,17 @@ import pandas as pd
 import torch
 
 from .alignment import encode
-from .answers import (CONDITION_LABELS, CONDITIONS, EXTRA_CONDITIONS, MAX_NEW_TOKENS, answers_from_caches,
-                      condition_caches)
+from .answers import (CONDITIONS, EXTRA_CONDITIONS, MAX_NEW_TOKENS, answers_from_caches, condition_caches,
+                      translated_seconds)
 from .checkpoint import load_checkpoint, read_config
 from .cli import run_cli
-from .data import BUILTIN_DATASETS, QAExample, build_prompt, load_dataset
+from .corpus import split_sequence, training_sequences
 from .errors import CheckpointError, ConfigError, MotVizError
+from .eval_data import BUILTIN_DATASETS, load_dataset
+from .eval_report import markdown_table, paired_differences, paired_markdown, summarize
 from .models import LoadedModel, load_model
 from .mot import MoT, translate
+from .prompts import QAExample, build_prompt
 from .qa_metrics import bootstrap_ci
 
 
@@ -98,18 +100,12 @@ def example_rows(mot: MoT, source: LoadedModel, target: LoadedModel, example: QA
                  second: MoT | None = None, means=None) -> list[dict]:
     """One row per condition of one example: score, exact match, answer text, KV cosine to native, seconds."""
     example = truncate_context(target, example, settings.max_context_tokens)
-    start = time.perf_counter()
-    translation, caches = condition_caches(mot, source, target, example, seed=settings.seed,
-                                           conditions=settings.conditions, means=means)
-    build = {"native": translation.timings["native_prefill"],
-             "mot": sum(v for k, v in translation.timings.items() if k != "native_prefill"),
-             # the random control needs the translation (for its norms) plus its own replay
-             "random": time.perf_counter() - start - translation.timings["native_prefill"],
-             "mean": 0.0, "no_context": 0.0}
+    built = condition_caches(mot, source, target, example, seed=settings.seed, conditions=settings.conditions,
+                             means=means)
+    translation, caches, build = built.translation, built.kv, built.seconds
     if second is not None:
-        t0 = time.perf_counter()
-        caches["second"] = translate(second, source, target, translation.text, with_native=False).mixed_kv
-        build["second"] = time.perf_counter() - t0
+        other = translate(second, source, target, translation.text, with_native=False)
+        caches["second"], build["second"] = other.mixed_kv, translated_seconds(other)
     rows = []
     answers = answers_from_caches(target, caches, example, settings.max_new_tokens)  # same-length caches: one batch
     for condition, kv in caches.items():
@@ -164,111 +160,19 @@ def lm_losses(mot: MoT, source: LoadedModel, target: LoadedModel, rows: torch.Te
 
     out = []
     for i, row in enumerate(tqdm(rows, desc="lm", disable=not progress, dynamic_ncols=True)):
-        context, prompt, labels = row[None, : prefix_tokens - 1], row[None, prefix_tokens - 1 : -1], row[prefix_tokens:]
+        context, prompt, labels = split_sequence(row[None], prefix_tokens)
         text = target.tokenizer.decode(context[0])
         translation = translate(mot, source, target, text)
         if not torch.equal(translation.target_ids, context):  # decode/re-encode changed the tokens: skip, counted
             out.append({"row": i, "condition": "skipped"})
             continue
-        _, caches = condition_caches(mot, source, target, None, translation, seed)  # the context is translated
+        caches = condition_caches(mot, source, target, None, translation, seed).kv  # the context is translated
         for condition, kv in caches.items():
             logits = hf.run(target.model, prompt, kv).logits[0].float()
-            ce = float(torch.nn.functional.cross_entropy(logits, labels))
+            ce = float(torch.nn.functional.cross_entropy(logits, labels[0]))
             out.append({"row": i, "condition": condition, "ce": ce,
                         "kv_cosine": kv_cosine(kv, translation.native_kv) if condition in ("mot", "random") else np.nan})
     return pd.DataFrame(out)
-
-
-def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
-    """Per dataset and condition: mean metric with a 95% bootstrap interval, retained share, cosine, time."""
-    scored = df[df["condition"] != "skipped"]
-    out = []
-    for dataset, part in scored.groupby("dataset", sort=False):
-        wide = part.pivot_table(index="id", columns="condition", values="score")
-        native = wide["native"].to_numpy()
-        rng = np.random.default_rng(seed)
-        boots = rng.integers(0, len(wide), size=(n_boot, len(wide)))
-        for condition in [c for c in ("native", "no_context", "mot", "random", "mean", "second") if c in wide]:
-            values = wide[condition].to_numpy()
-            ci = bootstrap_ci(values, n_boot=n_boot, seed=seed)
-            ratios = values[boots].mean(1) / np.maximum(native[boots].mean(1), 1e-12)
-            cond_rows = part[part["condition"] == condition]
-            em = cond_rows["exact_match"].dropna()
-            out.append({
-                "dataset": dataset, "condition": condition, "n": len(values),
-                "metric": "F1" if em.size else "accuracy", "mean": ci.mean, "ci_low": ci.lo, "ci_high": ci.hi,
-                "exact_match": float(em.mean()) if em.size else np.nan,
-                "retained": values.mean() / native.mean() if native.mean() > 0 else np.nan,
-                "retained_ci_low": float(np.quantile(ratios, 0.025)),
-                "retained_ci_high": float(np.quantile(ratios, 0.975)),
-                "kv_cosine": float(cond_rows["kv_cosine"].mean()),
-                "seconds_per_example": float(cond_rows["seconds"].mean()),
-            })
-    return pd.DataFrame(out)
-
-
-PAIRS = (("mot", "random"), ("mot", "no_context"), ("mot", "mean"), ("mot", "native"), ("mot", "second"),
-         ("second", "mean"), ("second", "no_context"))
-
-
-def paired_differences(df: pd.DataFrame, pairs=PAIRS, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
-    """Per dataset, for each (a, b) pair of conditions present: mean of a − b over the same examples, with a 95%
-    bootstrap interval and how many examples each side wins. This is the test of 'beats the control'."""
-    scored = df[df["condition"] != "skipped"]
-    out = []
-    for dataset, part in scored.groupby("dataset", sort=False):
-        wide = part.pivot_table(index="id", columns="condition", values="score")
-        for a, b in pairs:
-            if a not in wide or b not in wide:
-                continue
-            diff = (wide[a] - wide[b]).dropna().to_numpy()
-            ci = bootstrap_ci(diff, n_boot=n_boot, seed=seed)
-            out.append({"dataset": dataset, "a": a, "b": b, "n": len(diff), "diff": ci.mean, "ci_low": ci.lo,
-                        "ci_high": ci.hi, "a_better": int((diff > 0).sum()), "b_better": int((diff < 0).sum())})
-    return pd.DataFrame(out)
-
-
-def paired_markdown(paired: pd.DataFrame) -> str:
-    lines = ["| dataset | difference | n | mean [95% CI] | a better / b better |", "|---|---|---:|---|---|"]
-    for r in paired.itertuples():
-        lines.append(f"| {r.dataset} | {r.a} − {r.b} | {r.n} | {r.diff:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}] "
-                     f"| {r.a_better} / {r.b_better} |")
-    return "\n".join(lines)
-
-
-def markdown_table(summary: pd.DataFrame) -> str:
-    lines = ["| dataset | condition | n | metric | mean [95% CI] | EM | retained [95% CI] | KV cosine | s / example |",
-             "|---|---|---:|---|---|---:|---|---:|---:|"]
-    for r in summary.itertuples():
-        em = "" if np.isnan(r.exact_match) else f"{r.exact_match:.3f}"
-        cos = "" if np.isnan(r.kv_cosine) else f"{r.kv_cosine:.3f}"
-        lines.append(
-            f"| {r.dataset} | {r.condition} | {r.n} | {r.metric} | {r.mean:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] | {em} "
-            f"| {r.retained:.1%} [{r.retained_ci_low:.1%}, {r.retained_ci_high:.1%}] | {cos} | {r.seconds_per_example:.2f} |"
-        )
-    return "\n".join(lines)
-
-
-def evaluation_table(config: dict) -> pd.DataFrame | None:
-    """The QA results recorded in a checkpoint's config.json (metrics.evaluation; scripts/results_md.py --record):
-    one row per dataset and condition with n, the metric, its 95% interval and the share of native kept."""
-    evaluation = (config.get("metrics") or {}).get("evaluation")
-    if not evaluation:
-        return None
-    rows = []
-    try:
-        for dataset, record in evaluation.items():
-            for condition, values in record["conditions"].items():
-                metric = next(k for k in values if k not in ("n", "ci95", "retained"))
-                low, high = values["ci95"]
-                rows.append({"dataset": dataset, "condition": CONDITION_LABELS.get(condition, condition),
-                             "n": values["n"], "metric": metric, "mean": round(values[metric], 3),
-                             "95% CI": f"[{low:.3f}, {high:.3f}]", "retained": f"{values['retained']:.1%}",
-                             "prompts": record.get("prompts", "plain"), "results": record["results"]})
-    except (AttributeError, KeyError, TypeError, ValueError, StopIteration) as exc:
-        raise CheckpointError(f"metrics.evaluation in the checkpoint's config.json is malformed ({type(exc).__name__}: "
-                              f"{exc}). Record it again with scripts/results_md.py --record.") from exc
-    return pd.DataFrame(rows)
 
 
 # settings a --resume must share with the run it continues (n may grow or shrink)
@@ -441,8 +345,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_lm(settings: EvalSettings, out_dir: Path, n: int) -> pd.DataFrame:
     """The held-out LM check for a checkpoint; writes lm.csv and lm.md into out_dir."""
-    from .data import training_sequences
-
     config = read_config(settings.checkpoint)
     train_cfg = config.get("training", {})
     source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])

@@ -1,24 +1,29 @@
-"""Copy a finished training run into a small fp16 checkpoint (the form shipped in pretrained/).
+"""Copy a finished training run (or a saved checkpoint) into a small fp16 checkpoint, the form shipped in pretrained/.
 
-    python -m mot_viz.export runs/smollm2-to-gemma3 pretrained/smollm2-to-gemma3
+    python -m mot_viz.export runs/smollm2-to-gemma3 pretrained/smollm2-to-gemma3 \
+        --shared_linear pretrained/smollm2-to-gemma3-linear
+
+``--shared_linear`` stores a linear-initialised mixture's fixed linear path once, in the linear checkpoint it
+equals (mot_viz.checkpoint); the source may also be a checkpoint folder, rewritten in place when it is the output.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
 
 import torch
 
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import CONFIG_FILE, SHARED_LINEAR, load_checkpoint, save_checkpoint
+from .mot import mot_config_json
+
+LOG_FILES = ("log.jsonl", "bank_log.jsonl")  # training curves kept beside the weights (the Training page reads them)
 
 
-def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
-    """Write run_dir/checkpoint to out_dir as fp16, with how it was trained and its training log."""
-    run_dir = Path(run_dir)
-    mot, config = load_checkpoint(run_dir / "checkpoint")
-    log_rows = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines() if line.strip()]
+def _from_run(run_dir: Path, mot, config: dict, log_rows: list[dict]) -> dict:
+    """How a run was trained, as recorded in the exported checkpoint."""
     training = dict(config.get("training", {}))
     uses_bank = "bank" in config.get("metrics", {})
     training.update({
@@ -28,18 +33,48 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
         "train_seconds": log_rows[-1]["elapsed_s"] if log_rows else None,
         "machine": "2 CPU cores (float32)",
     })
-    out = save_checkpoint(mot, out_dir, dtype=torch.float16, training=training,
-                          metrics={**config.get("metrics", {}), "final_log": log_rows[-1] if log_rows else None})
-    (Path(out) / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log_rows))
-    if (run_dir / "bank_log.jsonl").is_file():  # stage 1's curve: held-out translation MSE per logged bank step
-        (Path(out) / "bank_log.jsonl").write_text((run_dir / "bank_log.jsonl").read_text())
+    return training
+
+
+def export_run(run_dir: str | Path, out_dir: str | Path, shared_linear: str | Path | None = None) -> Path:
+    """Write a run's checkpoint (run_dir/checkpoint) or a checkpoint folder to out_dir as fp16, with its logs.
+
+    From a run: how it was trained and its final log row are added to config.json. From a checkpoint folder:
+    its config is kept as it is (every key but the weights' storage), so this re-saves it, e.g. with a shared
+    linear path.
+    """
+    src = Path(run_dir)
+    is_checkpoint = (src / CONFIG_FILE).is_file()
+    mot, config = load_checkpoint(src if is_checkpoint else src / "checkpoint")
+    logs = {name: (src / name).read_text() for name in LOG_FILES if (src / name).is_file()}  # read before a rewrite
+    log_rows = [json.loads(line) for line in logs.get("log.jsonl", "").splitlines() if line.strip()]
+    if is_checkpoint:
+        training, metrics = config.get("training", {}), config.get("metrics", {})
+    else:
+        training = _from_run(src, mot, config, log_rows)
+        metrics = {**config.get("metrics", {}), "final_log": log_rows[-1] if log_rows else None}
+    own = {"format_version", "training", "metrics", SHARED_LINEAR, *mot_config_json(mot)}
+    extra = {k: v for k, v in config.items() if k not in own}
+    out = save_checkpoint(mot, out_dir, dtype=torch.float16, training=training, metrics=metrics, extra=extra,
+                          shared_linear=shared_linear)
+    for name, text in logs.items():
+        (Path(out) / name).write_text(text)
     return out
 
 
-if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        print(__doc__, file=sys.stderr)
-        sys.exit(2)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Export a training run (or re-save a checkpoint) as an fp16 "
+                                                 "checkpoint folder.")
+    parser.add_argument("source", help="a run folder (holding checkpoint/ and log.jsonl) or a checkpoint folder")
+    parser.add_argument("out", help="the checkpoint folder to write (replaced atomically; may be the source)")
+    parser.add_argument("--shared_linear", default=None, metavar="CHECKPOINT",
+                        help="a linear checkpoint whose weights equal this mixture's fixed linear path: store them "
+                             "there only (saves ~9 MB per shipped mixture)")
+    args = parser.parse_args(argv)
     from .cli import run_cli
 
-    sys.exit(run_cli(lambda: print(export_run(sys.argv[1], sys.argv[2]))))
+    return run_cli(lambda: print(export_run(args.source, args.out, args.shared_linear)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -25,7 +25,7 @@ from .model_cache import Progress, _progress, convert_gguf, converted_folder, gg
 from .model_cache import cache_dir  # noqa: F401  (re-exported: the banks live in the same cache)
 
 if TYPE_CHECKING:
-    from .data import ChatFrame
+    from .prompts import ChatFrame
 
 # Families whose attention runs through transformers' attention-function registry (method.md §12).
 SUPPORTED_MODEL_TYPES = ("gpt2", "opt", "qwen2", "llama", "gemma3_text")
@@ -107,7 +107,7 @@ class LoadedModel:
         so it holds exactly what the template adds (SmolLM2: its default system turn, ``<|im_start|>user``
         and, after the message, ``<|im_end|>`` and ``<|im_start|>assistant``).
         """
-        from .data import ChatFrame
+        from .prompts import ChatFrame
 
         tuned = CHAT_TUNED_BUNDLED.get(self.spec.name, bool(_CHAT_NAME.search(self.spec.name)))
         if not tuned or not getattr(self.tokenizer, "chat_template", None):

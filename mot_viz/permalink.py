@@ -254,10 +254,10 @@ def python_snippet(source: str, target: str, checkpoint: str, *, dataset: str | 
     lines = [
         "from mot_viz.cache_metrics import cache_error_table",
         "from mot_viz.checkpoint import load_checkpoint",
-        "from mot_viz.data import build_prompt, load_dataset" if dataset is not None
-        else "from mot_viz.data import PLAIN",
+        *(["from mot_viz.eval_data import load_dataset"] if dataset is not None else []),
         "from mot_viz.models import load_model",
         "from mot_viz.mot import translate",
+        "from mot_viz.prompts import build_prompt" if dataset is not None else "from mot_viz.prompts import PLAIN",
         "",
         f"source, target = load_model({source!r}), load_model({target!r})",
         f"mot, config = load_checkpoint({checkpoint!r}, source, target)",

@@ -27,12 +27,13 @@ from . import hf, runs
 from .channels import (Channels, depth_ratio_candidates, depth_ratio_window, injection_channels, terminal_channels,
                        window_size_range)
 from .cli import run_cli
-from .models import LoadedModel, load_model
+from .corpus import split_sequence, training_sequences
 from .fit import balance_loss, bank_stage, cosine_lr, fit_linear, trainable_parameters
 from .layout import window_blocks
+from .models import LoadedModel, load_model
 from .mot import MoT, ReplayConfig, native_cache, prepare_source, replay, sparse_indices, translate_window
 from .train_config import TrainConfig, parse_args  # noqa: F401  (the CLI's and the tests' entry points)
-from .translator import gate_balance
+from .translator import TranslatorOutput, gate_balance
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
@@ -48,17 +49,17 @@ class LossTerms:
     mse_v: float
     tr_mse: float = 0.0  # MSE of the injected window K + V against native (the translation term)
     balance: float = 0.0
+    window: TranslatorOutput | None = None  # the translator's output for the row (its routing gates are logged)
 
 
 def row_loss(mot: MoT, source: LoadedModel, target: LoadedModel, row: torch.Tensor, prefix_tokens: int,
-             mse_weight: float, return_routing: bool = False, translation_weight: float = 0.0,
-             balance_weight: float = 0.0):
+             mse_weight: float, translation_weight: float = 0.0, balance_weight: float = 0.0) -> LossTerms:
     """The Context Correction Loss of one training row [T] (method.md §7), plus the project's optional terms.
 
     translation_weight adds λ_tr·(MSE(injected K, native K) + MSE(V)) over the window layers: the
     replayed cache alone never compares the translator's output with what it replaces (method.md §6).
     """
-    context, prompt, labels = row[None, : prefix_tokens - 1], row[None, prefix_tokens - 1 : -1], row[None, prefix_tokens:]
+    context, prompt, labels = split_sequence(row[None], prefix_tokens)
     src = prepare_source(mot, source, target, context)
     native = native_cache(target, context)
     out = translate_window(mot, src, source, target)
@@ -73,8 +74,7 @@ def row_loss(mot: MoT, source: LoadedModel, target: LoadedModel, row: torch.Tens
     mse_k = torch.stack([((mixed[l][0] - native[l][0]) ** 2).mean() for l in upper]).mean()
     mse_v = torch.stack([((mixed[l][1] - native[l][1]) ** 2).mean() for l in upper]).mean()
     total = ce + mse_weight * (mse_k + mse_v) + translation_weight * tr_mse + balance_weight * balance
-    terms = LossTerms(total, ce.item(), mse_k.item(), mse_v.item(), tr_mse.item(), float(balance.detach()))
-    return (terms, out) if return_routing else terms
+    return LossTerms(total, ce.item(), mse_k.item(), mse_v.item(), tr_mse.item(), float(balance.detach()), out)
 
 
 # ----- distributed helpers: plain all-reduce of gradients keeps every rank's translator identical ----------
@@ -132,9 +132,8 @@ def proxy_window_search(cfg: TrainConfig, source: LoadedModel, target: LoadedMod
         if (start, size) not in scores:
             torch.manual_seed(cfg.seed)
             channels = depth_ratio_window(l_s, l_t, start, size)
-            proxy = MoT.build(source.spec, target.spec, channels, ReplayConfig(topk_sparse_attn=None), dim=cfg.translator_dim,
-                              heads=cfg.translator_heads, depth=cfg.translator_depth, mlp_ratio=cfg.translator_mlp_ratio,
-                              variant="single", output_activation=cfg.output_activation)
+            proxy = MoT.build(source.spec, target.spec, channels, ReplayConfig(topk_sparse_attn=None),
+                              **cfg.translator_kwargs(variant="single", key_space="post_rope", linear_residual=False))
             opt = torch.optim.AdamW(proxy.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
             for i in range(cfg.proxy_steps):
                 loss = row_loss(proxy, source, target, train_rows[i % len(train_rows)], cfg.prefix_tokens, cfg.mse_weight)
@@ -235,8 +234,6 @@ def train(cfg: TrainConfig, resume: bool = False, source: LoadedModel | None = N
     source = source or load_model(cfg.source)
     target = target or load_model(cfg.target)
     if bank is None:
-        from .data import training_sequences
-
         bank = training_sequences(target.tokenizer, cfg.total_tokens, n_sequences=cfg.num_sequences, seed=cfg.seed)
     if resumed:
         channels = Channels.from_json(json.loads((run_dir / "checkpoint" / "config.json").read_text())["channels"])
@@ -244,12 +241,8 @@ def train(cfg: TrainConfig, resume: bool = False, source: LoadedModel | None = N
     else:
         channels, channel_profile = resolve_channels(cfg, source, target, bank, log)
     _seed_everything(cfg.seed)  # the translator's init does not depend on whether a search ran
-    mot = MoT.build(source.spec, target.spec, channels,
-                    ReplayConfig(cfg.topk_sparse_attn, cfg.num_bottom_full_attn), dim=cfg.translator_dim,
-                    heads=cfg.translator_heads, depth=cfg.translator_depth, mlp_ratio=cfg.translator_mlp_ratio,
-                    variant=cfg.variant, num_experts=cfg.mot_num_translators, top_k=cfg.mot_top_k,
-                    output_activation=cfg.output_activation, key_space=cfg.key_space,
-                    linear_residual=cfg.init == "linear" and cfg.variant != "linear")
+    mot = MoT.build(source.spec, target.spec, channels, ReplayConfig(cfg.topk_sparse_attn, cfg.num_bottom_full_attn),
+                    **cfg.translator_kwargs())
     params = trainable_parameters(mot, cfg.train_linear_path)
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     step = 0
@@ -287,10 +280,10 @@ def train(cfg: TrainConfig, resume: bool = False, source: LoadedModel | None = N
             local_rows = [((step - 1) * rows_per_step + i) % len(bank) for i in range(rank, rows_per_step, world)]
             routing = None
             for index in local_rows:
-                t, out = row_loss(mot, source, target, bank[index], cfg.prefix_tokens, cfg.mse_weight, return_routing=True,
-                                  translation_weight=cfg.translation_weight, balance_weight=cfg.balance_weight)
+                t = row_loss(mot, source, target, bank[index], cfg.prefix_tokens, cfg.mse_weight,
+                             translation_weight=cfg.translation_weight, balance_weight=cfg.balance_weight)
                 (t.total / len(local_rows)).backward()
-                routing = out
+                routing = t.window
                 for key, val in (("ce", t.ce), ("mse_k", t.mse_k), ("mse_v", t.mse_v), ("tr_mse", t.tr_mse),
                                  ("balance", t.balance), ("loss", t.total.item())):
                     terms[key] += val / len(local_rows)

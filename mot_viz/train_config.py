@@ -92,6 +92,13 @@ class TrainConfig:
         if self.log_every < 1 or self.save_every < 1 or self.warmup_steps < 0:
             raise ConfigError("log_every and save_every must be >= 1, warmup_steps >= 0")
 
+    def translator_kwargs(self, **overrides) -> dict:
+        """The translator's shape as MoT.build keyword arguments (the one mapping of these fields)."""
+        return {"dim": self.translator_dim, "heads": self.translator_heads, "depth": self.translator_depth,
+                "mlp_ratio": self.translator_mlp_ratio, "variant": self.variant, "num_experts": self.mot_num_translators,
+                "top_k": self.mot_top_k, "output_activation": self.output_activation, "key_space": self.key_space,
+                "linear_residual": self.init == "linear" and self.variant != "linear", **overrides}
+
     @property
     def uses_bank(self) -> bool:
         return self.init == "linear" or self.variant == "linear" or self.bank_steps > 0

@@ -14,10 +14,10 @@ import torch
 
 from .answers import Answer, MAX_NEW_TOKENS, answer_from_cache, first_answer_logprobs
 from .cache_metrics import KV_NAMES, cache_error_table, per_token_errors, token_vectors
-from .data import QAExample
 from .layout import context_positions
 from .models import LoadedModel
 from .mot import MoT, Translation, translate
+from .prompts import QAExample
 from .shift.metrics import kl_divergence
 from .translator import GateOverride
 

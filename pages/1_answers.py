@@ -5,9 +5,9 @@ import streamlit as st
 
 from mot_viz import app
 from mot_viz.answers import CONDITIONS
-from mot_viz.data import choice_label_texts
 from mot_viz.errors import MotVizError
 from mot_viz.figures import answers_figure
+from mot_viz.prompts import choice_label_texts
 
 
 def main() -> None:
@@ -50,13 +50,15 @@ def main() -> None:
     max_new = st.slider("Longest generated answer (tokens)", 4, 64, key="pg.answers.max_new",
                         disabled=sel.example.kind == "closed", help="Closed questions score the choice labels instead.")
 
-    jobs = [(c, None) for c in CONDITIONS] + ([("mot", others[second])] if second != "(none)" else [])
+    jobs = [(None, f"the {len(CONDITIONS)} conditions (one batch)")]
+    if second != "(none)":
+        jobs.append((others[second], f"the second checkpoint ({second})"))
     rows = []
     progress = st.progress(0.0, text="Answering …")
-    for i, (condition, checkpoint) in enumerate(jobs):
-        progress.progress(i / len(jobs), text=f"Answering: {condition} …")
+    for i, (checkpoint, what) in enumerate(jobs):
+        progress.progress(i / len(jobs), text=f"Answering: {what} …")
         try:
-            rows.append(app.answer_row(sel, condition, max_new, checkpoint))
+            rows += app.answer_rows(sel, max_new, checkpoint)
         except MotVizError as exc:  # e.g. the second checkpoint is for another pair
             app.show_error(exc)
     progress.empty()

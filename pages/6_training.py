@@ -8,7 +8,7 @@ import streamlit as st
 from mot_viz import app
 from mot_viz.checkpoint import read_config
 from mot_viz.errors import MotVizError
-from mot_viz.evaluate import evaluation_table
+from mot_viz.eval_report import evaluation_table
 from mot_viz.fidelity import recorded_fidelity_table
 from mot_viz.figures import training_figure
 from mot_viz.runs import read_training_log

@@ -24,19 +24,20 @@ import pandas as pd
 
 REPO = Path(__file__).resolve().parent.parent
 
+from mot_viz import shift
 from mot_viz.alignment import encode
 from mot_viz.answers import CONDITIONS, MAX_NEW_TOKENS, answer_from_cache, condition_caches
 from mot_viz.cache_metrics import (cache_error_grid, cache_error_table, cache_space_table, expert_usage, gate_table,
                                    token_routing_table, window_vectors)
 from mot_viz.checkpoint import load_checkpoint
-from mot_viz.data import build_prompt, load_dataset
+from mot_viz.eval_data import load_dataset
 from mot_viz.figures import (alignment_heatmap, alignment_table, answers_figure, cache_space_figure, entropy_figure,
                              error_heatmap, expert_usage_figure, gates_heatmap, layer_error_figure, token_labels,
                              training_figure)
 from mot_viz.models import DEFAULT_SOURCE, DEFAULT_TARGET, load_model
 from mot_viz.mot import translate
+from mot_viz.prompts import build_prompt
 from mot_viz.runs import read_training_log
-from mot_viz import shift
 from mot_viz.shift.figures import correction_split_figure, correction_trajectory_figure, rho_trajectory_figure
 from mot_viz.translator import gate_balance
 
@@ -88,7 +89,7 @@ def bench(checkpoint: Path, n_tokens: int, max_new_tokens: int) -> tuple[pd.Data
         s_tokens = token_labels(source.tokenizer, translation.source.source_ids[0].tolist())
 
     with t.step("Answers", "random-window control cache (one more replay)"):
-        _, caches = condition_caches(mot, source, target, example, translation)
+        caches = condition_caches(mot, source, target, example, translation).kv
     answers = {}
     for condition in CONDITIONS:
         with t.step("Answers", f"answer: {condition}"):

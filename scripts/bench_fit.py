@@ -21,7 +21,7 @@ import torch
 
 from mot_viz.bank import BankConfig, build_bank
 from mot_viz.channels import terminal_channels
-from mot_viz.data import training_sequences
+from mot_viz.corpus import training_sequences
 from mot_viz.fit import bank_stage, fit_linear
 from mot_viz.models import load_model
 from mot_viz.mot import MoT, ReplayConfig

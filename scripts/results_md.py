@@ -20,7 +20,8 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from mot_viz.evaluate import EvalSettings, markdown_table, paired_differences, paired_markdown
+from mot_viz.eval_report import markdown_table, paired_differences, paired_markdown
+from mot_viz.evaluate import EvalSettings
 
 # (first checkpoint, second checkpoint): paired over the examples both were evaluated on, first − second
 COMPARISONS = [("pretrained/smollm2-to-gemma3-v1", "pretrained/smollm2-to-gemma3-single-v1")]

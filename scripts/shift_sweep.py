@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 from mot_viz import runs, shift
 from mot_viz.answers import answer_from_cache
 from mot_viz.checkpoint import load_checkpoint
-from mot_viz.data import load_dataset
+from mot_viz.eval_data import load_dataset
 from mot_viz.models import load_model
 from mot_viz.mot import native_cache
 
@@ -69,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def trained_mot_factory(args, source, target):
     """A function start -> MoT that trains (or reuses) one translator per injection start."""
-    from mot_viz.data import training_sequences
+    from mot_viz.corpus import training_sequences
     from mot_viz.train import train
 
     base = json.loads(Path(args.base_config).read_text())

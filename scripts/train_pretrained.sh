@@ -13,5 +13,11 @@ for name in ${@:-$default}; do
   mkdir -p "runs/$name"
   resume=""; [ -f "runs/$name/train_config.json" ] && resume="--resume"  # continue an unfinished run
   OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" .venv/bin/python -m mot_viz.train --config "configs/$name.json" $resume >> "runs/$name/train.log" 2>&1 || { echo "$name failed"; continue; }
+  # a linear-initialised mixture stores its fixed linear path once, in the -linear checkpoint of its window
+  linear="pretrained/${name%-single}-linear"
+  if [[ "$name" != *-linear ]] && grep -q '"init": "linear"' "configs/$name.json" && [ -d "$linear" ]; then
+    .venv/bin/python -m mot_viz.export "runs/$name" "pretrained/$name" --shared_linear "$linear" && continue
+    echo "$name: its linear path differs from $linear; exported in full"
+  fi
   .venv/bin/python -m mot_viz.export "runs/$name" "pretrained/$name"
 done

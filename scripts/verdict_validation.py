@@ -24,11 +24,12 @@ import pandas as pd
 
 from mot_viz.answers import first_answer_logprobs
 from mot_viz.checkpoint import load_checkpoint, read_config
-from mot_viz.data import build_prompt, load_dataset
+from mot_viz.eval_data import load_dataset
 from mot_viz.evaluate import truncate_context
 from mot_viz.fidelity import reference_means, translation_fidelity
 from mot_viz.models import load_model
 from mot_viz.mot import translate
+from mot_viz.prompts import build_prompt
 from mot_viz.shift.metrics import kl_divergence
 from mot_viz.verdict import VerdictThresholds, layer_signals, reuse_verdict
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
-from ..data import BUILTIN_DATASETS
+from ..eval_data import BUILTIN_DATASETS
 from ..models import BUNDLED_MODELS, DEFAULT_SOURCE, DEFAULT_TARGET
 from ..permalink import (MAX_TEXT_IN_LINK, PAGE_PREFIX, SidebarLink, check_value, page_params, parse_link,
                          python_snippet, query_string, sidebar_params, text_digest)

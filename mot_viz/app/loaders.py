@@ -8,21 +8,21 @@ browser tab. Cached objects are never mutated.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import pandas as pd
 import streamlit as st
 
-from ..answers import CONDITION_LABELS, Answer, answer_from_cache, condition_caches
+from ..answers import (CONDITION_LABELS, CONDITIONS, Answer, ConditionCaches, answers_from_caches, condition_caches,
+                       translated_seconds)
 from ..checkpoint import load_checkpoint, read_config
-from ..data import QAExample
 from ..errors import CheckpointError, ModelLoadError, MotVizError
 from ..fidelity import MeanVectors, reference_means, translation_fidelity
 from ..models import DEFAULT_SOURCE, DEFAULT_TARGET, LoadedModel, load_model
 from ..mot import MoT, Translation, check_pair, translate
+from ..prompts import QAExample
 from ..quickfit import fits_dir
 from .settings import (DEFAULT_CHECKPOINT, EXAMPLES_PER_DATASET, MAX_CONTEXT_TOKENS, MEAN_VECTOR_PASSAGES,
                        pretrained_dir, test_mode)
@@ -73,7 +73,7 @@ def default_checkpoint(source: str, target: str, checkpoints: dict[str, str]) ->
 @st.cache_data(show_spinner=False)
 def dataset_examples(name: str) -> list[QAExample]:
     """The examples offered for a built-in dataset (the same ones every session)."""
-    from ..data import load_dataset
+    from ..eval_data import load_dataset
 
     return load_dataset(name, n=EXAMPLES_PER_DATASET, seed=0)
 
@@ -130,23 +130,29 @@ def get_checkpoint(path: str, source: LoadedModel, target: LoadedModel) -> tuple
     return mot, config
 
 
-# (source, target, checkpoint path, checkpoint stamp, context text, test mode): what one translation depends on
-TranslationKey = tuple[str, str, str, int, str, bool]
+class TranslationKey(NamedTuple):
+    """What one translation depends on: the key of every cached result of the app."""
+
+    source: str
+    target: str
+    checkpoint: str  # folder path
+    stamp: int  # checkpoint_stamp: a rewritten checkpoint is a new key
+    text: str  # the context that is translated
+    test: bool  # the tiny test models stand in for the bundled ones
 
 
 def translation_key(sel: Selection, checkpoint: str | None = None) -> TranslationKey:
     """The cache key of the selection's translation (optionally with another checkpoint)."""
     path = sel.checkpoint if checkpoint is None else checkpoint
-    return sel.source, sel.target, path, checkpoint_stamp(path), sel.text, test_mode()
+    return TranslationKey(sel.source, sel.target, path, checkpoint_stamp(path), sel.text, test_mode())
 
 
 # a translation of a 1,024-token context on the default pair holds ~200 MB of caches: keep a few
 @st.cache_resource(show_spinner=False, max_entries=6)
 def _cached_translation(key: TranslationKey) -> Translation:
-    source, target, path, _, text, _ = key
-    src, tgt = get_model(source), get_model(target)
-    mot, _ = get_checkpoint(path, src, tgt)
-    return translate(mot, src, tgt, text, max_tokens=min(MAX_CONTEXT_TOKENS, tgt.spec.max_positions))
+    src, tgt = get_model(key.source), get_model(key.target)
+    mot, _ = get_checkpoint(key.checkpoint, src, tgt)
+    return translate(mot, src, tgt, key.text, max_tokens=min(MAX_CONTEXT_TOKENS, tgt.spec.max_positions))
 
 
 def get_translation(sel: Selection, checkpoint: str | None = None) -> Translation:
@@ -155,25 +161,22 @@ def get_translation(sel: Selection, checkpoint: str | None = None) -> Translatio
 
 
 @st.cache_resource(show_spinner=False, max_entries=4)
-def _cached_condition_caches(key: TranslationKey) -> tuple[dict, float]:
-    """Every answer condition's cache, and the seconds of the one new piece of work (the random-window replay)."""
-    source, target, path, _, _, _ = key
-    src, tgt = get_model(source), get_model(target)
-    mot, _ = get_checkpoint(path, src, tgt)
-    start = time.perf_counter()
-    # condition_caches reads the example only to translate it; the translation is given here
-    _, caches = condition_caches(mot, src, tgt, None, _cached_translation(key))
-    return caches, time.perf_counter() - start
+def _cached_condition_caches(key: TranslationKey) -> ConditionCaches:
+    """Every answer condition's cache of the key's translation, with its build time (mot_viz.answers)."""
+    src, tgt = get_model(key.source), get_model(key.target)
+    mot, _ = get_checkpoint(key.checkpoint, src, tgt)
+    return condition_caches(mot, src, tgt, None, _cached_translation(key))
 
 
-@st.cache_resource(show_spinner=False, max_entries=64)
-def _cached_answer(key: TranslationKey, condition: str, example: QAExample, suffix: str | None,
-                   max_new_tokens: int) -> Answer:
-    if condition == "mot":  # the replayed cache alone: a second checkpoint needs no random-window replay
-        kv = _cached_translation(key).mixed_kv
+@st.cache_resource(show_spinner=False, max_entries=32)
+def _cached_answers(key: TranslationKey, conditions: tuple[str, ...], example: QAExample, suffix: str | None,
+                    max_new_tokens: int) -> dict[str, Answer]:
+    """The answers under `conditions`, same-length caches decoded as one batch (mot_viz.answers)."""
+    if conditions == ("mot",):  # the replayed cache alone: a second checkpoint needs no control caches
+        caches = {"mot": _cached_translation(key).mixed_kv}
     else:
-        kv = _cached_condition_caches(key)[0][condition]
-    return answer_from_cache(get_model(key[1]), kv, example, condition, max_new_tokens, suffix)
+        caches = {c: _cached_condition_caches(key).kv[c] for c in conditions}
+    return answers_from_caches(get_model(key.target), caches, example, max_new_tokens, suffix)
 
 
 @st.cache_resource(show_spinner=False, max_entries=4)
@@ -204,10 +207,9 @@ def window_fidelity(run: "Run") -> pd.DataFrame:
 
 @st.cache_data(show_spinner="Scoring the window against its baselines …", max_entries=8)
 def _cached_window_fidelity(key: TranslationKey, _sel: Selection) -> pd.DataFrame:
-    source, target, path, _, _, _ = key
-    src, tgt = get_model(source), get_model(target)
-    mot, _ = get_checkpoint(path, src, tgt)
-    means = _cached_mean_vectors(target, tuple(mot.channels.target_layers), test_mode())
+    src, tgt = get_model(key.source), get_model(key.target)
+    mot, _ = get_checkpoint(key.checkpoint, src, tgt)
+    means = _cached_mean_vectors(key.target, tuple(mot.channels.target_layers), test_mode())
     own = "linear" if mot.translator.config.variant == "linear" else "translator"
     rows = translation_fidelity(_cached_translation(key), tgt, mot.channels, means, candidate=own)
     linear = linear_baseline_for(_sel, mot) if own != "linear" else None
@@ -216,31 +218,27 @@ def _cached_window_fidelity(key: TranslationKey, _sel: Selection) -> pd.DataFram
     return pd.DataFrame(rows)
 
 
-def answer_row(sel: Selection, condition: str, max_new_tokens: int, checkpoint: str | None = None) -> dict:
-    """One row of the answers table: the condition's answer, its score vs the gold answers, and its times.
+def answer_rows(sel: Selection, max_new_tokens: int, checkpoint: str | None = None) -> list[dict]:
+    """Rows of the answers table: each condition's answer, its score vs the gold answers, and its times.
 
-    With `checkpoint`, the condition's cache comes from that (second) checkpoint's translation.
+    Every condition of mot_viz.answers.CONDITIONS for the selected checkpoint; with another `checkpoint`, the one
+    row of that (second) checkpoint's MoT-translated cache.
     """
+    second = checkpoint is not None and checkpoint != sel.checkpoint
     key = translation_key(sel, checkpoint)
-    answer = _cached_answer(key, condition, sel.example, sel.suffix, max_new_tokens)
-    t = _cached_translation(key).timings
-    cache_seconds = {
-        "native": t.get("native_prefill", 0.0),
-        "no_context": 0.0,
-        "mot": sum(v for stage, v in t.items() if stage != "native_prefill"),  # every stage of the translation
-        "random": _cached_condition_caches(key)[1] if condition == "random" else 0.0,
-    }
-    label = CONDITION_LABELS[condition]
-    if checkpoint and checkpoint != sel.checkpoint:
-        label = f"MoT-translated cache, second checkpoint ({Path(checkpoint).name})"
-    return {
-        "key": f"{condition} (2nd)" if checkpoint and checkpoint != sel.checkpoint else condition,
-        "condition": label,
+    conditions = ("mot",) if second else CONDITIONS
+    answers = _cached_answers(key, conditions, sel.example, sel.suffix, max_new_tokens)
+    seconds = ({"mot": translated_seconds(_cached_translation(key))} if second  # no control caches were built
+               else _cached_condition_caches(key).seconds)
+    return [{
+        "key": f"{condition} (2nd)" if second else condition,
+        "condition": f"MoT-translated cache, second checkpoint ({Path(checkpoint).name})" if second
+        else CONDITION_LABELS[condition],
         "answer": answer.text,
         "score": answer.score,  # None without a gold answer (closed-set examples always have one)
         "exact_match": answer.exact_match,
-        "seconds_cache": cache_seconds[condition],
-        "seconds_answer": answer.seconds,
+        "seconds_cache": seconds[condition],
+        "seconds_answer": answer.seconds,  # a batch's decoding time is shared evenly among its rows
         "choice_logprobs": None if answer.choice_logprobs is None else
         ", ".join(f"{x:.3f}" for x in answer.choice_logprobs),
-    }
+    } for condition, answer in answers.items()]

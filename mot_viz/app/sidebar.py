@@ -8,9 +8,10 @@ from dataclasses import dataclass
 import streamlit as st
 
 from ..checkpoint import checkpoint_zip
-from ..data import BUILTIN_DATASETS, ChatFrame, QAExample, build_prompt, choice_label_texts, free_text_selection
 from ..errors import MotVizError
+from ..eval_data import BUILTIN_DATASETS
 from ..models import BUNDLED_MODELS
+from ..prompts import ChatFrame, QAExample, build_prompt, choice_label_texts, free_text_selection
 from ..quickfit import QuickFitConfig, fit_pair, fits_dir
 from .links import LINK, link_of_widgets, share
 from .loaders import (FIT_PREFIX, available_checkpoints, checkpoints_for_pair, dataset_examples, default_checkpoint,

@@ -35,20 +35,20 @@ from __future__ import annotations
 from ..layout import window_blocks
 from .cases import (KV, WINDOW_CONDITIONS, ContextCase, ReplayFn, answer_token_ids, case_from_example, case_from_text,
                     window_caches)
-from .metrics import (MIN_SHIFT, TRACE_CONDITIONS, ShiftSummary, TokenShift, WindowShift, kl_divergence,
+from .metrics import (MIN_SHIFT, TRACE_CONDITIONS, ShiftSummary, TokenShift, TokenShifts, WindowShift, kl_divergence,
                       structural_advantage, summarize, token_shifts, tokens_frame, trajectory_rows, trajectory_summary)
 from .start_sweep import (MODE_LABELS, MODES, ProgressFn, SweepConfig, SweepResult, _map_profile, error_profile,
                           find_sweeps, perturbed_window, sweep, valid_starts)
 from .trace import CacheTrace, trace_cache
-from .window import KL_PAIRS, WindowRun, _mot_replay, analyse_translation, run_window
+from .window import KL_PAIRS, WindowAnalysis, WindowRun, _mot_replay, analyse_translation, run_window
 
 __all__ = [
     "KV", "WINDOW_CONDITIONS", "ContextCase", "ReplayFn", "answer_token_ids", "case_from_example", "case_from_text",
     "window_caches", "window_blocks",
     "CacheTrace", "trace_cache",
-    "MIN_SHIFT", "TRACE_CONDITIONS", "ShiftSummary", "TokenShift", "WindowShift", "kl_divergence",
+    "MIN_SHIFT", "TRACE_CONDITIONS", "ShiftSummary", "TokenShift", "TokenShifts", "WindowShift", "kl_divergence",
     "structural_advantage", "summarize", "token_shifts", "tokens_frame", "trajectory_rows", "trajectory_summary",
-    "KL_PAIRS", "WindowRun", "analyse_translation", "run_window",
+    "KL_PAIRS", "WindowAnalysis", "WindowRun", "analyse_translation", "run_window",
     "MODE_LABELS", "MODES", "ProgressFn", "SweepConfig", "SweepResult", "error_profile", "find_sweeps",
     "perturbed_window", "sweep", "valid_starts",
 ]

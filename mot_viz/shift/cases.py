@@ -14,10 +14,10 @@ import torch
 from .. import hf
 from ..alignment import encode
 from ..controls import dir_only, mag_only, random_window
-from ..data import QAExample, build_prompt, choice_label_texts
 from ..errors import ConfigError
 from ..models import LoadedModel
 from ..mot import native_cache, target_context_ids
+from ..prompts import QAExample, build_prompt, choice_label_texts
 
 KV = hf.KV
 WINDOW_CONDITIONS = ("full_mix", "dir_only", "mag_only", "random")

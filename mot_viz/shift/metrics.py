@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -53,9 +53,16 @@ class TokenShift:
     cos_k: list[float]
 
 
+class TokenShifts(NamedTuple):
+    """The §9.2 metrics of one condition's answer tokens, and how many tokens had no shift to measure."""
+
+    shifts: list[TokenShift]
+    skipped: int  # tokens whose initial shift ‖s‖ < MIN_SHIFT: no direction to decompose along
+
+
 def token_shifts(native: CacheTrace, other: CacheTrace, window_start: int, k0: int, condition: str = "full_mix",
-                 example: int = 0) -> tuple[list[TokenShift], int]:
-    """§9.2 metrics of every answer token of `other` against `native`; returns (shifts, tokens skipped for ‖s‖ < 1e-12).
+                 example: int = 0) -> TokenShifts:
+    """§9.2 metrics of every answer token of `other` against `native`.
 
     window_start = t_0, k0 = t_{W−1} + 1 (boundary indices into h_0..h_L).
     """
@@ -92,7 +99,7 @@ def token_shifts(native: CacheTrace, other: CacheTrace, window_start: int, k0: i
             rho=rho.tolist(), alpha_rel_k=(alpha / s_norm).tolist(), beta_rel_k=(beta / s_norm).tolist(),
             cos_k=cos.tolist(),
         ))
-    return out, skipped
+    return TokenShifts(out, skipped)
 
 
 @dataclass

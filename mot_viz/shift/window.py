@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -61,10 +62,17 @@ def run_window(target: LoadedModel, case: ContextCase, native_trace: CacheTrace,
     return WindowRun(shifts, skipped, kl, scores, answer_lp)
 
 
+class WindowAnalysis(NamedTuple):
+    """A checkpoint's own window on one context: the §9.2 shifts, and everything measured on the way."""
+
+    shift: WindowShift
+    run: WindowRun
+
+
 def analyse_translation(mot: MoT, source: LoadedModel, target: LoadedModel, case: ContextCase,
                         translation: Translation | None = None, seed: int = 0,
                         conditions: Sequence[str] = ("full_mix", "random"), task_metric: bool = False,
-                        max_new_tokens: int = 16) -> tuple[WindowShift, WindowRun]:
+                        max_new_tokens: int = 16) -> WindowAnalysis:
     """§9.2 for a checkpoint's own window on one context: native vs the MoT cache vs the random control.
 
     The MoT cache is replayed the way the checkpoint replays (sparse if it is sparse); the shift
@@ -87,7 +95,7 @@ def analyse_translation(mot: MoT, source: LoadedModel, target: LoadedModel, case
         native_score = answer_from_cache(target, translation.native_kv, case.example, "native", max_new_tokens).score
     run = run_window(target, case, native_trace, caches, channels, 0, task_metric, native_score, max_new_tokens)
     ws = WindowShift("trained", channels.start, channels.end, target.spec.num_layers, run.shifts, run.skipped)
-    return ws, run
+    return WindowAnalysis(ws, run)
 
 
 def _mot_replay(mot: MoT, target: LoadedModel, translation: Translation) -> ReplayFn:

@@ -19,9 +19,10 @@ from streamlit.testing.v1 import AppTest
 from mot_viz.alignment import encode
 from mot_viz.answers import CONDITION_LABELS, answer_from_cache
 from mot_viz.checkpoint import load_checkpoint
-from mot_viz.data import build_prompt, load_dataset
+from mot_viz.eval_data import load_dataset
 from mot_viz.fidelity import translation_fidelity
 from mot_viz.mot import translate
+from mot_viz.prompts import build_prompt
 from mot_viz.testing import load_test_model, write_test_checkpoints
 from plotly_figures import figures
 
@@ -146,19 +147,6 @@ def test_free_text_without_question_asks_for_one():
     at = goto(use_free_text(start(), FREE_TEXT), "1_answers")
     assert any("has no question" in i.value for i in at.info)
     assert len(at.dataframe) == 0
-
-
-def test_free_text_for_a_chat_tuned_target_is_wrapped_in_its_turns():
-    from mot_viz.data import ChatFrame, free_text_selection
-
-    assert free_text_selection("Paris.", "", "") == ("Paris.", None, None)
-    chat = ChatFrame("<user>", "<end><assistant>")
-    context, example, suffix = free_text_selection("Paris is in France.", " Where is Paris? ", "France | FR", chat)
-    assert context == "<user>Paris is in France."
-    assert example.context == "Paris is in France." and example.answers == ("France", "FR")
-    assert suffix == "\nQuestion: Where is Paris?<end><assistant>Answer:"
-    _, _, plain = free_text_selection("Paris is in France.\n", "Where is Paris?", "")
-    assert plain == "Question: Where is Paris?\nAnswer:"
 
 
 # ----- cache error ------------------------------------------------------------------------------------

@@ -14,8 +14,9 @@ from streamlit.testing.v1 import AppTest
 
 from mot_viz import shift
 from mot_viz.checkpoint import load_checkpoint
-from mot_viz.data import build_prompt, load_dataset
+from mot_viz.eval_data import load_dataset
 from mot_viz.mot import translate
+from mot_viz.prompts import build_prompt
 from mot_viz.testing import load_test_model, write_test_checkpoints
 from plotly_figures import figures
 

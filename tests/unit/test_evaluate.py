@@ -7,12 +7,13 @@ import pytest
 import torch
 
 from conftest import CORPUS, tiny_model
-from mot_viz.errors import ConfigError
 from mot_viz.answers import answer_all, condition_caches
 from mot_viz.channels import Channels
-from mot_viz.data import QAExample
-from mot_viz.evaluate import EvalSettings, evaluate_examples, kv_cosine, summarize, truncate_context
+from mot_viz.errors import ConfigError
+from mot_viz.eval_report import summarize
+from mot_viz.evaluate import EvalSettings, evaluate_examples, kv_cosine, truncate_context
 from mot_viz.mot import MoT
+from mot_viz.prompts import QAExample
 
 EXTRACTIVE = QAExample(id="e1", dataset="toy", context=CORPUS[0] + " " + CORPUS[1], question="Who built it?",
                        answers=("Gustave Eiffel",))
@@ -85,7 +86,7 @@ def test_kv_cosine_and_truncation(setup):
     long = QAExample(id="l", dataset="toy", context=" ".join(CORPUS * 5), question="?", answers=("x",))
     short = truncate_context(target, long, budget=150)
     from mot_viz.alignment import encode
-    from mot_viz.data import build_prompt
+    from mot_viz.prompts import build_prompt
 
     assert len(encode(target.tokenizer, build_prompt(short).context_text)) <= 152  # decode/re-encode may shift by a token
     assert short.context and long.context.startswith(short.context[:20])
@@ -108,7 +109,7 @@ def test_lm_losses_per_condition(setup):
 def test_paired_differences_on_known_scores():
     import pandas as pd
 
-    from mot_viz.evaluate import paired_differences, paired_markdown
+    from mot_viz.eval_report import paired_differences, paired_markdown
 
     rows = [("d", str(i), c, s) for i, (m, r) in enumerate([(1, 0), (1, 0), (0, 0), (0, 1)])
             for c, s in (("mot", m), ("random", r), ("native", 1))]
@@ -126,7 +127,7 @@ def test_paired_differences_on_known_scores():
 @pytest.mark.parametrize("family", ["gpt2", "llama", "gemma3_text"])
 def test_batched_answers_equal_one_by_one(family):
     """The same-length caches (native, MoT, random) decoded as one batch give exactly the answers decoded alone."""
-    from mot_viz.answers import answer_from_cache, answers_from_caches, condition_caches
+    from mot_viz.answers import answer_from_cache, answers_from_caches, condition_caches, translated_seconds
     from mot_viz.channels import Channels
     from mot_viz.mot import MoT
 
@@ -135,7 +136,12 @@ def test_batched_answers_equal_one_by_one(family):
     mot = MoT.build(source.spec, target.spec, Channels((2, 3), (2, 3)), dim=16, heads=2, num_experts=2, top_k=1)
     example = QAExample(dataset="t", id="0", context="The cat sat on the mat near the door of the house.",
                         question="Where did the cat sit?", answers=("on the mat",))
-    _, caches = condition_caches(mot, source, target, example)
+    built = condition_caches(mot, source, target, example)
+    caches = built.kv
+    # one owner of the build times: the MoT cache costs the translation, the random control that plus its replay
+    assert built.seconds["mot"] == pytest.approx(translated_seconds(built.translation))
+    assert built.seconds["random"] > built.seconds["mot"] > 0
+    assert built.seconds["native"] == built.translation.timings["native_prefill"]
     g = torch.Generator().manual_seed(1)  # a very different cache of the same length: rows a mix-up would show
     caches["noise"] = [(k + 5 * torch.randn(k.shape, generator=g), v + 5 * torch.randn(v.shape, generator=g))
                        for k, v in caches["native"]]

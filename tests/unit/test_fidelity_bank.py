@@ -233,8 +233,8 @@ def test_context_fidelity_scores_a_perfect_translator_as_perfect():
 
 def test_mean_vector_control_replays_one_shared_vector_per_layer():
     from mot_viz.answers import condition_caches
-    from mot_viz.data import QAExample
     from mot_viz.fidelity import mean_vectors
+    from mot_viz.prompts import QAExample
 
     source, target = _pair()
     mot = MoT.build(source.spec, target.spec, Channels((2, 3), (2, 3)), ReplayConfig(4, 1), variant="linear")
@@ -244,8 +244,8 @@ def test_mean_vector_control_replays_one_shared_vector_per_layer():
         condition_caches(mot, source, target, example, conditions=("native", "mean"))
     means = mean_vectors(target, (2, 3), ["a tale of two cities", "the lazy dog sleeps all day"], "test")
     assert means.tokens > 0 and means.keys.shape == (2, target.spec.kv_hidden)
-    translation, caches = condition_caches(mot, source, target, example, conditions=("native", "mot", "mean"),
-                                           means=means)
+    built = condition_caches(mot, source, target, example, conditions=("native", "mot", "mean"), means=means)
+    translation, caches = built.translation, built.kv
     assert set(caches) == {"native", "mot", "mean"}
     # replaying the same window by hand gives the same cache
     from mot_viz.mot import replay

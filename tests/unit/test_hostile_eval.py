@@ -13,9 +13,10 @@ from conftest import CORPUS, tiny_model
 from mot_viz import evaluate
 from mot_viz.answers import answer_from_cache
 from mot_viz.channels import Channels
-from mot_viz.data import QAExample, load_dataset, load_jsonl
 from mot_viz.errors import CheckpointError, ConfigError, ContextError, DataFormatError, DataUnavailableError
+from mot_viz.eval_data import load_dataset, load_jsonl
 from mot_viz.mot import MoT, native_cache, target_context_ids, translate
+from mot_viz.prompts import QAExample
 from mot_viz.testing import load_test_model, write_test_checkpoints
 
 ROWS = [{"id": f"q{i}", "context": CORPUS[i % 3], "question": "Is it so?", "choices": ["yes", "no"], "label": i % 2}

@@ -12,10 +12,10 @@ from conftest import CORPUS, FAMILIES, tiny_model, tiny_tokenizer
 from mot_viz import hf, shift
 from mot_viz.answers import random_control_cache
 from mot_viz.channels import Channels, injection_channels
-from mot_viz.data import QAExample
 from mot_viz.errors import ConfigError
 from mot_viz.models import prepare_model
 from mot_viz.mot import MoT, ReplayConfig, replay, translate
+from mot_viz.prompts import QAExample
 
 EXAMPLE = QAExample(id="t", dataset="tiny/test", context=CORPUS[0] + " " + CORPUS[1], question="Where is the tower?",
                     answers=("in Paris, France",))

