@@ -340,12 +340,16 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, progress: Progress
     return _from_pretrained(name, name, dtype, hint)  # a Hub id
 
 
-def _main(argv: list[str]) -> int:
+def _main(argv: list[str] | None = None) -> int:
+    import argparse
+
     from .cli import run_cli
 
-    if argv[:1] != ["prepare"]:
-        print("usage: python -m mot_viz.models prepare   # convert the bundled models once", file=sys.stderr)
-        return 2
+    parser = argparse.ArgumentParser(prog="python -m mot_viz.models", description="Bundled models.")
+    parser.add_argument("command", choices=["prepare"],
+                        help="prepare: convert the bundled models into the user cache once (the setup runs it)")
+    parser.parse_args(argv)
+
     def prepare() -> None:
         for name in BUNDLED_MODELS:
             print(f"{name}: {bundled_model_dir(name)}")
@@ -354,4 +358,4 @@ def _main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+    sys.exit(_main())

@@ -3,11 +3,9 @@
 import streamlit as st
 
 from mot_viz import app
-from mot_viz.answers import first_answer_logprobs
 from mot_viz.cache_metrics import COMPARISONS, cache_error_grid, cache_error_table
 from mot_viz.fidelity import fidelity_verdicts
 from mot_viz.figures import FIDELITY_TITLES, METRIC_TITLES, error_heatmap, fidelity_figure, layer_error_figure
-from mot_viz.shift.metrics import kl_divergence
 from mot_viz.verdict import VerdictThresholds, reuse_verdict
 
 
@@ -80,17 +78,6 @@ def main() -> None:
     _verdict_section(run, fidelity, own)
 
 
-@st.cache_resource(show_spinner=False, max_entries=16)
-def _first_token_kl(selection, stamp: int, test: bool) -> float | None:
-    """KL(native ‖ translated) of the first answer token on this context and question (None without one)."""
-    if selection.suffix is None:
-        return None
-    target = app.get_model(selection.target)
-    translation = app.get_translation(selection)
-    return kl_divergence(first_answer_logprobs(target, translation.native_kv, selection.suffix),
-                         first_answer_logprobs(target, translation.mixed_kv, selection.suffix))
-
-
 def _verdict_section(run, fidelity, candidate: str) -> None:
     st.subheader("Reuse verdict: use this translated cache, or re-prefill?")
     st.markdown(
@@ -111,7 +98,7 @@ def _verdict_section(run, fidelity, candidate: str) -> None:
         values = {name: c[i].number_input(name, step=0.05, key=f"pg.error.verdict.{name}", format="%.2f")
                   for i, name in enumerate(names)}
     sel = run.selection
-    kl = _first_token_kl(sel, app.checkpoint_stamp(sel.checkpoint), app.test_mode())
+    kl = app.first_token_kl(sel)
     verdict = reuse_verdict(fidelity, kl, candidate, VerdictThresholds(**values))
     (st.success if verdict.reuse else st.warning)(
         f"**Verdict: {verdict.decision}.** " + ("Every signal is within its threshold." if verdict.reuse else

@@ -6,19 +6,10 @@ import streamlit as st
 from mot_viz import app
 from mot_viz.cache_metrics import expert_usage, gate_table, token_routing_table
 from mot_viz.figures import entropy_figure, expert_usage_figure, gates_heatmap, what_if_figure
-from mot_viz.translator import GateOverride, gate_balance
-from mot_viz.whatif import expert_error_table, what_if
+from mot_viz.translator import gate_balance
+from mot_viz.whatif import expert_error_table
 
 WHAT_IF_MODES = {"force one expert": "force", "drop one expert": "drop", "uniform gates": "uniform"}
-
-
-@st.cache_resource(show_spinner="Translating again with the overridden gates …", max_entries=8)
-def _what_if(selection, stamp: int, test: bool, mode: str, expert: int | None, max_new_tokens: int):
-    src, tgt = app.get_model(selection.source), app.get_model(selection.target)
-    mot, _ = app.get_checkpoint(selection.checkpoint, src, tgt)
-    base = app.get_translation(selection)
-    return [what_if(mot, src, tgt, base, override, selection.example, selection.suffix, max_new_tokens)
-            for override in (GateOverride(), GateOverride(mode, expert))]
 
 
 def main() -> None:
@@ -86,8 +77,7 @@ def main() -> None:
         expert = int(st.number_input("Expert", min_value=0, max_value=cfg.num_experts - 1, step=1,
                                      key="pg.routing.expert"))
     sel = run.selection
-    results = _what_if(sel, app.checkpoint_stamp(sel.checkpoint), app.test_mode(), mode, expert,
-                       app.DEFAULT_MAX_NEW_TOKENS)
+    results = app.what_if_pair(sel, mode, expert, app.DEFAULT_MAX_NEW_TOKENS)
     errors = pd.concat([r.errors.assign(choice=r.label) for r in results])
     app.show_figure(what_if_figure(errors, run.mot.channels.target_layers), errors, f"what_if_{mode}")
     def mean_cosine(e: pd.DataFrame, comparison: str, kvs=("K", "V")) -> float:

@@ -16,26 +16,6 @@ from mot_viz.shift.figures import (correction_split_figure, correction_trajector
 RESULTS_DIR = Path(os.environ.get("MOT_VIZ_SHIFT_RESULTS", app.REPO_ROOT / "results" / "shift"))
 
 
-@st.cache_resource(show_spinner=False, max_entries=8)
-def _checkpoint_window(selection, stamp: int, test: bool, seed: int):
-    src, tgt = app.get_model(selection.source), app.get_model(selection.target)
-    mot, _ = app.get_checkpoint(selection.checkpoint, src, tgt)
-    case = shift.case_from_text(tgt, selection.text, selection.suffix, selection.example)
-    ws, window_run = shift.analyse_translation(mot, src, tgt, case, app.get_translation(selection), seed=seed)
-    return ws, window_run, case
-
-
-@st.cache_resource(show_spinner=False, max_entries=8)
-def _live_sweep(selection, stamp: int, test: bool, mode: str, window: int, size: float, controls: bool, seed: int,
-                _progress=None):
-    src, tgt = app.get_model(selection.source), app.get_model(selection.target)
-    profile_mot = app.get_checkpoint(selection.checkpoint, src, tgt)[0] if mode != "perturbation" else None
-    cfg = shift.SweepConfig(mode=mode, window=window, perturbation_size=size, seed=seed, controls=controls,
-                            task_metric=False)
-    case = shift.case_from_text(tgt, selection.text, selection.suffix, selection.example)
-    return shift.sweep(tgt, [case], cfg, source=src, profile_mot=profile_mot, progress=_progress)
-
-
 def main() -> None:
     st.title("Shift analysis")
     app.explain(
@@ -60,7 +40,6 @@ def main() -> None:
     run = app.current_run()
     app.run_caption(run)
     sel = run.selection
-    stamp = app.checkpoint_stamp(sel.checkpoint)
 
     # ----- 1. the checkpoint's own window on this context --------------------------------------------------
 
@@ -73,7 +52,7 @@ def main() -> None:
         seed = int(st.session_state["pg.shift.seed"])
         try:
             with st.spinner("Tracing the residual stream on the native, MoT and random-control caches …"):
-                ws, window_run, case = _checkpoint_window(sel, stamp, app.test_mode(), seed)
+                (ws, window_run), case = app.window_analysis(sel, seed)
         except MotVizError as exc:
             app.show_error(exc)
             st.stop()
@@ -138,8 +117,7 @@ def main() -> None:
         if st.session_state.get("pg.shift.live") == params:
             bar = st.empty()
             try:
-                live = _live_sweep(sel, stamp, app.test_mode(), *params,
-                                   _progress=lambda f, what: bar.progress(min(f, 1.0), text=what))
+                live = app.live_sweep(sel, *params, progress=lambda f, what: bar.progress(min(f, 1.0), text=what))
             except MotVizError as exc:
                 app.show_error(exc)
                 live = None

@@ -43,9 +43,10 @@ def context_of(target, n_tokens: int) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 256, 512])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default="docs/bench_engine.md")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 256, 512],
+                        help="context lengths in target tokens")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per length (the median is reported)")
+    parser.add_argument("--out", default="docs/bench_engine.md", help="markdown file the table is written to")
     args = parser.parse_args()
 
     torch.manual_seed(0)

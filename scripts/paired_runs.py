@@ -25,8 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="FOLDER:CONDITION=LABEL")
     parser.add_argument("--pairs", nargs="+", required=True, help="LABEL_A:LABEL_B (A − B)")
-    parser.add_argument("--bootstrap", type=int, default=1000)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples per interval")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resampling")
     args = parser.parse_args(argv)
     frames = []
     for spec in args.runs:

@@ -12,6 +12,7 @@ app's Training page shows it).
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -106,8 +107,11 @@ def record_in_configs() -> list[Path]:
     return sorted(records)
 
 
-def main() -> int:
-    if "--record" in sys.argv[1:]:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Print docs/RESULTS.md's tables from results/eval/ and pretrained/.")
+    parser.add_argument("--record", action="store_true",
+                        help="also write each checkpoint's results into its config.json (metrics.evaluation)")
+    if parser.parse_args(argv).record:
         for config in record_in_configs():
             print(f"recorded evaluation results in {config.relative_to(ROOT)}", file=sys.stderr)
     print("## How the shipped checkpoints were trained\n")

@@ -64,7 +64,8 @@ def render(figures: dict, out: Path, prefix: str, width: int = 1000, height: int
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweep", type=Path, help="a folder written by scripts/shift_sweep.py")
-    parser.add_argument("--out", type=Path, default=REPO / "docs" / "figures" / "shift")
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "figures" / "shift",
+                        help="folder the figures are written to")
     parser.add_argument("--starts", default=None, help="comma-separated starts for ρ_k plots (default: first, last)")
     args = parser.parse_args()
     if not Path(CHROMIUM).is_file():

@@ -41,10 +41,10 @@ def log(msg: str) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--mode", choices=shift.MODES, default="perturbation")
-    p.add_argument("--source", default="smollm2-135m")
-    p.add_argument("--target", default="gemma3-270m")
-    p.add_argument("--dataset", default="squad")
+    p.add_argument("--mode", choices=shift.MODES, default="perturbation", help="what is injected at each start (method.md §9.1)")
+    p.add_argument("--source", default="smollm2-135m", help="source model: bundled name, Hub id, folder or .gguf")
+    p.add_argument("--target", default="gemma3-270m", help="target model: bundled name, Hub id, folder or .gguf")
+    p.add_argument("--dataset", default="squad", help="evaluation dataset the contexts come from (mot_viz.eval_data)")
     p.add_argument("--split", default=None, help="dataset split (default: its evaluation split)")
     p.add_argument("--n", type=int, default=20, help="examples")
     p.add_argument("--data_seed", type=int, default=0, help="which n examples (load_dataset shuffle seed)")
@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no_controls", action="store_true", help="skip the dir_only / mag_only replays")
     p.add_argument("--task_metric", action="store_true",
                    help="greedy answers per start and condition (F1 / accuracy); slow: ~3 s per answer on a CPU")
-    p.add_argument("--max_new_tokens", type=int, default=16)
+    p.add_argument("--max_new_tokens", type=int, default=16, help="longest generated answer (tokens)")
     p.add_argument("--checkpoint", default=None, help="checkpoint-error-profile mode: the checkpoint folder")
     p.add_argument("--base_config", default=str(ROOT / "configs" / "smollm2-to-gemma3.json"),
                    help="trained mode: TrainConfig JSON whose translator/optimiser settings every start uses")

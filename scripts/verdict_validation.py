@@ -156,7 +156,7 @@ def report(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, help="what to run")
     s = sub.add_parser("signals", help="compute each example's verdict signals (resumable)")
     s.add_argument("--checkpoint", required=True, help="checkpoint folder")
     s.add_argument("--n", type=int, default=300, help="SQuAD examples (seed 0, as the evaluator samples them)")

@@ -1,6 +1,7 @@
 """The cached loaders (st.cache_resource / st.cache_data, on hashable keys only): the checkpoints on offer, the
 datasets' examples, the models, a checkpoint, the one translation per input, every answer condition's cache and
-answer, the mean vectors and the window fidelity.
+answer, the mean vectors and the window fidelity, and the pages' own analyses of a translation (first-token KL,
+expert what-if, the shift analysis of the checkpoint's window and a live start sweep).
 
 The translation of one (source, target, checkpoint, context) is computed once and shared by every page and every
 browser tab. Cached objects are never mutated.
@@ -15,8 +16,9 @@ from typing import TYPE_CHECKING, NamedTuple
 import pandas as pd
 import streamlit as st
 
+from .. import shift
 from ..answers import (CONDITION_LABELS, CONDITIONS, Answer, ConditionCaches, answers_from_caches, condition_caches,
-                       translated_seconds)
+                       first_answer_logprobs, translated_seconds)
 from ..checkpoint import load_checkpoint, read_config
 from ..errors import CheckpointError, ModelLoadError, MotVizError
 from ..fidelity import MeanVectors, reference_means, translation_fidelity
@@ -24,6 +26,9 @@ from ..models import DEFAULT_SOURCE, DEFAULT_TARGET, LoadedModel, load_model
 from ..mot import MoT, Translation, check_pair, translate
 from ..prompts import QAExample
 from ..quickfit import fits_dir
+from ..shift.metrics import kl_divergence
+from ..translator import GateOverride
+from ..whatif import WhatIf, what_if
 from .settings import (DEFAULT_CHECKPOINT, EXAMPLES_PER_DATASET, MAX_CONTEXT_TOKENS, MEAN_VECTOR_PASSAGES,
                        pretrained_dir, test_mode)
 
@@ -148,10 +153,15 @@ def translation_key(sel: Selection, checkpoint: str | None = None) -> Translatio
 
 
 # a translation of a 1,024-token context on the default pair holds ~200 MB of caches: keep a few
+def _loaded(key: TranslationKey) -> tuple[LoadedModel, LoadedModel, MoT]:
+    """The key's source and target models and its checkpoint's MoT."""
+    src, tgt = get_model(key.source), get_model(key.target)
+    return src, tgt, get_checkpoint(key.checkpoint, src, tgt)[0]
+
+
 @st.cache_resource(show_spinner=False, max_entries=6)
 def _cached_translation(key: TranslationKey) -> Translation:
-    src, tgt = get_model(key.source), get_model(key.target)
-    mot, _ = get_checkpoint(key.checkpoint, src, tgt)
+    src, tgt, mot = _loaded(key)
     return translate(mot, src, tgt, key.text, max_tokens=min(MAX_CONTEXT_TOKENS, tgt.spec.max_positions))
 
 
@@ -163,8 +173,7 @@ def get_translation(sel: Selection, checkpoint: str | None = None) -> Translatio
 @st.cache_resource(show_spinner=False, max_entries=4)
 def _cached_condition_caches(key: TranslationKey) -> ConditionCaches:
     """Every answer condition's cache of the key's translation, with its build time (mot_viz.answers)."""
-    src, tgt = get_model(key.source), get_model(key.target)
-    mot, _ = get_checkpoint(key.checkpoint, src, tgt)
+    src, tgt, mot = _loaded(key)
     return condition_caches(mot, src, tgt, None, _cached_translation(key))
 
 
@@ -207,8 +216,7 @@ def window_fidelity(run: "Run") -> pd.DataFrame:
 
 @st.cache_data(show_spinner="Scoring the window against its baselines …", max_entries=8)
 def _cached_window_fidelity(key: TranslationKey, _sel: Selection) -> pd.DataFrame:
-    src, tgt = get_model(key.source), get_model(key.target)
-    mot, _ = get_checkpoint(key.checkpoint, src, tgt)
+    src, tgt, mot = _loaded(key)
     means = _cached_mean_vectors(key.target, tuple(mot.channels.target_layers), test_mode())
     own = "linear" if mot.translator.config.variant == "linear" else "translator"
     rows = translation_fidelity(_cached_translation(key), tgt, mot.channels, means, candidate=own)
@@ -242,3 +250,64 @@ def answer_rows(sel: Selection, max_new_tokens: int, checkpoint: str | None = No
         "choice_logprobs": None if answer.choice_logprobs is None else
         ", ".join(f"{x:.3f}" for x in answer.choice_logprobs),
     } for condition, answer in answers.items()]
+
+
+# ----- the pages' analyses of a translation ---------------------------------------------------------
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def _cached_first_token_kl(key: TranslationKey, suffix: str) -> float:
+    target, translation = get_model(key.target), _cached_translation(key)
+    return kl_divergence(first_answer_logprobs(target, translation.native_kv, suffix),
+                         first_answer_logprobs(target, translation.mixed_kv, suffix))
+
+
+def first_token_kl(sel: Selection) -> float | None:
+    """KL(native ‖ translated) of the first answer token on this context and question (None without a question)."""
+    return None if sel.suffix is None else _cached_first_token_kl(translation_key(sel), sel.suffix)
+
+
+@st.cache_resource(show_spinner="Translating again with the overridden gates …", max_entries=8)
+def _cached_what_if(key: TranslationKey, example: QAExample | None, suffix: str | None, mode: str,
+                    expert: int | None, max_new_tokens: int) -> list[WhatIf]:
+    src, tgt, mot = _loaded(key)
+    base = _cached_translation(key)
+    return [what_if(mot, src, tgt, base, override, example, suffix, max_new_tokens)
+            for override in (GateOverride(), GateOverride(mode, expert))]
+
+
+def what_if_pair(sel: Selection, mode: str, expert: int | None, max_new_tokens: int) -> list[WhatIf]:
+    """The router's own choice and the overridden gates (mot_viz.whatif), in that order."""
+    return _cached_what_if(translation_key(sel), sel.example, sel.suffix, mode, expert, max_new_tokens)
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _cached_window_analysis(key: TranslationKey, suffix: str, example: QAExample | None,
+                            seed: int) -> tuple[shift.WindowAnalysis, shift.ContextCase]:
+    src, tgt, mot = _loaded(key)
+    case = shift.case_from_text(tgt, key.text, suffix, example)
+    return shift.analyse_translation(mot, src, tgt, case, _cached_translation(key), seed=seed), case
+
+
+def window_analysis(sel: Selection, seed: int) -> tuple[shift.WindowAnalysis, shift.ContextCase]:
+    """§9.2 for the checkpoint's own window on the selection's context, and the context case it traced."""
+    return _cached_window_analysis(translation_key(sel), sel.suffix, sel.example, seed)
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _cached_live_sweep(key: TranslationKey, suffix: str, example: QAExample | None, mode: str, window: int,
+                       size: float, controls: bool, seed: int,
+                       _progress: shift.ProgressFn | None = None) -> shift.SweepResult:
+    src, tgt = get_model(key.source), get_model(key.target)
+    profile_mot = get_checkpoint(key.checkpoint, src, tgt)[0] if mode != "perturbation" else None
+    cfg = shift.SweepConfig(mode=mode, window=window, perturbation_size=size, seed=seed, controls=controls,
+                            task_metric=False)
+    case = shift.case_from_text(tgt, key.text, suffix, example)
+    return shift.sweep(tgt, [case], cfg, source=src, profile_mot=profile_mot, progress=_progress)
+
+
+def live_sweep(sel: Selection, mode: str, window: int, size: float, controls: bool, seed: int,
+               progress: shift.ProgressFn | None = None) -> shift.SweepResult:
+    """§9.1 start sweep on the selection's context alone (mot_viz.shift.sweep, no task metric)."""
+    return _cached_live_sweep(translation_key(sel), sel.suffix, sel.example, mode, window, size, controls, seed,
+                              _progress=progress)
