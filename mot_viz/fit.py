@@ -125,17 +125,30 @@ def bank_validation(mot: MoT, bank: Bank, contexts: list[int]) -> dict[str, floa
     return {k: v / max(tokens, 1) for k, v in sums.items()}
 
 
+class BankLoss(torch.nn.Module):
+    """The translation term on bank blocks as a module (what DistributedDataParallel wraps under torchrun)."""
+
+    def __init__(self, mot: MoT, balance_weight: float = 0.0):
+        super().__init__()
+        self.mot = mot
+        self.balance_weight = balance_weight
+
+    def forward(self, sk, sv, tk, tv) -> tuple[torch.Tensor, dict[str, float]]:
+        return bank_loss(self.mot, sk, sv, tk, tv, self.balance_weight)
+
+
 def bank_stage(mot: MoT, bank: Bank, steps: int, lr: float, batch: int = 8, crop: int = 128,
                weight_decay: float = 0.01, warmup: int = 50, grad_clip: float = 1.0, balance_weight: float = 0.0,
                seed: int = 0, log_every: int = 100, rank: int = 0, world: int = 1,
-               sync_grads: Callable[[list[torch.nn.Parameter]], None] | None = None,
+               parallel: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
                log: Callable[[dict], None] | None = None, progress: bool = True,
                params: list[torch.nn.Parameter] | None = None) -> list[dict]:
     """Train every translator parameter on the bank's translation term for `steps` AdamW steps.
 
     Each step takes `batch` random training contexts (a rank takes its own share under torchrun) and a
     random crop of each; the held-out contexts are scored every `log_every` steps. Returns the log rows.
-    `params` (default: every translator parameter) are the ones updated.
+    `params` (default: every translator parameter) are the ones updated; `parallel` wraps the loss module
+    (DistributedDataParallel across the ranks of a torchrun).
     """
     from tqdm import tqdm
 
@@ -144,6 +157,8 @@ def bank_stage(mot: MoT, bank: Bank, steps: int, lr: float, batch: int = 8, crop
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     gen = torch.Generator().manual_seed(seed * 1000 + rank)
     rows, window, t0 = [], [], time.perf_counter()
+    loss_fn = BankLoss(mot, balance_weight)
+    loss_fn = parallel(loss_fn) if parallel is not None else loss_fn
     mot.train()
     bar = tqdm(total=steps, disable=not progress or rank != 0, desc="bank stage", dynamic_ncols=True)
     for step in range(1, steps + 1):
@@ -151,11 +166,9 @@ def bank_stage(mot: MoT, bank: Bank, steps: int, lr: float, batch: int = 8, crop
             group["lr"] = cosine_lr(lr, step, warmup, steps)
         picks = torch.randint(0, len(train), (batch * world,), generator=torch.Generator().manual_seed(seed + step))
         mine = [train[int(i)] for i in picks[rank::world]]
-        total, parts = bank_loss(mot, *_crops(bank, mine, crop, gen), balance_weight=balance_weight)
+        total, parts = loss_fn(*_crops(bank, mine, crop, gen))
         optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        if sync_grads is not None:
-            sync_grads(params)
+        total.backward()  # under DistributedDataParallel: the gradients arrive averaged over the ranks
         torch.nn.utils.clip_grad_norm_(params, grad_clip)
         optimizer.step()
         window.append(parts)

@@ -2,7 +2,7 @@
 
     python -m mot_viz.train --config configs/smollm2-to-gemma3.json --max_steps 300
     python -m mot_viz.train --output_dir runs/x --resume          # continue a killed run
-    torchrun --nproc_per_node 2 -m mot_viz.train --config ...     # several processes (gloo on CPU, NCCL on GPU)
+    torchrun --nproc_per_node 2 -m mot_viz.train --config ...     # several processes: DistributedDataParallel (gloo/NCCL)
 
 Both LMs are frozen; only the translator pool trains. Loss per row:
 CE(target on the 64 prompt tokens from the mixed cache, labels) + λ·(MSE_K + MSE_V) over the target
@@ -12,6 +12,7 @@ safetensors, written atomically, so ``--resume`` gives the same result as an uni
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from . import hf, runs
 from .channels import (Channels, depth_ratio_candidates, depth_ratio_window, injection_channels, terminal_channels,
@@ -77,7 +79,7 @@ def row_loss(mot: MoT, source: LoadedModel, target: LoadedModel, row: torch.Tens
     return LossTerms(total, ce.item(), mse_k.item(), mse_v.item(), tr_mse.item(), float(balance.detach()), out)
 
 
-# ----- distributed helpers: plain all-reduce of gradients keeps every rank's translator identical ----------
+# ----- several processes: torchrun starts them, torch's DistributedDataParallel averages the gradients ------
 
 
 def _dist():
@@ -93,15 +95,28 @@ def init_distributed() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), world
 
 
-def _all_reduce_grads(params: list[torch.nn.Parameter], world: int) -> None:
-    dist = _dist()
-    if dist is None:
-        return
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        dist.all_reduce(p.grad)
-        p.grad /= world
+def data_parallel(module: nn.Module) -> nn.Module:
+    """`module` under DistributedDataParallel when several processes run, else itself.
+
+    find_unused_parameters: top-k routing leaves some experts without a gradient on some ranks and steps.
+    """
+    if _dist() is None:
+        return module
+    return nn.parallel.DistributedDataParallel(module, find_unused_parameters=True)
+
+
+class RowLoss(nn.Module):
+    """row_loss as a module (what DistributedDataParallel wraps); the frozen models are plain attributes."""
+
+    def __init__(self, mot: MoT, source: LoadedModel, target: LoadedModel, cfg: TrainConfig):
+        super().__init__()
+        self.mot = mot
+        self.source, self.target, self.cfg = source, target, cfg
+
+    def forward(self, row: torch.Tensor) -> LossTerms:
+        cfg = self.cfg
+        return row_loss(self.mot, self.source, self.target, row, cfg.prefix_tokens, cfg.mse_weight,
+                        translation_weight=cfg.translation_weight, balance_weight=cfg.balance_weight)
 
 
 # ----- channels -----------------------------------------------------------------------------------------
@@ -194,7 +209,7 @@ def _bank_stages(cfg: TrainConfig, mot: MoT, source: LoadedModel, target: Loaded
         rows = bank_stage(mot, bank, cfg.bank_steps, cfg.bank_learning_rate, batch=cfg.bank_batch, crop=cfg.bank_crop,
                           weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip_norm,
                           balance_weight=cfg.balance_weight, seed=cfg.seed, rank=rank, world=world,
-                          sync_grads=lambda ps: _all_reduce_grads(ps, world), log=write, progress=progress,
+                          parallel=data_parallel, log=write, progress=progress,
                           params=params)
         summary["bank_stage"] = rows[-1]
     if rank == 0:
@@ -263,6 +278,7 @@ def train(cfg: TrainConfig, resume: bool = False, source: LoadedModel | None = N
         stage_metrics = _bank_stages(cfg, mot, source, target, run_dir, rank, world, log, progress, params)
         if cfg.max_steps == 0 and rank == 0:
             runs.save_state(run_dir, mot, optimizer, 0, asdict(cfg), stage_metrics)
+    loss_fn = data_parallel(RowLoss(mot, source, target, cfg))
     mot.train()
     rows_per_step = cfg.batch_size * cfg.grad_accum_steps * world
     start_time = time.time()
@@ -279,15 +295,16 @@ def train(cfg: TrainConfig, resume: bool = False, source: LoadedModel | None = N
             terms = {"ce": 0.0, "mse_k": 0.0, "mse_v": 0.0, "tr_mse": 0.0, "balance": 0.0, "loss": 0.0}
             local_rows = [((step - 1) * rows_per_step + i) % len(bank) for i in range(rank, rows_per_step, world)]
             routing = None
-            for index in local_rows:
-                t = row_loss(mot, source, target, bank[index], cfg.prefix_tokens, cfg.mse_weight,
-                             translation_weight=cfg.translation_weight, balance_weight=cfg.balance_weight)
-                (t.total / len(local_rows)).backward()
+            for i, index in enumerate(local_rows):
+                # the ranks' gradients are averaged once, in the backward of this step's last local row
+                sync = i == len(local_rows) - 1 or not isinstance(loss_fn, nn.parallel.DistributedDataParallel)
+                with contextlib.nullcontext() if sync else loss_fn.no_sync():
+                    t = loss_fn(bank[index])
+                    (t.total / len(local_rows)).backward()
                 routing = t.window
                 for key, val in (("ce", t.ce), ("mse_k", t.mse_k), ("mse_v", t.mse_v), ("tr_mse", t.tr_mse),
                                  ("balance", t.balance), ("loss", t.total.item())):
                     terms[key] += val / len(local_rows)
-            _all_reduce_grads(params, world)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip_norm))
             optimizer.step()
             completed = step
