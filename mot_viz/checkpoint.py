@@ -44,8 +44,20 @@ def weights_sha256(folder: Path) -> str:
     return digest.hexdigest()
 
 
+def _within_one_ulp(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors of one floating dtype differ by at most one unit in the last place everywhere."""
+    eps, tiny = torch.finfo(a.dtype).eps, torch.finfo(a.dtype).smallest_normal
+    a, b = a.double(), b.double()
+    return bool(((a - b).abs() <= (a.abs().maximum(b.abs()) * eps).clamp(min=tiny)).all())
+
+
 def _share_linear(state: dict[str, torch.Tensor], final: Path, linear: Path) -> tuple[dict, dict]:
-    """Drop the linear.* weights that equal those of the checkpoint at `linear`; the config entry naming it."""
+    """Drop the linear.* weights that equal those of the checkpoint at `linear`; the config entry naming it.
+
+    "Equal" allows one unit in the last place of the stored dtype: the same closed-form fit, repeated on another
+    run, can round a few weights the other way (an fp16 export already moves every weight by up to half that).
+    The largest difference is recorded; the shared weights are the ones loaded.
+    """
     own = {k: v for k, v in state.items() if k.startswith(LINEAR_PREFIX)}
     if not own:
         raise CheckpointError("shared_linear was given, but this translator has no linear path to share.")
@@ -53,12 +65,13 @@ def _share_linear(state: dict[str, torch.Tensor], final: Path, linear: Path) -> 
         theirs = load_file(str(Path(linear) / WEIGHTS_FILE))
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"cannot share the linear path of '{linear}': its weights are unreadable ({exc}).") from exc
-    if set(own) != set(theirs) or any(not torch.equal(v, theirs[k].to(v.dtype)) or v.dtype != theirs[k].dtype
-                                      for k, v in own.items()):
+    if set(own) != set(theirs) or any(v.dtype != theirs[k].dtype or v.shape != theirs[k].shape
+                                      or not _within_one_ulp(v, theirs[k]) for k, v in own.items()):
         raise CheckpointError(f"the linear path is not the one stored in '{linear}' (other weights or dtype): "
                               "save it in full, or share the linear checkpoint it was initialised from.")
     reference = {"checkpoint": os.path.relpath(Path(linear).resolve(), Path(final).resolve()),
-                 "sha256": weights_sha256(Path(linear))}
+                 "sha256": weights_sha256(Path(linear)),
+                 "max_abs_difference": max(float((v.double() - theirs[k].double()).abs().max()) for k, v in own.items())}
     return {k: v for k, v in state.items() if k not in own}, reference
 
 
@@ -239,3 +252,28 @@ def load_checkpoint(path: str | Path, source=None, target=None) -> tuple[MoT, di
     mot.translator.load_state_dict({k: v.float() for k, v in state.items()})
     mot.eval()
     return mot, config
+
+
+def copy_linear_path(mot: MoT, path: str | Path) -> dict:
+    """Set `mot`'s linear path to the map of the linear checkpoint at `path` (same pair, window and key space).
+
+    A mixture that starts from a shipped linear map (rather than a fit of its own, which may round a few weights
+    differently) can then store that path by reference, exactly (save_checkpoint's shared_linear). Returns a
+    report like fit.fit_linear's, naming the checkpoint.
+    """
+    linear, config = load_checkpoint(path)
+    if mot.translator.linear is None:
+        raise CheckpointError("this translator has no linear path to copy into (use init 'linear').")
+    if linear.translator.config.variant != "linear":
+        raise CheckpointError(f"'{path}' is a {linear.translator.config.variant!r} checkpoint, not a linear map.")
+    same = (linear.source.fingerprint == mot.source.fingerprint and linear.target.fingerprint == mot.target.fingerprint
+            and linear.channels == mot.channels
+            and linear.translator.config.key_space == mot.translator.config.key_space)
+    if not same:
+        raise CheckpointError(f"'{path}' maps another pair, window or key space than this translator: "
+                              "copy the linear checkpoint of the same window, or fit one (leave linear_from empty).")
+    with torch.no_grad():
+        mot.translator.linear.load_state_dict(linear.translator.linear.state_dict())
+    fit = (config.get("metrics") or {}).get("linear_fit") or (config.get("metrics") or {}).get("bank", {})
+    return {"from": str(path), "sha256": weights_sha256(Path(path)),
+            **{k: fit[k] for k in ("lambda_k", "lambda_v", "train_tokens") if k in fit}}

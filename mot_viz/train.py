@@ -28,6 +28,7 @@ from torch import nn
 from . import hf, runs
 from .channels import (Channels, depth_ratio_candidates, depth_ratio_window, injection_channels, terminal_channels,
                        window_size_range)
+from .checkpoint import copy_linear_path
 from .cli import run_cli
 from .corpus import split_sequence, training_sequences
 from .fit import balance_loss, bank_stage, cosine_lr, fit_linear, trainable_parameters
@@ -190,7 +191,11 @@ def _bank_stages(cfg: TrainConfig, mot: MoT, source: LoadedModel, target: Loaded
                         "tokens": int(bank.lengths.sum()), "corpus": bank.manifest["bank"]["corpus"],
                         "seconds_to_load_or_build": round(time.time() - t0, 1)}}
     log(f"bank: {bank.num_contexts} contexts, {int(bank.lengths.sum())} tokens ({bank.folder})")
-    if mot.translator.linear is not None:
+    if mot.translator.linear is not None and cfg.linear_from:
+        summary["linear_fit"] = copy_linear_path(mot, cfg.linear_from)
+        mot.translator.silence_experts()  # step 0 equals that linear checkpoint
+        log(f"linear path: copied from {cfg.linear_from}")
+    elif mot.translator.linear is not None:
         summary["linear_fit"] = fit_linear(mot, bank)
         if cfg.variant != "linear":
             mot.translator.silence_experts()  # step 0 equals the closed-form map

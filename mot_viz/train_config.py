@@ -52,6 +52,7 @@ class TrainConfig:
     bank_crop: int = 128  # tokens per context crop in a bank step
     bank_learning_rate: float = 1e-3  # peak learning rate of stage 1
     train_linear_path: bool = False  # init=linear: also update the fitted linear path (default: kept fixed)
+    linear_from: str = ""  # init=linear: copy the linear path from this linear checkpoint instead of fitting it again
     log_every: int = 5  # optimiser steps per log line
     save_every: int = 25  # optimiser steps per checkpoint
     seed: int = 42
@@ -79,6 +80,9 @@ class TrainConfig:
             raise ConfigError("nothing to train: set max_steps (replay stage) or bank_steps (bank stage) above 0")
         if self.init not in ("random", "linear"):
             raise ConfigError(f"init must be 'random' or 'linear', not '{self.init}'")
+        if self.linear_from and (self.init != "linear" or self.variant == "linear"):
+            raise ConfigError("linear_from is for a mixture or single translator with init 'linear' (it copies that "
+                              "checkpoint's linear path as the fixed residual path)")
         if self.bank_steps < 0 or self.translation_weight < 0 or self.balance_weight < 0:
             raise ConfigError("bank_steps, translation_weight and balance_weight must be >= 0")
         for name in ("learning_rate", "bank_learning_rate", "grad_clip_norm"):

@@ -189,6 +189,18 @@ def test_a_missing_changed_or_different_shared_linear_path_is_refused(pair, tmp_
     with pytest.raises(CheckpointError, match="not the one stored"):  # float32 weights vs the fp16 linear file
         save_checkpoint(mix, tmp_path / "mix", shared_linear=tmp_path / "lin")
     assert not (tmp_path / "mix").exists() and not list(tmp_path.glob("mix.tmp-*"))
+    with torch.no_grad():  # one fp16 ulp off (a repeated fit's rounding) is still the same map; two are not
+        weight = mix.translator.linear.key_proj.weight
+        original = weight.clone()
+        half = weight.half()
+        weight.copy_(half.nextafter(torch.full_like(half, float("inf"))).float())
+        one_ulp = torch.finfo(torch.float16).eps * weight.abs()
+        save_checkpoint(mix, tmp_path / "near", dtype=torch.float16, shared_linear=tmp_path / "lin")
+        assert 0 < read_config(tmp_path / "near")["shared_linear"]["max_abs_difference"]
+        weight.add_(3 * one_ulp)
+        with pytest.raises(CheckpointError, match="not the one stored"):
+            save_checkpoint(mix, tmp_path / "far", dtype=torch.float16, shared_linear=tmp_path / "lin")
+        weight.copy_(original)
     save_checkpoint(mix, tmp_path / "mix")
     (tmp_path / "mix" / "log.jsonl").write_text('{"step": 1}\n')
     export_run(tmp_path / "mix", tmp_path / "mix", shared_linear=tmp_path / "lin")  # re-saved in place, fp16, shared

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import tiny_model
-from mot_viz.errors import ConfigError
+from mot_viz.errors import CheckpointError, ConfigError
 from mot_viz import hf
 from mot_viz import train as train_mod
 from mot_viz.bank import BankConfig, build_bank, context_blocks
@@ -199,6 +199,33 @@ def test_a_linear_variant_trains_in_closed_form_only(tmp_path, monkeypatch):
     mot, config = load_checkpoint(run / "checkpoint", source, target)
     assert config["translator"]["variant"] == "linear" and "linear_fit" in config["metrics"]
     assert mot.translator.linear.key_proj.weight.abs().sum() > 0
+
+
+def test_a_mixture_started_from_a_linear_checkpoint_shares_its_map_exactly(tmp_path, monkeypatch):
+    from mot_viz.checkpoint import load_checkpoint, read_config
+    from mot_viz.export import export_run
+
+    monkeypatch.setenv("MOT_VIZ_CACHE", str(tmp_path / "cache"))
+    source, target = _pair()
+    rows = torch.zeros(4, 24, dtype=torch.long)
+    linear_run = train(_cfg(tmp_path / "lin", variant="linear", max_steps=0, bank_steps=0), source=source,
+                       target=target, bank=rows, progress=False)
+    export_run(linear_run, tmp_path / "shipped" / "lin")  # fp16, as in pretrained/
+    cfg = _cfg(tmp_path / "mix", max_steps=2, bank_steps=2, linear_from=str(tmp_path / "shipped" / "lin"))
+    mix_run = train(cfg, source=source, target=target, bank=rows, progress=False)
+    assert json.loads((mix_run / "bank_stage.json").read_text())["linear_fit"]["from"] == cfg.linear_from
+    out = export_run(mix_run, tmp_path / "shipped" / "mix", shared_linear=tmp_path / "shipped" / "lin")
+    assert read_config(out)["shared_linear"]["max_abs_difference"] == 0.0  # the same map, bit for bit
+    mix, _ = load_checkpoint(out, source, target)
+    lin, _ = load_checkpoint(tmp_path / "shipped" / "lin", source, target)
+    assert all(torch.equal(a, b) for a, b in zip(mix.translator.linear.state_dict().values(),
+                                                 lin.translator.linear.state_dict().values()))
+    with pytest.raises(ConfigError, match="linear_from"):
+        _cfg(tmp_path, variant="linear", linear_from=cfg.linear_from)
+    other_window = _cfg(tmp_path / "other", max_steps=1, bank_steps=1, linear_from=cfg.linear_from,
+                        layer_alignment="injection", injection_layer_start_idx=0, injection_window_size=2)
+    with pytest.raises(CheckpointError, match="another pair, window or key space"):
+        train(other_window, source=source, target=target, bank=rows, progress=False)
 
 
 def test_fidelity_metrics_on_known_cases():
