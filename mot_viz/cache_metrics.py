@@ -179,8 +179,9 @@ def cache_space_table(vectors: dict[str, torch.Tensor], tokens: Sequence[str], m
                       fit_on: Sequence[str] = FIT_ON) -> pd.DataFrame:
     """2-D coordinates of every kind's vectors, one row per (kind, token), with the space each was projected in.
 
-    Kinds in the target space (native, translated, replayed, a linear map's) share ONE projection, fitted on the
-    `fit_on` kinds together (all target kinds when none of them is given) and applied to the others, so their
+    Kinds in the target space (native, translated, replayed, a linear map's, a second translator's) share ONE
+    projection, fitted on the `fit_on` kinds together (all target kinds when none of them is given) and applied to
+    the others, so their
     distances are comparable and the axes do not move when a kind is shown or hidden. The source lives in
     another space with another width, so it gets its own projection: its coordinates show the source's own
     geometry, not closeness to the target points.

@@ -7,6 +7,7 @@ Every hover shows the exact value.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import pandas as pd
@@ -16,7 +17,7 @@ from plotly.subplots import make_subplots
 
 _WHITESPACE = str.maketrans({" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"})
 KIND_COLOURS = {"native target": "#1f77b4", "translated": "#d62728", "replayed target": "#2ca02c",
-                "source (aligned)": "#9467bd", "linear map": "#ff7f0e"}
+                "source (aligned)": "#9467bd", "linear map": "#ff7f0e", "second translator": "#8c564b"}
 COMPARISON_COLOURS = {"translated": "#d62728", "replayed": "#2ca02c"}
 METRIC_TITLES = {"mse": "MSE", "rel_l2": "relative L2 error", "cosine": "cosine similarity"}
 
@@ -62,22 +63,25 @@ def answers_figure(answers: pd.DataFrame) -> go.Figure:
 # ----- per-layer cache error ---------------------------------------------------------------------
 
 
-def layer_error_figure(table: pd.DataFrame, window: Sequence[int]) -> go.Figure:
+def layer_error_figure(table: pd.DataFrame, window: Sequence[int], second: pd.DataFrame | None = None) -> go.Figure:
     """MSE, relative L2 and cosine per target layer for K and V (rows of mot_viz.cache_metrics.cache_error_table).
 
-    The injection window is shaded; "translated" exists only there, "replayed" on every layer.
+    The injection window is shaded; "translated" exists only there, "replayed" on every layer. `second`: the rows
+    of a second checkpoint on the same context, overlaid as dashed lines ("… (2nd)").
     """
     metrics = list(METRIC_TITLES)
     fig = make_subplots(rows=len(metrics), cols=2, shared_xaxes=True, column_titles=["K", "V"],
                         row_titles=[METRIC_TITLES[m] for m in metrics], vertical_spacing=0.06)
+    tables = [(table, "", "solid")] + ([(second, " (2nd)", "dash")] if second is not None else [])
     for c, kv in enumerate(("K", "V"), start=1):
         for r, metric in enumerate(metrics, start=1):
-            for comparison, colour in COMPARISON_COLOURS.items():
-                rows = table[(table["kv"] == kv) & (table["comparison"] == comparison)].sort_values("layer")
-                fig.add_scatter(x=rows["layer"], y=rows[metric], mode="lines+markers", name=comparison,
-                                legendgroup=comparison, showlegend=(r == 1 and c == 1), line_color=colour,
+            for (source, suffix, dash), (comparison, colour) in itertools.product(tables, COMPARISON_COLOURS.items()):
+                rows = source[(source["kv"] == kv) & (source["comparison"] == comparison)].sort_values("layer")
+                name = comparison + suffix
+                fig.add_scatter(x=rows["layer"], y=rows[metric], mode="lines+markers", name=name,
+                                legendgroup=name, showlegend=(r == 1 and c == 1), line_color=colour, line_dash=dash,
                                 hovertemplate=f"{kv} layer %{{x}}<br>{METRIC_TITLES[metric]} %{{y:.6g}}"
-                                              f"<extra>{comparison}</extra>",
+                                              f"<extra>{name}</extra>",
                                 row=r, col=c)
             # after the traces: plotly leaves out subplots that are still empty
             fig.add_vrect(x0=min(window) - 0.5, x1=max(window) + 0.5, fillcolor="orange", opacity=0.12, line_width=0,
@@ -264,7 +268,7 @@ def training_figure(log: pd.DataFrame, step: str = "step") -> go.Figure:
 FIDELITY_TITLES = {"centered_cos_k": "K centered cosine", "centered_cos_v": "V centered cosine",
                    "attn_out_cos": "attention-output cosine", "raw_cos_k": "K raw cosine", "raw_cos_v": "V raw cosine",
                    "rel_err_k": "K relative error", "rel_err_v": "V relative error"}
-CANDIDATE_COLOURS = {"translator": "#d62728", "linear": "#ff7f0e", "mean vector": "#7f7f7f"}
+CANDIDATE_COLOURS = {"translator": "#d62728", "linear": "#ff7f0e", "mean vector": "#7f7f7f", "second": "#9467bd"}
 
 
 def fidelity_figure(rows: pd.DataFrame, metrics: Sequence[str] = ("centered_cos_k", "centered_cos_v", "attn_out_cos")

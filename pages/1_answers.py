@@ -43,16 +43,14 @@ def main() -> None:
     else:
         st.caption("No gold answer given, so the answers are not scored.")
 
-    others = {name: path for name, path in app.available_checkpoints().items() if path != sel.checkpoint}
-    app.widget_default("pg.answers.second", "(none)", ["(none)", *others])
-    second = st.selectbox("Compare with a second checkpoint (optional)", ["(none)", *others], key="pg.answers.second")
+    second = app.second_checkpoint(run, "pg.answers.second")
     app.widget_default("pg.answers.max_new", app.DEFAULT_MAX_NEW_TOKENS)
     max_new = st.slider("Longest generated answer (tokens)", 4, 64, key="pg.answers.max_new",
                         disabled=sel.example.kind == "closed", help="Closed questions score the choice labels instead.")
 
     jobs = [(None, f"the {len(CONDITIONS)} conditions (one batch)")]
-    if second != "(none)":
-        jobs.append((others[second], f"the second checkpoint ({second})"))
+    if second is not None:
+        jobs.append((second[1], f"the second checkpoint ({second[0]})"))
     rows = []
     progress = st.progress(0.0, text="Answering …")
     for i, (checkpoint, what) in enumerate(jobs):

@@ -1,9 +1,13 @@
 """Per-layer cache error: translated and replayed K/V against the target's native K/V, per layer and token."""
 
+from pathlib import Path
+
+import pandas as pd
 import streamlit as st
 
 from mot_viz import app
 from mot_viz.cache_metrics import COMPARISONS, cache_error_grid, cache_error_table
+from mot_viz.errors import MotVizError
 from mot_viz.fidelity import fidelity_verdicts
 from mot_viz.figures import FIDELITY_TITLES, METRIC_TITLES, error_heatmap, fidelity_figure, layer_error_figure
 from mot_viz.verdict import VerdictThresholds, reuse_verdict
@@ -27,10 +31,23 @@ def main() -> None:
     run = app.current_run()
     app.run_caption(run)
     window = run.mot.channels.target_layers
+    second, second_table = app.second_checkpoint(run, "pg.error.second"), None
+    if second is not None:
+        try:
+            mot2, translation2 = app.second_translation(run.selection, second[1])
+            second_table = cache_error_table(translation2, mot2.channels)
+        except MotVizError as exc:  # e.g. made for another pair
+            app.show_error(exc)
+            second = None
 
     table = cache_error_table(run.translation, run.mot.channels)
     st.subheader("Per layer")
-    app.show_figure(layer_error_figure(table, window), table, "cache_error_per_layer")
+    if second is not None:
+        st.caption(f"Solid: `{Path(run.selection.checkpoint).name}`; dashed: the second checkpoint `{second[0]}` "
+                   f"(its window: target layers {list(mot2.channels.target_layers)}).")
+    both = table if second_table is None else pd.concat([table.assign(checkpoint="selected"),
+                                                         second_table.assign(checkpoint="second")])
+    app.show_figure(layer_error_figure(table, window, second_table), both, "cache_error_per_layer")
 
     st.subheader("Per layer and token")
     cols = st.columns(3)
@@ -63,7 +80,7 @@ def main() -> None:
         "- **linear** — the closed-form ridge map of the same window, when a `linear` checkpoint for this pair and window "
         "is installed: the floor a trained translator must clear to earn its cost."
     )
-    fidelity = app.window_fidelity(run)
+    fidelity = app.window_fidelity(run, None if second is None else second[1])
     own = fidelity["candidate"].iloc[0]
     for warning in fidelity_verdicts(fidelity, own):
         st.warning(warning, icon="⚠️")
@@ -75,10 +92,10 @@ def main() -> None:
     st.dataframe(summary.rename(columns=FIDELITY_TITLES), width="stretch")
     st.caption(f"This context only ({int(fidelity['tokens'].iloc[0])} target tokens); the held-out averages over 40 "
                "passages per corpus are on the Training page.")
-    _verdict_section(run, fidelity, own)
+    _verdict_section(run, fidelity, own, second)
 
 
-def _verdict_section(run, fidelity, candidate: str) -> None:
+def _verdict_section(run, fidelity, candidate: str, second: tuple[str, str] | None) -> None:
     st.subheader("Reuse verdict: use this translated cache, or re-prefill?")
     st.markdown(
         "A verdict from the measurable signals above, per window layer and overall. A layer passes when its "
@@ -98,16 +115,22 @@ def _verdict_section(run, fidelity, candidate: str) -> None:
         values = {name: c[i].number_input(name, step=0.05, key=f"pg.error.verdict.{name}", format="%.2f")
                   for i, name in enumerate(names)}
     sel = run.selection
-    kl = app.first_token_kl(sel)
-    verdict = reuse_verdict(fidelity, kl, candidate, VerdictThresholds(**values))
-    (st.success if verdict.reuse else st.warning)(
-        f"**Verdict: {verdict.decision}.** " + ("Every signal is within its threshold." if verdict.reuse else
-                                                 "Because: " + "; ".join(verdict.reasons) + "."))
-    if kl is None:
-        st.caption("No question is given, so the first-token KL is not part of this verdict.")
-    else:
-        st.caption(f"First answer token: KL(native ‖ translated) = {kl:.4f} nats (bound {values['first_token_kl']}).")
-    st.dataframe(verdict.layers.round(3), hide_index=True, width="stretch")
+    shown = [(Path(sel.checkpoint).name, None, candidate)] + ([(second[0], second[1], "second")] if second else [])
+    for column, (name, path, who) in zip(st.columns(len(shown)), shown):
+        with column:
+            if second:
+                st.markdown(f"**`{name}`**")
+            kl = app.first_token_kl(sel, path)
+            verdict = reuse_verdict(fidelity, kl, who, VerdictThresholds(**values))
+            (st.success if verdict.reuse else st.warning)(
+                f"**Verdict: {verdict.decision}.** " + ("Every signal is within its threshold." if verdict.reuse else
+                                                         "Because: " + "; ".join(verdict.reasons) + "."))
+            if kl is None:
+                st.caption("No question is given, so the first-token KL is not part of this verdict.")
+            else:
+                st.caption(f"First answer token: KL(native ‖ translated) = {kl:.4f} nats "
+                           f"(bound {values['first_token_kl']}).")
+            st.dataframe(verdict.layers.round(3), hide_index=True, width="stretch")
     st.dataframe(verdict.thresholds_table(), hide_index=True, width="stretch")
 
 

@@ -1,10 +1,13 @@
 """Expert routing: which expert translator each token was sent to, for the K and the V mixture."""
 
+from pathlib import Path
+
 import pandas as pd
 import streamlit as st
 
 from mot_viz import app
 from mot_viz.cache_metrics import expert_usage, gate_table, token_routing_table
+from mot_viz.errors import MotVizError
 from mot_viz.figures import entropy_figure, expert_usage_figure, gates_heatmap, what_if_figure
 from mot_viz.translator import gate_balance
 from mot_viz.whatif import expert_error_table
@@ -42,9 +45,21 @@ def main() -> None:
                 + (" Every token also gets the **linear path** (the closed-form map the experts were initialised to "
                    "refine): its translation is that map's output plus the gate-weighted experts." if cfg.linear_residual
                    else ""))
-    balance = pd.DataFrame([{"mixture": kv, **gate_balance(r.gates)}
-                            for kv, r in (("K", out.key_routing), ("V", out.value_routing))])
-    st.dataframe(balance, hide_index=True)
+    routed = {Path(run.selection.checkpoint).name: out}
+    second = app.second_checkpoint(run, "pg.routing.second")
+    if second is not None:
+        try:
+            mot2, translation2 = app.second_translation(run.selection, second[1])
+            if translation2.translated.key_routing is None:
+                st.info(f"The second checkpoint `{second[0]}` is a **{mot2.translator.config.variant}** translator: it "
+                        "has no router, so only this checkpoint's routing is shown.")
+            else:
+                routed[f"{second[0]} (2nd)"] = translation2.translated
+        except MotVizError as exc:  # e.g. made for another pair
+            app.show_error(exc)
+    balance = pd.DataFrame([{"checkpoint": name, "mixture": kv, **gate_balance(r.gates)}
+                            for name, o in routed.items() for kv, r in (("K", o.key_routing), ("V", o.value_routing))])
+    st.dataframe(balance if len(routed) > 1 else balance.drop(columns="checkpoint"), hide_index=True)
 
     for kv, routing in (("K", out.key_routing), ("V", out.value_routing)):
         gates = gate_table(routing.gates, run.target_tokens)
@@ -53,8 +68,13 @@ def main() -> None:
     per_token = token_routing_table(out.key_routing.gates, out.value_routing.gates, run.target_tokens)
     app.show_figure(entropy_figure(per_token, cfg.top_k), per_token, "routing_entropy")
 
-    usage = pd.concat([expert_usage(r.gates).assign(kv=kv) for kv, r in (("K", out.key_routing), ("V", out.value_routing))])
-    app.show_figure(expert_usage_figure(usage), usage, "expert_usage")
+    for column, (name, o) in zip(st.columns(len(routed)), routed.items()):
+        with column:
+            if len(routed) > 1:
+                st.markdown(f"**`{name}`**")
+            usage = pd.concat([expert_usage(r.gates).assign(kv=kv) for kv, r in (("K", o.key_routing),
+                                                                                 ("V", o.value_routing))])
+            app.show_figure(expert_usage_figure(usage), usage, "expert_usage" if o is out else "expert_usage_second")
     with st.expander("Experts kept per token"):
         st.dataframe(per_token, hide_index=True, width="stretch")
 

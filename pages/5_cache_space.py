@@ -3,6 +3,7 @@
 import streamlit as st
 
 from mot_viz import app
+from mot_viz.errors import MotVizError
 from mot_viz.cache_metrics import FIT_ON, cache_space_table, token_annotations, window_vectors
 from mot_viz.figures import cache_space_figure
 
@@ -42,7 +43,19 @@ def main() -> None:
     app.widget_default("pg.space.kinds", ["native target", "translated", "source (aligned)"])
     linear = app.linear_baseline_for(run.selection, run.mot) if run.mot.translator.config.variant != "linear" \
         else None
-    offered = ["native target", "translated", "replayed target", "source (aligned)"] + (["linear map"] if linear else [])
+    second = app.second_checkpoint(run, "pg.space.second")
+    translation2 = None
+    if second is not None:
+        try:
+            mot2, translation2 = app.second_translation(run.selection, second[1])
+            if mot2.channels.target_layers != run.mot.channels.target_layers:
+                st.info(f"The second checkpoint `{second[0]}` writes another window (target layers "
+                        f"{list(mot2.channels.target_layers)}), so it has no vectors in this layer to compare.")
+                translation2 = None
+        except MotVizError as exc:  # e.g. made for another pair
+            app.show_error(exc)
+    offered = ["native target", "translated", "replayed target", "source (aligned)"] + (["linear map"] if linear else []) \
+        + (["second translator"] if translation2 is not None else [])
     kinds = options[0].multiselect("Show", offered, key="pg.space.kinds")
     app.widget_default("pg.space.join", True)
     join = options[1].checkbox("Join each token's native and translated points", key="pg.space.join")
@@ -56,6 +69,9 @@ def main() -> None:
     if linear:
         lin = app.get_translation(run.selection, linear).translated
         vectors["linear map"] = (lin.keys if kv == "K" else lin.values)[0, :, position].float()
+    if translation2 is not None:
+        other = translation2.translated
+        vectors["second translator"] = (other.keys if kv == "K" else other.values)[0, :, position].float()
     vectors = {k: v for k, v in vectors.items() if k in kinds}
     if not vectors:
         st.info("Choose at least one kind of vector to show.")
@@ -64,12 +80,13 @@ def main() -> None:
         points = cache_space_table(vectors, run.target_tokens, method)
     points = points.merge(token_annotations(run.translation, run.mot.channels, position, kv), on="token_index",
                           how="left")
-    joined = [k for k in ("translated", "replayed target", "linear map") if join and k in kinds]
+    joined = [k for k in ("translated", "replayed target", "linear map", "second translator") if join and k in kinds]
     app.show_figure(cache_space_figure(points, joined, colour), points,
                     f"cache_space_{kv}_layer{pairs[position][1]}_{method}")
     st.caption(f"The target-space projection is fitted on {' + '.join(k for k in FIT_ON if k in kinds) or 'the kinds shown'} "
                "together; every other target-space kind is placed in that same projection, so the axes stay put "
-               "when a kind is shown or hidden." + (f" Linear map: `{linear}` on the same context." if linear else ""))
+               "when a kind is shown or hidden." + (f" Linear map: `{linear}` on the same context." if linear else "")
+               + (f" Second translator: `{second[0]}` on the same context." if translation2 is not None else ""))
 
 
 app.run_page(main)

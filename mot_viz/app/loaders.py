@@ -209,20 +209,24 @@ def linear_baseline_for(sel: Selection, mot: MoT) -> str | None:
     return None
 
 
-def window_fidelity(run: "Run") -> pd.DataFrame:
-    """Window fidelity of the run's translation on its own context, with the mean-vector and linear baselines."""
-    return _cached_window_fidelity(translation_key(run.selection), run.selection)
+def window_fidelity(run: "Run", second: str | None = None) -> pd.DataFrame:
+    """Window fidelity of the run's translation on its own context, with the mean-vector and linear baselines,
+    and (candidate "second") that of a second checkpoint on the same context."""
+    return _cached_window_fidelity(translation_key(run.selection), run.selection,
+                                   None if second is None else translation_key(run.selection, second))
 
 
 @st.cache_data(show_spinner="Scoring the window against its baselines …", max_entries=8)
-def _cached_window_fidelity(key: TranslationKey, _sel: Selection) -> pd.DataFrame:
+def _cached_window_fidelity(key: TranslationKey, _sel: Selection, second: TranslationKey | None) -> pd.DataFrame:
     src, tgt, mot = _loaded(key)
     means = _cached_mean_vectors(key.target, tuple(mot.channels.target_layers), test_mode())
     own = "linear" if mot.translator.config.variant == "linear" else "translator"
     rows = translation_fidelity(_cached_translation(key), tgt, mot.channels, means, candidate=own)
     linear = linear_baseline_for(_sel, mot) if own != "linear" else None
-    if linear is not None:
+    if linear is not None and (second is None or second.checkpoint != linear):
         rows += translation_fidelity(get_translation(_sel, linear), tgt, mot.channels, candidate="linear")
+    if second is not None:
+        rows += translation_fidelity(_cached_translation(second), tgt, _loaded(second)[2].channels, candidate="second")
     return pd.DataFrame(rows)
 
 
@@ -262,9 +266,10 @@ def _cached_first_token_kl(key: TranslationKey, suffix: str) -> float:
                          first_answer_logprobs(target, translation.mixed_kv, suffix))
 
 
-def first_token_kl(sel: Selection) -> float | None:
-    """KL(native ‖ translated) of the first answer token on this context and question (None without a question)."""
-    return None if sel.suffix is None else _cached_first_token_kl(translation_key(sel), sel.suffix)
+def first_token_kl(sel: Selection, checkpoint: str | None = None) -> float | None:
+    """KL(native ‖ translated) of the first answer token on this context and question (None without a question);
+    optionally with another checkpoint's translation."""
+    return None if sel.suffix is None else _cached_first_token_kl(translation_key(sel, checkpoint), sel.suffix)
 
 
 @st.cache_resource(show_spinner="Translating again with the overridden gates …", max_entries=8)
@@ -311,3 +316,10 @@ def live_sweep(sel: Selection, mode: str, window: int, size: float, controls: bo
     """§9.1 start sweep on the selection's context alone (mot_viz.shift.sweep, no task metric)."""
     return _cached_live_sweep(translation_key(sel), sel.suffix, sel.example, mode, window, size, controls, seed,
                               _progress=progress)
+
+
+def second_translation(sel: Selection, checkpoint: str) -> tuple[MoT, Translation]:
+    """A second checkpoint's MoT and its translation of the selection's context (CheckpointError if it does not fit
+    the pair)."""
+    key = translation_key(sel, checkpoint)
+    return _loaded(key)[2], _cached_translation(key)

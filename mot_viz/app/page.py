@@ -85,3 +85,17 @@ def widget_default(key: str, default: object, options: list | None = None) -> No
         check_linked_value(key, default, options)
     if key not in st.session_state or (options is not None and st.session_state[key] not in options):
         st.session_state[key] = default
+
+
+NO_SECOND = "(none)"
+
+
+def second_checkpoint(run: Run, key: str) -> tuple[str, str] | None:
+    """"Compare with a second checkpoint": (name, path) of the one chosen for this page (keyed, so linked), or None."""
+    from .loaders import available_checkpoints
+
+    others = {name: path for name, path in available_checkpoints().items() if path != run.selection.checkpoint}
+    widget_default(key, NO_SECOND, [NO_SECOND, *others])
+    choice = st.selectbox("Compare with a second checkpoint (optional)", [NO_SECOND, *others], key=key,
+                          help="Its translation of the same context is shown beside (or over) this one.")
+    return None if choice == NO_SECOND else (choice, others[choice])

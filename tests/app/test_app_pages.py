@@ -8,6 +8,7 @@ shows against the library computed directly, and the messages of the errors a us
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -604,3 +605,79 @@ def test_fit_a_linear_translator_for_a_pair_without_a_checkpoint(app_cache):
     # the fitted map carries the context: the identity pair's window is recovered closely
     layers = next(d.value for d in at.dataframe if "layer verdict" in d.value.columns)
     assert (layers["centered_cos_k"] > 0.9).all()
+
+
+# ----- a second checkpoint on every page ---------------------------------------------------------------
+
+
+def _second_translation(name: str, text: str = FREE_TEXT):
+    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
+    mot, _ = load_checkpoint(str(Path(os.environ["MOT_VIZ_PRETRAINED"]) / name), source, target)
+    return mot, target, translate(mot, source, target, text)
+
+
+def test_cache_error_page_overlays_a_second_checkpoint_with_its_own_verdict():
+    from mot_viz.cache_metrics import cache_error_table
+
+    at = goto(use_free_text(start(), FREE_TEXT, "Who designed the tower?", "Gustave Eiffel"), "2_cache_error")
+    at.selectbox(key="pg.error.second").set_value("smollm2-to-gemma3-single").run()
+    assert not at.exception and not errors(at)
+    per_layer, _, fidelity = figures(at)[:3]
+    mot2, target, translation2 = _second_translation("smollm2-to-gemma3-single")
+    expected = cache_error_table(translation2, mot2.channels)
+    dashed = next(t for t in per_layer["data"] if t["name"] == "replayed (2nd)" and "relative L2" in t["hovertemplate"]
+                  and t["hovertemplate"].startswith("K"))
+    want = expected[(expected.kv == "K") & (expected.comparison == "replayed")].sort_values("layer")["rel_l2"]
+    np.testing.assert_allclose(list(dashed["y"]), want, rtol=1e-5)
+    assert "second" in {t["legendgroup"] for t in fidelity["data"]}
+    rows = pd.DataFrame(translation_fidelity(translation2, target, mot2.channels))
+    shown = next(t for t in fidelity["data"] if t["name"] == "second" and "centered" in t["hovertemplate"])
+    np.testing.assert_allclose(list(shown["y"]), rows.sort_values("layer")["centered_cos_k"], atol=1e-5)
+    verdicts = [b.value for b in [*at.success, *at.warning] if b.value.startswith("**Verdict: ")]
+    assert len(verdicts) == 2  # one per checkpoint, side by side
+    # a second checkpoint of the reverse pair is refused with its reason; the page still shows the first
+    at.selectbox(key="pg.error.second").set_value("gemma3-to-smollm2").run()
+    assert not at.exception and any("made for" in e for e in errors(at))
+    assert len([b for b in [*at.success, *at.warning] if b.value.startswith("**Verdict: ")]) == 1
+
+
+def test_routing_and_cache_space_pages_show_a_second_checkpoint():
+    from mot_viz.cache_metrics import expert_usage
+    from mot_viz.channels import terminal_channels
+    from mot_viz.checkpoint import save_checkpoint
+    from mot_viz.mot import MoT
+    from mot_viz.quickfit import fits_dir
+
+    # another mixture for the same pair and window, among the user's fits (listed as "fit: …")
+    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
+    torch.manual_seed(7)
+    channels = terminal_channels(source.spec.num_layers, target.spec.num_layers, 0.5)
+    other = MoT.build(source.spec, target.spec, channels, dim=32, heads=4, output_activation="none", variant="mot",
+                      num_experts=3, top_k=1)
+    save_checkpoint(other, fits_dir() / "another-mixture")
+
+    at = goto(use_free_text(start(), FREE_TEXT), "3_routing")
+    at.selectbox(key="pg.routing.second").set_value("smollm2-to-gemma3-single").run()
+    assert any("has no router" in i.value for i in at.info)  # a single translator has no routing to compare
+    at.selectbox(key="pg.routing.second").set_value("fit: another-mixture").run()
+    assert not at.exception and not errors(at)
+    balance = at.dataframe[0].value
+    assert list(balance["checkpoint"]) == ["smollm2-to-gemma3"] * 2 + ["fit: another-mixture (2nd)"] * 2
+    usage_charts = [f for f in figures(at)
+                    if any("importance share" in a.get("text", "") for a in f["layout"].get("annotations", []))]
+    translation2 = translate(other, source, target, FREE_TEXT)
+    assert len(usage_charts) == 2
+    usage = expert_usage(translation2.translated.key_routing.gates)
+    k_bars = [t for t in usage_charts[1]["data"] if t["name"] == "K"]
+    assert len(usage) == 3 and all(len(t["x"]) == 3 for t in k_bars)  # the second mixture's 3 experts
+    np.testing.assert_allclose(sorted(float(y) for t in k_bars for y in t["y"]),
+                               sorted(usage[[c for c in usage if c.endswith("share")]].to_numpy().ravel()), atol=1e-6)
+
+    at = goto(at, "5_cache_space")
+    at.selectbox(key="pg.space.second").set_value("fit: another-mixture").run()
+    at.multiselect(key="pg.space.kinds").set_value(["native target", "translated", "second translator"]).run()
+    assert not at.exception and not errors(at)
+    traces = figures(at)[0]["data"]
+    points = {t["name"]: t for t in traces if t["mode"] == "markers"}
+    assert len(points["second translator"]["x"]) == translation2.target_ids.shape[1]
+    assert any(t["name"] == "native → second translator" for t in traces)

@@ -1,4 +1,5 @@
-"""The real app in headless Chromium: the default pair, every page, two tabs at once, permalinks; README screenshots.
+"""The real app in headless Chromium: the default pair, every page, two tabs at once, permalinks, the sidebar's
+quick fit; README screenshots.
 
 Starts ``streamlit run app.py`` on a free localhost port with the bundled models and whatever checkpoint the
 app's default resolution picks in pretrained/ (or ``$MOT_VIZ_PRETRAINED``). Needs Debian's Chromium
@@ -7,6 +8,7 @@ app's default resolution picks in pretrained/ (or ``$MOT_VIZ_PRETRAINED``). Need
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -44,12 +46,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def app_url():
+@contextlib.contextmanager
+def _serve(env: dict[str, str]):
+    """``streamlit run app.py`` on a free localhost port with `env`; yields its URL."""
     if not Path(CHROMIUM).is_file():
         pytest.skip("Chromium is not installed (apt-get install -y chromium)")
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "MOT_VIZ_TEST_MODELS"}  # the real bundled models
+    env = {k: v for k, v in env.items() if k != "MOT_VIZ_TEST_MODELS"}  # the real bundled models
     cmd = [str(REPO / ".venv" / "bin" / "streamlit"), "run", "app.py", "--server.headless", "true",
            "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
            "--server.fileWatcherType", "none"]
@@ -75,6 +78,33 @@ def app_url():
             server.wait(timeout=20)
         except subprocess.TimeoutExpired:
             server.kill()
+
+
+@pytest.fixture(scope="module")
+def app_url():
+    with _serve(dict(os.environ)) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def fit_cache(tmp_path_factory) -> Path:
+    """The user cache (MOT_VIZ_CACHE) of the fit test's server: a temporary folder, so the fit it makes (and its
+    bank) land there and never in ~/.cache; the converted bundled models are linked from the real cache."""
+    from mot_viz.model_cache import cache_dir
+
+    models = cache_dir() / "models"
+    models.mkdir(parents=True, exist_ok=True)  # converted on first use, once for every test and the app
+    cache = tmp_path_factory.mktemp("mot_viz_cache")
+    (cache / "models").symlink_to(models, target_is_directory=True)
+    return cache
+
+
+@pytest.fixture(scope="module")
+def fit_app_url(fit_cache):
+    """A server of the fit test's own: its user cache is `fit_cache`, and the click comes in the first session
+    right after the server's first run (which Streamlit runs through its legacy pages/ shim)."""
+    with _serve({**os.environ, "MOT_VIZ_CACHE": str(fit_cache)}) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -214,3 +244,27 @@ def test_a_permalink_opens_the_same_view_and_another_tab_leaves_it_alone(app_url
         assert _query(third) == _query(first)
     finally:
         context.close()
+
+
+def test_fit_a_linear_translator_for_the_bundled_pair(fit_app_url, fit_cache, browser):
+    """The sidebar's "Fit a linear translator" end to end on the real pair, clicked in a fresh server's first
+    session: a bank, a ridge fit, a checkpoint in the user cache chosen for the pair, and a translation with it."""
+    page = _open(browser, fit_app_url)
+    page.get_by_text("Target tokens").wait_for()
+    _wait_until_settled(page)
+    sidebar = page.locator('[data-testid="stSidebarContent"]')
+    sidebar.get_by_text("Fit a linear translator for this pair").click()  # the expander (a pair with a checkpoint)
+    sidebar.get_by_role("button", name="Fit a linear translator", exact=True).click()
+    sidebar.locator('[data-testid="stProgress"]').wait_for(timeout=60_000)  # the click started the fit
+    sidebar.get_by_text("is now the checkpoint").wait_for(timeout=SLOW_MS)  # about a minute or more on two cores
+    _wait_until_settled(page)
+    _assert_no_failure(page)
+    chosen = sidebar.get_by_role("combobox", name="MoT checkpoint").input_value()
+    assert chosen.startswith("fit: smollm2-135m-to-gemma3-270m-linear-")
+    name = chosen.removeprefix("fit: ")
+    assert (fit_cache / "fits" / name / "translator.safetensors").is_file()
+    page.get_by_role("button", name="Translate").click()  # the pages now show the fitted checkpoint
+    page.get_by_text("smollm2-135m → gemma3-270m · checkpoint").filter(has_text=name).wait_for(timeout=SLOW_MS)
+    _wait_until_settled(page)
+    _assert_no_failure(page)
+    page.close()
