@@ -49,22 +49,7 @@ def main() -> None:
                                                          second_table.assign(checkpoint="second")])
     app.show_figure(layer_error_figure(table, window, second_table), both, "cache_error_per_layer")
 
-    st.subheader("Per layer and token")
-    cols = st.columns(3)
-    app.widget_default("pg.error.kv", "K")
-    kv = cols[0].radio("Tensor", ["K", "V"], key="pg.error.kv", horizontal=True)
-    app.widget_default("pg.error.comparison", "replayed")
-    comparison = cols[1].radio("Compare", list(COMPARISONS), key="pg.error.comparison", horizontal=True,
-                               format_func=lambda c: f"{c} vs native")
-    app.widget_default("pg.error.metric", "rel_l2")
-    metric = cols[2].radio("Metric", list(METRIC_TITLES), key="pg.error.metric", horizontal=True,
-                           format_func=METRIC_TITLES.get)
-    grid = cache_error_grid(run.translation, run.mot.channels, comparison, kv, metric)
-    title = f"{kv}: {METRIC_TITLES[metric]}, {COMPARISONS[comparison]}"
-    grid_csv = grid.assign(token_text=[run.target_tokens[i] for i in grid["token"]], metric=metric, kv=kv,
-                           comparison=comparison)
-    app.show_figure(error_heatmap(grid, run.target_tokens, window, metric, title), grid_csv,
-                    f"cache_error_{kv}_{comparison}_{metric}")
+    _token_heatmap(run)
 
     st.subheader("Window fidelity against its baselines")
     st.markdown(
@@ -84,10 +69,7 @@ def main() -> None:
     own = fidelity["candidate"].iloc[0]
     for warning in fidelity_verdicts(fidelity, own):
         st.warning(warning, icon="⚠️")
-    app.widget_default("pg.error.fidelity", ["centered_cos_k", "centered_cos_v", "attn_out_cos"])
-    chosen = st.multiselect("Metrics", list(FIDELITY_TITLES), key="pg.error.fidelity", format_func=FIDELITY_TITLES.get)
-    if chosen:
-        app.show_figure(fidelity_figure(fidelity, chosen), fidelity, "window_fidelity")
+    _fidelity_chart(fidelity)
     summary = fidelity.groupby("candidate", sort=False)[list(FIDELITY_TITLES)].mean().round(3)
     st.dataframe(summary.rename(columns=FIDELITY_TITLES), width="stretch")
     st.caption(f"This context only ({int(fidelity['tokens'].iloc[0])} target tokens); the held-out averages over 40 "
@@ -95,6 +77,37 @@ def main() -> None:
     _verdict_section(run, fidelity, own, second)
 
 
+@app.fragment
+def _token_heatmap(run) -> None:
+    """Layer × token error of one tensor and comparison (its options redraw only this figure)."""
+    window = run.mot.channels.target_layers
+    st.subheader("Per layer and token")
+    cols = st.columns(3)
+    app.widget_default("pg.error.kv", "K")
+    kv = cols[0].radio("Tensor", ["K", "V"], key="pg.error.kv", horizontal=True)
+    app.widget_default("pg.error.comparison", "replayed")
+    comparison = cols[1].radio("Compare", list(COMPARISONS), key="pg.error.comparison", horizontal=True,
+                               format_func=lambda c: f"{c} vs native")
+    app.widget_default("pg.error.metric", "rel_l2")
+    metric = cols[2].radio("Metric", list(METRIC_TITLES), key="pg.error.metric", horizontal=True,
+                           format_func=METRIC_TITLES.get)
+    grid = cache_error_grid(run.translation, run.mot.channels, comparison, kv, metric)
+    title = f"{kv}: {METRIC_TITLES[metric]}, {COMPARISONS[comparison]}"
+    grid_csv = grid.assign(token_text=[run.target_tokens[i] for i in grid["token"]], metric=metric, kv=kv,
+                           comparison=comparison)
+    app.show_figure(error_heatmap(grid, run.target_tokens, window, metric, title), grid_csv,
+                    f"cache_error_{kv}_{comparison}_{metric}")
+
+
+@app.fragment
+def _fidelity_chart(fidelity) -> None:
+    app.widget_default("pg.error.fidelity", ["centered_cos_k", "centered_cos_v", "attn_out_cos"])
+    chosen = st.multiselect("Metrics", list(FIDELITY_TITLES), key="pg.error.fidelity", format_func=FIDELITY_TITLES.get)
+    if chosen:
+        app.show_figure(fidelity_figure(fidelity, chosen), fidelity, "window_fidelity")
+
+
+@app.fragment
 def _verdict_section(run, fidelity, candidate: str, second: tuple[str, str] | None) -> None:
     st.subheader("Reuse verdict: use this translated cache, or re-prefill?")
     st.markdown(

@@ -83,6 +83,13 @@ def main() -> None:
                "cosine of their translated window (all window layers) against native.")
     st.dataframe(expert_error_table(run.translation, run.mot).round(4), hide_index=True)
 
+    _what_if_section(run)
+
+
+@app.fragment
+def _what_if_section(run) -> None:
+    """Gates overridden for every token (its options rerun only this section)."""
+    cfg, sel = run.mot.translator.config, run.selection
     st.subheader("What if the router chose differently?")
     st.caption("The same context translated again with every token's gates overridden, for K and V alike; the "
                "experts, the alignment and the replay stay the checkpoint's own. Compared with the router's own "
@@ -96,10 +103,10 @@ def main() -> None:
     if mode != "uniform":
         expert = int(st.number_input("Expert", min_value=0, max_value=cfg.num_experts - 1, step=1,
                                      key="pg.routing.expert"))
-    sel = run.selection
     results = app.what_if_pair(sel, mode, expert, app.DEFAULT_MAX_NEW_TOKENS)
     errors = pd.concat([r.errors.assign(choice=r.label) for r in results])
     app.show_figure(what_if_figure(errors, run.mot.channels.target_layers), errors, f"what_if_{mode}")
+
     def mean_cosine(e: pd.DataFrame, comparison: str, kvs=("K", "V")) -> float:
         return e[(e.comparison == comparison) & e.kv.isin(kvs)].cosine.mean()
 

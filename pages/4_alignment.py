@@ -22,6 +22,12 @@ def main() -> None:
     if alignment.identity:
         st.info("Source and target share the tokenizer and the token ids: the alignment is the identity.")
 
+    _alignment_view(run)
+
+
+@app.fragment
+def _alignment_view(run) -> None:
+    alignment = run.translation.source.alignment
     app.widget_default("pg.align.view", "shared characters")
     view = st.radio("Show", ["shared characters", "weights"], key="pg.align.view", horizontal=True)
     matrix = alignment.overlap if view == "shared characters" else alignment.weights[0]

@@ -27,6 +27,12 @@ def main() -> None:
     )
     run = app.current_run()
     app.run_caption(run)
+    _projection(run)
+
+
+@app.fragment
+def _projection(run) -> None:
+    """The options and the projection (changing an option redraws only this part, not the page)."""
     pairs = run.mot.channels.pairs()
 
     cols = st.columns(3)

@@ -18,7 +18,7 @@ each importing only those above it:
 * ``frame`` — every page run's frame: ``run_page``, ``navigation_frame``, ``current_run`` → ``Run``.
 """
 
-from .frame import Run, applied_selection, current_run, navigation_frame, page_setup, run_page
+from .frame import Run, applied_selection, current_run, fragment, navigation_frame, page_setup, run_page
 from .links import link_params, python_code
 from .loaders import (FIT_PREFIX, answer_rows, available_checkpoints, checkpoint_stamp, checkpoints_for_pair,
                       dataset_examples, default_checkpoint, first_token_kl, get_checkpoint, get_model, get_translation,
@@ -32,7 +32,7 @@ from .sidebar import Selection, quickfit_config, sidebar
 
 __all__ = [
     "DEFAULT_CHECKPOINT", "DEFAULT_MAX_NEW_TOKENS", "EXAMPLES_PER_DATASET", "FIT_PREFIX", "MAX_CONTEXT_TOKENS",
-    "REPO_ROOT", "Run", "Selection", "answer_rows", "applied_selection", "available_checkpoints", "checkpoint_stamp",
+    "REPO_ROOT", "Run", "fragment", "Selection", "answer_rows", "applied_selection", "available_checkpoints", "checkpoint_stamp",
     "checkpoints_for_pair", "current_run", "dataset_examples", "default_checkpoint", "explain", "get_checkpoint",
     "get_model", "get_translation", "keep_widget_state", "linear_baseline_for", "link_params", "navigation_frame",
     "page_setup", "pretrained_dir", "python_code", "quickfit_config", "run_caption", "run_page", "show_error",

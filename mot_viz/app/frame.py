@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -63,6 +64,8 @@ def applied_selection() -> Selection:
     return st.session_state["applied"]
 
 
+# True while run_page runs a page body (a fragment rerun runs only the fragment, outside it)
+_IN_PAGE_RUN: contextvars.ContextVar[bool] = contextvars.ContextVar("mot_viz_page_run", default=False)
 # True while app.py's navigation frame runs a page: the frame has drawn the sidebar for this run already
 _FRAME_DREW_SIDEBAR: contextvars.ContextVar[bool] = contextvars.ContextVar("mot_viz_frame_sidebar", default=False)
 
@@ -114,16 +117,45 @@ def run_page(body: Callable[[], None]) -> None:
     traceback. st.stop and reruns are BaseExceptions and pass through. A completed run writes the view to the URL.
     """
     page_setup()
+    token = _IN_PAGE_RUN.set(True)
     try:
         body()
     except Exception as exc:
-        if drop_linked_page_options(failed=True):  # the page failed on options an opened link set: use defaults
-            st.rerun()
-        show_error(exc)
+        _show_failure(exc, in_page_run=True)
+    finally:
+        _IN_PAGE_RUN.reset(token)
     if drop_linked_page_options(failed=False):  # a widget replaced a linked value it does not offer
         st.rerun()
     sync_link()  # with the page options this run gave their first values
     st.session_state.pop(LINK_NOTES, None)  # shown in this completed run
+
+
+def fragment(body: Callable[..., None]) -> Callable[..., None]:
+    """A part of a page that its own widgets rerun alone (st.fragment): changing one option redraws one figure.
+
+    Like a page run, a fragment run shows an error as a message and writes the view (its options included) to the
+    URL when it completes.
+    """
+    @st.fragment
+    @functools.wraps(body)
+    def part(*args, **kwargs) -> None:
+        in_page_run = _IN_PAGE_RUN.get()  # else a rerun of this fragment alone
+        try:
+            body(*args, **kwargs)
+        except Exception as exc:  # Streamlit would show a fragment's exception as a traceback
+            _show_failure(exc, in_page_run)
+        if not in_page_run:  # a page run writes the URL once it completes
+            sync_link()
+
+    return part
+
+
+def _show_failure(exc: Exception, in_page_run: bool) -> None:
+    """A page (or fragment) that raised: the message; in a page run that followed an opened link, the page reruns
+    with the link's page options dropped first."""
+    if in_page_run and drop_linked_page_options(failed=True):
+        st.rerun()
+    show_error(exc)
 
 
 def page_setup() -> Selection:
