@@ -44,7 +44,10 @@ def current_run() -> Run:
     sel = applied_selection()
     try:
         with st.spinner(f"Loading {sel.source} and {sel.target} …"):
-            source, target = get_model(sel.source), get_model(sel.target)
+            note = st.empty()  # a first load's one-time steps (a .gguf file is converted once)
+            source, target = (get_model(name, progress=lambda m: note.info(m, icon="⏳"))
+                              for name in (sel.source, sel.target))
+            note.empty()
         with st.spinner("Loading the checkpoint …"):
             mot, config = get_checkpoint(sel.checkpoint, source, target)
         with st.spinner("Translating the context (source prefill, alignment, translator, replay) …"):

@@ -95,17 +95,21 @@ def _model_loader() -> Callable[[str], LoadedModel]:
 
 
 @st.cache_resource(show_spinner=False, max_entries=4)
-def _cached_model(name: str, test: bool) -> LoadedModel:
-    return _model_loader()(name)
+def _cached_model(name: str, test: bool, _progress: Callable[[str], None] | None = None) -> LoadedModel:
+    loader = _model_loader()
+    return loader(name) if test else loader(name, progress=_progress)
 
 
-def get_model(name: str) -> LoadedModel:
-    """The loaded model of a name (cached per process); ModelLoadError when it cannot be loaded."""
+def get_model(name: str, progress: Callable[[str], None] | None = None) -> LoadedModel:
+    """The loaded model of a name (cached per process); ModelLoadError when it cannot be loaded.
+
+    progress receives the one-time steps of a first load (hashing and converting a .gguf file into the user cache).
+    """
     if not name.strip():
         raise ModelLoadError("No model name is given. Choose a bundled model, or type a Hub id, a local folder "
                              "or a local .gguf file.")
     try:
-        return _cached_model(name, test_mode())
+        return _cached_model(name, test_mode(), _progress=progress)
     except MotVizError:
         raise
     except Exception as exc:  # a typed Hub id or folder can fail in many ways inside transformers

@@ -104,7 +104,10 @@ def _target_chat_frame(target: str) -> ChatFrame | None:
     """The chat turns of a chat-tuned target (None for a base model, or one that cannot be loaded: its page says why)."""
     try:
         with st.spinner(f"Loading {target}…"):
-            return get_model(target).chat_frame
+            note = st.empty()  # a first load's one-time steps (a .gguf file is converted once, with its progress)
+            frame = get_model(target, progress=lambda m: note.info(m, icon="⏳")).chat_frame
+            note.empty()
+            return frame
     except MotVizError:
         return None
 
