@@ -8,7 +8,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 default="smollm2-to-gemma3-linear smollm2-to-gemma3 smollm2-to-gemma3-mid-linear smollm2-to-gemma3-mid
 smollm2-to-gemma3-mid-single gemma3-to-smollm2-linear smollm2-to-smollm2-linear gemma3-to-smollm2 smollm2-to-smollm2
-smollm2-to-gemma3-v1 smollm2-to-gemma3-mid-v1 smollm2-to-gemma3-single-v1"
+smollm2-to-gemma3-v1 smollm2-to-gemma3-mid-v1 smollm2-to-gemma3-single-v1 gemma3-to-smollm2-v1 smollm2-to-smollm2-v1"
 for name in ${@:-$default}; do
   mkdir -p "runs/$name"
   resume=""; [ -f "runs/$name/train_config.json" ] && resume="--resume"  # continue an unfinished run
