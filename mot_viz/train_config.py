@@ -23,8 +23,8 @@ class TrainConfig:
     target: str = "gemma3-270m"  # target model
     output_dir: str = "runs/mot"  # run folder: checkpoints, log.jsonl, train_config.json
     layer_alignment: str = "terminal"  # injection | terminal | depth-ratio
-    min_window_size_ratio: float = 0.3  # depth-ratio/terminal window size, as a share of min(L_S, L_T)
-    max_window_size_ratio: float = 0.3
+    min_window_size_ratio: float = 0.3  # smallest window the depth-ratio search tries, as a share of min(L_S, L_T)
+    max_window_size_ratio: float = 0.3  # largest window the depth-ratio search tries; terminal: the window size
     injection_layer_start_idx: int = 0  # injection mode: first target layer
     injection_window_size: int = 6  # injection mode: window size
     proxy_steps: int = 32  # depth-ratio search: steps per proxy translator
@@ -36,9 +36,9 @@ class TrainConfig:
     prefix_tokens: int = 64  # P: the cache holds P-1 tokens, the prompt the next 64
     num_sequences: int = 2048  # size of the training bank drawn from the prose corpus
     learning_rate: float = 1e-3  # peak learning rate (reference 1e-4 at 500 steps of 16 rows, on a GPU)
-    weight_decay: float = 0.01
-    warmup_steps: int = 20
-    grad_clip_norm: float = 1.0
+    weight_decay: float = 0.01  # AdamW weight decay (both stages)
+    warmup_steps: int = 20  # linear warm-up steps before the cosine decay of the replay stage
+    grad_clip_norm: float = 1.0  # gradient norm clip (both stages)
     mse_weight: float = 1.0  # λ in CE + λ·(MSE_K + MSE_V) of the replayed cache (method.md §7)
     translation_weight: float = 0.0  # λ_tr: + λ_tr·MSE of the injected window K/V against native (project term)
     balance_weight: float = 0.0  # Switch-style router load balancing (both stages); 0 = off
@@ -55,17 +55,17 @@ class TrainConfig:
     linear_from: str = ""  # init=linear: copy the linear path from this linear checkpoint instead of fitting it again
     log_every: int = 5  # optimiser steps per log line
     save_every: int = 25  # optimiser steps per checkpoint
-    seed: int = 42
-    translator_dim: int = 64
-    translator_heads: int = 4
-    translator_depth: int = 1
-    translator_mlp_ratio: int = 2
-    variant: str = "mot"  # mot | single
-    mot_num_translators: int = 4
-    mot_top_k: int = 2
+    seed: int = 42  # seeds the bank, the translator's init and the row order
+    translator_dim: int = 64  # width of each expert's transformer
+    translator_heads: int = 4  # attention heads per expert block
+    translator_depth: int = 1  # expert blocks per window layer
+    translator_mlp_ratio: int = 2  # expert MLP width ÷ translator_dim
+    variant: str = "mot"  # mot (router + experts) | single (one expert) | linear (closed-form map only)
+    mot_num_translators: int = 4  # experts per K/V path (mot)
+    mot_top_k: int = 2  # experts kept per token before the gate softmax (mot)
     output_activation: str = "gelu"  # gelu (reference) | none
     topk_sparse_attn: int | None = 32  # None: dense replay
-    num_bottom_full_attn: int = 2
+    num_bottom_full_attn: int = 2  # replay: layers below this attend densely (method.md §6)
 
     def __post_init__(self):
         if self.layer_alignment not in ("injection", "terminal", "depth-ratio"):
@@ -125,6 +125,14 @@ class TrainConfig:
             raise ConfigError(f"invalid training config: {exc}") from exc
 
 
+def field_help() -> dict[str, str]:
+    """Each TrainConfig field's end-of-line comment (the --help of its flag): one place documents a field."""
+    import inspect
+    import re
+
+    comments = dict(re.findall(r"^    (\w+): [^=\n]+=[^#\n]*#\s*(.+)$", inspect.getsource(TrainConfig), re.M))
+    return {f.name: comments.get(f.name, f.name.replace("_", " ")) for f in dataclasses.fields(TrainConfig)}
+
 
 def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, bool, bool]:
     """--config FILE, then --key value overrides for any TrainConfig field, plus --resume / --overwrite.
@@ -135,8 +143,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, bool, bool]:
     parser.add_argument("--config", help="JSON file of TrainConfig fields")
     parser.add_argument("--resume", action="store_true", help="continue the run in --output_dir from its checkpoint")
     parser.add_argument("--overwrite", action="store_true", help="replace the run already in --output_dir")
+    helps = field_help()
     for f in dataclasses.fields(TrainConfig):
-        parser.add_argument(f"--{f.name}", default=None, help=f"override {f.name} (default {f.default!r})")
+        parser.add_argument(f"--{f.name}", default=None, metavar=type(f.default).__name__.upper(),
+                            help=f"{helps[f.name]} (default {f.default!r})")
     args = parser.parse_args(argv)
     data = _read_json(Path(args.config), "--config") if args.config else {}
     if args.resume and args.output_dir and not args.config and (Path(args.output_dir) / "train_config.json").exists():

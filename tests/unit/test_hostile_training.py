@@ -267,3 +267,16 @@ def test_train_cli_refuses_a_finished_run_without_touching_it(finished_run, caps
     assert train_mod.main(["--output_dir", str(run_dir), "--max_steps", "2"]) == 2
     assert "--overwrite" in capsys.readouterr().err
     assert (run_dir / "log.jsonl").read_bytes() == before["log.jsonl"]
+
+
+def test_every_train_flag_has_its_config_fields_comment_as_help(capsys):
+    import dataclasses
+
+    from mot_viz.train_config import TrainConfig, field_help, parse_args
+
+    helps = field_help()
+    assert all(helps[f.name] != f.name.replace("_", " ") for f in dataclasses.fields(TrainConfig))  # every field
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "experts per K/V path (mot) (default 4)" in out and "override" not in out
