@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -268,3 +269,209 @@ def test_fit_a_linear_translator_for_the_bundled_pair(fit_app_url, fit_cache, br
     _wait_until_settled(page)
     _assert_no_failure(page)
     page.close()
+
+
+SHOT_WIDTH = 1920  # the instruments' screenshots: wide enough for every column of their tables
+_BLOCK = "xpath=ancestor::div[@data-testid='stVerticalBlock'][1]"  # a fragment's (or a column's) own container
+_PLOT_BLOCK = "xpath=ancestor::div[@data-testid='stVerticalBlock'][.//div[contains(@class, 'js-plotly-plot')]][1]"
+
+
+class _Runs:
+    """The script runs the server reports finished to one tab (the ForwardMsg script_finished on its websocket)."""
+
+    def __init__(self, page) -> None:
+        from streamlit.proto.ForwardMsg_pb2 import ForwardMsg  # streamlit is pinned
+
+        self._message = ForwardMsg
+        self.full, self.fragment = ForwardMsg.FINISHED_SUCCESSFULLY, ForwardMsg.FINISHED_FRAGMENT_RUN_SUCCESSFULLY
+        self.finished: list[int] = []
+        page.on("websocket", lambda ws: ws.on("framereceived", self._frame))
+
+    def _frame(self, payload) -> None:
+        if isinstance(payload, bytes):
+            msg = self._message()
+            msg.ParseFromString(payload)
+            if msg.WhichOneof("type") == "script_finished":
+                self.finished.append(msg.script_finished)
+
+    def wait(self, page, since: int) -> list[int]:
+        """Once a run after the first `since` has completed (not one cut short for a rerun): the statuses since."""
+        deadline = time.monotonic() + SLOW_MS / 1000
+        while not {self.full, self.fragment} & set(self.finished[since:]):
+            assert time.monotonic() < deadline, "no script run completed"
+            page.wait_for_timeout(250)
+        return self.finished[since:]
+
+
+def _wait_for_query(page, key: str, value: str | None = None, timeout: int = SLOW_MS) -> None:
+    """Until the URL holds `key` (with `value`)."""
+    page.wait_for_function("([k, v]) => { const q = new URLSearchParams(location.search); "
+                           "return v === null ? q.has(k) : q.get(k) === v; }",
+                           arg=[key, value], timeout=timeout, polling=250)
+
+
+def _choose(page, combobox, option: str) -> None:
+    """Pick `option` in a select box or multiselect (its list opens on a click; a click during a rerun may not)."""
+    for _ in range(3):
+        combobox.click()
+        choice = page.get_by_role("option", name=option, exact=True)
+        try:
+            choice.wait_for(state="visible", timeout=15_000)
+        except Exception:  # playwright's TimeoutError
+            page.keyboard.press("Escape")
+            continue
+        choice.click()
+        return
+    pytest.fail(f"the option {option!r} never showed")
+
+
+def _shoot(page, path: Path, first, last=None, width: int = SHOT_WIDTH, pad: int = 12) -> None:
+    """A PNG of the region from `first` to `last` (the elements between included), in a viewport `width` wide and
+    tall enough for all of it; the viewport is the usual one again afterwards."""
+    last = last or first
+    height = 0
+    for _ in range(3):  # the layout follows the width: measure again
+        top, bottom = first.bounding_box(), last.bounding_box()
+        needed = max(1000, int(bottom["y"] + bottom["height"] - top["y"]) + 2 * pad + 300)
+        if needed <= height:
+            break
+        height = needed
+        page.set_viewport_size({"width": width, "height": height})
+        page.wait_for_timeout(2000)  # plotly redraws for the new size
+    # its top below Streamlit's header
+    first.evaluate("e => { e.style.scrollMarginTop = '120px'; e.scrollIntoView({block: 'start'}); }")
+    page.wait_for_timeout(500)
+    top, bottom = first.bounding_box(), last.bounding_box()
+    x0 = max(0.0, min(top["x"], bottom["x"]) - pad)
+    x1 = max(top["x"] + top["width"], bottom["x"] + bottom["width"]) + pad
+    y0 = max(0.0, top["y"] - pad)
+    page.screenshot(path=str(path), clip={"x": x0, "y": y0, "width": x1 - x0,
+                                          "height": bottom["y"] + bottom["height"] + pad - y0})
+    page.set_viewport_size({"width": 1440, "height": 1000})
+    page.wait_for_timeout(1000)
+
+
+def _stack(parts: list[Path], path: Path, gap: int = 16) -> None:
+    from PIL import Image
+
+    images = [Image.open(p).convert("RGB") for p in parts]
+    out = Image.new("RGB", (max(i.width for i in images), sum(i.height for i in images) + gap * (len(images) - 1)),
+                    "white")
+    y = 0
+    for image in images:
+        out.paste(image, (0, y))
+        y += image.height + gap
+    out.save(path)
+
+
+def test_instrument_screenshots_and_fragment_links(app_url, browser, tmp_path):
+    """README screenshots of five instruments on the default pair (reuse verdict, expert what-if, paired cache-space
+    projection, two checkpoints compared, the quick fit's expander), and a page option inside app.fragment: its
+    fragment-only rerun writes the option to the URL."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    page.set_default_timeout(SLOW_MS)
+    runs = _Runs(page)  # before the first run
+    try:
+        page.goto(app_url)
+        page.get_by_text("Target tokens").wait_for()
+        _wait_until_settled(page)
+        _assert_no_failure(page)
+        nav = page.locator('[data-testid="stSidebarNav"]')
+        plots = page.locator(".js-plotly-plot")
+
+        # Per-layer cache error: the page's first run ends by writing its options to the URL
+        nav.get_by_role("link", name="Per-layer cache error", exact=True).click()
+        _wait_for_query(page, "error.kv", "K")
+        _wait_until_settled(page)
+        _assert_no_failure(page)
+        verdict = page.get_by_role("heading", name="Reuse verdict: use this translated cache, or re-prefill?",
+                                   exact=True).locator(_BLOCK)
+        assert verdict.locator('[data-testid="stAlert"]').filter(has_text="Verdict:").count() == 1
+        assert verdict.locator('[data-testid="stDataFrame"]').count() == 2  # per window layer; the thresholds
+        _shoot(page, SCREENSHOTS / "verdict.png", verdict)
+
+        # a page option inside a fragment ("Tensor" above the heatmap): its rerun alone writes it to the URL
+        titles = page.locator(".js-plotly-plot .gtitle")
+        assert titles.filter(has_text=re.compile(r"^K: ")).count() == 1
+        since = len(runs.finished)
+        page.locator('[data-testid="stRadio"]').filter(has_text="Tensor").get_by_text("V", exact=True).click()
+        _wait_for_query(page, "error.kv", "V", timeout=120_000)
+        assert runs.wait(page, since) == [runs.fragment]  # the fragment reran, not the page
+        titles.filter(has_text=re.compile(r"^V: ")).wait_for(timeout=60_000)
+        assert titles.filter(has_text=re.compile(r"^K: ")).count() == 0
+        query = _query(page)
+        assert (query["ckpt"], query["error.metric"], query["error.comparison"]) == \
+               ("smollm2-to-gemma3", "rel_l2", "replayed")  # the rest of the view stays in the link
+
+        # a second checkpoint: dashed per-layer lines, a "second" fidelity curve
+        since = len(runs.finished)
+        _choose(page, page.get_by_role("combobox", name="Compare with a second checkpoint (optional)"),
+                "smollm2-to-gemma3-linear")
+        assert runs.wait(page, since)[-1] == runs.full
+        _wait_until_settled(page)
+        _assert_no_failure(page)
+        assert _query(page)["error.second"] == "smollm2-to-gemma3-linear"
+        per_layer = plots.filter(has=page.locator(".legendtext", has_text="translated (2nd)"))
+        per_layer.wait_for()
+        assert per_layer.evaluate("e => [...e.querySelectorAll('path.js-line')]"
+                                  ".filter(p => !['', 'none'].includes(p.style.strokeDasharray)).length") > 0
+        fidelity = plots.filter(has=page.locator(".legendtext", has_text=re.compile(r"^second$")))
+        fidelity.wait_for()
+        first, second = tmp_path / "per_layer.png", tmp_path / "fidelity.png"
+        _shoot(page, first, page.get_by_role("heading", name="Per layer", exact=True).locator(
+            "xpath=ancestor::div[@data-testid='stElementContainer'][1]"), per_layer)
+        _shoot(page, second, fidelity.locator(_PLOT_BLOCK))
+        _stack([first, second], SCREENSHOTS / "compare_two.png")
+
+        # Expert routing: "drop one expert" in the what-if (a fragment)
+        nav.get_by_role("link", name="Expert routing", exact=True).click()
+        _wait_for_query(page, "routing.whatif", "force one expert")
+        _wait_until_settled(page)
+        _assert_no_failure(page)
+        what_if = page.get_by_role("heading", name="What if the router chose differently?", exact=True) \
+            .locator(_PLOT_BLOCK)
+        since = len(runs.finished)
+        what_if.get_by_text("drop one expert", exact=True).click()
+        _wait_for_query(page, "routing.whatif", "drop one expert")
+        runs.wait(page, since)
+        _wait_until_settled(page)
+        _assert_no_failure(page)
+        what_if.locator(".legendtext").filter(has_text="dropped").first.wait_for()
+        assert what_if.locator('[data-testid="stDataFrame"]').count() == 1
+        _shoot(page, SCREENSHOTS / "what_if.png", what_if)
+
+        # Cache space: the replayed target and the linear map shown too, each joined to its native point
+        nav.get_by_role("link", name="Cache space", exact=True).click()
+        _wait_for_query(page, "space.kinds")
+        _wait_until_settled(page)
+        _assert_no_failure(page)
+        show = page.get_by_role("combobox", name="Show")
+        for kind in ("replayed target", "linear map"):
+            since = len(runs.finished)
+            _choose(page, show, kind)
+            page.wait_for_function("k => (new URLSearchParams(location.search).get('space.kinds') || '').includes(k)",
+                                   arg=kind, polling=250)
+            runs.wait(page, since)
+            page.keyboard.press("Escape")  # the multiselect's list stays open
+        _wait_until_settled(page)
+        _assert_no_failure(page)
+        space = show.locator(_PLOT_BLOCK)
+        assert space.get_by_role("checkbox", name="Join each token's native and translated points").is_checked()
+        legend = space.locator(".legendtext")
+        legend.filter(has_text="native → linear map").wait_for()
+        assert {"native → translated", "native → replayed target", "replayed target", "linear map"} \
+            <= set(legend.all_text_contents())
+        _shoot(page, SCREENSHOTS / "paired_projection.png", space)
+
+        # the sidebar's quick fit, opened (the fit itself: test_fit_a_linear_translator_for_the_bundled_pair)
+        fit = page.locator('[data-testid="stSidebarContent"] [data-testid="stExpander"]') \
+            .filter(has_text="Fit a linear translator for this pair")
+        fit.get_by_text("Fit a linear translator for this pair").click()
+        fit.get_by_role("button", name="Fit a linear translator", exact=True).wait_for(state="visible")
+        _shoot(page, SCREENSHOTS / "quick_fit.png", fit, width=1440)
+        _assert_no_failure(page)
+    finally:
+        page.close()
+    assert all((SCREENSHOTS / f"{n}.png").stat().st_size > 10_000
+               for n in ("verdict", "what_if", "paired_projection", "compare_two", "quick_fit"))
