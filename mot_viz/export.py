@@ -22,7 +22,7 @@ from .mot import mot_config_json
 LOG_FILES = ("log.jsonl", "bank_log.jsonl")  # training curves kept beside the weights (the Training page reads them)
 
 
-def _from_run(run_dir: Path, mot, config: dict, log_rows: list[dict]) -> dict:
+def _from_run(config: dict, log_rows: list[dict]) -> dict:
     """How a run was trained, as recorded in the exported checkpoint."""
     training = dict(config.get("training", {}))
     uses_bank = "bank" in config.get("metrics", {})
@@ -51,7 +51,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, shared_linear: str | Pa
     if is_checkpoint:
         training, metrics = config.get("training", {}), config.get("metrics", {})
     else:
-        training = _from_run(src, mot, config, log_rows)
+        training = _from_run(config, log_rows)
         metrics = {**config.get("metrics", {}), "final_log": log_rows[-1] if log_rows else None}
     own = {"format_version", "training", "metrics", SHARED_LINEAR, *mot_config_json(mot)}
     extra = {k: v for k, v in config.items() if k not in own}
