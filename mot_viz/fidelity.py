@@ -103,8 +103,13 @@ def reference_means(target: LoadedModel, layers, passages: int = REFERENCE_PASSA
 
 @torch.no_grad()
 def translation_fidelity(translation: Translation, target: LoadedModel, channels: Channels,
-                         means: MeanVectors | None = None, candidate: str = "translator") -> list[dict]:
-    """One row per (candidate, window layer) of a computed translation; the mean vector too if given."""
+                         means: MeanVectors | None = None, candidate: str = "translator",
+                         others: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None) -> list[dict]:
+    """One row per (candidate, window layer) of a computed translation; the mean vector too if given.
+
+    others: more candidates' window K/V blocks [1, N, W, H] for the same context and window (e.g. a linear map's
+    translate_window output on this translation's source context), scored on the same native forward pass.
+    """
     ids, p = translation.target_ids, translation.prefix_len
     layers = channels.target_layers
     plan = hf.AttentionPlan(record_queries=set(layers))
@@ -112,6 +117,7 @@ def translation_fidelity(translation: Translation, target: LoadedModel, channels
     nk, nv = window_blocks(native, layers, p)  # (1, N, W, H)
     n = nk.shape[1]
     candidates = {candidate: (translation.translated.keys, translation.translated.values)}
+    candidates.update(others or {})
     if means is not None:
         candidates["mean vector"] = means.blocks(n)
     rows = []

@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
+import torch
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -38,7 +39,7 @@ from mot_viz.figures import (alignment_heatmap, alignment_table, answers_figure,
                              error_heatmap, expert_usage_figure, gates_heatmap, layer_error_figure, token_labels,
                              training_figure)
 from mot_viz.models import DEFAULT_SOURCE, DEFAULT_TARGET, load_model
-from mot_viz.mot import translate
+from mot_viz.mot import translate, translate_window
 from mot_viz.prompts import build_prompt
 from mot_viz.runs import read_training_log
 from mot_viz.shift.figures import correction_split_figure, correction_trajectory_figure, rho_trajectory_figure
@@ -115,15 +116,18 @@ def bench(checkpoint: Path, n_tokens: int, max_new_tokens: int) -> tuple[pd.Data
         layer_error_figure(cache_error_table(translation, mot.channels), window).to_json()
         grid = cache_error_grid(translation, mot.channels, "replayed", "K", "rel_l2")
         error_heatmap(grid, t_tokens, window, "rel_l2", "K").to_json()
-    with extra.step("(untimed warm-up)", "mean native window of the target (once per target and window)"):
-        means = reference_means(target, tuple(window), MEAN_VECTOR_PASSAGES)
     linear_path = checkpoint.with_name(checkpoint.name + "-linear")
+    with extra.step("(untimed warm-up)", "mean native window of the target and the linear checkpoint (once, cached)"):
+        means = reference_means(target, tuple(window), MEAN_VECTOR_PASSAGES)
+        linear = load_checkpoint(linear_path, source, target)[0] if linear_path.is_dir() else None
     with t.step("Per-layer cache error", "window fidelity + baselines (mean vector"
-                + (", the linear map's own translation)" if linear_path.is_dir() else ")")):
-        translation_fidelity(translation, target, mot.channels, means)
-        if linear_path.is_dir():
-            linear, _ = load_checkpoint(linear_path, source, target)
-            translation_fidelity(translate(linear, source, target, text), target, mot.channels)
+                + (", the linear map's window on the same source context)" if linear is not None else ")")):
+        others = {}
+        if linear is not None:  # as the app: the map reads this translation's source context
+            with torch.no_grad():
+                out = translate_window(linear, translation.source, source, target)
+            others["linear"] = (out.keys, out.values)
+        translation_fidelity(translation, target, mot.channels, means, others=others)
     with t.step("Per-layer cache error", "reuse verdict: first answer token's KL to native"):
         suffix = build_prompt(example, target.chat_frame).suffix_text
         kl_divergence(first_answer_logprobs(target, translation.native_kv, suffix),
@@ -194,7 +198,7 @@ def report(rows: pd.DataFrame, facts: dict, load_before: tuple[float, float, flo
         f"Written by `scripts/bench_app.py` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.",
         "",
         f"* Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), "
-        f"torch threads {__import__('torch').get_num_threads()}, float32. Load average before the run "
+        f"torch threads {torch.get_num_threads()}, float32. Load average before the run "
         f"(1/5/15 min): {load_before[0]:.2f} / {load_before[1]:.2f} / {load_before[2]:.2f}"
         + (" — other jobs were using the cores, so these times are upper bounds." if load_before[0] > 0.5 else "."),
         f"* Pair: {DEFAULT_SOURCE} → {DEFAULT_TARGET}, checkpoint `{facts['checkpoint']}`.",

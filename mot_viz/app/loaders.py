@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import pandas as pd
 import streamlit as st
+import torch
 
 from .. import shift
 from ..answers import (CONDITION_LABELS, CONDITIONS, Answer, ConditionCaches, answers_from_caches, condition_caches,
@@ -23,7 +24,7 @@ from ..checkpoint import load_checkpoint, read_config
 from ..errors import CheckpointError, ModelLoadError, MotVizError
 from ..fidelity import MeanVectors, reference_means, translation_fidelity
 from ..models import DEFAULT_SOURCE, DEFAULT_TARGET, LoadedModel, load_model
-from ..mot import MoT, Translation, check_pair, translate
+from ..mot import MoT, Translation, check_pair, translate, translate_window
 from ..prompts import QAExample
 from ..quickfit import fits_dir
 from ..shift.metrics import kl_divergence
@@ -225,10 +226,15 @@ def _cached_window_fidelity(key: TranslationKey, _sel: Selection, second: Transl
     src, tgt, mot = _loaded(key)
     means = _cached_mean_vectors(key.target, tuple(mot.channels.target_layers), test_mode())
     own = "linear" if mot.translator.config.variant == "linear" else "translator"
-    rows = translation_fidelity(_cached_translation(key), tgt, mot.channels, means, candidate=own)
+    translation = _cached_translation(key)
+    others = {}
     linear = linear_baseline_for(_sel, mot) if own != "linear" else None
     if linear is not None and (second is None or second.checkpoint != linear):
-        rows += translation_fidelity(get_translation(_sel, linear), tgt, mot.channels, candidate="linear")
+        # the same window of the same pair: the map reads this translation's source context (no second prefill)
+        with torch.no_grad():
+            out = translate_window(get_checkpoint(linear, src, tgt)[0], translation.source, src, tgt)
+        others["linear"] = (out.keys, out.values)
+    rows = translation_fidelity(translation, tgt, mot.channels, means, candidate=own, others=others)
     if second is not None:
         rows += translation_fidelity(_cached_translation(second), tgt, _loaded(second)[2].channels, candidate="second")
     return pd.DataFrame(rows)

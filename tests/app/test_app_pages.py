@@ -185,6 +185,12 @@ def test_cache_error_page_scores_the_window_against_its_baselines():
     expected = pd.DataFrame(translation_fidelity(translate(mot, source, target, FREE_TEXT), target, mot.channels))
     shown = next(t for t in fidelity["data"] if t["name"] == "translator" and "centered" in t["hovertemplate"])
     assert np.allclose(list(shown["y"]), expected.sort_values("layer")["centered_cos_k"], atol=1e-5)
+    # the linear map's window, read from this translation's source context, scores as its own full translation
+    linear_mot, _ = load_checkpoint(str(Path(sel.checkpoint).with_name("smollm2-to-gemma3-linear")), source, target)
+    linear_rows = pd.DataFrame(translation_fidelity(translate(linear_mot, source, target, FREE_TEXT), target,
+                                                    mot.channels, candidate="linear"))
+    shown = next(t for t in fidelity["data"] if t["name"] == "linear" and "centered" in t["hovertemplate"])
+    assert np.allclose(list(shown["y"]), linear_rows.sort_values("layer")["centered_cos_k"], atol=1e-5)
     mean_k = next(t for t in fidelity["data"] if t["name"] == "mean vector" and "centered" in t["hovertemplate"])
     assert np.abs(np.array(mean_k["y"], dtype=float)).max() < 1e-5  # one shared vector: no token structure
     # a random translator carries no token structure, and the page says so
