@@ -11,7 +11,6 @@ reads them from there. ``checkpoint_zip`` always writes a self-contained copy.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -24,6 +23,7 @@ from safetensors.torch import load_file, save, save_file
 from .channels import Channels
 from .errors import CheckpointError, ConfigError
 from .fsutil import write_text_atomic
+from .model_cache import file_sha256
 from .mot import MoT, ReplayConfig, check_pair, mot_config_json, spec_from_json
 from .translator import TranslatorConfig
 
@@ -37,11 +37,7 @@ _PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")
 
 def weights_sha256(folder: Path) -> str:
     """SHA-256 of a checkpoint folder's weights file (what a shared linear path is checked against)."""
-    digest = hashlib.sha256()
-    with open(Path(folder) / WEIGHTS_FILE, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return file_sha256(Path(folder) / WEIGHTS_FILE)
 
 
 def _within_one_ulp(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -61,10 +57,7 @@ def _share_linear(state: dict[str, torch.Tensor], final: Path, linear: Path) -> 
     own = {k: v for k, v in state.items() if k.startswith(LINEAR_PREFIX)}
     if not own:
         raise CheckpointError("shared_linear was given, but this translator has no linear path to share.")
-    try:
-        theirs = load_file(str(Path(linear) / WEIGHTS_FILE))
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"cannot share the linear path of '{linear}': its weights are unreadable ({exc}).") from exc
+    theirs = {k: v for k, v in read_weights(linear).items() if k.startswith(LINEAR_PREFIX)}
     if set(own) != set(theirs) or any(v.dtype != theirs[k].dtype or v.shape != theirs[k].shape
                                       or not _within_one_ulp(v, theirs[k]) for k, v in own.items()):
         raise CheckpointError(f"the linear path is not the one stored in '{linear}' (other weights or dtype): "

@@ -191,16 +191,16 @@ def _bank_stages(cfg: TrainConfig, mot: MoT, source: LoadedModel, target: Loaded
                         "tokens": int(bank.lengths.sum()), "corpus": bank.manifest["bank"]["corpus"],
                         "seconds_to_load_or_build": round(time.time() - t0, 1)}}
     log(f"bank: {bank.num_contexts} contexts, {int(bank.lengths.sum())} tokens ({bank.folder})")
-    if mot.translator.linear is not None and cfg.linear_from:
-        summary["linear_fit"] = copy_linear_path(mot, cfg.linear_from)
-        mot.translator.silence_experts()  # step 0 equals that linear checkpoint
-        log(f"linear path: copied from {cfg.linear_from}")
-    elif mot.translator.linear is not None:
-        summary["linear_fit"] = fit_linear(mot, bank)
+    if mot.translator.linear is not None:
+        if cfg.linear_from:
+            summary["linear_fit"] = copy_linear_path(mot, cfg.linear_from)
+            log(f"linear path: copied from {cfg.linear_from}")
+        else:
+            summary["linear_fit"] = fit_linear(mot, bank)
+            log(f"linear fit: λ_K {summary['linear_fit']['lambda_k']}, λ_V {summary['linear_fit']['lambda_v']} "
+                f"in {summary['linear_fit']['seconds']} s")
         if cfg.variant != "linear":
             mot.translator.silence_experts()  # step 0 equals the closed-form map
-        log(f"linear fit: λ_K {summary['linear_fit']['lambda_k']}, λ_V {summary['linear_fit']['lambda_v']} "
-            f"in {summary['linear_fit']['seconds']} s")
     if cfg.bank_steps:
         log_path = run_dir / "bank_log.jsonl"
         if rank == 0:

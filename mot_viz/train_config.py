@@ -65,7 +65,7 @@ class TrainConfig:
     mot_top_k: int = 2  # experts kept per token before the gate softmax (mot)
     output_activation: str = "gelu"  # gelu (reference) | none
     topk_sparse_attn: int | None = 32  # None: dense replay
-    num_bottom_full_attn: int = 2  # replay: layers below this attend densely (method.md §6)
+    num_bottom_full_attn: int = 2  # replay: layers below this attend densely, window layers excepted (method.md §6)
 
     def __post_init__(self):
         if self.layer_alignment not in ("injection", "terminal", "depth-ratio"):

@@ -7,7 +7,6 @@ import streamlit as st
 
 from mot_viz import app
 from mot_viz.cache_metrics import COMPARISONS, cache_error_grid, cache_error_table
-from mot_viz.errors import MotVizError
 from mot_viz.fidelity import fidelity_verdicts
 from mot_viz.figures import FIDELITY_TITLES, METRIC_TITLES, error_heatmap, fidelity_figure, layer_error_figure
 from mot_viz.verdict import VerdictThresholds, reuse_verdict
@@ -31,20 +30,14 @@ def main() -> None:
     run = app.current_run()
     app.run_caption(run)
     window = run.mot.channels.target_layers
-    second, second_table = app.second_checkpoint(run, "pg.error.second"), None
-    if second is not None:
-        try:
-            mot2, translation2 = app.second_translation(run.selection, second[1])
-            second_table = cache_error_table(translation2, mot2.channels)
-        except MotVizError as exc:  # e.g. made for another pair
-            app.show_error(exc)
-            second = None
+    second = app.second_run(run, "pg.error.second")
+    second_table = None if second is None else cache_error_table(second.translation, second.mot.channels)
 
     table = cache_error_table(run.translation, run.mot.channels)
     st.subheader("Per layer")
     if second is not None:
-        st.caption(f"Solid: `{Path(run.selection.checkpoint).name}`; dashed: the second checkpoint `{second[0]}` "
-                   f"(its window: target layers {list(mot2.channels.target_layers)}).")
+        st.caption(f"Solid: `{Path(run.selection.checkpoint).name}`; dashed: the second checkpoint `{second.name}` "
+                   f"(its window: target layers {list(second.mot.channels.target_layers)}).")
     both = table if second_table is None else pd.concat([table.assign(checkpoint="selected"),
                                                          second_table.assign(checkpoint="second")])
     app.show_figure(layer_error_figure(table, window, second_table), both, "cache_error_per_layer")
@@ -65,7 +58,7 @@ def main() -> None:
         "- **linear** — the closed-form ridge map of the same window, when a `linear` checkpoint for this pair and window "
         "is installed: the floor a trained translator must clear to earn its cost."
     )
-    fidelity = app.window_fidelity(run, None if second is None else second[1])
+    fidelity = app.window_fidelity(run, None if second is None else second.path)
     own = fidelity["candidate"].iloc[0]
     for warning in fidelity_verdicts(fidelity, own):
         st.warning(warning, icon="⚠️")
@@ -108,7 +101,7 @@ def _fidelity_chart(fidelity) -> None:
 
 
 @app.fragment
-def _verdict_section(run, fidelity, candidate: str, second: tuple[str, str] | None) -> None:
+def _verdict_section(run, fidelity, candidate: str, second) -> None:
     st.subheader("Reuse verdict: use this translated cache, or re-prefill?")
     st.markdown(
         "A verdict from the measurable signals above, per window layer and overall. A layer passes when its "
@@ -128,7 +121,7 @@ def _verdict_section(run, fidelity, candidate: str, second: tuple[str, str] | No
         values = {name: c[i].number_input(name, step=0.05, key=f"pg.error.verdict.{name}", format="%.2f")
                   for i, name in enumerate(names)}
     sel = run.selection
-    shown = [(Path(sel.checkpoint).name, None, candidate)] + ([(second[0], second[1], "second")] if second else [])
+    shown = [(Path(sel.checkpoint).name, None, candidate)] + ([(second.name, second.path, "second")] if second else [])
     for column, (name, path, who) in zip(st.columns(len(shown)), shown):
         with column:
             if second:

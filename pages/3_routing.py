@@ -7,7 +7,6 @@ import streamlit as st
 
 from mot_viz import app
 from mot_viz.cache_metrics import expert_usage, gate_table, token_routing_table
-from mot_viz.errors import MotVizError
 from mot_viz.figures import entropy_figure, expert_usage_figure, gates_heatmap, what_if_figure
 from mot_viz.translator import gate_balance
 from mot_viz.whatif import expert_error_table
@@ -46,17 +45,12 @@ def main() -> None:
                    "refine): its translation is that map's output plus the gate-weighted experts." if cfg.linear_residual
                    else ""))
     routed = {Path(run.selection.checkpoint).name: out}
-    second = app.second_checkpoint(run, "pg.routing.second")
-    if second is not None:
-        try:
-            mot2, translation2 = app.second_translation(run.selection, second[1])
-            if translation2.translated.key_routing is None:
-                st.info(f"The second checkpoint `{second[0]}` is a **{mot2.translator.config.variant}** translator: it "
-                        "has no router, so only this checkpoint's routing is shown.")
-            else:
-                routed[f"{second[0]} (2nd)"] = translation2.translated
-        except MotVizError as exc:  # e.g. made for another pair
-            app.show_error(exc)
+    second = app.second_run(run, "pg.routing.second")
+    if second is not None and second.translation.translated.key_routing is None:
+        st.info(f"The second checkpoint `{second.name}` is a **{second.mot.translator.config.variant}** translator: it "
+                "has no router, so only this checkpoint's routing is shown.")
+    elif second is not None:
+        routed[f"{second.name} (2nd)"] = second.translation.translated
     balance = pd.DataFrame([{"checkpoint": name, "mixture": kv, **gate_balance(r.gates)}
                             for name, o in routed.items() for kv, r in (("K", o.key_routing), ("V", o.value_routing))])
     st.dataframe(balance if len(routed) > 1 else balance.drop(columns="checkpoint"), hide_index=True)

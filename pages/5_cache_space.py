@@ -3,7 +3,6 @@
 import streamlit as st
 
 from mot_viz import app
-from mot_viz.errors import MotVizError
 from mot_viz.cache_metrics import FIT_ON, cache_space_table, token_annotations, window_vectors
 from mot_viz.figures import cache_space_figure
 
@@ -47,19 +46,14 @@ def _projection(run) -> None:
 
     options = st.columns(3)
     app.widget_default("pg.space.kinds", ["native target", "translated", "source (aligned)"])
-    linear = app.linear_baseline_for(run.selection, run.mot) if run.mot.translator.config.variant != "linear" \
+    linear = app.linear_baseline_for(run.selection.checkpoint, run.mot) if run.mot.translator.config.variant != "linear" \
         else None
-    second = app.second_checkpoint(run, "pg.space.second")
-    translation2 = None
-    if second is not None:
-        try:
-            mot2, translation2 = app.second_translation(run.selection, second[1])
-            if mot2.channels.target_layers != run.mot.channels.target_layers:
-                st.info(f"The second checkpoint `{second[0]}` writes another window (target layers "
-                        f"{list(mot2.channels.target_layers)}), so it has no vectors in this layer to compare.")
-                translation2 = None
-        except MotVizError as exc:  # e.g. made for another pair
-            app.show_error(exc)
+    second = app.second_run(run, "pg.space.second")
+    if second is not None and second.mot.channels.target_layers != run.mot.channels.target_layers:
+        st.info(f"The second checkpoint `{second.name}` writes another window (target layers "
+                f"{list(second.mot.channels.target_layers)}), so it has no vectors in this layer to compare.")
+        second = None
+    translation2 = None if second is None else second.translation
     offered = ["native target", "translated", "replayed target", "source (aligned)"] + (["linear map"] if linear else []) \
         + (["second translator"] if translation2 is not None else [])
     kinds = options[0].multiselect("Show", offered, key="pg.space.kinds")
@@ -92,7 +86,7 @@ def _projection(run) -> None:
     st.caption(f"The target-space projection is fitted on {' + '.join(k for k in FIT_ON if k in kinds) or 'the kinds shown'} "
                "together; every other target-space kind is placed in that same projection, so the axes stay put "
                "when a kind is shown or hidden." + (f" Linear map: `{linear}` on the same context." if linear else "")
-               + (f" Second translator: `{second[0]}` on the same context." if translation2 is not None else ""))
+               + (f" Second translator: `{second.name}` on the same context." if translation2 is not None else ""))
 
 
 app.run_page(main)

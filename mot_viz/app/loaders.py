@@ -157,13 +157,13 @@ def translation_key(sel: Selection, checkpoint: str | None = None) -> Translatio
     return TranslationKey(sel.source, sel.target, path, checkpoint_stamp(path), sel.text, test_mode())
 
 
-# a translation of a 1,024-token context on the default pair holds ~200 MB of caches: keep a few
 def _loaded(key: TranslationKey) -> tuple[LoadedModel, LoadedModel, MoT]:
     """The key's source and target models and its checkpoint's MoT."""
     src, tgt = get_model(key.source), get_model(key.target)
     return src, tgt, get_checkpoint(key.checkpoint, src, tgt)[0]
 
 
+# a translation of a 1,024-token context on the default pair holds ~200 MB of caches: keep a few
 @st.cache_resource(show_spinner=False, max_entries=6)
 def _cached_translation(key: TranslationKey) -> Translation:
     src, tgt, mot = _loaded(key)
@@ -198,10 +198,11 @@ def _cached_mean_vectors(target: str, layers: tuple[int, ...], test: bool) -> Me
     return reference_means(get_model(target), layers, MEAN_VECTOR_PASSAGES)
 
 
-def linear_baseline_for(sel: Selection, mot: MoT) -> str | None:
-    """A shipped 'linear' checkpoint for the same pair and window as `mot` (other than the selected one), if any."""
+def linear_baseline_for(checkpoint: str, mot: MoT) -> str | None:
+    """A shipped 'linear' checkpoint for the same pair and window as `mot` (the checkpoint at `checkpoint`), other
+    than that checkpoint itself, if any."""
     for path in available_checkpoints().values():
-        if path == sel.checkpoint:
+        if path == checkpoint:
             continue
         try:
             cfg = read_config(path)
@@ -217,18 +218,18 @@ def linear_baseline_for(sel: Selection, mot: MoT) -> str | None:
 def window_fidelity(run: "Run", second: str | None = None) -> pd.DataFrame:
     """Window fidelity of the run's translation on its own context, with the mean-vector and linear baselines,
     and (candidate "second") that of a second checkpoint on the same context."""
-    return _cached_window_fidelity(translation_key(run.selection), run.selection,
+    return _cached_window_fidelity(translation_key(run.selection),
                                    None if second is None else translation_key(run.selection, second))
 
 
 @st.cache_data(show_spinner="Scoring the window against its baselines …", max_entries=8)
-def _cached_window_fidelity(key: TranslationKey, _sel: Selection, second: TranslationKey | None) -> pd.DataFrame:
+def _cached_window_fidelity(key: TranslationKey, second: TranslationKey | None) -> pd.DataFrame:
     src, tgt, mot = _loaded(key)
     means = _cached_mean_vectors(key.target, tuple(mot.channels.target_layers), test_mode())
     own = "linear" if mot.translator.config.variant == "linear" else "translator"
     translation = _cached_translation(key)
     others = {}
-    linear = linear_baseline_for(_sel, mot) if own != "linear" else None
+    linear = linear_baseline_for(key.checkpoint, mot) if own != "linear" else None
     if linear is not None and (second is None or second.checkpoint != linear):
         # the same window of the same pair: the map reads this translation's source context (no second prefill)
         with torch.no_grad():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -13,6 +13,7 @@ import streamlit as st
 
 from ..errors import MotVizError
 from ..models import DEFAULT_SOURCE, DEFAULT_TARGET
+from ..mot import MoT, Translation
 from ..permalink import PAGE_PREFIX
 from .links import LINK_UNCHECKED, check_linked_value
 from .settings import DATASET_MODE, DEFAULT_FREE_TEXT
@@ -99,3 +100,26 @@ def second_checkpoint(run: Run, key: str) -> tuple[str, str] | None:
     choice = st.selectbox("Compare with a second checkpoint (optional)", [NO_SECOND, *others], key=key,
                           help="Its translation of the same context is shown beside (or over) this one.")
     return None if choice == NO_SECOND else (choice, others[choice])
+
+
+class SecondRun(NamedTuple):
+    """A second checkpoint chosen on a page, with its translation of the same context."""
+
+    name: str
+    path: str
+    mot: MoT
+    translation: Translation
+
+
+def second_run(run: Run, key: str) -> SecondRun | None:
+    """second_checkpoint, loaded: None when none is chosen, or when it does not fit the pair (the page says why)."""
+    from .loaders import second_translation
+
+    chosen = second_checkpoint(run, key)
+    if chosen is None:
+        return None
+    try:
+        return SecondRun(*chosen, *second_translation(run.selection, chosen[1]))
+    except MotVizError as exc:  # e.g. made for another pair
+        show_error(exc)
+        return None
