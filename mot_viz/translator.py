@@ -85,17 +85,22 @@ class CrossLayerWindowTranslator(nn.Module):
         self.output_proj = nn.Linear(cfg.window * cfg.dim, cfg.window * cfg.target_kv_hidden)
         self.output_act = nn.GELU() if cfg.output_activation == "gelu" else nn.Identity()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, queries: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, N, W, H_S] -> [B, M, W, H_T] for the M token positions in `queries` (all N when None).
+
+        Every token is context for every query, and a query's stream never reads another query's, so the
+        output at a position does not depend on which other positions are computed (sparse expert dispatch).
+        """
         b, n, w, _ = x.shape
         p = nn.functional.gelu(self.input_proj(self.input_norm(x)))  # (B, N, W, D)
-        h = p[:, :, 0]
+        h = p[:, :, 0] if queries is None else p[:, queries, 0]
         for stage in self.recurrent_blocks:
             outputs = []
             for i, block in enumerate(stage):
                 h = block(h, p[:, :, i])
                 outputs.append(h)
-        fused = torch.cat(outputs, dim=-1)  # (B, N, W·D), last stage only
-        return self.output_act(self.output_proj(self.output_norm(fused))).view(b, n, w, self.out_hidden)
+        fused = torch.cat(outputs, dim=-1)  # (B, M, W·D), last stage only
+        return self.output_act(self.output_proj(self.output_norm(fused))).view(b, h.shape[1], w, self.out_hidden)
 
 
 @dataclass
@@ -162,7 +167,7 @@ class Router(nn.Module):
 
 
 class MixtureOfTranslators(nn.Module):
-    """E window translators mixed per token by a router; all experts run densely, top-k zeroes gates."""
+    """E window translators mixed per token by a router; each expert computes only the tokens routed to it."""
 
     def __init__(self, cfg: TranslatorConfig):
         super().__init__()
@@ -173,8 +178,21 @@ class MixtureOfTranslators(nn.Module):
         if len(self.translators) == 1:
             return self.translators[0](x), None
         routing = self.router(x, override)
-        experts = torch.stack([t(x) for t in self.translators], dim=-1)  # (B, N, W, H_T, E)
-        return torch.einsum("bnwhe,bne->bnwh", experts, routing.gates), routing
+        rows = []
+        for row in range(x.shape[0]):
+            context = x[row : row + 1]
+            mixed = None
+            for expert, translator in enumerate(self.translators):
+                gate = routing.gates[row, :, expert]  # (N,)
+                routed = gate.nonzero().squeeze(-1)  # top-k leaves the other tokens' gates at exactly 0
+                if routed.numel() == 0:
+                    continue
+                weighted = translator(context, routed)[0] * gate[routed, None, None]  # (M, W, H_T)
+                if mixed is None:
+                    mixed = weighted.new_zeros(x.shape[1], *weighted.shape[1:])
+                mixed = mixed.index_add(0, routed, weighted)
+            rows.append(mixed)
+        return torch.stack(rows), routing
 
 
 class LinearKVMap(nn.Module):

@@ -9,8 +9,8 @@ from mot_viz.channels import (Channels, depth_candidates, depth_ratio_candidates
                               sparse_source_layer, terminal_channels, window_size_range)
 from mot_viz.errors import ConfigError
 from mot_viz.layout import from_block, to_block
-from mot_viz.translator import (CrossLayerWindowTranslator, KVTranslator, MixtureOfTranslators, TranslatorConfig,
-                                gate_balance)
+from mot_viz.translator import (CrossLayerWindowTranslator, GateOverride, KVTranslator, MixtureOfTranslators,
+                                TranslatorConfig, gate_balance)
 
 
 def test_injection_channels_align_by_depth_from_the_top():
@@ -88,6 +88,32 @@ def test_router_top_k_and_mixture():
     assert (routing.gates.gather(-1, kept) > 0).all()
     experts = torch.stack([t(x) for t in moe.translators], -1)
     assert torch.allclose(y, (experts * routing.gates[:, :, None, None, :]).sum(-1), atol=1e-5)
+
+
+def test_sparse_expert_dispatch_equals_dense_mixture_and_its_gradients():
+    """Each expert computes only its routed tokens; outputs and gradients equal running every expert densely."""
+    torch.manual_seed(1)
+    moe = MixtureOfTranslators(_cfg(num_experts=4, top_k=2, output_activation="none"))
+    x = torch.randn(2, 9, 3, 12)
+
+    def dense(override):
+        gates = moe.router(x, override).gates
+        experts = torch.stack([t(x) for t in moe.translators], -1)
+        return (experts * gates[:, :, None, None, :]).sum(-1)
+
+    for override in (None, GateOverride("uniform"), GateOverride("force", 2), GateOverride("drop", 0)):
+        sparse, _ = moe(x, override)
+        reference = dense(override)
+        assert torch.allclose(sparse, reference, atol=1e-5), override
+        weights = torch.randn_like(reference)
+        grads = [torch.autograd.grad((y * weights).sum(), list(moe.parameters()), allow_unused=True)
+                 for y in (sparse, reference)]
+        for param, g_sparse, g_dense in zip(moe.parameters(), *grads):  # None: no path (an expert never routed to)
+            g_sparse, g_dense = (torch.zeros_like(param) if g is None else g for g in (g_sparse, g_dense))
+            assert torch.allclose(g_sparse, g_dense, atol=1e-5)
+    forced = CrossLayerWindowTranslator(_cfg())
+    subset = torch.tensor([4, 0, 7])
+    assert torch.allclose(forced(x, subset), forced(x)[:, subset], atol=1e-6)  # a query's output ignores the others
 
 
 def test_kv_translator_variants_and_validation():
