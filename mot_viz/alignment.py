@@ -8,6 +8,7 @@ token grid.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -23,10 +24,15 @@ class TokenAlignment:
     source_spans: list[tuple[int, int]]
     overlap: torch.Tensor  # [N_t, N_s] shared characters (after the empty-row fix)
 
-    @property
+    @cached_property  # the weights are never changed after alignment
     def identity(self) -> bool:
         n_t, n_s = self.weights.shape[-2:]
         return n_t == n_s and bool(torch.equal(self.weights[0], torch.eye(n_t, dtype=self.weights.dtype)))
+
+    @cached_property
+    def nonzero(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Per batch row, the (target index, source index, weight) of every nonzero weight: a few per target token."""
+        return [(*w.nonzero(as_tuple=True), w[w != 0]) for w in self.weights]
 
 
 def decode(tokenizer, ids: list[int]) -> str:
@@ -109,8 +115,17 @@ def identity_alignment(n: int) -> TokenAlignment:
 
 
 def apply_alignment(block: torch.Tensor, alignment: TokenAlignment) -> torch.Tensor:
-    """Source block [B, N_s, W, H] -> target grid [B, N_t, W, H] by the alignment weights."""
-    return torch.einsum("bts,bswh->btwh", alignment.weights.to(block), block)
+    """Source block [B, N_s, W, H] -> target grid [B, N_t, W, H] by the alignment weights.
+
+    A target token overlaps a few source tokens, so only the nonzero weights are applied (linear in the
+    length; the dense product is quadratic).
+    """
+    n_t = alignment.weights.shape[1]
+    rows = []
+    for row, (t, s, w) in zip(block, alignment.nonzero):
+        weighted = row[s] * w.to(block)[:, None, None]
+        rows.append(block.new_zeros(n_t, *block.shape[2:]).index_add(0, t.to(block.device), weighted))
+    return torch.stack(rows)
 
 
 def remap_sparse_indices(indices: torch.Tensor, alignment: TokenAlignment) -> torch.Tensor:

@@ -211,7 +211,9 @@ def answer_all(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAEx
 
 
 @torch.no_grad()
-def first_answer_logprobs(target: LoadedModel, kv: list[hf.KV] | None, suffix_text: str) -> torch.Tensor:
-    """log p [V] (float32) of the target's first answer token, given a cache of the context and the question."""
-    suffix_ids = target.ids_tensor(encode(target.tokenizer, suffix_text))
-    return hf.run(target.model, suffix_ids, kv=kv, logits_to_keep=1).logits[0, -1].float().log_softmax(-1)
+def first_answer_logprobs(target: LoadedModel, kvs: list[list[hf.KV]], suffix_text: str) -> torch.Tensor:
+    """log p [B, V] (float32) of the target's first answer token after each cache of the context (all of one length:
+    native, translated, controls) and the question, the B caches run as one batch."""
+    suffix_ids = target.ids_tensor(encode(target.tokenizer, suffix_text)).expand(len(kvs), -1)
+    logits = hf.run(target.model, suffix_ids, kv=hf.stack_caches(kvs), logits_to_keep=1).logits
+    return logits[:, -1].float().log_softmax(-1)

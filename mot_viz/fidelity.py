@@ -24,7 +24,7 @@ from . import hf
 from .layout import from_block, window_blocks
 from .models import LoadedModel
 from .channels import Channels
-from .mot import MoT, Translation, _with_bos, target_context_ids, translate
+from .mot import MoT, Translation, native_cache, target_context_ids, translate
 
 REFERENCE_PASSAGES = 40  # LAMBADA training passages behind the mean-vector baseline (fidelity CLI, evaluator)
 METRICS = ("raw_cos_k", "centered_cos_k", "rel_err_k", "raw_cos_v", "centered_cos_v", "rel_err_v", "attn_out_cos")
@@ -88,7 +88,7 @@ def mean_vectors(target: LoadedModel, layers, texts: list[str], corpus: str) -> 
     p = len(target.prefix_ids)
     for text in texts:
         ids = target_context_ids(target, text)
-        kv = hf.run(target.model, _with_bos(target, ids), logits_to_keep=1).kv
+        kv = native_cache(target, ids)
         k, v = window_blocks(kv, layers, p)  # (1, N, W, H)
         sums_k = k[0].sum(0) if sums_k is None else sums_k + k[0].sum(0)
         sums_v = v[0].sum(0) if sums_v is None else sums_v + v[0].sum(0)
@@ -110,10 +110,11 @@ def translation_fidelity(translation: Translation, target: LoadedModel, channels
     others: more candidates' window K/V blocks [1, N, W, H] for the same context and window (e.g. a linear map's
     translate_window output on this translation's source context), scored on the same native forward pass.
     """
-    ids, p = translation.target_ids, translation.prefix_len
-    layers = channels.target_layers
-    plan = hf.AttentionPlan(record_queries=set(layers))
-    native = hf.run(target.model, _with_bos(target, ids), plan=plan, logits_to_keep=1).kv
+    p, layers = translation.prefix_len, channels.target_layers
+    native, queries = translation.native_kv, translation.native_queries
+    if native is None or queries is None or not set(layers) <= queries.keys():  # one native pass records them
+        plan = hf.AttentionPlan(record_queries=set(layers))
+        native, queries = native_cache(target, translation.target_ids, plan), plan.queries
     nk, nv = window_blocks(native, layers, p)  # (1, N, W, H)
     n = nk.shape[1]
     candidates = {candidate: (translation.translated.keys, translation.translated.values)}
@@ -128,7 +129,7 @@ def translation_fidelity(translation: Translation, target: LoadedModel, channels
             for kv, cand, ref in (("k", ck, nk), ("v", cv, nv)):
                 for metric, value in vector_fidelity(cand[0, :, w], ref[0, :, w]).items():
                     row[f"{metric}_{kv}"] = value
-            query, scaling, sliding = plan.queries[layer]
+            query, scaling, sliding = queries[layer]
             full_k = torch.cat([native[layer][0][:, :, :p], k_l.to(native[layer][0].dtype)], dim=2)
             full_v = torch.cat([native[layer][1][:, :, :p], v_l.to(native[layer][1].dtype)], dim=2)
             row["attn_out_cos"] = attention_output_cosine(query[:, :, p:], scaling, sliding, full_k, full_v,
@@ -139,8 +140,8 @@ def translation_fidelity(translation: Translation, target: LoadedModel, channels
 
 def context_fidelity(mot: MoT, source: LoadedModel, target: LoadedModel, text: str,
                      means: MeanVectors | None = None) -> list[dict]:
-    """`translation_fidelity` of a fresh translation of `text` (its native cache comes from the query-recording pass)."""
-    return translation_fidelity(translate(mot, source, target, text, with_native=False), target, mot.channels, means)
+    """`translation_fidelity` of a fresh translation of `text` (its native prefill records the queries it needs)."""
+    return translation_fidelity(translate(mot, source, target, text), target, mot.channels, means)
 
 
 def fidelity_verdicts(rows: pd.DataFrame, candidate: str = "translator") -> list[str]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import inspect
 from dataclasses import dataclass, field
 
@@ -57,6 +58,7 @@ def active_plan(plan: AttentionPlan | None):
         _ACTIVE_PLAN.reset(token)
 
 
+@functools.lru_cache(maxsize=16)  # every sparse layer of a replay asks for the same one: built once, never mutated
 def _allowed_positions(q_len: int, kv_len: int, sliding_window: int | None, device) -> torch.Tensor:
     """Causal (and sliding-window) visibility [q_len, kv_len] for queries at the end of the key sequence."""
     q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
@@ -132,9 +134,8 @@ def sparse_mask_attention(module, query, key, value, indices, scaling) -> torch.
         return None
     if keep.shape[1] > 1:
         keep = keep.repeat_interleave(h // n_kv, dim=1)
-    rep = h // n_kv
-    out = torch.nn.functional.scaled_dot_product_attention(query, repeat_kv(key, rep), repeat_kv(value, rep),
-                                                           attn_mask=keep, scale=scaling)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=keep, scale=scaling,
+                                                           enable_gqa=n_kv < h)  # query groups share K/V, no copies
     return out.transpose(1, 2).contiguous()
 
 
@@ -291,6 +292,13 @@ def greedy_generate(model, kv: list[KV] | None, prompt_ids: torch.Tensor, max_ne
     return generated
 
 
+def stack_caches(kvs: list[list[KV]]) -> list[KV]:
+    """Caches of one example each, all layers of equal length, -> one cache with a batch row per cache."""
+    if len({tuple(k.shape[2] for k, _ in kv) for kv in kvs}) != 1:
+        raise ValueError("caches decoded as one batch must hold the same number of positions at every layer")
+    return [(torch.cat([kv[l][0] for kv in kvs]), torch.cat([kv[l][1] for kv in kvs])) for l in range(len(kvs[0]))]
+
+
 @torch.no_grad()
 def greedy_generate_batch(model, kvs: list[list[KV]], prompt_ids: torch.Tensor, max_new_tokens: int,
                           stop_ids: set[int], stop_when=None) -> list[list[int]]:
@@ -300,8 +308,7 @@ def greedy_generate_batch(model, kvs: list[list[KV]], prompt_ids: torch.Tensor, 
     stopped row's later tokens are discarded. Returns one token list per cache.
     """
     b = len(kvs)
-    batched = [(torch.cat([kv[l][0] for kv in kvs]), torch.cat([kv[l][1] for kv in kvs])) for l in range(len(kvs[0]))]
-    cache = cache_from_kv(batched)
+    cache = cache_from_kv(stack_caches(kvs))
     ids = prompt_ids.expand(b, -1)
     generated: list[list[int]] = [[] for _ in range(b)]
     running = [True] * b

@@ -93,6 +93,9 @@ class Translation:
     sparse_indices: dict[int, torch.Tensor]  # target layer -> [1, 1, P + N_t, P + k]
     prefix_len: int = 0  # P: BOS positions the target's caches start with (never translated)
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage
+    # window layer -> (post-RoPE query [1, H, P + N_t, d], scaling, sliding window) of the native prefill, which
+    # records them on the way (the attention-output fidelity reads them instead of running the target again)
+    native_queries: dict[int, tuple[torch.Tensor, float, int | None]] | None = None
 
     @property
     def target_ids(self) -> torch.Tensor:
@@ -250,9 +253,12 @@ def _with_bos(lm: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def native_cache(target: LoadedModel, target_ids: torch.Tensor) -> list[KV]:
-    """The target's own dense cache of the context [1, N_t] (after its BOS prefix, if any)."""
-    return hf.run(target.model, _with_bos(target, target_ids), logits_to_keep=1).kv
+def native_cache(target: LoadedModel, target_ids: torch.Tensor, plan: hf.AttentionPlan | None = None) -> list[KV]:
+    """The target's own dense cache of the context [1, N_t] (after its BOS prefix, if any).
+
+    plan: what to record on the way (e.g. ``record_queries``; read it from the plan afterwards).
+    """
+    return hf.run(target.model, _with_bos(target, target_ids), plan=plan, logits_to_keep=1).kv
 
 
 @torch.no_grad()
@@ -278,15 +284,15 @@ def translate(mot: MoT, source: LoadedModel, target: LoadedModel, text: str, wit
         mixed = replay(target, target_ids, mot.channels.target_layers, translated.keys, translated.values, sparse)
         timings["replay"] = time.perf_counter() - t0
         check_finite("replayed cache", *(t for kv in mixed for t in kv))
-        native = None
+        native, native_plan = None, hf.AttentionPlan(record_queries=set(mot.channels.target_layers))
         if with_native:
             t0 = time.perf_counter()
-            native = native_cache(target, target_ids)
+            native = native_cache(target, target_ids, native_plan)
             timings["native_prefill"] = time.perf_counter() - t0
     n_kv = mot.target.num_kv_heads
     injected = list(zip(from_block(translated.keys, n_kv), from_block(translated.values, n_kv)))
     return Translation(text, src, translated, injected, mixed, native, sparse, prefix_len=len(target.prefix_ids),
-                       timings=timings)
+                       timings=timings, native_queries=native_plan.queries if with_native else None)
 
 
 def check_finite(what: str, *tensors: torch.Tensor) -> None:

@@ -56,8 +56,7 @@ def what_if(mot: MoT, source: LoadedModel, target: LoadedModel, base: Translatio
     kl, answer = None, None
     if example is not None:
         if suffix is not None:
-            native = first_answer_logprobs(target, base.native_kv, suffix)
-            kl = kl_divergence(native, first_answer_logprobs(target, translation.mixed_kv, suffix))
+            kl = kl_divergence(*first_answer_logprobs(target, [base.native_kv, translation.mixed_kv], suffix))
         answer = answer_from_cache(target, translation.mixed_kv, example, "mot", max_new_tokens, suffix)
     return WhatIf(override_label(override), translation, errors, kl, answer)
 

@@ -130,8 +130,7 @@ def bench(checkpoint: Path, n_tokens: int, max_new_tokens: int) -> tuple[pd.Data
         translation_fidelity(translation, target, mot.channels, means, others=others)
     with t.step("Per-layer cache error", "reuse verdict: first answer token's KL to native"):
         suffix = build_prompt(example, target.chat_frame).suffix_text
-        kl_divergence(first_answer_logprobs(target, translation.native_kv, suffix),
-                      first_answer_logprobs(target, translation.mixed_kv, suffix))
+        kl_divergence(*first_answer_logprobs(target, [translation.native_kv, translation.mixed_kv], suffix))
 
     with t.step("Expert routing", "tables + 4 figures"):
         out = translation.translated

@@ -1,11 +1,13 @@
 """Benchmark of the MoT engine on the bundled pair (a measurement, not a test).
 
-    .venv/bin/python scripts/bench_engine.py [--lengths 64 128 256 512] [--repeats 3] [--out docs/bench_engine.md]
+    .venv/bin/python scripts/bench_engine.py [--lengths 64 128 256 512] [--repeats 3] [--checkpoint pretrained/smollm2-to-gemma3]
+        [--label "what changed"] [--out docs/bench_engine.md]
 
 For each context length (target tokens) it times, on the machine it runs on: source prefill, token
 alignment, translator, replay into the target, and the target's own (native) prefill; it reports the
 ratios translator ÷ native prefill and (translate + replay) ÷ native prefill, measured in the same run,
 and the process's peak resident memory after each length. Medians over --repeats runs after one warm-up.
+The new table goes on top of --out, under --label; earlier tables stay below it (the before/after record).
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ import torch
 
 
 from mot_viz.alignment import encode
-from mot_viz.channels import terminal_channels
+from mot_viz.checkpoint import load_checkpoint
 from mot_viz.models import DEFAULT_SOURCE, DEFAULT_TARGET, load_model
-from mot_viz.mot import MoT, translate
+from mot_viz.mot import translate
 
 PASSAGE = (
     "The Normans were the people who in the 10th and 11th centuries gave their name to Normandy, a region in "
@@ -46,15 +48,22 @@ def main() -> int:
     parser.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 256, 512],
                         help="context lengths in target tokens")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per length (the median is reported)")
-    parser.add_argument("--out", default="docs/bench_engine.md", help="markdown file the table is written to")
+    parser.add_argument("--checkpoint", default="pretrained/smollm2-to-gemma3", help="the MoT checkpoint timed")
+    parser.add_argument("--label", default="the engine as it is", help="heading of the new table (what changed)")
+    parser.add_argument("--out", default="docs/bench_engine.md",
+                        help="markdown file the table is added to (on top; earlier tables are kept)")
     args = parser.parse_args()
 
     torch.manual_seed(0)
     source, target = load_model(DEFAULT_SOURCE), load_model(DEFAULT_TARGET)
-    channels = terminal_channels(source.spec.num_layers, target.spec.num_layers, 0.3)
-    # the shipped checkpoints' shape (configs/smollm2-to-gemma3.json); timings do not depend on the weights
-    mot = MoT.build(source.spec, target.spec, channels, dim=64, heads=4, depth=1, mlp_ratio=2, num_experts=4,
-                    top_k=2, output_activation="none").eval()
+    mot, config = load_checkpoint(args.checkpoint, source, target)
+    mot.eval()
+    channels, cfg = mot.channels, mot.translator.config
+    paths = f"{cfg.num_experts} experts top-{cfg.top_k}" if cfg.variant == "mot" else cfg.variant
+    if cfg.variant != "linear" and cfg.linear_residual:
+        paths += " on a linear path"
+    replay_kind = (f"sparse replay top-{mot.replay.topk_sparse_attn} from layer {mot.replay.num_bottom_full_attn} up"
+                   if mot.replay.topk_sparse_attn else "dense replay")
     stages = ["source_prefill", "alignment", "translator", "replay", "native_prefill"]
     rows = []
     for n in args.lengths:
@@ -68,15 +77,18 @@ def main() -> int:
         print(f"{n_t} tokens: " + ", ".join(f"{s} {med[s]*1000:.0f} ms" for s in stages), flush=True)
 
     threads = torch.get_num_threads()
+    title = "# Engine benchmark: SmolLM2-135M → Gemma-3-270m"
     lines = [
-        "# Engine benchmark: SmolLM2-135M → Gemma-3-270m",
+        title,
         "",
-        f"Measured {datetime.date.today()} on {platform.machine()}, {os.cpu_count()} CPU cores, torch "
-        f"{torch.__version__} with {threads} thread(s), float32; `python scripts/bench_engine.py`. MoT: "
-        f"terminal window {list(channels.target_layers)} (W={channels.window}), dim 64, 4 experts, top-2, "
-        "sparse replay top-32 from layer 2 up. Median of "
-        f"{args.repeats} runs after a warm-up. Timings on shared 2-core machines are noisy: read the ratios, "
-        "which come from the same run.",
+        f"## {datetime.date.today()}: {args.label}",
+        "",
+        f"Measured on {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} with {threads} "
+        f"thread(s), float32; `python scripts/bench_engine.py --checkpoint {args.checkpoint}` "
+        f"(window {list(channels.target_layers)}, W={channels.window}, {cfg.key_space.replace('_', '-')} keys, "
+        f"dim {cfg.dim}, {paths}; {replay_kind}). The replay column includes building the sparse "
+        f"indices from the source's attention. Median of {args.repeats} runs after a warm-up. Timings on shared "
+        "2-core machines are noisy: read the ratios, which come from the same run.",
         "",
         "| target tokens | source prefill (ms) | alignment (ms) | translator (ms) | replay (ms) | native prefill (ms) "
         "| translator ÷ native | (translator + replay) ÷ native | peak RSS (MB) |",
@@ -90,7 +102,9 @@ def main() -> int:
             f"| {(med['translator'] + med['replay'])/native:.2f} | {peak:.0f} |"
         )
     lines += ["", "Peak RSS is the whole process (both models loaded) after that length, so it only grows down the table."]
-    Path(args.out).write_text("\n".join(lines) + "\n")
+    out = Path(args.out)
+    earlier = out.read_text().removeprefix(title).strip() if out.exists() else ""
+    out.write_text("\n".join(lines) + ("\n\n" + earlier if earlier else "") + "\n")
     print("\n".join(lines))
     return 0
 

@@ -57,8 +57,8 @@ def signals(args) -> None:
         prompt = build_prompt(example, target.chat_frame)
         translation = translate(mot, source, target, prompt.context_text)
         rows = pd.DataFrame(translation_fidelity(translation, target, mot.channels, means))
-        kl = kl_divergence(first_answer_logprobs(target, translation.native_kv, prompt.suffix_text),
-                           first_answer_logprobs(target, translation.mixed_kv, prompt.suffix_text))
+        kl = kl_divergence(*first_answer_logprobs(target, [translation.native_kv, translation.mixed_kv],
+                                                  prompt.suffix_text))
         layers = layer_signals(rows, "translator")
         record = {"id": example.id, "first_token_kl": kl, "tokens": int(translation.target_ids.shape[1]),
                   "layers": json.dumps(layers.to_dict(orient="records"))}

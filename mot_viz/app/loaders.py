@@ -273,8 +273,7 @@ def answer_rows(sel: Selection, max_new_tokens: int, checkpoint: str | None = No
 @st.cache_resource(show_spinner=False, max_entries=16)
 def _cached_first_token_kl(key: TranslationKey, suffix: str) -> float:
     target, translation = get_model(key.target), _cached_translation(key)
-    return kl_divergence(first_answer_logprobs(target, translation.native_kv, suffix),
-                         first_answer_logprobs(target, translation.mixed_kv, suffix))
+    return kl_divergence(*first_answer_logprobs(target, [translation.native_kv, translation.mixed_kv], suffix))
 
 
 def first_token_kl(sel: Selection, checkpoint: str | None = None) -> float | None:
