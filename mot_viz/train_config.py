@@ -44,6 +44,7 @@ class TrainConfig:
     balance_weight: float = 0.0  # Switch-style router load balancing (both stages); 0 = off
     init: str = "random"  # random | linear: start from the closed-form ridge map fitted on the bank
     key_space: str = "post_rope"  # post_rope (method.md) | pre_rope: translate keys before rotation
+    bank_corpus: str = "lambada"  # text of the training bank (mot_viz.bank.CORPORA), e.g. lambada+sotu
     bank_tokens: int = 16384  # target tokens in the cached training bank (init=linear or bank_steps > 0)
     bank_min_tokens: int = 32  # shortest bank context
     bank_max_tokens: int = 448  # longest bank context (the app's and the evaluator's lengths)
@@ -110,7 +111,7 @@ class TrainConfig:
     def bank_config(self):
         from .bank import BankConfig
 
-        return BankConfig(num_tokens=self.bank_tokens, min_tokens=self.bank_min_tokens,
+        return BankConfig(corpus=self.bank_corpus, num_tokens=self.bank_tokens, min_tokens=self.bank_min_tokens,
                           max_tokens=self.bank_max_tokens, seed=self.seed)
 
     @classmethod

