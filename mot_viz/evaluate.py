@@ -35,7 +35,7 @@ from .errors import CheckpointError, ConfigError, MotVizError
 from .eval_data import BUILTIN_DATASETS, load_dataset
 from .eval_report import markdown_table, paired_differences, paired_markdown, summarize
 from .models import LoadedModel, load_model
-from .mot import MoT, translate
+from .mot import REPLAY_MODES, MoT, replay_mode, translate
 from .prompts import QAExample, build_prompt
 from .qa_metrics import bootstrap_ci
 
@@ -74,6 +74,7 @@ class EvalSettings:
     bootstrap: int
     conditions: tuple[str, ...] = CONDITIONS  # native is always among them: retained shares divide by it
     prompt: str = "plain"  # "chat template" when the target is chat-tuned (data.build_prompt); set by run()
+    replay: str = "checkpoint"  # each checkpoint's own replay, or "dense" / "sparse" for both (mot.replay_mode)
 
     @classmethod
     def from_json(cls, data: dict) -> EvalSettings:
@@ -87,6 +88,7 @@ class EvalSettings:
                 + (f" --second {self.second}" if self.second else "")
                 + f" --datasets {' '.join(self.datasets)} --n {self.n} --seed {self.seed}"
                 + ("" if self.conditions == CONDITIONS else f" --conditions {' '.join(self.conditions)}")
+                + ("" if self.replay == "checkpoint" else f" --replay {self.replay}")
                 + f" --max_new_tokens {self.max_new_tokens} --max_context_tokens {self.max_context_tokens}"
                 + (f" --out {out_dir}" if out_dir is not None else ""))
 
@@ -176,7 +178,8 @@ def lm_losses(mot: MoT, source: LoadedModel, target: LoadedModel, rows: torch.Te
 
 
 # settings a --resume must share with the run it continues (n may grow or shrink)
-RESUME_KEYS = ("checkpoint", "second", "datasets", "seed", "max_new_tokens", "max_context_tokens", "conditions")
+RESUME_KEYS = ("checkpoint", "second", "datasets", "seed", "max_new_tokens", "max_context_tokens", "conditions",
+               "replay")
 TEXT_COLUMNS = ("dataset", "id", "condition", "answer", "gold", "error")
 
 
@@ -247,6 +250,14 @@ def check_run(settings: EvalSettings, out_dir: Path, resume: bool = False):
     return examples, previous_rows(out_dir, settings, resume) if settings.datasets else None
 
 
+def load_checkpoints(settings: EvalSettings, source: LoadedModel, target: LoadedModel) -> tuple[MoT, MoT | None]:
+    """The evaluated checkpoint and the --second one (or None), each replaying as settings.replay says."""
+    loaded = [load_checkpoint(path, source, target)[0] if path else None for path in (settings.checkpoint, settings.second)]
+    for mot in filter(None, loaded):
+        mot.replay = replay_mode(mot.replay, settings.replay)
+    return loaded[0], loaded[1]
+
+
 def run(settings: EvalSettings, out_dir: Path, progress: bool = True, resume: bool = False,
         checked=None) -> pd.DataFrame:
     """Evaluate and write the results; with resume, examples out_dir already has rows for are not recomputed.
@@ -257,8 +268,7 @@ def run(settings: EvalSettings, out_dir: Path, progress: bool = True, resume: bo
     config = read_config(settings.checkpoint)
     source = load_model(config["source"]["name"])
     target = load_model(config["target"]["name"])
-    mot, _ = load_checkpoint(settings.checkpoint, source, target)
-    second = load_checkpoint(settings.second, source, target)[0] if settings.second else None
+    mot, second = load_checkpoints(settings, source, target)
     settings.prompt = "plain" if target.chat_frame is None else f"chat template of {target.spec.name}"
     means = None
     if "mean" in settings.conditions:
@@ -321,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="which conditions to answer under (native is always added); e.g. "
                              "'--conditions native mot' to evaluate a variant on examples a full run already covered; "
                              "'mean' adds the mean-vector control (window = mean native K/V over LAMBADA prose)")
+    parser.add_argument("--replay", choices=REPLAY_MODES, default="checkpoint",
+                        help="replay as each checkpoint says (checkpoint), densely everywhere (dense), or with the "
+                             "method's sparse top-32 attention from layer 2 up (sparse)")
     parser.add_argument("--out", required=True, help="folder of the results (created when missing)")
     parser.add_argument("--resume", action="store_true",
                         help="keep the rows --out already holds from a run of the same settings (any --n) and "
@@ -328,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     conditions = tuple(c for c in CONDITIONS + EXTRA_CONDITIONS if c in {"native", *args.conditions})
     settings = EvalSettings(args.checkpoint, args.second, tuple(args.datasets), args.n, args.seed,
-                            args.max_new_tokens, args.max_context_tokens, args.bootstrap, conditions)
+                            args.max_new_tokens, args.max_context_tokens, args.bootstrap, conditions,
+                            replay=args.replay)
     out_dir = Path(args.out)
 
     def body() -> None:
@@ -348,7 +362,7 @@ def run_lm(settings: EvalSettings, out_dir: Path, n: int) -> pd.DataFrame:
     config = read_config(settings.checkpoint)
     train_cfg = config.get("training", {})
     source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
-    mot, _ = load_checkpoint(settings.checkpoint, source, target)
+    mot, _ = load_checkpoints(settings, source, target)
     bank = train_cfg.get("num_sequences", 2048)
     # the same deterministic stream the translator trained on, continued past its bank: held out
     rows = training_sequences(target.tokenizer, train_cfg.get("total_tokens", 128), n_sequences=bank + n,

@@ -39,6 +39,17 @@ class ReplayConfig:
             raise ConfigError("num_bottom_full_attn must be >= 0")
 
 
+REPLAY_MODES = ("checkpoint", "dense", "sparse")
+
+
+def replay_mode(replay: ReplayConfig, mode: str) -> ReplayConfig:
+    """A checkpoint's replay under a mode: its own ("checkpoint"), dense everywhere, or the method's sparse
+    default (top-32 from layer 2 up, method.md §6). Whether sparse replay suits a pair is measured per pair."""
+    if mode not in REPLAY_MODES:
+        raise ConfigError(f"replay mode must be one of {', '.join(REPLAY_MODES)}, not '{mode}'")
+    return {"checkpoint": replay, "dense": ReplayConfig(topk_sparse_attn=None), "sparse": ReplayConfig()}[mode]
+
+
 class MoT(nn.Module):
     """A trained (or freshly initialised) translator for one ordered model pair."""
 

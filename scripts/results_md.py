@@ -82,6 +82,8 @@ def record_in_configs() -> list[Path]:
     """Write each pretrained checkpoint's evaluation results into its config.json; returns the files written."""
     records: dict[Path, dict] = {}
     for folder, meta in eval_folders():
+        if meta["settings"].get("replay", "checkpoint") != "checkpoint":
+            continue  # measured with another replay than the checkpoint's own: not its result
         summary = pd.read_csv(folder / "summary.csv")
         # a --second checkpoint's rows are its own results too: its "second" condition is its "mot"
         views = [(meta["settings"]["checkpoint"], summary[summary["condition"] != "second"])]

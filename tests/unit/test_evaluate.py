@@ -151,3 +151,30 @@ def test_batched_answers_equal_one_by_one(family):
     for condition, kv in caches.items():
         alone = answer_from_cache(target, kv, example, condition, 8)
         assert (together[condition].text, together[condition].score) == (alone.text, alone.score), condition
+
+
+def test_replay_mode_overrides_the_checkpoints_replay_and_is_in_the_command(setup, tmp_path):
+    from mot_viz.checkpoint import save_checkpoint
+    from mot_viz.evaluate import load_checkpoints
+    from mot_viz.export import export_run
+    from mot_viz.mot import ReplayConfig, replay_mode
+
+    mot, source, target = setup
+    assert replay_mode(ReplayConfig(topk_sparse_attn=8), "checkpoint") == ReplayConfig(topk_sparse_attn=8)
+    assert replay_mode(ReplayConfig(topk_sparse_attn=8), "dense").topk_sparse_attn is None
+    assert replay_mode(ReplayConfig(topk_sparse_attn=None), "sparse") == ReplayConfig()  # the method's top-32
+    with pytest.raises(ConfigError, match="replay mode"):
+        replay_mode(ReplayConfig(), "fast")
+    assert mot.replay.topk_sparse_attn is not None
+    save_checkpoint(mot, tmp_path / "sparse")
+    export_run(tmp_path / "sparse", tmp_path / "dense", replay="dense")  # the per-pair decision, made at export
+    settings = lambda replay, second=None: EvalSettings(str(tmp_path / "dense"), second, ("toy",), 2, 0, 4, 64,  # noqa: E731
+                                                        200, replay=replay)
+    first, second = load_checkpoints(settings("checkpoint", str(tmp_path / "sparse")), source, target)
+    assert first.replay.topk_sparse_attn is None and second.replay.topk_sparse_attn == mot.replay.topk_sparse_attn
+    first, second = load_checkpoints(settings("sparse", str(tmp_path / "sparse")), source, target)
+    assert first.replay == second.replay == ReplayConfig()
+    first, second = load_checkpoints(settings("dense"), source, target)
+    assert first.replay.topk_sparse_attn is None and second is None
+    assert "--replay sparse" in settings("sparse").command()
+    assert "--replay" not in settings("checkpoint").command()
