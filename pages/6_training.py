@@ -25,7 +25,7 @@ def main() -> None:
         "the translator's own output against the native window K/V. **loss** is the weighted sum. **lr** is the "
         "learning rate (linear warm-up, then cosine). The gate-balance curves are the routers' CV² of importance and load "
         "(0 = every expert used equally), the importance entropy and, when trained with it, the Switch-style **balance** "
-        "term (1 = uniform). Each point is an average over the logged steps."
+        "term, summed over the K and V routers (2 = both uniform, up to twice the number of experts). Each point is an average over the logged steps."
     )
     checkpoint = app.applied_selection().checkpoint
     try:
