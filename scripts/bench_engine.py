@@ -26,6 +26,7 @@ import torch
 
 from mot_viz.alignment import encode
 from mot_viz.checkpoint import load_checkpoint
+from mot_viz.fsutil import write_section_on_top
 from mot_viz.models import DEFAULT_SOURCE, DEFAULT_TARGET, load_model
 from mot_viz.mot import translate
 
@@ -102,9 +103,7 @@ def main() -> int:
             f"| {(med['translator'] + med['replay'])/native:.2f} | {peak:.0f} |"
         )
     lines += ["", "Peak RSS is the whole process (both models loaded) after that length, so it only grows down the table."]
-    out = Path(args.out)
-    earlier = out.read_text().removeprefix(title).strip() if out.exists() else ""
-    out.write_text("\n".join(lines) + ("\n\n" + earlier if earlier else "") + "\n")
+    write_section_on_top(Path(args.out), title, "\n".join(lines[1:]))
     print("\n".join(lines))
     return 0
 

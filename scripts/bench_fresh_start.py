@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from mot_viz.app.server import serve_app
+from mot_viz.fsutil import write_section_on_top
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 TIMEOUT_MS = 600_000
@@ -89,9 +90,7 @@ def main() -> int:
         lines.append(f"| {names[key]} | {value:.1f} | {'' if target is None else f'{target:.0f}'} | "
                      f"{'' if target is None else ('yes' if value <= target else 'no')} | "
                      f"{', '.join(f'{r[key]:.1f}' for r in runs)} |")
-    out = Path(args.out)
-    earlier = out.read_text().removeprefix(title).strip() if out.exists() else ""
-    out.write_text("\n".join(lines) + ("\n\n" + earlier if earlier else "") + "\n")
+    write_section_on_top(Path(args.out), title, "\n".join(lines[1:]))
     print("\n".join(lines))
     return 0
 
