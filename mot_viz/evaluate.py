@@ -250,12 +250,11 @@ def check_run(settings: EvalSettings, out_dir: Path, resume: bool = False):
     return examples, previous_rows(out_dir, settings, resume) if settings.datasets else None
 
 
-def load_checkpoints(settings: EvalSettings, source: LoadedModel, target: LoadedModel) -> tuple[MoT, MoT | None]:
-    """The evaluated checkpoint and the --second one (or None), each replaying as settings.replay says."""
-    loaded = [load_checkpoint(path, source, target)[0] if path else None for path in (settings.checkpoint, settings.second)]
-    for mot in filter(None, loaded):
-        mot.replay = replay_mode(mot.replay, settings.replay)
-    return loaded[0], loaded[1]
+def load_evaluated(path: str, settings: EvalSettings, source: LoadedModel, target: LoadedModel) -> MoT:
+    """One evaluated checkpoint (--checkpoint or --second), replaying as settings.replay says."""
+    mot = load_checkpoint(path, source, target)[0]
+    mot.replay = replay_mode(mot.replay, settings.replay)
+    return mot
 
 
 def run(settings: EvalSettings, out_dir: Path, progress: bool = True, resume: bool = False,
@@ -268,7 +267,8 @@ def run(settings: EvalSettings, out_dir: Path, progress: bool = True, resume: bo
     config = read_config(settings.checkpoint)
     source = load_model(config["source"]["name"])
     target = load_model(config["target"]["name"])
-    mot, second = load_checkpoints(settings, source, target)
+    mot = load_evaluated(settings.checkpoint, settings, source, target)
+    second = load_evaluated(settings.second, settings, source, target) if settings.second else None
     settings.prompt = "plain" if target.chat_frame is None else f"chat template of {target.spec.name}"
     means = None
     if "mean" in settings.conditions:
@@ -362,7 +362,7 @@ def run_lm(settings: EvalSettings, out_dir: Path, n: int) -> pd.DataFrame:
     config = read_config(settings.checkpoint)
     train_cfg = config.get("training", {})
     source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
-    mot, _ = load_checkpoints(settings, source, target)
+    mot = load_evaluated(settings.checkpoint, settings, source, target)
     bank = train_cfg.get("num_sequences", 2048)
     # the same deterministic stream the translator trained on, continued past its bank: held out
     rows = training_sequences(target.tokenizer, train_cfg.get("total_tokens", 128), n_sequences=bank + n,

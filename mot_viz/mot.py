@@ -295,15 +295,16 @@ def translate(mot: MoT, source: LoadedModel, target: LoadedModel, text: str, wit
         mixed = replay(target, target_ids, mot.channels.target_layers, translated.keys, translated.values, sparse)
         timings["replay"] = time.perf_counter() - t0
         check_finite("replayed cache", *(t for kv in mixed for t in kv))
-        native, native_plan = None, hf.AttentionPlan(record_queries=set(mot.channels.target_layers))
+        native = native_queries = None
         if with_native:
             t0 = time.perf_counter()
-            native = native_cache(target, target_ids, native_plan)
+            plan = hf.AttentionPlan(record_queries=set(mot.channels.target_layers))
+            native, native_queries = native_cache(target, target_ids, plan), plan.queries
             timings["native_prefill"] = time.perf_counter() - t0
     n_kv = mot.target.num_kv_heads
     injected = list(zip(from_block(translated.keys, n_kv), from_block(translated.values, n_kv)))
     return Translation(text, src, translated, injected, mixed, native, sparse, prefix_len=len(target.prefix_ids),
-                       timings=timings, native_queries=native_plan.queries if with_native else None)
+                       timings=timings, native_queries=native_queries)
 
 
 def check_finite(what: str, *tensors: torch.Tensor) -> None:

@@ -155,7 +155,7 @@ def test_batched_answers_equal_one_by_one(family):
 
 def test_replay_mode_overrides_the_checkpoints_replay_and_is_in_the_command(setup, tmp_path):
     from mot_viz.checkpoint import save_checkpoint
-    from mot_viz.evaluate import load_checkpoints
+    from mot_viz.evaluate import load_evaluated
     from mot_viz.export import export_run
     from mot_viz.mot import ReplayConfig, replay_mode
 
@@ -168,13 +168,12 @@ def test_replay_mode_overrides_the_checkpoints_replay_and_is_in_the_command(setu
     assert mot.replay.topk_sparse_attn is not None
     save_checkpoint(mot, tmp_path / "sparse")
     export_run(tmp_path / "sparse", tmp_path / "dense", replay="dense")  # the per-pair decision, made at export
-    settings = lambda replay, second=None: EvalSettings(str(tmp_path / "dense"), second, ("toy",), 2, 0, 4, 64,  # noqa: E731
-                                                        200, replay=replay)
-    first, second = load_checkpoints(settings("checkpoint", str(tmp_path / "sparse")), source, target)
-    assert first.replay.topk_sparse_attn is None and second.replay.topk_sparse_attn == mot.replay.topk_sparse_attn
-    first, second = load_checkpoints(settings("sparse", str(tmp_path / "sparse")), source, target)
-    assert first.replay == second.replay == ReplayConfig()
-    first, second = load_checkpoints(settings("dense"), source, target)
-    assert first.replay.topk_sparse_attn is None and second is None
+    settings = lambda replay: EvalSettings(str(tmp_path / "dense"), None, ("toy",), 2, 0, 4, 64, 200,  # noqa: E731
+                                           replay=replay)
+    load = lambda name, replay: load_evaluated(str(tmp_path / name), settings(replay), source, target)  # noqa: E731
+    assert load("dense", "checkpoint").replay.topk_sparse_attn is None
+    assert load("sparse", "checkpoint").replay.topk_sparse_attn == mot.replay.topk_sparse_attn
+    assert load("dense", "sparse").replay == load("sparse", "sparse").replay == ReplayConfig()
+    assert load("sparse", "dense").replay.topk_sparse_attn is None
     assert "--replay sparse" in settings("sparse").command()
     assert "--replay" not in settings("checkpoint").command()
