@@ -111,26 +111,23 @@ def answer_from_cache(target: LoadedModel, kv: list[hf.KV] | None, example: QAEx
 
 def answers_from_caches(target: LoadedModel, caches: dict[str, list[hf.KV] | None], example: QAExample,
                         max_new_tokens: int = MAX_NEW_TOKENS, suffix_text: str | None = None) -> dict[str, Answer]:
-    """answer_from_cache for every condition, with the extractive answers of same-length caches decoded as one batch
-    (native, MoT, random and mean caches all hold the context's positions). Each answer's seconds are the batch's
+    """answer_from_cache for every condition, with the extractive answers decoded as one batch (the no-context
+    cache, shorter than the others, left-padded: hf.greedy_generate_batch). Each answer's seconds are the batch's
     decoding time shared evenly among its rows."""
     suffix = suffix_text if suffix_text is not None else build_prompt(example, target.chat_frame).suffix_text
-    groups: dict[int, list[str]] = {}
-    for condition, kv in caches.items():
-        if example.kind == "extractive" and kv is not None:
-            groups.setdefault(kv[0][0].shape[2], []).append(condition)
+    batch = list(caches) if example.kind == "extractive" and len(caches) > 1 else []
     out = {}
-    for conditions in (g for g in groups.values() if len(g) > 1):
+    if batch:
         suffix_ids = target.ids_tensor(encode(target.tokenizer, suffix))
-        for condition in conditions:
+        for condition in batch:
             check_question_fits(target, caches[condition], suffix_ids.shape[1], max_new_tokens)
         start = time.perf_counter()
         rows = hf.greedy_generate_batch(
-            target.model, [caches[c] for c in conditions], suffix_ids, max_new_tokens,
+            target.model, [caches[c] for c in batch], suffix_ids, max_new_tokens,
             hf.eos_ids(target.model, target.tokenizer),
             stop_when=lambda generated: answer_is_complete(target.tokenizer.decode(generated, skip_special_tokens=True)))
-        seconds = (time.perf_counter() - start) / len(conditions)
-        for condition, tokens in zip(conditions, rows):
+        seconds = (time.perf_counter() - start) / len(batch)
+        for condition, tokens in zip(batch, rows):
             out[condition] = _scored(example, condition, target.tokenizer.decode(tokens, skip_special_tokens=True),
                                      seconds)
     for condition, kv in caches.items():

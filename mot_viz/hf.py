@@ -299,21 +299,52 @@ def stack_caches(kvs: list[list[KV]]) -> list[KV]:
     return [(torch.cat([kv[l][0] for kv in kvs]), torch.cat([kv[l][1] for kv in kvs])) for l in range(len(kvs[0]))]
 
 
-@torch.no_grad()
-def greedy_generate_batch(model, kvs: list[list[KV]], prompt_ids: torch.Tensor, max_new_tokens: int,
-                          stop_ids: set[int], stop_when=None) -> list[list[int]]:
-    """greedy_generate for several caches of the same length at once (one forward pass per step for all).
+def left_padded(kvs: list[list[KV] | None]) -> tuple[list[list[KV]], torch.Tensor | None]:
+    """Caches of different lengths (None: no cache) -> caches of the longest one's length, each shorter one
+    left-padded with zeros, and the key mask [B, N] (1 = a real position; None when no cache needed padding).
 
-    kvs: caches whose layers all hold the same number of positions; each row stops on its own rule, and a
-    stopped row's later tokens are discarded. Returns one token list per cache.
+    A cache's layers must all hold the same number of positions (MoT Viz's caches keep every position)."""
+    lengths = [0 if kv is None else kv[0][0].shape[2] for kv in kvs]
+    longest = max(lengths)
+    if len(set(lengths)) == 1:
+        return list(kvs), None
+    template = next(kv for kv in kvs if kv is not None)
+    padded = []
+    for kv, n in zip(kvs, lengths):
+        layers = []
+        for layer, (k_ref, _) in enumerate(template):
+            pad = k_ref.new_zeros(1, k_ref.shape[1], longest - n, k_ref.shape[3])
+            k, v = kv[layer] if kv is not None else (pad[:, :, :0], pad[:, :, :0])
+            layers.append((torch.cat([pad, k], dim=2), torch.cat([pad, v], dim=2)))
+        padded.append(layers)
+    mask = (torch.arange(longest)[None, :] >= torch.tensor([longest - n for n in lengths])[:, None]).long()
+    return padded, mask.to(template[0][0].device)
+
+
+@torch.no_grad()
+def greedy_generate_batch(model, kvs: list[list[KV] | None], prompt_ids: torch.Tensor, max_new_tokens: int,
+                          stop_ids: set[int], stop_when=None) -> list[list[int]]:
+    """greedy_generate for several caches at once (one forward pass per step for all).
+
+    Caches of one length are stacked as they are; caches of different lengths (None: no cache, as in the
+    no-context condition of a model without a BOS prefix) are left-padded with masked zeros, and each row's
+    positions continue from its own length, so every row computes what it would alone (up to float rounding).
+    Each row stops on its own rule, and a stopped row's later tokens are discarded. Returns one token list per cache.
     """
     b = len(kvs)
-    cache = cache_from_kv(stack_caches(kvs))
+    padded, key_mask = left_padded(kvs)
+    cache = cache_from_kv(stack_caches(padded)) if padded[0] else new_cache()
     ids = prompt_ids.expand(b, -1)
+    extra = {}
+    if key_mask is not None:  # per-row positions and the mask over the padding
+        n = prompt_ids.shape[1]
+        lengths = key_mask.sum(dim=1, keepdim=True)
+        extra = {"attention_mask": torch.cat([key_mask, key_mask.new_ones(b, n)], dim=1),
+                 "position_ids": lengths + torch.arange(n, device=key_mask.device)[None, :]}
     generated: list[list[int]] = [[] for _ in range(b)]
     running = [True] * b
     for _ in range(max_new_tokens):
-        logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits
+        logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1, **extra).logits
         tokens = logits[:, -1].argmax(-1).tolist()
         for i, token in enumerate(tokens):
             if not running[i]:
@@ -327,6 +358,9 @@ def greedy_generate_batch(model, kvs: list[list[KV]], prompt_ids: torch.Tensor, 
         if not any(running):
             break
         ids = torch.tensor(tokens, device=prompt_ids.device).view(b, 1)
+        if extra:
+            extra = {"attention_mask": torch.cat([extra["attention_mask"], key_mask.new_ones(b, 1)], dim=1),
+                     "position_ids": extra["position_ids"][:, -1:] + 1}
     return generated
 
 

@@ -151,3 +151,27 @@ def test_masked_dense_sparse_attention_equals_the_gather_path(per_head, window):
         assert masked is not None and torch.allclose(masked, gathered, atol=1e-5)
     else:  # the window hides position 0 from late queries: some keep no key, so the gather path's fallback rules
         assert masked is None
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("bos", [False, True])
+def test_left_padded_batch_decodes_each_row_as_alone(family, bos):
+    """Caches of different lengths (the no-context cache among them: None, or the BOS prefix) decoded as one
+    left-padded batch give every row the tokens it gets alone; a row of the same cache without the mask and
+    its own positions would not (here: the padding is not ignored by accident)."""
+    lm = tiny_model(family, bos=bos, seed=3)
+    ids = lm.ids_tensor(lm.prefix_ids + list(range(5, 45)))
+    full = hf.run(lm.model, ids).kv
+    short = hf.run(lm.model, ids[:, :12]).kv
+    empty = hf.run(lm.model, ids[:, :1]).kv if bos else None
+    prompt = lm.ids_tensor([7, 8, 9])
+    kvs = [full, empty, short, full]
+    together = hf.greedy_generate_batch(lm.model, kvs, prompt, 8, stop_ids=set())
+    alone = [hf.greedy_generate(lm.model, kv, prompt, 8, stop_ids=set()) for kv in kvs]
+    assert together == alone
+    assert len({tuple(t) for t in alone}) > 1  # the rows differ, so a mix-up of rows would show
+    padded, mask = hf.left_padded(kvs)
+    n = ids.shape[1]
+    assert mask.tolist()[2] == [0] * (n - 12) + [1] * 12 and all(k.shape[2] == n for k, _ in padded[1])
+    unmasked = hf.greedy_generate_batch(lm.model, padded[1:3], prompt, 8, stop_ids=set())
+    assert unmasked != alone[1:3]
