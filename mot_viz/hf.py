@@ -8,7 +8,8 @@ variable, so two Streamlit sessions in two threads never see each other's plan) 
 
 * substitute injected K/V for the ones the layer computed (method.md §6, the replay),
 * attend sparsely to top-k key positions per query (method.md §6, sparse attention),
-* record the head-averaged attention probabilities (for the sparse index construction).
+* keep the top-k key positions of the head-averaged attention probabilities (the sparse index construction,
+  done inside the source's prefill, so no N x N probabilities are kept).
 
 No copy of a family's forward pass is kept (method.md §12). Everything else in the project works on
 plain tensors in the Hugging Face layout ``[batch, kv_heads, seq, head_dim]``.
@@ -38,8 +39,10 @@ class AttentionPlan:
 
     inject: dict[int, KV] = field(default_factory=dict)  # layer -> K/V replacing the last positions' computed K/V
     sparse: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> key indices [B, 1, N, k]
-    record: set[int] = field(default_factory=set)  # layers whose head-averaged attention is recorded
-    recorded: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> probs [B, 1, N_q, N_kv]
+    # layer -> (k, offset): keep the top-k key positions of each query's head-averaged attention, over the
+    # queries and keys from `offset` on (a BOS prefix excluded), as positions counted from `offset`
+    record_topk: dict[int, tuple[int, int]] = field(default_factory=dict)
+    topk: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> key positions [B, 1, N_q - offset, k]
     record_queries: set[int] = field(default_factory=set)  # layers whose post-RoPE queries are kept
     queries: dict[int, tuple[torch.Tensor, float, int | None]] = field(default_factory=dict)
     # layer -> (query [B, H, N_q, d_h], scaling, sliding window or None)
@@ -157,8 +160,10 @@ def mot_attention(module, query, key, value, attention_mask, scaling=None, dropo
             value = torch.cat([value[:, :, : value.shape[2] - n], v_inj.to(value.dtype)], dim=2)
         if layer in plan.record_queries:
             plan.queries[layer] = (query.detach(), float(scaling), getattr(module, "sliding_window", None))
-        if layer in plan.record:
-            plan.recorded[layer] = _eager_probs(module, query, key, scaling).mean(dim=1, keepdim=True).detach()
+        if layer in plan.record_topk:
+            k_top, offset = plan.record_topk[layer]
+            probs = _eager_probs(module, query, key, scaling).mean(dim=1, keepdim=True)[..., offset:, offset:]
+            plan.topk[layer] = probs.topk(min(k_top, probs.shape[-1]), dim=-1).indices
         if layer in plan.sparse:
             out = sparse_mask_attention(module, query, key, value, plan.sparse[layer], scaling)
             if out is None:
@@ -246,7 +251,7 @@ def kv_from_cache(cache: DynamicCache) -> list[KV]:
 class ForwardResult:
     logits: torch.Tensor  # [B, N, vocab]
     kv: list[KV]  # the cache after the forward pass, per layer
-    attention: dict[int, torch.Tensor]  # recorded head-averaged attention, layer -> [B, 1, N, N]
+    topk: dict[int, torch.Tensor]  # the plan's record_topk results, layer -> key positions [B, 1, N_q, k]
 
 
 def run(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: AttentionPlan | None = None,
@@ -258,7 +263,7 @@ def run(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: AttentionPla
     cache = cache_from_kv(kv) if kv else new_cache()
     with active_plan(plan):
         out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=logits_to_keep)
-    return ForwardResult(logits=out.logits, kv=kv_from_cache(cache), attention=dict(plan.recorded) if plan else {})
+    return ForwardResult(logits=out.logits, kv=kv_from_cache(cache), topk=dict(plan.topk) if plan else {})
 
 
 def eos_ids(model, tokenizer) -> set[int]:

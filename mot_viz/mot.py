@@ -86,7 +86,9 @@ class SourceContext:
     target_ids: torch.Tensor  # [1, N_t] the context's target tokens (no BOS)
     alignment: TokenAlignment
     source_kv: list[KV]  # every source layer over the context tokens, [1, n_kv_S, N_s, d_S]
-    source_attention: dict[int, torch.Tensor]  # source layer -> head-averaged probs [1, 1, N_s, N_s]
+    # source layer -> top-k key positions [1, 1, N_s, k] of each context query's head-averaged attention over
+    # the context (the BOS prefix excluded), kept by the source prefill itself (method.md §6, sparse indices)
+    source_topk: dict[int, torch.Tensor]
     target_prefix_len: int = 0  # BOS positions the target's caches start with
     source_prefix_len: int = 0  # BOS positions the source's prefill started with (dropped from source_kv)
 
@@ -137,8 +139,9 @@ def prepare_source(mot: MoT, source: LoadedModel, target: LoadedModel, target_id
                    timings: dict[str, float] | None = None, with_attention: bool = True) -> SourceContext:
     """Re-tokenize the target context for the source, prefill the source, align the tokens (method.md §2).
 
-    timings, if given, receives the seconds spent in "alignment" and "source_prefill". Without
-    with_attention no attention is recorded (nothing for sparse replay; the training bank needs none).
+    timings, if given, receives the seconds spent in "alignment" and "source_prefill". The prefill keeps the
+    top-k source positions the sparse replay needs (so source_prefill includes choosing them); without
+    with_attention it keeps none (nothing for sparse replay; the training bank needs none).
     """
     timings = {} if timings is None else timings
     t0 = time.perf_counter()
@@ -157,15 +160,15 @@ def prepare_source(mot: MoT, source: LoadedModel, target: LoadedModel, target_id
     alignment = identity_alignment(len(t_ids)) if same else align_ids(source.tokenizer, s_ids, target.tokenizer, t_ids, text)
     timings["alignment"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    needed = {sparse_source_layer(mot.channels, l, mot.source.num_layers) for l in mot.sparse_layers()}
-    plan = hf.AttentionPlan(record=needed if with_attention else set())
     p = len(source.prefix_ids)
+    needed = {sparse_source_layer(mot.channels, l, mot.source.num_layers) for l in mot.sparse_layers()}
+    k_top = mot.replay.topk_sparse_attn
+    plan = hf.AttentionPlan(record_topk={l: (k_top, p) for l in needed} if with_attention and k_top else {})
     out = hf.run(source.model, source.ids_tensor(source.prefix_ids + s_ids), plan=plan, logits_to_keep=1)
     # the source's BOS position is dropped: only context tokens are aligned and translated
     kv = [context_positions(layer, p) for layer in out.kv]
-    attention = {l: a[:, :, p:, p:] for l, a in out.attention.items()}
     timings["source_prefill"] = time.perf_counter() - t0
-    return SourceContext(source.ids_tensor(s_ids), target_ids, alignment, kv, attention, len(target.prefix_ids), p)
+    return SourceContext(source.ids_tensor(s_ids), target_ids, alignment, kv, out.topk, len(target.prefix_ids), p)
 
 
 def with_prefix(indices: torch.Tensor, prefix_len: int) -> torch.Tensor:
@@ -187,14 +190,12 @@ def with_prefix(indices: torch.Tensor, prefix_len: int) -> torch.Tensor:
 
 def sparse_indices(mot: MoT, src: SourceContext) -> dict[int, torch.Tensor]:
     """Top-k key indices per sparse target layer, from the mapped source layer, on the target grid."""
-    k_top = mot.replay.topk_sparse_attn
     per_source: dict[int, torch.Tensor] = {}
     out = {}
     for layer in mot.sparse_layers():
         s_layer = sparse_source_layer(mot.channels, layer, mot.source.num_layers)
         if s_layer not in per_source:
-            probs = src.source_attention[s_layer]  # (1, 1, N_s, N_s)
-            idx = probs.topk(min(k_top, probs.shape[-1]), dim=-1).indices
+            idx = src.source_topk[s_layer]  # (1, 1, N_s, k), chosen by the source prefill
             idx = idx if src.alignment.identity else remap_sparse_indices(idx, src.alignment)
             per_source[s_layer] = with_prefix(idx, src.target_prefix_len)
         out[layer] = per_source[s_layer]

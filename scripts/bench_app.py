@@ -101,8 +101,13 @@ def bench(checkpoint: Path, n_tokens: int, max_new_tokens: int) -> tuple[pd.Data
 
     with t.step("Answers", "random-window control cache (one more replay)"):
         caches = condition_caches(mot, source, target, example, translation).kv
-    with t.step("Answers", f"answers: {len(caches)} conditions decoded as one batch (the app since session 6)"):
+    with t.step("Answers", f"answers: {len(caches)} conditions decoded as one batch, the no-context cache left-padded "
+                "(since session 8)"):
         answers = answers_from_caches(target, caches, example, max_new_tokens)
+    with extra.step("Answers (session 7)", "answers: native, MoT and random control as one batch, no context alone "
+                    "(sessions 6-7)"):
+        answers_from_caches(target, {c: kv for c, kv in caches.items() if c != "no_context"}, example, max_new_tokens)
+        answer_from_cache(target, caches["no_context"], example, "no_context", max_new_tokens)
     with extra.step("Answers (before)", f"answers: {len(caches)} conditions one by one (the app before session 6)"):
         alone = {c: answer_from_cache(target, kv, example, c, max_new_tokens) for c, kv in caches.items()}
     assert {c: a.text for c, a in alone.items()} == {c: a.text for c, a in answers.items()}
@@ -158,9 +163,10 @@ def bench(checkpoint: Path, n_tokens: int, max_new_tokens: int) -> tuple[pd.Data
         if log is not None:
             training_figure(log).to_json()
 
-    with t.step("Shift analysis", "residual trace (native, MoT, random control) + 3 figures"):
+    with t.step("Shift analysis", "residual traces of native, MoT and random control in one batched forward "
+                "(the control's cache is the Answers page's) + 3 figures"):
         case = shift.case_from_text(target, text, build_prompt(example, target.chat_frame).suffix_text, example)
-        ws, _ = shift.analyse_translation(mot, source, target, case, translation)
+        ws, _ = shift.analyse_translation(mot, source, target, case, translation, random_kv=caches["random"])
         trajectories = ws.trajectories()
         rho_trajectory_figure(trajectories, 0).to_json()
         correction_trajectory_figure(trajectories, 0).to_json()
@@ -175,7 +181,8 @@ def bench(checkpoint: Path, n_tokens: int, max_new_tokens: int) -> tuple[pd.Data
              "closest_length": length, "checkpoint": str(checkpoint), "max_new_tokens": max_new_tokens,
              "stages": {k: round(v, 3) for k, v in translation.timings.items()},
              "answers": {c: a.text for c, a in answers.items()}, "conditions": len(caches),
-             "batched": t.seconds("answers:"), "one_by_one": extra.seconds("answers:")}
+             "batched": t.seconds("answers:"), "one_by_one": extra.seconds(f"answers: {len(caches)} conditions one by one"),
+             "session7": extra.seconds("answers: native, MoT"), "control_replay": t.seconds("random-window")}
     return pd.concat([t.table().assign(in_total=True), extra.table().assign(in_total=False)], ignore_index=True), facts
 
 
@@ -215,7 +222,13 @@ def report(rows: pd.DataFrame, facts: dict, load_before: tuple[float, float, flo
           for page, s in per_page.items()],
         "",
         f"Answers, decoding the {facts['conditions']} conditions' answers: one batch {facts['batched']:.3f} s, one by "
-        f"one {facts['one_by_one']:.3f} s (the same answers; {facts['one_by_one'] / facts['batched']:.2f}× in this run).",
+        f"one {facts['one_by_one']:.3f} s (the same answers; {facts['one_by_one'] / facts['batched']:.2f}× in this run); "
+        f"as in sessions 6-7 (the no-context row decoded alone) {facts['session7']:.3f} s "
+        f"({facts['session7'] / facts['batched']:.2f}×).",
+        "",
+        f"The random control's cache is built once per translation and shared by Answers and Shift analysis: the page "
+        f"visited first pays its replay ({facts['control_replay']:.3f} s), so Shift analysis visited before Answers "
+        f"takes {per_page['Shift analysis'] + facts['control_replay']:.3f} s.",
         "",
         "| page | step | seconds | in total |",
         "|---|---|---:|---|",

@@ -87,8 +87,9 @@ def main() -> int:
         f"Measured on {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} with {threads} "
         f"thread(s), float32; `python scripts/bench_engine.py --checkpoint {args.checkpoint}` "
         f"(window {list(channels.target_layers)}, W={channels.window}, {cfg.key_space.replace('_', '-')} keys, "
-        f"dim {cfg.dim}, {paths}; {replay_kind}). The replay column includes building the sparse "
-        f"indices from the source's attention. Median of {args.repeats} runs after a warm-up. Timings on shared "
+        f"dim {cfg.dim}, {paths}; {replay_kind}). The source prefill chooses the top-k source positions of the "
+        "sparse replay as it runs (its column includes that); the replay column includes mapping them to the target "
+        f"grid. Median of {args.repeats} runs after a warm-up. Timings on shared "
         "2-core machines are noisy: read the ratios, which come from the same run.",
         "",
         "| target tokens | source prefill (ms) | alignment (ms) | translator (ms) | replay (ms) | native prefill (ms) "

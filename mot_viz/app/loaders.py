@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from .sidebar import Selection
 
 FIT_PREFIX = "fit: "  # checkpoints fitted in the app (mot_viz.quickfit), listed after the shipped ones
+CONTROL_SEED = 0  # the Answers page's random control; the Shift page reuses its cache at this seed
 
 
 def available_checkpoints() -> dict[str, str]:
@@ -179,7 +180,7 @@ def get_translation(sel: Selection, checkpoint: str | None = None) -> Translatio
 def _cached_condition_caches(key: TranslationKey) -> ConditionCaches:
     """Every answer condition's cache of the key's translation, with its build time (mot_viz.answers)."""
     src, tgt, mot = _loaded(key)
-    return condition_caches(mot, src, tgt, None, _cached_translation(key))
+    return condition_caches(mot, src, tgt, None, _cached_translation(key), seed=CONTROL_SEED)
 
 
 @st.cache_resource(show_spinner=False, max_entries=32)
@@ -301,7 +302,10 @@ def _cached_window_analysis(key: TranslationKey, suffix: str, example: QAExample
                             seed: int) -> tuple[shift.WindowAnalysis, shift.ContextCase]:
     src, tgt, mot = _loaded(key)
     case = shift.case_from_text(tgt, key.text, suffix, example)
-    return shift.analyse_translation(mot, src, tgt, case, _cached_translation(key), seed=seed), case
+    # at the Answers page's seed the random control is the same cache: built once for both pages
+    random_kv = _cached_condition_caches(key).kv["random"] if seed == CONTROL_SEED else None
+    return shift.analyse_translation(mot, src, tgt, case, _cached_translation(key), seed=seed,
+                                     random_kv=random_kv), case
 
 
 def window_analysis(sel: Selection, seed: int) -> tuple[shift.WindowAnalysis, shift.ContextCase]:

@@ -39,13 +39,13 @@ from .metrics import (MIN_SHIFT, TRACE_CONDITIONS, ShiftSummary, TokenShift, Tok
                       structural_advantage, summarize, token_shifts, tokens_frame, trajectory_rows, trajectory_summary)
 from .start_sweep import (MODE_LABELS, MODES, ProgressFn, SweepConfig, SweepResult, _map_profile, error_profile,
                           find_sweeps, perturbed_window, sweep, valid_starts)
-from .trace import CacheTrace, trace_cache
+from .trace import CacheTrace, trace_cache, trace_caches
 from .window import KL_PAIRS, WindowAnalysis, WindowRun, _mot_replay, analyse_translation, run_window
 
 __all__ = [
     "KV", "WINDOW_CONDITIONS", "ContextCase", "ReplayFn", "answer_token_ids", "case_from_example", "case_from_text",
     "window_caches", "window_blocks",
-    "CacheTrace", "trace_cache",
+    "CacheTrace", "trace_cache", "trace_caches",
     "MIN_SHIFT", "TRACE_CONDITIONS", "ShiftSummary", "TokenShift", "TokenShifts", "WindowShift", "kl_divergence",
     "structural_advantage", "summarize", "token_shifts", "tokens_frame", "trajectory_rows", "trajectory_summary",
     "KL_PAIRS", "WindowAnalysis", "WindowRun", "analyse_translation", "run_window",

@@ -90,17 +90,20 @@ ReplayFn = Callable[[torch.Tensor, torch.Tensor], list[KV]]  # (K block, V block
 @torch.no_grad()
 def window_caches(replay_fn: ReplayFn, native_k: torch.Tensor, native_v: torch.Tensor, window_k: torch.Tensor,
                   window_v: torch.Tensor, conditions: Sequence[str] = WINDOW_CONDITIONS, seed: int = 0,
-                  full_mix: list[KV] | None = None) -> dict[str, list[KV]]:
+                  ready: dict[str, list[KV]] | None = None) -> dict[str, list[KV]]:
     """The caches replayed with the injected window and its controls (method.md §9.1, §9.2).
 
     native_*, window_*: blocks [1, N, W, H]. The random window is drawn K first, then V, from one
-    generator seeded with `seed`, exactly like ``answers.random_control_cache``. A full_mix cache
-    already replayed (a Translation's mixed cache) can be passed in to save its replay.
+    generator seeded with `seed`, exactly like ``answers.random_control_cache``. Caches already replayed for
+    some conditions (a Translation's mixed cache as "full_mix", the answers' random control of the same seed as
+    "random") can be passed in `ready` to save their replays.
     """
     out: dict[str, list[KV]] = {}
     for cond in conditions:
-        if cond == "full_mix":
-            out[cond] = full_mix if full_mix is not None else replay_fn(window_k, window_v)
+        if cond in (ready or {}):
+            out[cond] = ready[cond]
+        elif cond == "full_mix":
+            out[cond] = replay_fn(window_k, window_v)
         elif cond == "dir_only":
             out[cond] = replay_fn(dir_only(native_k, window_k), dir_only(native_v, window_v))
         elif cond == "mag_only":

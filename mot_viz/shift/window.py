@@ -16,7 +16,7 @@ from ..models import LoadedModel
 from ..mot import MoT, Translation, replay, translate
 from .cases import ContextCase, ReplayFn, window_caches
 from .metrics import TRACE_CONDITIONS, TokenShift, WindowShift, kl_divergence, token_shifts
-from .trace import CacheTrace, trace_cache
+from .trace import CacheTrace, trace_caches
 
 KL_PAIRS = (("native", "dir_only"), ("native", "mag_only"), ("native", "full_mix"),
             ("full_mix", "dir_only"), ("full_mix", "mag_only"))  # method.md §9.1
@@ -38,17 +38,25 @@ class WindowRun:
 
 def run_window(target: LoadedModel, case: ContextCase, native_trace: CacheTrace, caches: dict[str, list[KV]],
                channels: Channels, example_index: int = 0, task_metric: bool = True,
-               native_score: float | None = None, max_new_tokens: int = 16) -> WindowRun:
-    """Trace, KL and task metric of the given window caches against native, for one context."""
+               native_score: float | None = None, max_new_tokens: int = 16,
+               traces: dict[str, CacheTrace] | None = None) -> WindowRun:
+    """Trace, KL and task metric of the given window caches against native, for one context.
+
+    The caches' traces are read in one batched forward (trace_caches), except those given in `traces`.
+    """
     logps = {"native": native_trace.seed_logprobs}
     answer_lp = {"native": native_trace.answer_logprob}
     shifts: list[TokenShift] = []
     skipped: dict[str, int] = {}
-    for cond, kv in caches.items():
-        traced = cond in TRACE_CONDITIONS
-        trace = trace_cache(target, kv, case.suffix_ids, case.answer_ids, residuals=traced)
+    traces = dict(traces or {})
+    missing = [c for c in caches if c not in traces]
+    if missing:
+        traces.update(zip(missing, trace_caches(target, [caches[c] for c in missing], case.suffix_ids, case.answer_ids,
+                                                residuals=any(c in TRACE_CONDITIONS for c in missing))))
+    for cond in caches:
+        trace = traces[cond]
         logps[cond], answer_lp[cond] = trace.seed_logprobs, trace.answer_logprob
-        if traced:
+        if cond in TRACE_CONDITIONS:
             got, skip = token_shifts(native_trace, trace, channels.start, channels.end + 1, cond, example_index)
             shifts += got
             skipped[cond] = skip
@@ -72,11 +80,12 @@ class WindowAnalysis(NamedTuple):
 def analyse_translation(mot: MoT, source: LoadedModel, target: LoadedModel, case: ContextCase,
                         translation: Translation | None = None, seed: int = 0,
                         conditions: Sequence[str] = ("full_mix", "random"), task_metric: bool = False,
-                        max_new_tokens: int = 16) -> WindowAnalysis:
+                        max_new_tokens: int = 16, random_kv: list[KV] | None = None) -> WindowAnalysis:
     """§9.2 for a checkpoint's own window on one context: native vs the MoT cache vs the random control.
 
     The MoT cache is replayed the way the checkpoint replays (sparse if it is sparse); the shift
-    already present below the window then shows up as ``pre_window_shift``.
+    already present below the window then shows up as ``pre_window_shift``. random_kv: the random control's
+    cache of this translation and seed if already built (answers.random_control_cache), to save its replay.
     """
     if translation is None:
         translation = translate(mot, source, target, case.context_text)
@@ -88,12 +97,17 @@ def analyse_translation(mot: MoT, source: LoadedModel, target: LoadedModel, case
     nk, nv = translation.native_window_blocks(channels)
     replay_fn = _mot_replay(mot, target, translation)
     caches = window_caches(replay_fn, nk, nv, translation.translated.keys, translation.translated.values,
-                           conditions, seed, full_mix=translation.mixed_kv)
-    native_trace = trace_cache(target, translation.native_kv, case.suffix_ids, case.answer_ids)
+                           conditions, seed, ready={"full_mix": translation.mixed_kv}
+                           | ({"random": random_kv} if random_kv is not None else {}))
+    # native and the window caches hold the same positions: one batched forward traces them all
+    traced = trace_caches(target, [translation.native_kv] + [caches[c] for c in caches], case.suffix_ids,
+                          case.answer_ids)
+    native_trace, traces = traced[0], dict(zip(caches, traced[1:]))
     native_score = None
     if task_metric and case.example is not None:
         native_score = answer_from_cache(target, translation.native_kv, case.example, "native", max_new_tokens).score
-    run = run_window(target, case, native_trace, caches, channels, 0, task_metric, native_score, max_new_tokens)
+    run = run_window(target, case, native_trace, caches, channels, 0, task_metric, native_score, max_new_tokens,
+                     traces)
     ws = WindowShift("trained", channels.start, channels.end, target.spec.num_layers, run.shifts, run.skipped)
     return WindowAnalysis(ws, run)
 

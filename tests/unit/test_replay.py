@@ -125,6 +125,14 @@ def test_bos_prefix_is_kept_native_and_never_translated():
     idx = tr.sparse_indices[2]
     assert idx.shape == (1, 1, n_t + 1, 1 + 3)
     assert (idx[0, 0, 1:, 0] == 0).all() and idx[0, 0, 0, 0] == 0 and (idx[0, 0, 0, 1:] == n_t + 1).all()
+    # the source prefill chose them: the top-3 of each context query's head-averaged attention over the context,
+    # recomputed here from the source's own queries and cached keys
+    plan = hf.AttentionPlan(record_queries={1})
+    ids = torch.cat([source.ids_tensor(source.prefix_ids), tr.source.source_ids], dim=1)
+    kv = hf.run(source.model, ids, plan=plan).kv
+    query, scaling, window = plan.queries[1]
+    probs = hf.causal_probs(query, kv[1][0], scaling, window).mean(dim=1, keepdim=True)[..., 1:, 1:]
+    assert torch.equal(tr.source.source_topk[1], probs.topk(3, dim=-1).indices)
     # injecting the native window reproduces the native cache with the prefix in place
     dense = MoT.build(source.spec, target.spec, channels, ReplayConfig(topk_sparse_attn=None), dim=16, heads=2)
     k, v = tr.native_window_blocks(channels)

@@ -190,6 +190,30 @@ def test_random_control_matches_the_app_random_cache():
     theirs = random_control_cache(mot, target, tr, seed=3)
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(ours, theirs))
     assert set(run.kl) == {"native||full_mix"}
+    # the app hands the answers' random control in instead of replaying it again: the same analysis
+    shared, _ = shift.analyse_translation(mot, source, target, case, tr, seed=3, random_kv=theirs)
+    assert shared.summary_frame().equals(ws.summary_frame())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_batched_traces_equal_one_by_one(family):
+    """native, a perturbed and a noisy cache traced in one batched forward read what each reads alone."""
+    target = tiny_model(family, layers=4)
+    case = shift.case_from_example(target, EXAMPLE)
+    native = hf.run(target.model, case.target_ids).kv
+    g = torch.Generator().manual_seed(0)
+    noisy = [(k + torch.randn(k.shape, generator=g), v + torch.randn(v.shape, generator=g)) for k, v in native]
+    scaled = [(0.5 * k, 2 * v) for k, v in native]
+    kvs = [native, noisy, scaled]
+    together = shift.trace_caches(target, kvs, case.suffix_ids, case.answer_ids)
+    for kv, t in zip(kvs, together):
+        alone = shift.trace_cache(target, kv, case.suffix_ids, case.answer_ids)
+        scale = alone.residual.abs().max()
+        for a, b in ((t.residual, alone.residual), (t.attn, alone.attn), (t.mlp, alone.mlp)):
+            assert a.shape == b.shape and (a - b).abs().max() <= 1e-4 * scale
+        assert (t.seed_logprobs - alone.seed_logprobs).abs().max() <= 1e-4
+        assert t.answer_logprob == pytest.approx(alone.answer_logprob, abs=1e-4)
+    assert (together[0].residual - together[1].residual).abs().max() > 1e-3 * together[0].residual.abs().max()
 
 
 def test_error_profile_window_reproduces_the_checkpoint_relative_error():
