@@ -109,7 +109,7 @@ def example_rows(mot: MoT, source: LoadedModel, target: LoadedModel, example: QA
         other = translate(second, source, target, translation.text, with_native=False)
         caches["second"], build["second"] = other.mixed_kv, translated_seconds(other)
     rows = []
-    answers = answers_from_caches(target, caches, example, settings.max_new_tokens)  # same-length caches: one batch
+    answers = answers_from_caches(target, caches, example, settings.max_new_tokens)  # one batch (the no-context cache left-padded)
     for condition, kv in caches.items():
         ans = answers[condition]
         rows.append({

@@ -40,7 +40,8 @@ class AttentionPlan:
     inject: dict[int, KV] = field(default_factory=dict)  # layer -> K/V replacing the last positions' computed K/V
     sparse: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> key indices [B, 1, N, k]
     # layer -> (k, offset): keep the top-k key positions of each query's head-averaged attention, over the
-    # queries and keys from `offset` on (a BOS prefix excluded), as positions counted from `offset`
+    # queries and keys from `offset` on (a BOS prefix excluded), as positions counted from `offset`; for a
+    # prefill without a cache (queries and keys are the same positions)
     record_topk: dict[int, tuple[int, int]] = field(default_factory=dict)
     topk: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> key positions [B, 1, N_q - offset, k]
     record_queries: set[int] = field(default_factory=set)  # layers whose post-RoPE queries are kept
@@ -162,6 +163,8 @@ def mot_attention(module, query, key, value, attention_mask, scaling=None, dropo
             plan.queries[layer] = (query.detach(), float(scaling), getattr(module, "sliding_window", None))
         if layer in plan.record_topk:
             k_top, offset = plan.record_topk[layer]
+            if query.shape[2] != key.shape[2]:
+                raise ValueError("record_topk needs a prefill without a cache (queries at every key position)")
             probs = _eager_probs(module, query, key, scaling).mean(dim=1, keepdim=True)[..., offset:, offset:]
             plan.topk[layer] = probs.topk(min(k_top, probs.shape[-1]), dim=-1).indices
         if layer in plan.sparse:
@@ -251,7 +254,7 @@ def kv_from_cache(cache: DynamicCache) -> list[KV]:
 class ForwardResult:
     logits: torch.Tensor  # [B, N, vocab]
     kv: list[KV]  # the cache after the forward pass, per layer
-    topk: dict[int, torch.Tensor]  # the plan's record_topk results, layer -> key positions [B, 1, N_q, k]
+    topk: dict[int, torch.Tensor]  # the plan's record_topk results, layer -> key positions [B, 1, N_q - offset, k]
 
 
 def run(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: AttentionPlan | None = None,
@@ -304,7 +307,7 @@ def stack_caches(kvs: list[list[KV]]) -> list[KV]:
     return [(torch.cat([kv[l][0] for kv in kvs]), torch.cat([kv[l][1] for kv in kvs])) for l in range(len(kvs[0]))]
 
 
-def left_padded(kvs: list[list[KV] | None]) -> tuple[list[list[KV]], torch.Tensor | None]:
+def left_padded(kvs: list[list[KV] | None]) -> tuple[list[list[KV] | None], torch.Tensor | None]:
     """Caches of different lengths (None: no cache) -> caches of the longest one's length, each shorter one
     left-padded with zeros, and the key mask [B, N] (1 = a real position; None when no cache needed padding).
 
@@ -317,10 +320,11 @@ def left_padded(kvs: list[list[KV] | None]) -> tuple[list[list[KV]], torch.Tenso
     padded = []
     for kv, n in zip(kvs, lengths):
         layers = []
-        for layer, (k_ref, _) in enumerate(template):
-            pad = k_ref.new_zeros(1, k_ref.shape[1], longest - n, k_ref.shape[3])
-            k, v = kv[layer] if kv is not None else (pad[:, :, :0], pad[:, :, :0])
-            layers.append((torch.cat([pad, k], dim=2), torch.cat([pad, v], dim=2)))
+        for layer, (k_ref, v_ref) in enumerate(template):
+            pad_k = k_ref.new_zeros(1, k_ref.shape[1], longest - n, k_ref.shape[3])
+            pad_v = v_ref.new_zeros(1, v_ref.shape[1], longest - n, v_ref.shape[3])
+            k, v = kv[layer] if kv is not None else (pad_k[:, :, :0], pad_v[:, :, :0])
+            layers.append((torch.cat([pad_k, k], dim=2), torch.cat([pad_v, v], dim=2)))
         padded.append(layers)
     mask = (torch.arange(longest)[None, :] >= torch.tensor([longest - n for n in lengths])[:, None]).long()
     return padded, mask.to(template[0][0].device)

@@ -48,7 +48,7 @@ def main() -> None:
         st.info("Free text without a question has no answer to trace. Type a question (and ideally its gold answer) "
                 "in the sidebar, then press **Translate**.", icon="ℹ️")
     else:
-        app.widget_default("pg.shift.seed", 0)
+        app.widget_default("pg.shift.seed", app.CONTROL_SEED)
         seed = int(st.session_state["pg.shift.seed"])
         try:
             with st.spinner("Tracing the residual stream on the native, MoT and random-control caches …"):

@@ -20,7 +20,7 @@ each importing only those above it:
 
 from .frame import Run, applied_selection, current_run, fragment, navigation_frame, page_setup, run_page
 from .links import link_params, python_code
-from .loaders import (FIT_PREFIX, answer_rows, available_checkpoints, checkpoint_stamp, checkpoints_for_pair,
+from .loaders import (CONTROL_SEED, FIT_PREFIX, answer_rows, available_checkpoints, checkpoint_stamp, checkpoints_for_pair,
                       dataset_examples, default_checkpoint, first_token_kl, get_checkpoint, get_model, get_translation,
                       linear_baseline_for, live_sweep, second_translation, translation_key, what_if_pair, window_analysis,
                       window_fidelity)
@@ -31,7 +31,7 @@ from .settings import (DEFAULT_CHECKPOINT, DEFAULT_MAX_NEW_TOKENS, EXAMPLES_PER_
 from .sidebar import Selection, quickfit_config, sidebar
 
 __all__ = [
-    "DEFAULT_CHECKPOINT", "DEFAULT_MAX_NEW_TOKENS", "EXAMPLES_PER_DATASET", "FIT_PREFIX", "MAX_CONTEXT_TOKENS",
+    "CONTROL_SEED", "DEFAULT_CHECKPOINT", "DEFAULT_MAX_NEW_TOKENS", "EXAMPLES_PER_DATASET", "FIT_PREFIX", "MAX_CONTEXT_TOKENS",
     "REPO_ROOT", "Run", "fragment", "Selection", "answer_rows", "applied_selection", "available_checkpoints", "checkpoint_stamp",
     "checkpoints_for_pair", "current_run", "dataset_examples", "default_checkpoint", "explain", "get_checkpoint",
     "get_model", "get_translation", "keep_widget_state", "linear_baseline_for", "link_params", "navigation_frame",

@@ -186,7 +186,7 @@ def _cached_condition_caches(key: TranslationKey) -> ConditionCaches:
 @st.cache_resource(show_spinner=False, max_entries=32)
 def _cached_answers(key: TranslationKey, conditions: tuple[str, ...], example: QAExample, suffix: str | None,
                     max_new_tokens: int) -> dict[str, Answer]:
-    """The answers under `conditions`, same-length caches decoded as one batch (mot_viz.answers)."""
+    """The answers under `conditions`, decoded as one batch (mot_viz.answers: the no-context cache left-padded)."""
     if conditions == ("mot",):  # the replayed cache alone: a second checkpoint needs no control caches
         caches = {"mot": _cached_translation(key).mixed_kv}
     else:

@@ -196,7 +196,8 @@ def sweep(target: LoadedModel, cases: Sequence[ContextCase], cfg: SweepConfig, *
                 wk, wv = perturbed_window(nk, nv, *sizes, seed=seed + _PERTURBATION_SEED_OFFSET)
                 replay_fn = lambda k, v, layers=channels.target_layers, ids=case.target_ids: \
                     replay(target, ids, layers, k, v, sparse=None)
-            caches = window_caches(replay_fn, nk, nv, wk, wv, conditions, seed, full_mix)
+            caches = window_caches(replay_fn, nk, nv, wk, wv, conditions, seed,
+                                   ready={"full_mix": full_mix} if full_mix is not None else None)
             per_start[start].append(run_window(target, case, native_trace, caches, channels, ei, cfg.task_metric,
                                                native_score, cfg.max_new_tokens))
             done += 1

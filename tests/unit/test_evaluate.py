@@ -126,7 +126,8 @@ def test_paired_differences_on_known_scores():
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "gemma3_text"])
 def test_batched_answers_equal_one_by_one(family):
-    """The same-length caches (native, MoT, random) decoded as one batch give exactly the answers decoded alone."""
+    """Every condition's cache (native, MoT, random, and the shorter no-context one left-padded) decoded as one batch
+    gives exactly the answers decoded alone."""
     from mot_viz.answers import answer_from_cache, answers_from_caches, condition_caches, translated_seconds
     from mot_viz.channels import Channels
     from mot_viz.mot import MoT

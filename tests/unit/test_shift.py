@@ -190,9 +190,15 @@ def test_random_control_matches_the_app_random_cache():
     theirs = random_control_cache(mot, target, tr, seed=3)
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(ours, theirs))
     assert set(run.kl) == {"native||full_mix"}
-    # the app hands the answers' random control in instead of replaying it again: the same analysis
+    # the app hands the answers' random control in instead of replaying it again: the same analysis, and the cache
+    # handed in is the one used (another seed's control changes the random rows, not the MoT ones)
     shared, _ = shift.analyse_translation(mot, source, target, case, tr, seed=3, random_kv=theirs)
     assert shared.summary_frame().equals(ws.summary_frame())
+    other, _ = shift.analyse_translation(mot, source, target, case, tr, seed=3,
+                                         random_kv=random_control_cache(mot, target, tr, seed=4))
+    by_condition = lambda w: w.summary_frame().set_index("condition")
+    assert by_condition(other).loc["full_mix"].equals(by_condition(ws).loc["full_mix"])
+    assert not by_condition(other).loc["random"].equals(by_condition(ws).loc["random"])
 
 
 @pytest.mark.parametrize("family", FAMILIES)
