@@ -264,8 +264,13 @@ def run(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: AttentionPla
     logits_to_keep: 0 keeps all logits, n > 0 only the last n (saves the big output layer's time).
     """
     cache = cache_from_kv(kv) if kv else new_cache()
+    keep: int | torch.Tensor = logits_to_keep
+    if logits_to_keep > 1 and ids.shape[0] > 1:
+        # kept positions as a tensor: transformers then copies those rows, where the strided slice of a batch would
+        # run the output layer as a batched matmul at half the speed (Gemma-3's 262k-row output layer: 2x)
+        keep = torch.arange(max(ids.shape[1] - logits_to_keep, 0), ids.shape[1], device=ids.device)
     with active_plan(plan):
-        out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=logits_to_keep)
+        out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=keep)
     return ForwardResult(logits=out.logits, kv=kv_from_cache(cache), topk=dict(plan.topk) if plan else {})
 
 
