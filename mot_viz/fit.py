@@ -18,6 +18,7 @@ from .bank import Bank
 from .errors import ConfigError
 from .mot import MoT
 from .ridge import LAMBDAS, fit_ridge_many
+from .train_config import LAYER_WEIGHTINGS
 from .translator import Routing, features
 
 
@@ -101,14 +102,34 @@ def _crops(bank: Bank, contexts: list[int], crop: int, gen: torch.Generator) -> 
     return tuple(t[rows] for t in (bank.source_keys, bank.source_values, bank.target_keys, bank.target_values))
 
 
-def bank_loss(mot: MoT, sk, sv, tk, tv, balance_weight: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
-    """Translation term on bank blocks: MSE(translated K, native K) + MSE(V) (+ balance), and its parts."""
+def bank_loss(mot: MoT, sk, sv, tk, tv, balance_weight: float = 0.0,
+              layer_weights: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Translation term on bank blocks: MSE(translated K, native K) + MSE(V) (+ balance), and its parts.
+
+    layer_weights: (K, V) weights [W] of each window layer's mean squared error (None: every layer weighs 1, the
+    plain MSE); the logged parts are the plain MSEs either way.
+    """
     out = mot.translator(sk, sv)
-    mse_k = ((out.keys - tk) ** 2).mean()
-    mse_v = ((out.values - tv) ** 2).mean()
+    per_k = ((out.keys - tk) ** 2).mean(dim=(0, 1, 3))  # [W]: every layer has as many elements
+    per_v = ((out.values - tv) ** 2).mean(dim=(0, 1, 3))
+    wk, wv = layer_weights if layer_weights is not None else (1.0, 1.0)
     balance = balance_loss(out.key_routing) + balance_loss(out.value_routing)
-    total = mse_k + mse_v + balance_weight * balance
-    return total, {"tr_mse_k": mse_k.item(), "tr_mse_v": mse_v.item(), "balance": float(balance.detach())}
+    total = (wk * per_k).mean() + (wv * per_v).mean() + balance_weight * balance
+    return total, {"tr_mse_k": per_k.mean().item(), "tr_mse_v": per_v.mean().item(), "balance": float(balance.detach())}
+
+
+@torch.no_grad()
+def map_residual_weights(mot: MoT, bank: Bank, contexts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(K, V) weights [W]: mean over layers of the translator's per-layer mean squared error on `contexts`, divided
+    by each layer's own (bank_layer_weighting "map_residual": taken before the bank stage, when a linear-initialised
+    translator is exactly its map, so every layer weighs by its error relative to the map's on it)."""
+    sums = [0.0, 0.0]
+    for i in contexts:
+        sk, sv, tk, tv = bank.context(i)
+        out = mot.translator(sk, sv)
+        sums[0] = sums[0] + ((out.keys - tk) ** 2).mean(dim=(0, 1, 3))
+        sums[1] = sums[1] + ((out.values - tv) ** 2).mean(dim=(0, 1, 3))
+    return tuple(s.mean() / s for s in sums)
 
 
 @torch.no_grad()
@@ -128,13 +149,15 @@ def bank_validation(mot: MoT, bank: Bank, contexts: list[int]) -> dict[str, floa
 class BankLoss(torch.nn.Module):
     """The translation term on bank blocks as a module (what DistributedDataParallel wraps under torchrun)."""
 
-    def __init__(self, mot: MoT, balance_weight: float = 0.0):
+    def __init__(self, mot: MoT, balance_weight: float = 0.0,
+                 layer_weights: tuple[torch.Tensor, torch.Tensor] | None = None):
         super().__init__()
         self.mot = mot
         self.balance_weight = balance_weight
+        self.layer_weights = layer_weights
 
     def forward(self, sk, sv, tk, tv) -> tuple[torch.Tensor, dict[str, float]]:
-        return bank_loss(self.mot, sk, sv, tk, tv, self.balance_weight)
+        return bank_loss(self.mot, sk, sv, tk, tv, self.balance_weight, self.layer_weights)
 
 
 def bank_stage(mot: MoT, bank: Bank, steps: int, lr: float, batch: int = 8, crop: int = 128,
@@ -142,13 +165,14 @@ def bank_stage(mot: MoT, bank: Bank, steps: int, lr: float, batch: int = 8, crop
                seed: int = 0, log_every: int = 100, rank: int = 0, world: int = 1,
                parallel: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
                log: Callable[[dict], None] | None = None, progress: bool = True,
-               params: list[torch.nn.Parameter] | None = None) -> list[dict]:
+               params: list[torch.nn.Parameter] | None = None, layer_weighting: str = "none") -> list[dict]:
     """Train every translator parameter on the bank's translation term for `steps` AdamW steps.
 
     Each step takes `batch` random training contexts (a rank takes its own share under torchrun) and a
     random crop of each; the held-out contexts are scored every `log_every` steps. Returns the log rows.
     `params` (default: every translator parameter) are the ones updated; `parallel` wraps the loss module
-    (DistributedDataParallel across the ranks of a torchrun).
+    (DistributedDataParallel across the ranks of a torchrun). layer_weighting "map_residual" weighs each window
+    layer's error by :func:`map_residual_weights` of up to 40 training contexts (every log row records them).
     """
     from tqdm import tqdm
 
@@ -157,7 +181,10 @@ def bank_stage(mot: MoT, bank: Bank, steps: int, lr: float, batch: int = 8, crop
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     gen = torch.Generator().manual_seed(seed * 1000 + rank)
     rows, window, t0 = [], [], time.perf_counter()
-    loss_fn = BankLoss(mot, balance_weight)
+    if layer_weighting not in LAYER_WEIGHTINGS:
+        raise ValueError(f"layer_weighting must be one of {LAYER_WEIGHTINGS}, not {layer_weighting!r}")
+    weights = map_residual_weights(mot, bank, train[:40]) if layer_weighting == "map_residual" else None
+    loss_fn = BankLoss(mot, balance_weight, weights)
     loss_fn = parallel(loss_fn) if parallel is not None else loss_fn
     mot.train()
     bar = tqdm(total=steps, disable=not progress or rank != 0, desc="bank stage", dynamic_ncols=True)
@@ -179,7 +206,9 @@ def bank_stage(mot: MoT, bank: Bank, steps: int, lr: float, batch: int = 8, crop
             row = {"bank_step": step, "lr": cosine_lr(lr, step, warmup, steps),
                    "elapsed_s": round(time.perf_counter() - t0, 1),
                    **{k: sum(w[k] for w in window) / len(window) for k in window[0]},
-                   **bank_validation(mot, bank, val)}
+                   **bank_validation(mot, bank, val),
+                   **({} if weights is None else {"layer_weights_k": [round(float(w), 4) for w in weights[0]],
+                                                  "layer_weights_v": [round(float(w), 4) for w in weights[1]]})}
             mot.train()
             rows.append(row)
             window = []

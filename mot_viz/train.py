@@ -215,7 +215,7 @@ def _bank_stages(cfg: TrainConfig, mot: MoT, source: LoadedModel, target: Loaded
                           weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip_norm,
                           balance_weight=cfg.balance_weight, seed=cfg.seed, rank=rank, world=world,
                           parallel=data_parallel, log=write, progress=progress,
-                          params=params)
+                          params=params, layer_weighting=cfg.bank_layer_weighting)
         summary["bank_stage"] = rows[-1]
     if rank == 0:
         (run_dir / "bank_stage.json").write_text(json.dumps(summary, indent=2))

@@ -15,6 +15,9 @@ from pathlib import Path
 from .errors import ConfigError
 
 
+LAYER_WEIGHTINGS = ("none", "map_residual")  # bank_layer_weighting (mot_viz.fit.bank_stage)
+
+
 @dataclass
 class TrainConfig:
     """Everything one training run needs; saved as train_config.json beside the checkpoints."""
@@ -52,6 +55,9 @@ class TrainConfig:
     bank_batch: int = 8  # contexts per bank step
     bank_crop: int = 128  # tokens per context crop in a bank step
     bank_learning_rate: float = 1e-3  # peak learning rate of stage 1
+    # stage 1's loss per window layer: none (the window's plain MSE) | map_residual (each layer's MSE over the map's
+    # residual MSE on it, so a layer the map already fits well is not traded away for the worst one; session 8)
+    bank_layer_weighting: str = "none"
     train_linear_path: bool = False  # init=linear: also update the fitted linear path (default: kept fixed)
     linear_from: str = ""  # init=linear: copy the linear path from this linear checkpoint instead of fitting it again
     log_every: int = 5  # optimiser steps per log line
@@ -79,6 +85,9 @@ class TrainConfig:
             raise ConfigError("max_steps must be >= 0, batch_size and grad_accum_steps >= 1")
         if self.max_steps == 0 and self.bank_steps == 0 and self.variant != "linear":
             raise ConfigError("nothing to train: set max_steps (replay stage) or bank_steps (bank stage) above 0")
+        if self.bank_layer_weighting not in LAYER_WEIGHTINGS:
+            raise ConfigError(f"bank_layer_weighting must be one of {LAYER_WEIGHTINGS}, not "
+                              f"'{self.bank_layer_weighting}'")
         if self.init not in ("random", "linear"):
             raise ConfigError(f"init must be 'random' or 'linear', not '{self.init}'")
         if self.linear_from and (self.init != "linear" or self.variant == "linear"):

@@ -149,6 +149,41 @@ def test_linear_fit_beats_the_mean_and_an_untrained_mot_from_it_reproduces_it(tm
         min(report[f"val_mse_{kv}"].values()) for kv in "kv")  # refining did not wreck the fitted map
 
 
+
+def test_map_residual_layer_weighting(tmp_path):
+    """Weights = mean over layers of the map's per-layer MSE ÷ each layer's own; unit weights are the plain loss;
+    a stage trained with the weights logs the ones it used."""
+    from mot_viz.fit import map_residual_weights
+
+    source, target = _pair()
+    channels = Channels((1, 2, 3), (1, 2, 3))
+    mixture = MoT.build(source.spec, target.spec, channels, dim=16, heads=2, num_experts=2, top_k=1,
+                        variant="mot", linear_residual=True)
+    bank = build_bank(mixture, source, target, SMALL_BANK, root=tmp_path, progress=False)
+    fit_linear(mixture, bank)
+    mixture.translator.silence_experts()  # the translator is exactly its map
+    train, _ = bank.split()
+    wk, wv = map_residual_weights(mixture, bank, train[:5])
+    per_layer = torch.zeros(3)
+    for i in train[:5]:
+        sk, sv, tk, tv = bank.context(i)
+        per_layer += ((mixture.translator(sk, sv).keys - tk) ** 2).mean(dim=(0, 1, 3)).detach()
+    assert torch.allclose(wk, per_layer.mean() / per_layer, rtol=1e-5) and wk.shape == wv.shape == (3,)
+    assert wk.max() / wk.min() > 1.05  # the layers' residuals differ, so the weights do
+    sk, sv, tk, tv = bank.context(0)
+    plain, parts = bank_loss(mixture, sk, sv, tk, tv)
+    unit, unit_parts = bank_loss(mixture, sk, sv, tk, tv, layer_weights=(torch.ones(3), torch.ones(3)))
+    weighted, weighted_parts = bank_loss(mixture, sk, sv, tk, tv, layer_weights=(wk, wv))
+    assert torch.allclose(plain, unit) and parts == unit_parts == weighted_parts  # logged parts stay the plain MSE
+    assert not torch.allclose(plain, weighted)
+    before = map_residual_weights(mixture, bank, train[:40])  # what the stage weighs by: taken before it trains
+    rows = bank_stage(mixture, bank, steps=6, lr=3e-3, batch=2, crop=16, warmup=1, log_every=6, progress=False,
+                      layer_weighting="map_residual")
+    assert rows[-1]["layer_weights_k"] == [round(float(w), 4) for w in before[0]]
+    assert rows[-1]["layer_weights_v"] == [round(float(w), 4) for w in before[1]]
+    with pytest.raises(ValueError):
+        bank_stage(mixture, bank, steps=1, lr=1e-3, progress=False, layer_weighting="per_token")
+
 def _cfg(tmp_path, **kw):
     base = dict(output_dir=str(tmp_path / "run"), max_steps=4, batch_size=2, grad_accum_steps=1, total_tokens=24,
                 prefix_tokens=12, learning_rate=1e-2, warmup_steps=1, translator_dim=16, translator_heads=2,
