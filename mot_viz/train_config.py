@@ -55,9 +55,7 @@ class TrainConfig:
     bank_batch: int = 8  # contexts per bank step
     bank_crop: int = 128  # tokens per context crop in a bank step
     bank_learning_rate: float = 1e-3  # peak learning rate of stage 1
-    # stage 1's loss per window layer: none (the window's plain MSE) | map_residual (each layer's MSE over the map's
-    # residual MSE on it, so a layer the map already fits well is not traded away for the worst one; session 8)
-    bank_layer_weighting: str = "none"
+    bank_layer_weighting: str = "none"  # stage 1 per window layer: none (plain MSE) | map_residual (÷ the map's MSE on it)
     train_linear_path: bool = False  # init=linear: also update the fitted linear path (default: kept fixed)
     linear_from: str = ""  # init=linear: copy the linear path from this linear checkpoint instead of fitting it again
     log_every: int = 5  # optimiser steps per log line
