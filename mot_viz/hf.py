@@ -282,27 +282,14 @@ def eos_ids(model, tokenizer) -> set[int]:
     return ids
 
 
-@torch.no_grad()
 def greedy_generate(model, kv: list[KV] | None, prompt_ids: torch.Tensor, max_new_tokens: int,
                     stop_ids: set[int], stop_when=None) -> list[int]:
     """Greedy decoding for one example: append prompt_ids [1, n] to (a copy of) the cache, then decode.
 
     Stops at a stop id (not included), when stop_when(generated tokens so far) is true (the last token included),
-    or after max_new_tokens.
+    or after max_new_tokens. A batch of one for :func:`greedy_generate_batch`.
     """
-    cache = cache_from_kv(kv) if kv else new_cache()  # one copy, then extended in place step by step
-    ids = prompt_ids
-    generated: list[int] = []
-    for _ in range(max_new_tokens):
-        logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits
-        token = int(logits[0, -1].argmax())
-        if token in stop_ids:
-            break
-        generated.append(token)
-        if stop_when is not None and stop_when(generated):
-            break
-        ids = torch.tensor([[token]], device=prompt_ids.device)
-    return generated
+    return greedy_generate_batch(model, [kv], prompt_ids, max_new_tokens, stop_ids, stop_when)[0]
 
 
 def stack_caches(kvs: list[list[KV]]) -> list[KV]:
