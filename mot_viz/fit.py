@@ -110,25 +110,35 @@ def bank_loss(mot: MoT, sk, sv, tk, tv, balance_weight: float = 0.0,
     plain MSE); the logged parts are the plain MSEs either way.
     """
     out = mot.translator(sk, sv)
-    per_k = ((out.keys - tk) ** 2).mean(dim=(0, 1, 3))  # [W]: every layer has as many elements
-    per_v = ((out.values - tv) ** 2).mean(dim=(0, 1, 3))
+    per_k, per_v = layer_mse(out.keys, out.values, tk, tv)
     wk, wv = layer_weights if layer_weights is not None else (1.0, 1.0)
     balance = balance_loss(out.key_routing) + balance_loss(out.value_routing)
     total = (wk * per_k).mean() + (wv * per_v).mean() + balance_weight * balance
     return total, {"tr_mse_k": per_k.mean().item(), "tr_mse_v": per_v.mean().item(), "balance": float(balance.detach())}
 
 
+def layer_mse(keys, values, tk, tv) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each window layer's mean squared error [W] of translated K and V blocks [B, N, W, H] against the native ones
+    (every layer has as many elements, so their mean is the window's MSE)."""
+    return ((keys - tk) ** 2).mean(dim=(0, 1, 3)), ((values - tv) ** 2).mean(dim=(0, 1, 3))
+
+
 @torch.no_grad()
+def _context_layer_mse(mot: MoT, bank: Bank, contexts: list[int]):
+    """(tokens, per-layer K MSE [W], per-layer V MSE [W]) of the translator on each whole bank context."""
+    for i in contexts:
+        sk, sv, tk, tv = bank.context(i)
+        out = mot.translator(sk, sv)
+        yield (sk.shape[1], *layer_mse(out.keys, out.values, tk, tv))
+
+
 def map_residual_weights(mot: MoT, bank: Bank, contexts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """(K, V) weights [W]: mean over layers of the translator's per-layer mean squared error on `contexts`, divided
     by each layer's own (bank_layer_weighting "map_residual": taken before the bank stage, when a linear-initialised
     translator is exactly its map, so every layer weighs by its error relative to the map's on it)."""
     sums = [0.0, 0.0]
-    for i in contexts:
-        sk, sv, tk, tv = bank.context(i)
-        out = mot.translator(sk, sv)
-        sums[0] = sums[0] + ((out.keys - tk) ** 2).mean(dim=(0, 1, 3))
-        sums[1] = sums[1] + ((out.values - tv) ** 2).mean(dim=(0, 1, 3))
+    for _, per_k, per_v in _context_layer_mse(mot, bank, contexts):
+        sums = [sums[0] + per_k, sums[1] + per_v]
     return tuple(s.mean() / s for s in sums)
 
 
@@ -136,12 +146,9 @@ def map_residual_weights(mot: MoT, bank: Bank, contexts: list[int]) -> tuple[tor
 def bank_validation(mot: MoT, bank: Bank, contexts: list[int]) -> dict[str, float]:
     """Mean translation MSE of K and V over whole held-out contexts (token-weighted)."""
     sums, tokens = {"val_mse_k": 0.0, "val_mse_v": 0.0}, 0
-    for i in contexts:
-        sk, sv, tk, tv = bank.context(i)
-        out = mot.translator(sk, sv)
-        n = sk.shape[1]
-        sums["val_mse_k"] += float(((out.keys - tk) ** 2).mean()) * n
-        sums["val_mse_v"] += float(((out.values - tv) ** 2).mean()) * n
+    for n, per_k, per_v in _context_layer_mse(mot, bank, contexts):
+        sums["val_mse_k"] += float(per_k.mean()) * n
+        sums["val_mse_v"] += float(per_v.mean()) * n
         tokens += n
     return {k: v / max(tokens, 1) for k, v in sums.items()}
 
