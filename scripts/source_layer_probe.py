@@ -22,13 +22,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mot_viz.alignment import apply_alignment  # noqa: E402
 from mot_viz.bank import CORPORA, BankConfig, context_ids  # noqa: E402
 from mot_viz.channels import Channels  # noqa: E402
 from mot_viz.fidelity import heldout_texts, vector_fidelity  # noqa: E402
-from mot_viz.layout import window_blocks  # noqa: E402
 from mot_viz.models import load_model  # noqa: E402
-from mot_viz.mot import MoT, ReplayConfig, native_cache, prepare_source, rotate_block, target_context_ids  # noqa: E402
+from mot_viz.mot import (MoT, ReplayConfig, native_cache, prepare_source, target_context_ids,  # noqa: E402
+                         translator_inputs, translator_targets)
 from mot_viz.ridge import fit_ridge_many  # noqa: E402
 
 
@@ -38,21 +37,18 @@ def parse_set(text: str) -> tuple[str, tuple[int, ...]]:
 
 
 @torch.no_grad()
-def blocks(mot, source, target, ids, target_layers):
-    """(source K, source V) of every source layer aligned to the target grid, (native K, V) of the window:
-    [N_t, L_S or W, H] each, keys un-rotated (pre-RoPE)."""
-    src = prepare_source(mot, source, target, ids, with_attention=False)
-    every = tuple(range(source.spec.num_layers))
-    sk, sv = window_blocks(src.source_kv, every)
-    sk = rotate_block(source, every, sk, src.source_prefix_len, inverse=True)
-    p = len(target.prefix_ids)
-    nk, nv = window_blocks(native_cache(target, ids), target_layers, p)
-    nk = rotate_block(target, target_layers, nk, p, inverse=True)
-    return apply_alignment(sk, src.alignment)[0], apply_alignment(sv, src.alignment)[0], nk[0], nv[0]
+def blocks(mots: dict[str, MoT], source, target, ids) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], tuple]:
+    """One context's translator inputs for every candidate set ({name: (K, V) [N_t, W, H_S]}) and the native window
+    (K, V) [N_t, W, H_T], in the translator's pre-RoPE key space; one source prefill and one native pass serve all."""
+    first = next(iter(mots.values()))
+    src = prepare_source(first, source, target, ids, with_attention=False)
+    inputs = {name: tuple(t[0] for t in translator_inputs(mot, src, source)) for name, mot in mots.items()}
+    native = translator_targets(first, target, native_cache(target, ids), len(target.prefix_ids))
+    return inputs, tuple(t[0] for t in native)
 
 
-def features(sk: torch.Tensor, sv: torch.Tensor, layers) -> torch.Tensor:
-    return torch.cat([sk[:, list(layers)].flatten(1), sv[:, list(layers)].flatten(1)], dim=1)
+def features(keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    return torch.cat([keys.flatten(1), values.flatten(1)], dim=1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,29 +69,32 @@ def main(argv: list[str] | None = None) -> int:
     for name, layers in args.sets:
         if max(layers) >= source.spec.num_layers:
             parser.error(f"set {name}: the source has {source.spec.num_layers} layers")
-    mot = MoT.build(source.spec, target.spec, Channels(args.sets[0][1], window), ReplayConfig(topk_sparse_attn=None),
-                    key_space="pre_rope")  # only for prepare_source's checks; its own channels are not used
+    mots = {name: MoT.build(source.spec, target.spec, Channels(layers, window), ReplayConfig(topk_sparse_attn=None),
+                            key_space="pre_rope") for name, layers in args.sets}
 
     t0 = time.perf_counter()
     contexts = context_ids(target, BankConfig(corpus=args.corpus, num_tokens=args.tokens, seed=0))
     n_val = max(1, len(contexts) // 10)
-    per_context = [blocks(mot, source, target, target.ids_tensor(ids), window) for ids in contexts]
-    train = [torch.cat(parts) for parts in zip(*per_context[:-n_val])]
-    val = [torch.cat(parts) for parts in zip(*per_context[-n_val:])]
-    heldout = {c: [blocks(mot, source, target, target_context_ids(target, t), window)
-                   for t in heldout_texts(target, c, args.n)] for c in args.heldout}
+    per_context = [blocks(mots, source, target, target.ids_tensor(ids)) for ids in contexts]
+    heldout = {c: [blocks(mots, source, target, target_context_ids(target, t)) for t in heldout_texts(target, c, args.n)]
+               for c in args.heldout}
+
+    def stacked(items, name: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Features [T, F] of set `name` and the native K/V targets [T, W·H_T] over the given contexts."""
+        x = torch.cat([features(*inputs[name]) for inputs, _ in items])
+        return x, {kv: torch.cat([native[i].flatten(1) for _, native in items]) for i, kv in enumerate("kv")}
+
     print(f"probe bank: {sum(map(len, contexts))} tokens of {args.corpus} ({len(contexts) - n_val} contexts to fit, "
           f"{n_val} to choose λ); {args.n} held-out contexts per corpus; {time.perf_counter() - t0:.0f} s", flush=True)
 
     print("\n| set | source layers | held-out | raw K | centered K | raw V | centered V | centered K per layer |")
     print("|---|---|---|---:|---:|---:|---:|---|")
     for name, layers in args.sets:
-        fits = fit_ridge_many(features(train[0], train[1], layers), {"k": train[2].flatten(1), "v": train[3].flatten(1)},
-                              features(val[0], val[1], layers), {"k": val[2].flatten(1), "v": val[3].flatten(1)})
+        fits = fit_ridge_many(*stacked(per_context[:-n_val], name), *stacked(per_context[-n_val:], name))
         for corpus, items in heldout.items():
             scores: dict[tuple[str, str, int], list[float]] = {}
-            for sk, sv, nk, nv in items:
-                x = features(sk, sv, layers)
+            for inputs, (nk, nv) in items:
+                x = features(*inputs[name])
                 for kv, native in (("k", nk), ("v", nv)):
                     pred = (x @ fits[kv].weight + fits[kv].bias).view_as(native)
                     for w in range(len(window)):

@@ -149,7 +149,6 @@ def test_linear_fit_beats_the_mean_and_an_untrained_mot_from_it_reproduces_it(tm
         min(report[f"val_mse_{kv}"].values()) for kv in "kv")  # refining did not wreck the fitted map
 
 
-
 def test_map_residual_layer_weighting(tmp_path):
     """Weights = mean over layers of the map's per-layer MSE ÷ each layer's own; unit weights are the plain loss;
     a stage trained with the weights logs the ones it used."""
@@ -183,6 +182,7 @@ def test_map_residual_layer_weighting(tmp_path):
     assert rows[-1]["layer_weights_v"] == [round(float(w), 4) for w in before[1]]
     with pytest.raises(ValueError):
         bank_stage(mixture, bank, steps=1, lr=1e-3, progress=False, layer_weighting="per_token")
+
 
 def _cfg(tmp_path, **kw):
     base = dict(output_dir=str(tmp_path / "run"), max_steps=4, batch_size=2, grad_accum_steps=1, total_tokens=24,
