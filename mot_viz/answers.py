@@ -14,10 +14,10 @@ import torch
 
 from . import hf
 from .alignment import encode
-from .controls import random_window
+from .controls import random_control_window
 from .errors import ConfigError, ContextError
 from .models import LoadedModel
-from .mot import MoT, Translation, empty_context_cache, replay, translate
+from .mot import MoT, Translation, empty_context_cache, replay_window, translate
 from .prompts import QAExample, build_prompt, choice_label_texts
 from .qa_metrics import exact_match, postprocess_generation, squad_f1
 
@@ -47,12 +47,10 @@ class Answer:
 
 def random_control_cache(mot: MoT, target: LoadedModel, translation: Translation, seed: int = 0) -> list[hf.KV]:
     """Replay with the norm-matched random window (method.md §9.2), drawn independently for K and V."""
-    gen = torch.Generator().manual_seed(seed)
-    native_k, native_v = translation.native_window_blocks(mot.channels)
+    out = translation.translated
+    k, v = random_control_window(*translation.native_window_blocks(mot.channels), out.keys, out.values, seed)
     with torch.no_grad():
-        k = random_window(native_k, translation.translated.keys, gen)
-        v = random_window(native_v, translation.translated.values, gen)
-        return replay(target, translation.target_ids, mot.channels.target_layers, k, v, translation.sparse_indices)
+        return replay_window(mot, target, translation, k, v)
 
 
 def mean_vector_cache(mot: MoT, target: LoadedModel, translation: Translation, means) -> list[hf.KV]:
@@ -62,7 +60,7 @@ def mean_vector_cache(mot: MoT, target: LoadedModel, translation: Translation, m
     """
     k, v = means.blocks(translation.target_ids.shape[1])
     with torch.no_grad():
-        return replay(target, translation.target_ids, mot.channels.target_layers, k, v, translation.sparse_indices)
+        return replay_window(mot, target, translation, k, v)
 
 
 def answer_is_complete(text: str) -> bool:

@@ -28,6 +28,14 @@ def random_window(native: torch.Tensor, translated: torch.Tensor, generator: tor
     return native + eps / _norm(eps).clamp(min=1e-6) * _norm(translated - native)
 
 
+def random_control_window(native_k: torch.Tensor, native_v: torch.Tensor, translated_k: torch.Tensor,
+                          translated_v: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The norm-matched random control of a translated window (method.md §9.2): K drawn first, then V, from one
+    generator seeded with `seed` (the Answers page, the Shift analysis page and the evaluator draw the same)."""
+    gen = torch.Generator().manual_seed(seed)
+    return random_window(native_k, translated_k, gen), random_window(native_v, translated_v, gen)
+
+
 def relative_perturbation(native: torch.Tensor, size: float, generator: torch.Generator | None = None) -> torch.Tensor:
     """N + a random direction scaled to size·‖N‖: the training-free sweep's injected window (method.md §9.1 (b))."""
     eps = torch.randn(native.shape, generator=generator, dtype=native.dtype, device=native.device)

@@ -9,7 +9,9 @@ variable, so two Streamlit sessions in two threads never see each other's plan) 
 * substitute injected K/V for the ones the layer computed (method.md §6, the replay),
 * attend sparsely to top-k key positions per query (method.md §6, sparse attention),
 * keep the top-k key positions of the head-averaged attention probabilities (the sparse index construction,
-  done inside the source's prefill, so no N x N probabilities are kept).
+  done inside the source's prefill, so no N x N probabilities are kept);
+* keep the hidden state entering one layer, and start a later forward of the same ids there
+  (:class:`LayerStart`): replays that differ only from the window up skip the layers below it.
 
 No copy of a family's forward pass is kept (method.md §12). Everything else in the project works on
 plain tensors in the Hugging Face layout ``[batch, kv_heads, seq, head_dim]``.
@@ -47,6 +49,22 @@ class AttentionPlan:
     record_queries: set[int] = field(default_factory=set)  # layers whose post-RoPE queries are kept
     queries: dict[int, tuple[torch.Tensor, float, int | None]] = field(default_factory=dict)
     # layer -> (query [B, H, N_q, d_h], scaling, sliding window or None)
+    keep_start: int | None = None  # keep the hidden state entering this layer (ForwardResult.start)
+    start: "LayerStart | None" = None  # do not run the layers below start.layer: take their result from it
+    start_input: torch.Tensor | None = None  # keep_start's hidden state, once the forward reached that layer
+
+
+@dataclass(frozen=True)
+class LayerStart:
+    """Where a forward of the same ids can start instead of at layer 0: the hidden state entering ``layer`` and the
+    cache entries of the layers below it, both from an earlier forward whose plan below ``layer`` was the same
+    (the same sparse indices, nothing injected there). The layers below ``layer`` are then not run at all; the
+    model's own forward still builds the embeddings, masks and rotary tables and runs every layer from ``layer`` up.
+    """
+
+    layer: int
+    hidden: torch.Tensor  # [B, N, D], the input of `layer`
+    kv: tuple[KV, ...]  # the cache entries of layers 0 … layer-1
 
 
 _ACTIVE_PLAN: contextvars.ContextVar[AttentionPlan | None] = contextvars.ContextVar("mot_viz_plan", default=None)
@@ -180,8 +198,24 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_NAME, sdpa_mask)
 
 
 def install_attention(model: torch.nn.Module) -> None:
-    """Route the model's attention through :func:`mot_attention`."""
+    """Route the model's attention through :func:`mot_attention`; let a plan keep or start from a layer's input."""
     model.set_attn_implementation(ATTN_NAME)
+    for index, layer in enumerate(decoder_layers(model)):
+        if not getattr(layer, "_mot_viz_startable", False):
+            layer.forward = functools.partial(_startable_forward, layer.forward, index)
+            layer._mot_viz_startable = True
+
+
+def _startable_forward(forward, index: int, *args, **kwargs):
+    """A decoder layer's own forward, unless the active plan starts above it (then the start's hidden state is what
+    the layer hands on; the model's loop feeds it to the next layer) or keeps its input."""
+    plan = _ACTIVE_PLAN.get()
+    if plan is not None:
+        if plan.start is not None and index < plan.start.layer:
+            return plan.start.hidden
+        if plan.keep_start == index:
+            plan.start_input = (args[0] if args else kwargs["hidden_states"]).detach()
+    return forward(*args, **kwargs)
 
 
 # ----- rotary position embeddings (the pre-RoPE key space, method.md §12) ---------------------------
@@ -255,6 +289,7 @@ class ForwardResult:
     logits: torch.Tensor  # [B, N, vocab]
     kv: list[KV]  # the cache after the forward pass, per layer
     topk: dict[int, torch.Tensor]  # the plan's record_topk results, layer -> key positions [B, 1, N_q - offset, k]
+    start: LayerStart | None = None  # where a later forward of the same ids can start (the plan's keep_start)
 
 
 def run(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: AttentionPlan | None = None,
@@ -269,9 +304,19 @@ def run(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: AttentionPla
         # kept positions as a tensor: transformers then copies those rows, where the strided slice of a batch would
         # run the output layer as a batched matmul at half the speed (Gemma-3's 262k-row output layer: 2x)
         keep = torch.arange(max(ids.shape[1] - logits_to_keep, 0), ids.shape[1], device=ids.device)
+    if plan is not None and plan.start is not None and kv:
+        raise ValueError("a forward that starts above layer 0 needs an empty cache (a prefill of the same ids)")
     with active_plan(plan):
         out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=keep)
-    return ForwardResult(logits=out.logits, kv=kv_from_cache(cache), topk=dict(plan.topk) if plan else {})
+    computed = kv_from_cache(cache)
+    if plan is None:
+        return ForwardResult(logits=out.logits, kv=computed, topk={})
+    if plan.start is not None:  # the layers below the start did not run: their entries come with the start
+        computed = list(plan.start.kv) + computed[plan.start.layer:]
+    start = None
+    if plan.keep_start is not None:
+        start = LayerStart(plan.keep_start, plan.start_input, tuple(computed[: plan.keep_start]))
+    return ForwardResult(logits=out.logits, kv=computed, topk=dict(plan.topk), start=start)
 
 
 def eos_ids(model, tokenizer) -> set[int]:

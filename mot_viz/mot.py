@@ -8,7 +8,7 @@ figure and page reads from, so the work is done once per input.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from torch import nn
@@ -109,6 +109,8 @@ class Translation:
     # window layer -> (post-RoPE query [1, H, P + N_t, d], scaling, sliding window) of the native prefill, which
     # records them on the way (the attention-output fidelity reads them instead of running the target again)
     native_queries: dict[int, tuple[torch.Tensor, float, int | None]] | None = None
+    # the replay's state on entering the window's first layer: another window's replay starts there (replay_window)
+    window_start: hf.LayerStart | None = None
 
     @property
     def target_ids(self) -> torch.Tensor:
@@ -240,23 +242,48 @@ def translate_window(mot: MoT, src: SourceContext, source: LoadedModel, target: 
 
 def replay(target: LoadedModel, target_ids: torch.Tensor, target_layers: tuple[int, ...], window_keys: torch.Tensor,
            window_values: torch.Tensor, sparse: dict[int, torch.Tensor] | None,
-           cache_injected_window: bool = False) -> list[KV]:
+           cache_injected_window: bool = False, start: hf.LayerStart | None = None) -> list[KV]:
     """Replay the context with window blocks [1, N_t, W, H_T] injected at target_layers; returns the mixed cache.
 
     target_ids [1, N_t] are the context tokens; the target's BOS prefix (if any) is prepended and keeps
     its own K/V. The window layers' cache entries are the native-like K/V recomputed from the perturbed
-    hidden states, unless cache_injected_window (method.md §6, step 3).
+    hidden states, unless cache_injected_window (method.md §6, step 3). start: the state entering the window's first
+    layer from an earlier replay of these ids with the same sparse indices (:attr:`Translation.window_start`), so
+    the layers below the window, which no injected K/V reaches, are not run again.
     """
-    n_kv = target.spec.num_kv_heads
-    injected = list(zip(from_block(window_keys, n_kv), from_block(window_values, n_kv)))
-    plan = hf.AttentionPlan(inject=dict(zip(target_layers, injected)), sparse=sparse or {})
-    mixed = hf.run(target.model, _with_bos(target, target_ids), plan=plan, logits_to_keep=1).kv
+    return _replay(target, target_ids, target_layers, window_keys, window_values, sparse, cache_injected_window,
+                   start).kv
+
+
+def _replay(target: LoadedModel, target_ids: torch.Tensor, target_layers: tuple[int, ...], window_keys: torch.Tensor,
+            window_values: torch.Tensor, sparse: dict[int, torch.Tensor] | None, cache_injected_window: bool = False,
+            start: hf.LayerStart | None = None, keep_start: bool = False) -> hf.ForwardResult:
+    """:func:`replay`, as the forward's result; keep_start keeps the state entering the window (result.start)."""
+    if start is not None and start.layer != target_layers[0]:
+        raise ValueError(f"a replay of the window {target_layers} starts at layer {target_layers[0]}, not {start.layer}")
+    injected = per_layer_kv(window_keys, window_values, target.spec.num_kv_heads)
+    plan = hf.AttentionPlan(inject=dict(zip(target_layers, injected)), sparse=sparse or {}, start=start,
+                            keep_start=target_layers[0] if keep_start else None)
+    result = hf.run(target.model, _with_bos(target, target_ids), plan=plan, logits_to_keep=1)
     if cache_injected_window:
         for layer, (k, v) in zip(target_layers, injected):
-            k0, v0 = mixed[layer]
+            k0, v0 = result.kv[layer]
             p = k0.shape[2] - k.shape[2]
-            mixed[layer] = (torch.cat([k0[:, :, :p], k], 2), torch.cat([v0[:, :, :p], v], 2))
-    return mixed
+            result.kv[layer] = (torch.cat([k0[:, :, :p], k], 2), torch.cat([v0[:, :, :p], v], 2))
+    return result
+
+
+def per_layer_kv(keys: torch.Tensor, values: torch.Tensor, n_kv: int) -> list[KV]:
+    """Window blocks [1, N, W, H] -> per window layer (K, V), each [1, n_kv, N, d_h]."""
+    return list(zip(from_block(keys, n_kv), from_block(values, n_kv)))
+
+
+def replay_window(mot: MoT, target: LoadedModel, translation: "Translation", window_keys: torch.Tensor,
+                  window_values: torch.Tensor) -> list[KV]:
+    """Another window [1, N_t, W, H_T] (a control, a what-if) replayed over a translation's context the way it was
+    replayed: its sparse indices, and from the state its own replay had on entering the window."""
+    return replay(target, translation.target_ids, mot.channels.target_layers, window_keys, window_values,
+                  translation.sparse_indices, start=translation.window_start)
 
 
 def _with_bos(lm: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
@@ -293,7 +320,9 @@ def translate(mot: MoT, source: LoadedModel, target: LoadedModel, text: str, wit
         check_finite("translated window", translated.keys, translated.values)
         t0 = time.perf_counter()
         sparse = sparse_indices(mot, src) if mot.replay.topk_sparse_attn else {}
-        mixed = replay(target, target_ids, mot.channels.target_layers, translated.keys, translated.values, sparse)
+        replayed = _replay(target, target_ids, mot.channels.target_layers, translated.keys, translated.values, sparse,
+                           keep_start=True)
+        mixed = replayed.kv
         timings["replay"] = time.perf_counter() - t0
         check_finite("replayed cache", *(t for kv in mixed for t in kv))
         native = native_queries = None
@@ -302,10 +331,30 @@ def translate(mot: MoT, source: LoadedModel, target: LoadedModel, text: str, wit
             plan = hf.AttentionPlan(record_queries=set(mot.channels.target_layers))
             native, native_queries = native_cache(target, target_ids, plan), plan.queries
             timings["native_prefill"] = time.perf_counter() - t0
-    n_kv = mot.target.num_kv_heads
-    injected = list(zip(from_block(translated.keys, n_kv), from_block(translated.values, n_kv)))
+    injected = per_layer_kv(translated.keys, translated.values, mot.target.num_kv_heads)
     return Translation(text, src, translated, injected, mixed, native, sparse, prefix_len=len(target.prefix_ids),
-                       timings=timings, native_queries=native_queries)
+                       timings=timings, native_queries=native_queries, window_start=replayed.start)
+
+
+def translate_again(mot: MoT, source: LoadedModel, target: LoadedModel, base: Translation,
+                    override: GateOverride) -> Translation:
+    """base's context translated again with the mixtures' gates overridden (the Expert routing page's what-if).
+
+    Nothing before the translator depends on the gates, nor do the replay's layers below the window: base's source
+    prefill, alignment, sparse indices, native cache and replay state on entering the window are reused, and only
+    the translator and the replay from the window up run again.
+    """
+    timings = {}
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        translated = translate_window(mot, base.source, source, target, override)
+        timings["translator"] = time.perf_counter() - t0
+        check_finite("translated window", translated.keys, translated.values)
+        t0 = time.perf_counter()
+        mixed = replay_window(mot, target, base, translated.keys, translated.values)
+        timings["replay"] = time.perf_counter() - t0
+    injected = per_layer_kv(translated.keys, translated.values, mot.target.num_kv_heads)
+    return replace(base, translated=translated, injected_kv=injected, mixed_kv=mixed, timings=timings)
 
 
 def check_finite(what: str, *tensors: torch.Tensor) -> None:

@@ -2,12 +2,13 @@
 one expert forced, one dropped, or uniform — beside the router's own choice, and how each expert's tokens fare.
 
 Only the gates change (mot_viz.translator.GateOverride): the experts, the linear path (if any), the
-alignment and the replay are the checkpoint's own, so a difference is the router's doing.
+alignment and the replay are the checkpoint's own, so a difference is the router's doing. The what-if reuses
+the router's translation up to the translator and its replay below the window (mot.translate_again).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
@@ -16,7 +17,7 @@ from .answers import Answer, MAX_NEW_TOKENS, answer_from_cache, first_answer_log
 from .cache_metrics import KV_NAMES, cache_error_table, per_token_errors, token_vectors
 from .layout import context_positions
 from .models import LoadedModel
-from .mot import MoT, Translation, translate
+from .mot import MoT, Translation, translate_again
 from .prompts import QAExample
 from .shift.metrics import kl_divergence
 from .translator import GateOverride
@@ -47,11 +48,7 @@ def what_if(mot: MoT, source: LoadedModel, target: LoadedModel, base: Translatio
 
     With an example (and its prompt suffix), the first answer token's KL to native and the answer are computed.
     """
-    if override.mode == "router":
-        translation = base
-    else:
-        translation = replace(translate(mot, source, target, base.text, with_native=False, override=override),
-                              native_kv=base.native_kv)
+    translation = base if override.mode == "router" else translate_again(mot, source, target, base, override)
     errors = cache_error_table(translation, mot.channels)
     kl, answer = None, None
     if example is not None:

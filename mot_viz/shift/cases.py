@@ -13,7 +13,7 @@ import torch
 
 from .. import hf
 from ..alignment import encode
-from ..controls import dir_only, mag_only, random_window
+from ..controls import dir_only, mag_only, random_control_window
 from ..errors import ConfigError
 from ..models import LoadedModel
 from ..mot import native_cache, target_context_ids
@@ -94,7 +94,7 @@ def window_caches(replay_fn: ReplayFn, native_k: torch.Tensor, native_v: torch.T
     """The caches replayed with the injected window and its controls (method.md §9.1, §9.2).
 
     native_*, window_*: blocks [1, N, W, H]. The random window is drawn K first, then V, from one
-    generator seeded with `seed`, exactly like ``answers.random_control_cache``. Caches already replayed for
+    generator seeded with `seed` (controls.random_control_window, as ``answers.random_control_cache`` draws it). Caches already replayed for
     some conditions (a Translation's mixed cache as "full_mix", the answers' random control of the same seed as
     "random") can be passed in `ready` to save their replays.
     """
@@ -109,10 +109,7 @@ def window_caches(replay_fn: ReplayFn, native_k: torch.Tensor, native_v: torch.T
         elif cond == "mag_only":
             out[cond] = replay_fn(mag_only(native_k, window_k), mag_only(native_v, window_v))
         elif cond == "random":
-            gen = torch.Generator().manual_seed(seed)
-            k = random_window(native_k, window_k, gen)
-            v = random_window(native_v, window_v, gen)
-            out[cond] = replay_fn(k, v)
+            out[cond] = replay_fn(*random_control_window(native_k, native_v, window_k, window_v, seed))
         else:
             raise ConfigError(f"unknown window condition {cond!r}; choose from {WINDOW_CONDITIONS}")
     return out

@@ -13,7 +13,7 @@ from ..channels import Channels
 from ..errors import ConfigError
 from ..hf import KV
 from ..models import LoadedModel
-from ..mot import MoT, Translation, replay, translate
+from ..mot import MoT, Translation, replay_window, translate
 from .cases import ContextCase, ReplayFn, window_caches
 from .metrics import TRACE_CONDITIONS, TokenShift, WindowShift, kl_divergence, token_shifts
 from .trace import CacheTrace, trace_caches
@@ -113,6 +113,5 @@ def analyse_translation(mot: MoT, source: LoadedModel, target: LoadedModel, case
 
 
 def _mot_replay(mot: MoT, target: LoadedModel, translation: Translation) -> ReplayFn:
-    """Replay windows the way this MoT does (its sparse indices for this context)."""
-    return lambda k, v: replay(target, translation.target_ids, mot.channels.target_layers, k, v,
-                               translation.sparse_indices)
+    """Replay windows the way this MoT replayed this context (its sparse indices, from its state entering the window)."""
+    return lambda k, v: replay_window(mot, target, translation, k, v)

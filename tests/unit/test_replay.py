@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -9,7 +11,9 @@ from conftest import CORPUS, FAMILIES, tiny_model
 from mot_viz import hf
 from mot_viz.channels import Channels, injection_channels
 from mot_viz.layout import window_blocks
-from mot_viz.mot import MoT, ReplayConfig, native_cache, prepare_source, replay, sparse_indices, target_context_ids, translate, translate_window
+from mot_viz.mot import (MoT, ReplayConfig, native_cache, prepare_source, replay, replay_window, sparse_indices,
+                         target_context_ids, translate, translate_again, translate_window)
+from mot_viz.translator import GateOverride
 
 TEXT = CORPUS[0] + " " + CORPUS[1]
 
@@ -90,6 +94,38 @@ def test_gradients_reach_every_translator_parameter(family):
     loss.backward()
     no_grad = [name for name, p in mot.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
     assert not no_grad
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_replay_started_at_the_window_equals_the_full_replay(family):
+    """Controls and what-ifs replay from the translation's state entering the window: the layers below it are not
+    run again, and every cache entry and the first layer's input are bit-identical to a replay from layer 0."""
+    source = tiny_model("llama", vocab_size=280, layers=5, seed=1)
+    target = tiny_model(family, layers=5, bos=family == "gemma3_text")
+    channels = Channels((2, 3), (2, 3))
+    mot = MoT.build(source.spec, target.spec, channels, ReplayConfig(topk_sparse_attn=4, num_bottom_full_attn=1),
+                    dim=16, heads=2, num_experts=3, top_k=2)
+    tr = translate(mot, source, target, TEXT)
+    assert tr.window_start.layer == 2 and len(tr.window_start.kv) == 2
+    assert tr.window_start.hidden.shape[:2] == (1, tr.prefix_len + tr.target_ids.shape[1])
+    k, v = tr.native_window_blocks(channels)
+    k, v = k + 0.3 * torch.randn_like(k), v + 0.3 * torch.randn_like(v)
+    full = replay(target, tr.target_ids, channels.target_layers, k, v, tr.sparse_indices)
+    started = replay_window(mot, target, tr, k, v)
+    for (kf, vf), (ks, vs) in zip(full, started, strict=True):
+        assert torch.equal(kf, ks) and torch.equal(vf, vs)
+    assert not torch.equal(full[3][0], tr.mixed_kv[3][0])  # another window: a real change above it
+    # below the window the entries are the translation's own; layers 0, 1 are never run (a poisoned start shows it)
+    poisoned = replace(tr, window_start=replace(tr.window_start, hidden=tr.window_start.hidden + 1.0))
+    assert not torch.equal(replay_window(mot, target, poisoned, k, v)[2][0], full[2][0])
+    # the what-if path: gates overridden, the translation redone from the translator on
+    forced = translate_again(mot, source, target, tr, GateOverride("force", 1))
+    again = translate(mot, source, target, TEXT, override=GateOverride("force", 1))
+    assert torch.equal(forced.translated.keys, again.translated.keys)
+    for (ka, va), (kb, vb) in zip(forced.mixed_kv, again.mixed_kv, strict=True):
+        assert torch.equal(ka, kb) and torch.equal(va, vb)
+    with pytest.raises(ValueError, match="starts at layer 3, not 2"):
+        replay(target, tr.target_ids, (3, 4), k, v, tr.sparse_indices, start=tr.window_start)
 
 
 def test_translate_end_to_end_on_tiny_pair_with_different_tokenizers():
