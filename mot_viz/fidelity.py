@@ -54,14 +54,17 @@ def vector_fidelity(candidate: torch.Tensor, native: torch.Tensor) -> dict[str, 
 
 
 def attention_output_cosine(query: torch.Tensor, scaling: float, sliding: int | None, keys: torch.Tensor,
-                            values: torch.Tensor, native_keys: torch.Tensor, native_values: torch.Tensor) -> float:
+                            values: torch.Tensor, native_keys: torch.Tensor, native_values: torch.Tensor,
+                            native_output: torch.Tensor | None = None) -> float:
     """Mean per-token cosine of the attention output [B, H, N_q, d] with (keys, values) vs with the native ones.
 
     All K/V are [1, n_kv, N_kv, d_h] over the whole sequence (prefix included); the queries are the
     native queries of the context positions, so only the cache differs between the two outputs.
+    native_output: the native attention output of these queries if already computed (several candidates, one layer).
     """
     a = hf.attention_output(query, keys, values, scaling, sliding)
-    b = hf.attention_output(query, native_keys, native_values, scaling, sliding)
+    b = native_output if native_output is not None else hf.attention_output(query, native_keys, native_values,
+                                                                             scaling, sliding)
     flat = lambda x: x[0].transpose(0, 1).reshape(x.shape[2], -1)  # (N_q, H·d)
     return float(_cos(flat(a), flat(b)).mean())
 
@@ -123,6 +126,7 @@ def translation_fidelity(translation: Translation, target: LoadedModel, channels
         candidates["mean vector"] = means.blocks(n)
     rows = []
     n_kv = target.spec.num_kv_heads
+    native_outputs = {}  # layer -> native attention output, shared by every candidate
     for name, (ck, cv) in candidates.items():
         for w, (layer, k_l, v_l) in enumerate(zip(layers, from_block(ck, n_kv), from_block(cv, n_kv))):
             row = {"candidate": name, "layer": layer, "window_index": w, "tokens": n}
@@ -130,10 +134,12 @@ def translation_fidelity(translation: Translation, target: LoadedModel, channels
                 for metric, value in vector_fidelity(cand[0, :, w], ref[0, :, w]).items():
                     row[f"{metric}_{kv}"] = value
             query, scaling, sliding = queries[layer]
+            if layer not in native_outputs:
+                native_outputs[layer] = hf.attention_output(query[:, :, p:], *native[layer], scaling, sliding)
             full_k = torch.cat([native[layer][0][:, :, :p], k_l.to(native[layer][0].dtype)], dim=2)
             full_v = torch.cat([native[layer][1][:, :, :p], v_l.to(native[layer][1].dtype)], dim=2)
             row["attn_out_cos"] = attention_output_cosine(query[:, :, p:], scaling, sliding, full_k, full_v,
-                                                          *native[layer])
+                                                          *native[layer], native_output=native_outputs[layer])
             rows.append(row)
     return rows
 

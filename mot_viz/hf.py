@@ -293,14 +293,17 @@ class ForwardResult:
 
 
 def run(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: AttentionPlan | None = None,
-        logits_to_keep: int = 0) -> ForwardResult:
+        logits_to_keep: int | torch.Tensor = 0) -> ForwardResult:
     """One forward pass of `ids` [B, N] on top of the (copied, never mutated) cache `kv`, under `plan`.
 
-    logits_to_keep: 0 keeps all logits, n > 0 only the last n (saves the big output layer's time).
+    logits_to_keep: 0 keeps all logits, n > 0 only the last n, a tensor of positions only those (each saves the
+    big output layer's time).
     """
     cache = cache_from_kv(kv) if kv else new_cache()
     keep: int | torch.Tensor = logits_to_keep
-    if logits_to_keep > 1 and ids.shape[0] > 1:
+    if isinstance(logits_to_keep, torch.Tensor):
+        pass
+    elif logits_to_keep > 1 and ids.shape[0] > 1:
         # kept positions as a tensor: transformers then copies those rows, where the strided slice of a batch would
         # run the output layer as a batched matmul at half the speed (Gemma-3's 262k-row output layer: 2x)
         keep = torch.arange(max(ids.shape[1] - logits_to_keep, 0), ids.shape[1], device=ids.device)
@@ -478,7 +481,7 @@ def _first(output) -> torch.Tensor:
 
 
 def residual_trace(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: AttentionPlan | None = None,
-                   logits_to_keep: int = 0) -> ResidualTrace:
+                   logits_to_keep: int | torch.Tensor = 0) -> ResidualTrace:
     """:func:`run` with the residual stream and each block's attention/MLP additions recorded (no grad).
 
     Hooks only record while this call's context is active, so other threads' forwards on the same

@@ -166,7 +166,8 @@ def bench(checkpoint: Path, n_tokens: int, max_new_tokens: int) -> tuple[pd.Data
     with t.step("Shift analysis", "residual traces of native, MoT and random control in one batched forward "
                 "(the control's cache is the Answers page's) + 3 figures"):
         case = shift.case_from_text(target, text, build_prompt(example, target.chat_frame).suffix_text, example)
-        ws, _ = shift.analyse_translation(mot, source, target, case, translation, random_kv=caches["random"])
+        ws, _ = shift.analyse_translation(mot, source, target, case, translation, random_kv=caches["random"],
+                                          answer_likelihood=False)
         trajectories = ws.trajectories()
         rho_trajectory_figure(trajectories, 0).to_json()
         correction_trajectory_figure(trajectories, 0).to_json()

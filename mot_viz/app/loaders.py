@@ -305,7 +305,7 @@ def _cached_window_analysis(key: TranslationKey, suffix: str, example: QAExample
     # at the Answers page's seed the random control is the same cache: built once for both pages
     random_kv = _cached_condition_caches(key).kv["random"] if seed == CONTROL_SEED else None
     return shift.analyse_translation(mot, src, tgt, case, _cached_translation(key), seed=seed,
-                                     random_kv=random_kv), case
+                                     random_kv=random_kv, answer_likelihood=False), case  # the page does not show it
 
 
 def window_analysis(sel: Selection, seed: int) -> tuple[shift.WindowAnalysis, shift.ContextCase]:

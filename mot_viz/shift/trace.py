@@ -21,7 +21,7 @@ class CacheTrace:
     """The target reading the suffix, the seed and the teacher-forced answer tokens on top of one cache."""
 
     seed_logprobs: torch.Tensor  # [V] float32 log-softmax of the next-token logits after the seed
-    answer_logprob: float  # mean log p(a_j | cache, suffix, a_<j) of the teacher-forced answer tokens
+    answer_logprob: float  # mean log p(a_j | cache, suffix, a_<j) of the teacher-forced answer tokens (nan: not asked)
     residual: torch.Tensor | None = None  # [J, L+1, D] residual states at every layer boundary, per answer token
     attn: torch.Tensor | None = None  # [J, L, D] what each block's attention sub-block adds at that token
     mlp: torch.Tensor | None = None  # [J, L, D] what each block's MLP sub-block adds
@@ -39,8 +39,9 @@ def _answer_tensor(answer_ids: Sequence[int], device) -> torch.Tensor:
 
 
 def _cache_trace(logp: torch.Tensor, answer: torch.Tensor, res, attn, mlp) -> CacheTrace:
-    """logp [J+1, V] (after the seed, then after each answer token) and the per-token residuals -> a CacheTrace."""
-    answer_lp = float(logp[:-1].gather(-1, answer[0, :, None]).mean())
+    """logp [J+1, V] (after the seed, then after each answer token; or [1, V], after the seed only) and the per-token
+    residuals -> a CacheTrace."""
+    answer_lp = float(logp[:-1].gather(-1, answer[0, :, None]).mean()) if len(logp) > 1 else float("nan")
     as_float = lambda t: None if t is None else t.to(torch.promote_types(t.dtype, torch.float32))  # fp16 → fp32
     return CacheTrace(logp[0], answer_lp, as_float(res), as_float(attn), as_float(mlp))
 
@@ -78,22 +79,27 @@ def trace_cache(target: LoadedModel, kv: list[KV] | None, suffix_ids: torch.Tens
 
 @torch.no_grad()
 def trace_caches(target: LoadedModel, kvs: Sequence[list[KV] | None], suffix_ids: torch.Tensor,
-                 answer_ids: Sequence[int], residuals: bool = True) -> list[CacheTrace]:
+                 answer_ids: Sequence[int], residuals: bool = True, answer_likelihood: bool = True) -> list[CacheTrace]:
     """trace_cache's one causal forward for several caches of one length at once (one batched forward: the native,
-    translated and control caches of a context), one CacheTrace per cache, in order."""
+    translated and control caches of a context), one CacheTrace per cache, in order.
+
+    answer_likelihood=False: the output layer runs at the seed position only (the answer tokens still run through
+    every layer for the residuals); answer_logprob is then nan.
+    """
     answer = _answer_tensor(answer_ids, suffix_ids.device)
     j_count, s_count = answer.shape[1], suffix_ids.shape[1]
+    keep = j_count + 1 if answer_likelihood else torch.tensor([s_count - 1], device=suffix_ids.device)
     ids = torch.cat([suffix_ids, answer], dim=1).expand(len(kvs), -1)  # (B, S+J)
     if any(kv is None for kv in kvs) and not all(kv is None for kv in kvs):
         raise ValueError("caches traced as one batch must all hold the same positions (or all be None)")
     kv = None if kvs[0] is None else (kvs[0] if len(kvs) == 1 else hf.stack_caches(list(kvs)))
     if residuals:
-        tr = hf.residual_trace(target.model, ids, kv, logits_to_keep=j_count + 1)
+        tr = hf.residual_trace(target.model, ids, kv, logits_to_keep=keep)
         logits = tr.result.logits
         # (L+1|L, B, S+J, D) -> per row (J, L+1|L, D) at the answer tokens
         per_row = [x[:, :, s_count:].permute(1, 2, 0, 3) for x in (tr.residual, tr.attn, tr.mlp)]
     else:
-        logits = hf.run(target.model, ids, kv, logits_to_keep=j_count + 1).logits
+        logits = hf.run(target.model, ids, kv, logits_to_keep=keep).logits
         per_row = [[None] * len(kvs)] * 3
     return [_cache_trace(_logprobs(logits[b]), answer, per_row[0][b], per_row[1][b], per_row[2][b])
             for b in range(len(kvs))]

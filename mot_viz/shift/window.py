@@ -80,12 +80,14 @@ class WindowAnalysis(NamedTuple):
 def analyse_translation(mot: MoT, source: LoadedModel, target: LoadedModel, case: ContextCase,
                         translation: Translation | None = None, seed: int = 0,
                         conditions: Sequence[str] = ("full_mix", "random"), task_metric: bool = False,
-                        max_new_tokens: int = 16, random_kv: list[KV] | None = None) -> WindowAnalysis:
+                        max_new_tokens: int = 16, random_kv: list[KV] | None = None,
+                        answer_likelihood: bool = True) -> WindowAnalysis:
     """§9.2 for a checkpoint's own window on one context: native vs the MoT cache vs the random control.
 
     The MoT cache is replayed the way the checkpoint replays (sparse if it is sparse); the shift
     already present below the window then shows up as ``pre_window_shift``. random_kv: the random control's
     cache of this translation and seed if already built (answers.random_control_cache), to save its replay.
+    answer_likelihood=False leaves the answer tokens' log-likelihood out (nan; the app's page does not show it).
     """
     if translation is None:
         translation = translate(mot, source, target, case.context_text)
@@ -101,7 +103,7 @@ def analyse_translation(mot: MoT, source: LoadedModel, target: LoadedModel, case
                            | ({"random": random_kv} if random_kv is not None else {}))
     # native and the window caches hold the same positions: one batched forward traces them all
     traced = trace_caches(target, [translation.native_kv] + [caches[c] for c in caches], case.suffix_ids,
-                          case.answer_ids)
+                          case.answer_ids, answer_likelihood=answer_likelihood)
     native_trace, traces = traced[0], dict(zip(caches, traced[1:]))
     native_score = None
     if task_metric and case.example is not None:

@@ -220,6 +220,11 @@ def test_batched_traces_equal_one_by_one(family):
         assert (t.seed_logprobs - alone.seed_logprobs).abs().max() <= 1e-4
         assert t.answer_logprob == pytest.approx(alone.answer_logprob, abs=1e-4)
     assert (together[0].residual - together[1].residual).abs().max() > 1e-3 * together[0].residual.abs().max()
+    # without the answer likelihood the output layer runs at the seed only: the same seed distribution and residuals
+    seed_only = shift.trace_caches(target, kvs, case.suffix_ids, case.answer_ids, answer_likelihood=False)
+    for t, s in zip(together, seed_only):
+        assert torch.equal(t.residual, s.residual) and math.isnan(s.answer_logprob)
+        assert (t.seed_logprobs - s.seed_logprobs).abs().max() <= 1e-5
 
 
 def test_error_profile_window_reproduces_the_checkpoint_relative_error():

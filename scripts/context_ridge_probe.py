@@ -1,0 +1,129 @@
+"""Does a token's neighbourhood in the source cache predict the target window better? A ridge probe on the bank.
+
+The closed-form map (mot_viz.ridge, `variant: linear`) reads one token's aligned source K and V. This probe fits
+the same ridge map on the same training bank (the shipped checkpoints' three-genre bank, read from the user
+cache; built first if missing) with each token's features widened by its context, λ chosen on the bank's
+held-out tenth as fit_linear chooses it, and scores every variant on the bank's held-out contexts per window
+layer: raw and centered cosine of K and V (mot_viz.fidelity.vector_fidelity per context, then the mean over
+contexts; keys in the translator's pre-RoPE space). A probe of the input, not a training run:
+
+    OMP_NUM_THREADS=1 python scripts/context_ridge_probe.py --checkpoint pretrained/smollm2-to-gemma3-mid-linear \
+        --variants token prev prev_next running_mean --out results/fidelity/context_ridge_probe-mid.md
+
+Variants (per context; positions outside it are zeros): token = x_t; prev = [x_t, x_{t-1}];
+prev_next = [x_t, x_{t-1}, x_{t+1}]; prev2 = [x_t, x_{t-1}, x_{t-2}]; running_mean = [x_t, mean(x_0..x_t)].
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mot_viz.bank import BankConfig, build_bank  # noqa: E402
+from mot_viz.checkpoint import load_checkpoint  # noqa: E402
+from mot_viz.fidelity import vector_fidelity  # noqa: E402
+from mot_viz.models import load_model  # noqa: E402
+from mot_viz.ridge import fit_ridge_many  # noqa: E402
+from mot_viz.translator import features  # noqa: E402
+
+VARIANTS = ("token", "prev", "prev_next", "prev2", "running_mean")
+
+
+def shifted(x: torch.Tensor, by: int) -> torch.Tensor:
+    """x [N, F] moved `by` positions later in the context (by > 0: row t holds x_{t-by}); zeros where none."""
+    out = torch.zeros_like(x)
+    if by > 0:
+        out[by:] = x[:-by]
+    else:
+        out[:by] = x[-by:]
+    return out
+
+
+def widen(x: torch.Tensor, variant: str) -> torch.Tensor:
+    """One context's token features [N, F] -> the variant's features [N, F·k]."""
+    if variant == "token":
+        return x
+    if variant == "prev":
+        return torch.cat([x, shifted(x, 1)], 1)
+    if variant == "prev_next":
+        return torch.cat([x, shifted(x, 1), shifted(x, -1)], 1)
+    if variant == "prev2":
+        return torch.cat([x, shifted(x, 1), shifted(x, 2)], 1)
+    if variant == "running_mean":
+        return torch.cat([x, x.cumsum(0) / torch.arange(1, len(x) + 1, dtype=x.dtype)[:, None]], 1)
+    raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint whose config names the bank")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--out", type=Path, help="markdown table to write (also printed)")
+    args = parser.parse_args(argv)
+    config = json.loads((args.checkpoint / "config.json").read_text())
+    train_cfg = config.get("training", config)
+    cfg = BankConfig(corpus=train_cfg["bank_corpus"], num_tokens=train_cfg["bank_tokens"],
+                     min_tokens=train_cfg["bank_min_tokens"], max_tokens=train_cfg["bank_max_tokens"],
+                     seed=train_cfg["seed"])  # as training builds it (mot_viz.train)
+    source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
+    mot, _ = load_checkpoint(args.checkpoint, source, target)
+    bank = build_bank(mot, source, target, cfg)
+    train, val = bank.split()
+    # the ridge map's own λ choice: its held-out tenth of the training contexts
+    fit_train, fit_val = train[: len(train) - max(1, round(len(train) * 0.1))], train[len(train) - max(1, round(len(train) * 0.1)):]
+    offsets, window = bank.offsets, mot.channels.window
+
+    def stacked(contexts: list[int], variant: str) -> torch.Tensor:
+        return torch.cat([widen(features(bank.source_keys[offsets[i]:offsets[i + 1]][None],
+                                         bank.source_values[offsets[i]:offsets[i + 1]][None])[0], variant)
+                          for i in contexts])
+
+    def targets(contexts: list[int]) -> dict[str, torch.Tensor]:
+        rows = bank.rows(contexts)
+        return {"k": bank.target_keys[rows].flatten(1), "v": bank.target_values[rows].flatten(1)}
+
+    lines = [f"Bank `{bank.folder.name}`: {len(train)} training contexts ({len(bank.rows(train))} tokens), "
+             f"{len(val)} held-out ({len(bank.rows(val))} tokens); window target layers "
+             f"{list(mot.channels.target_layers)}, source layers {list(mot.channels.source_layers)}.", "",
+             "| features | dims | λ K / V | fit s | " + " | ".join(f"{m} L{l}" for m in ("raw V", "cent V")
+                                                                for l in mot.channels.target_layers)
+             + " | raw K | cent K | raw V | cent V |",
+             "|---|---:|---|---:|" + "---:|" * (2 * window + 4)]
+    print(lines[0], flush=True)
+    for variant in args.variants:
+        t0 = time.perf_counter()
+        fits = fit_ridge_many(stacked(fit_train, variant), targets(fit_train), stacked(fit_val, variant),
+                              targets(fit_val))
+        seconds = time.perf_counter() - t0
+        scores = {m: torch.zeros(window) for m in ("raw_k", "cent_k", "raw_v", "cent_v")}
+        for i in val:
+            x = stacked([i], variant).double()
+            t = targets([i])
+            for kv in ("k", "v"):
+                pred = (x @ fits[kv].weight + fits[kv].bias).float().view(len(x), window, -1)
+                ref = t[kv].view(len(x), window, -1)
+                for layer in range(window):
+                    f = vector_fidelity(pred[:, layer], ref[:, layer])
+                    scores[f"raw_{kv}"][layer] += f["raw_cos"] / len(val)
+                    scores[f"cent_{kv}"][layer] += f["centered_cos"] / len(val)
+        dims = stacked([val[0]], variant).shape[1]
+        row = (f"| {variant} | {dims} | {fits['k'].lam:g} / {fits['v'].lam:g} | {seconds:.0f} | "
+               + " | ".join(f"{float(v):.3f}" for m in ("raw_v", "cent_v") for v in scores[m]) + " | "
+               + " | ".join(f"{float(scores[m].mean()):.3f}" for m in ("raw_k", "cent_k", "raw_v", "cent_v")) + " |")
+        lines.append(row)
+        print(row, flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
