@@ -286,22 +286,24 @@ def kv_from_cache(cache: DynamicCache) -> list[KV]:
 
 @dataclass
 class ForwardResult:
-    logits: torch.Tensor  # [B, N, vocab]
+    logits: torch.Tensor | None  # [B, N, vocab] (the kept positions); None when no output layer ran
     kv: list[KV]  # the cache after the forward pass, per layer
     topk: dict[int, torch.Tensor]  # the plan's record_topk results, layer -> key positions [B, 1, N_q - offset, k]
     start: LayerStart | None = None  # where a later forward of the same ids can start (the plan's keep_start)
 
 
 def run(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: AttentionPlan | None = None,
-        logits_to_keep: int | torch.Tensor = 0) -> ForwardResult:
+        logits_to_keep: int | torch.Tensor | None = 0) -> ForwardResult:
     """One forward pass of `ids` [B, N] on top of the (copied, never mutated) cache `kv`, under `plan`.
 
     logits_to_keep: 0 keeps all logits, n > 0 only the last n, a tensor of positions only those (each saves the
-    big output layer's time).
+    big output layer's time); None runs no output layer at all (logits None): a prefill that only builds a cache.
+    The output layer reads its whole weight even for one position (Gemma-3's 262k × 640 rows: ~0.7 GB, ~40 ms of
+    memory traffic on these machines, a tenth of a 128-token prefill), so a cache-only prefill skips it.
     """
     cache = cache_from_kv(kv) if kv else new_cache()
-    keep: int | torch.Tensor = logits_to_keep
-    if isinstance(logits_to_keep, torch.Tensor):
+    keep: int | torch.Tensor | None = logits_to_keep
+    if logits_to_keep is None or isinstance(logits_to_keep, torch.Tensor):
         pass
     elif logits_to_keep > 1 and ids.shape[0] > 1:
         # kept positions as a tensor: transformers then copies those rows, where the strided slice of a batch would
@@ -310,16 +312,20 @@ def run(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: AttentionPla
     if plan is not None and plan.start is not None and kv:
         raise ValueError("a forward that starts above layer 0 needs an empty cache (a prefill of the same ids)")
     with active_plan(plan):
-        out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=keep)
+        if keep is None:  # the decoder alone (the model's base model): the same layers, no output layer
+            model.base_model(input_ids=ids, cache=cache, use_cache=True)
+            logits = None
+        else:
+            logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=keep).logits
     computed = kv_from_cache(cache)
     if plan is None:
-        return ForwardResult(logits=out.logits, kv=computed, topk={})
+        return ForwardResult(logits=logits, kv=computed, topk={})
     if plan.start is not None:  # the layers below the start did not run: their entries come with the start
         computed = list(plan.start.kv) + computed[plan.start.layer:]
     start = None
     if plan.keep_start is not None:
         start = LayerStart(plan.keep_start, plan.start_input, tuple(computed[: plan.keep_start]))
-    return ForwardResult(logits=out.logits, kv=computed, topk=dict(plan.topk), start=start)
+    return ForwardResult(logits=logits, kv=computed, topk=dict(plan.topk), start=start)
 
 
 def eos_ids(model, tokenizer) -> set[int]:

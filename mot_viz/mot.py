@@ -166,7 +166,7 @@ def prepare_source(mot: MoT, source: LoadedModel, target: LoadedModel, target_id
     needed = {sparse_source_layer(mot.channels, l, mot.source.num_layers) for l in mot.sparse_layers()}
     k_top = mot.replay.topk_sparse_attn
     plan = hf.AttentionPlan(record_topk={l: (k_top, p) for l in needed} if with_attention and k_top else {})
-    out = hf.run(source.model, source.ids_tensor(source.prefix_ids + s_ids), plan=plan, logits_to_keep=1)
+    out = hf.run(source.model, source.ids_tensor(source.prefix_ids + s_ids), plan=plan, logits_to_keep=None)
     # the source's BOS position is dropped: only context tokens are aligned and translated
     kv = [context_positions(layer, p) for layer in out.kv]
     timings["source_prefill"] = time.perf_counter() - t0
@@ -264,7 +264,7 @@ def _replay(target: LoadedModel, target_ids: torch.Tensor, target_layers: tuple[
     injected = per_layer_kv(window_keys, window_values, target.spec.num_kv_heads)
     plan = hf.AttentionPlan(inject=dict(zip(target_layers, injected)), sparse=sparse or {}, start=start,
                             keep_start=target_layers[0] if keep_start else None)
-    result = hf.run(target.model, _with_bos(target, target_ids), plan=plan, logits_to_keep=1)
+    result = hf.run(target.model, _with_bos(target, target_ids), plan=plan, logits_to_keep=None)
     if cache_injected_window:
         for layer, (k, v) in zip(target_layers, injected):
             k0, v0 = result.kv[layer]
@@ -297,13 +297,13 @@ def native_cache(target: LoadedModel, target_ids: torch.Tensor, plan: hf.Attenti
 
     plan: what to record on the way (e.g. ``record_queries``; read it from the plan afterwards).
     """
-    return hf.run(target.model, _with_bos(target, target_ids), plan=plan, logits_to_keep=1).kv
+    return hf.run(target.model, _with_bos(target, target_ids), plan=plan, logits_to_keep=None).kv
 
 
 @torch.no_grad()
 def empty_context_cache(lm: LoadedModel) -> list[KV] | None:
     """The cache a model starts from with no context: its BOS prefix, or nothing."""
-    return hf.run(lm.model, lm.ids_tensor(lm.prefix_ids), logits_to_keep=1).kv if lm.prefix_ids else None
+    return hf.run(lm.model, lm.ids_tensor(lm.prefix_ids), logits_to_keep=None).kv if lm.prefix_ids else None
 
 
 def translate(mot: MoT, source: LoadedModel, target: LoadedModel, text: str, with_native: bool = True,

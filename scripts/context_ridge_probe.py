@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             x = stacked([i], variant).double()
             t = targets([i])
             for kv in ("k", "v"):
-                pred = (x @ fits[kv].weight + fits[kv].bias).float().view(len(x), window, -1)
+                pred = (x @ fits[kv].weight.double() + fits[kv].bias.double()).float().view(len(x), window, -1)
                 ref = t[kv].view(len(x), window, -1)
                 for layer in range(window):
                     f = vector_fidelity(pred[:, layer], ref[:, layer])

@@ -39,6 +39,17 @@ def test_injecting_native_kv_reproduces_native_logits(family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_a_cache_only_prefill_skips_the_output_layer_and_builds_the_same_cache(family):
+    target = tiny_model(family, layers=3)
+    ids = target_context_ids(target, TEXT)
+    full = hf.run(target.model, ids, logits_to_keep=1)
+    cache_only = hf.run(target.model, ids, logits_to_keep=None)
+    assert cache_only.logits is None and full.logits.shape[1] == 1
+    for (ka, va), (kb, vb) in zip(full.kv, cache_only.kv, strict=True):
+        assert torch.equal(ka, kb) and torch.equal(va, vb)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_perturbed_window_changes_only_what_lies_above(family):
     target = tiny_model(family, layers=6)
     ids = target_context_ids(target, TEXT)
