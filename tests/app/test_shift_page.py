@@ -71,7 +71,8 @@ def test_page_traces_the_checkpoint_window_and_shows_the_shipped_sweep(pretraine
     example = load_dataset("squad", n=50, seed=0)[0]
     prompt = build_prompt(example)
     case = shift.case_from_text(target, prompt.context_text, prompt.suffix_text, example)
-    ws, run = shift.analyse_translation(mot, source, target, case, translate(mot, source, target, prompt.context_text))
+    ws, run = shift.analyse_translation(mot, source, target, case, translate(mot, source, target, prompt.context_text),
+                                        answer_likelihood=False)  # as the page asks it
     assert case.answer_ids == shift.answer_token_ids(target.tokenizer, example)  # the gold answer is teacher-forced
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Initial shift ‖s‖ (MoT)"] == f"{ws.summary('full_mix').initial_shift:.4g}"
