@@ -261,9 +261,11 @@ def copy_linear_path(mot: MoT, path: str | Path) -> dict:
         raise CheckpointError(f"'{path}' is a {linear.translator.config.variant!r} checkpoint, not a linear map.")
     same = (linear.source.fingerprint == mot.source.fingerprint and linear.target.fingerprint == mot.target.fingerprint
             and linear.channels == mot.channels
-            and linear.translator.config.key_space == mot.translator.config.key_space)
+            and linear.translator.config.key_space == mot.translator.config.key_space
+            and all(getattr(linear.translator.config, k) == getattr(mot.translator.config, k)
+                    for k in ("linear_neighbours", "linear_neighbour_dims")))
     if not same:
-        raise CheckpointError(f"'{path}' maps another pair, window or key space than this translator: "
+        raise CheckpointError(f"'{path}' maps another pair, window, key space or neighbourhood than this translator: "
                               "copy the linear checkpoint of the same window, or fit one (leave linear_from empty).")
     with torch.no_grad():
         mot.translator.linear.load_state_dict(linear.translator.linear.state_dict())

@@ -31,24 +31,43 @@ def cosine_lr(base: float, step: int, warmup: int, total: int) -> float:
     return base * 0.5 * (1 + math.cos(math.pi * (step - warmup) / (total - warmup)))
 
 
-def _flat_features(bank: Bank, rows: torch.Tensor) -> torch.Tensor:
-    return features(bank.source_keys[rows][None], bank.source_values[rows][None])[0]  # (n, 2·W·H_S)
+def _map_inputs(mot: MoT, bank: Bank, contexts: list[int]) -> torch.Tensor:
+    """The linear map's input rows [n, F'] of whole bank contexts (neighbours read within each context)."""
+    linear = mot.translator.linear
+    return torch.cat([linear.inputs(*bank.context(i)[:2])[0] for i in contexts])
+
+
+def principal_axes(x_rows, dims: int) -> torch.Tensor:
+    """The top `dims` principal axes [F, dims] of feature rows (an iterable of [n_i, F] chunks), in float32."""
+    gram, total, count = None, None, 0
+    for x in x_rows:
+        x = x.double()
+        gram = x.T @ x if gram is None else gram + x.T @ x
+        total = x.sum(0) if total is None else total + x.sum(0)
+        count += len(x)
+    mean = total / count
+    eigvals, eigvecs = torch.linalg.eigh(gram / count - torch.outer(mean, mean))
+    return eigvecs[:, eigvals.argsort(descending=True)[:dims]].float()
 
 
 @torch.no_grad()
 def fit_linear(mot: MoT, bank: Bank, lambdas=LAMBDAS, val_fraction: float = 0.1) -> dict:
     """Fit the translator's linear path on the bank in closed form; λ per K/V chosen on held-out contexts.
 
-    Returns a report: chosen λ, held-out MSE per λ, tokens used and seconds.
+    With projected neighbours (linear_neighbour_dims) their principal axes are fitted first, on the training
+    contexts' token features. Returns a report: chosen λ, held-out MSE per λ, tokens used and seconds.
     """
     linear = mot.translator.linear
     if linear is None:
         raise ConfigError("this translator has no linear path: use variant 'linear' or linear_residual=True")
     t0 = time.perf_counter()
     train, val = bank.split(val_fraction)
+    if linear.neighbour_basis is not None:
+        linear.neighbour_basis.copy_(principal_axes(
+            (features(*bank.context(i)[:2])[0] for i in train), linear.neighbour_basis.shape[1]))
     tr, va = bank.rows(train), bank.rows(val)
-    x, x_val = _flat_features(bank, tr), _flat_features(bank, va)
-    report = {"train_tokens": len(tr), "val_tokens": len(va), "val_contexts": len(val)}
+    x, x_val = _map_inputs(mot, bank, train), _map_inputs(mot, bank, val)
+    report = {"train_tokens": len(tr), "val_tokens": len(va), "val_contexts": len(val), "features": x.shape[1]}
     targets = {"k": bank.target_keys, "v": bank.target_values}
     fits = fit_ridge_many(x, {n: t[tr].flatten(1) for n, t in targets.items()}, x_val,
                           {n: t[va].flatten(1) for n, t in targets.items()}, lambdas)

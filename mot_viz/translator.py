@@ -27,6 +27,11 @@ class TranslatorConfig:
     output_activation: str = "gelu"  # "gelu" (reference, bounds outputs at ≈ -0.17) or "none"
     linear_residual: bool = False  # mot/single: add a linear map of the window (K and V) to the experts' output
     key_space: str = "post_rope"  # "post_rope" (method.md) or "pre_rope": keys translated before rotation
+    # the linear map (variant linear, or a mixture's linear path) also reads this many tokens on each side of a token
+    # (their aligned source K and V; zeros past the context's ends), each projected on linear_neighbour_dims
+    # principal axes of the bank's token features (0: unprojected). 0 neighbours: the token alone (method.md §13).
+    linear_neighbours: int = 0
+    linear_neighbour_dims: int = 0
 
     def __post_init__(self):
         limits = {"source_kv_hidden": 65536, "target_kv_hidden": 65536, "window": 512, "dim": 16384, "heads": 256,
@@ -43,6 +48,10 @@ class TranslatorConfig:
             raise ConfigError(f"key_space must be 'post_rope' or 'pre_rope', got '{self.key_space}'")
         if self.variant == "mot" and not 1 <= self.top_k <= self.num_experts:
             raise ConfigError(f"need 1 <= top_k <= num_experts, got top_k={self.top_k}, E={self.num_experts}")
+        if not (isinstance(self.linear_neighbours, int) and 0 <= self.linear_neighbours <= 64
+                and isinstance(self.linear_neighbour_dims, int) and 0 <= self.linear_neighbour_dims <= 65536):
+            raise ConfigError("linear_neighbours must be an integer in [0, 64] and linear_neighbour_dims in [0, 65536], "
+                              f"got {self.linear_neighbours!r} and {self.linear_neighbour_dims!r}")
         if self.output_activation not in ("gelu", "none"):
             raise ConfigError(f"output_activation must be 'gelu' or 'none', got '{self.output_activation}'")
 
@@ -200,28 +209,66 @@ class LinearKVMap(nn.Module):
 
     The closed-form baseline (method.md §13, "Linear"): its weights are fitted by ridge regression
     (mot_viz.ridge); inside a mixture it is the residual path the experts refine (``linear_residual``).
+    With ``linear_neighbours`` it also reads each token's neighbours (:func:`neighbour_features`).
     """
 
     def __init__(self, cfg: TranslatorConfig):
         super().__init__()
-        n_features = 2 * cfg.window * cfg.source_kv_hidden
+        token_features = 2 * cfg.window * cfg.source_kv_hidden
+        self.neighbours = cfg.linear_neighbours
+        per_neighbour = cfg.linear_neighbour_dims or token_features
+        n_features = token_features + 2 * self.neighbours * per_neighbour
         self.window, self.out_hidden = cfg.window, cfg.target_kv_hidden
+        if self.neighbours and cfg.linear_neighbour_dims:  # fitted with the map (fit.fit_linear), saved with it
+            self.register_buffer("neighbour_basis", torch.zeros(token_features, cfg.linear_neighbour_dims))
+        else:
+            self.neighbour_basis = None
         self.key_proj = nn.Linear(n_features, cfg.window * cfg.target_kv_hidden)
         self.value_proj = nn.Linear(n_features, cfg.window * cfg.target_kv_hidden)
         for proj in (self.key_proj, self.value_proj):  # zeros until fitted: an unfitted map writes nothing
             nn.init.zeros_(proj.weight)
             nn.init.zeros_(proj.bias)
 
+    def inputs(self, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """Aligned source blocks [B, N, W, H_S] -> the map's input [B, N, n_features]."""
+        return neighbour_features(features(keys, values), self.neighbours, self.neighbour_basis)
+
     def forward(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         b, n = keys.shape[:2]
-        x = features(keys, values)  # (B, N, 2·W·H_S)
+        x = self.inputs(keys, values)
         shape = (b, n, self.window, self.out_hidden)
         return self.key_proj(x).view(shape), self.value_proj(x).view(shape)
 
 
 def features(keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """Aligned source blocks [B, N, W, H_S] (K and V) -> the linear map's input [B, N, 2·W·H_S]."""
+    """Aligned source blocks [B, N, W, H_S] (K and V) -> the linear map's token features [B, N, 2·W·H_S]."""
     return torch.cat([keys.flatten(2), values.flatten(2)], dim=-1)
+
+
+def shift_tokens(x: torch.Tensor, by: int) -> torch.Tensor:
+    """x [B, N, F] with row t holding x[:, t - by] (by > 0: an earlier token, by < 0: a later one); zeros where the
+    context has none."""
+    out = torch.zeros_like(x)
+    if by > 0:
+        out[:, by:] = x[:, :-by]
+    elif by < 0:
+        out[:, :by] = x[:, -by:]
+    else:
+        out = x
+    return out
+
+
+def neighbour_features(x: torch.Tensor, neighbours: int, basis: torch.Tensor | None = None) -> torch.Tensor:
+    """Token features [B, N, F] -> [x_t, x_{t-1}, x_{t+1}, …, x_{t-n}, x_{t+n}] over n = `neighbours` tokens each side
+    (zeros past the ends), each neighbour projected on `basis` [F, r] if given. neighbours = 0: x itself."""
+    if neighbours == 0:
+        return x
+    parts = [x]
+    for d in range(1, neighbours + 1):
+        for by in (d, -d):
+            near = shift_tokens(x, by)
+            parts.append(near if basis is None else near @ basis)
+    return torch.cat(parts, dim=-1)
 
 
 @dataclass

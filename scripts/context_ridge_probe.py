@@ -11,7 +11,9 @@ contexts; keys in the translator's pre-RoPE space). A probe of the input, not a 
         --variants token prev prev_next running_mean --out results/fidelity/context_ridge_probe-mid.md
 
 Variants (per context; positions outside it are zeros): token = x_t; prev = [x_t, x_{t-1}];
-prev_next = [x_t, x_{t-1}, x_{t+1}]; prev2 = [x_t, x_{t-1}, x_{t-2}]; running_mean = [x_t, mean(x_0..x_t)].
+prev_next = [x_t, x_{t-1}, x_{t+1}]; prev2 = [x_t, x_{t-1}, x_{t-2}]; running_mean = [x_t, mean(x_0..x_t)];
+prev_pca, prev_next_pca = prev, prev_next with the neighbours projected on the top PCA_DIMS principal axes of
+the training tokens' features (a cheaper map: the neighbours add PCA_DIMS features each, not F).
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from mot_viz.models import load_model  # noqa: E402
 from mot_viz.ridge import fit_ridge_many  # noqa: E402
 from mot_viz.translator import features  # noqa: E402
 
-VARIANTS = ("token", "prev", "prev_next", "prev2", "running_mean")
+VARIANTS = ("token", "prev", "prev_next", "prev2", "running_mean", "prev_pca", "prev_next_pca")
+PCA_DIMS = 256  # the *_pca variants: neighbours' features projected on the training features' top principal axes
 
 
 def shifted(x: torch.Tensor, by: int) -> torch.Tensor:
@@ -46,8 +49,12 @@ def shifted(x: torch.Tensor, by: int) -> torch.Tensor:
     return out
 
 
-def widen(x: torch.Tensor, variant: str) -> torch.Tensor:
-    """One context's token features [N, F] -> the variant's features [N, F·k]."""
+def widen(x: torch.Tensor, variant: str, basis: torch.Tensor | None = None) -> torch.Tensor:
+    """One context's token features [N, F] -> the variant's features [N, F·k] (the *_pca ones: F + r·k)."""
+    if variant == "prev_pca":
+        return torch.cat([x, shifted(x, 1) @ basis], 1)
+    if variant == "prev_next_pca":
+        return torch.cat([x, shifted(x, 1) @ basis, shifted(x, -1) @ basis], 1)
     if variant == "token":
         return x
     if variant == "prev":
@@ -80,10 +87,17 @@ def main(argv: list[str] | None = None) -> int:
     fit_train, fit_val = train[: len(train) - max(1, round(len(train) * 0.1))], train[len(train) - max(1, round(len(train) * 0.1)):]
     offsets, window = bank.offsets, mot.channels.window
 
+    def token_features(i: int) -> torch.Tensor:
+        a, b = offsets[i], offsets[i + 1]
+        return features(bank.source_keys[a:b][None], bank.source_values[a:b][None])[0]
+
+    basis = None
+    if any(v.endswith("_pca") for v in args.variants):  # principal axes of the training tokens' features
+        x = torch.cat([token_features(i) for i in fit_train[::4]]).double()
+        basis = torch.linalg.svd(x - x.mean(0), full_matrices=False).Vh[:PCA_DIMS].T.float()  # (F, r)
+
     def stacked(contexts: list[int], variant: str) -> torch.Tensor:
-        return torch.cat([widen(features(bank.source_keys[offsets[i]:offsets[i + 1]][None],
-                                         bank.source_values[offsets[i]:offsets[i + 1]][None])[0], variant)
-                          for i in contexts])
+        return torch.cat([widen(token_features(i), variant, basis) for i in contexts])
 
     def targets(contexts: list[int]) -> dict[str, torch.Tensor]:
         rows = bank.rows(contexts)
