@@ -263,9 +263,9 @@ def copy_linear_path(mot: MoT, path: str | Path) -> dict:
             and linear.channels == mot.channels
             and linear.translator.config.key_space == mot.translator.config.key_space
             and all(getattr(linear.translator.config, k) == getattr(mot.translator.config, k)
-                    for k in ("linear_neighbours", "linear_neighbour_dims")))
+                    for k in ("linear_previous", "linear_previous_dims")))
     if not same:
-        raise CheckpointError(f"'{path}' maps another pair, window, key space or neighbourhood than this translator: "
+        raise CheckpointError(f"'{path}' maps another pair, window, key space or token context than this translator: "
                               "copy the linear checkpoint of the same window, or fit one (leave linear_from empty).")
     with torch.no_grad():
         mot.translator.linear.load_state_dict(linear.translator.linear.state_dict())

@@ -32,7 +32,7 @@ def cosine_lr(base: float, step: int, warmup: int, total: int) -> float:
 
 
 def _map_inputs(mot: MoT, bank: Bank, contexts: list[int]) -> torch.Tensor:
-    """The linear map's input rows [n, F'] of whole bank contexts (neighbours read within each context)."""
+    """The linear map's input rows [n, F'] of whole bank contexts (earlier tokens read within each context)."""
     linear = mot.translator.linear
     return torch.cat([linear.inputs(*bank.context(i)[:2])[0] for i in contexts])
 
@@ -54,7 +54,7 @@ def principal_axes(x_rows, dims: int) -> torch.Tensor:
 def fit_linear(mot: MoT, bank: Bank, lambdas=LAMBDAS, val_fraction: float = 0.1) -> dict:
     """Fit the translator's linear path on the bank in closed form; λ per K/V chosen on held-out contexts.
 
-    With projected neighbours (linear_neighbour_dims) their principal axes are fitted first, on the training
+    With projected earlier tokens (linear_previous_dims) their principal axes are fitted first, on the training
     contexts' token features. Returns a report: chosen λ, held-out MSE per λ, tokens used and seconds.
     """
     linear = mot.translator.linear
@@ -62,9 +62,9 @@ def fit_linear(mot: MoT, bank: Bank, lambdas=LAMBDAS, val_fraction: float = 0.1)
         raise ConfigError("this translator has no linear path: use variant 'linear' or linear_residual=True")
     t0 = time.perf_counter()
     train, val = bank.split(val_fraction)
-    if linear.neighbour_basis is not None:
-        linear.neighbour_basis.copy_(principal_axes(
-            (features(*bank.context(i)[:2])[0] for i in train), linear.neighbour_basis.shape[1]))
+    if linear.previous_basis is not None:
+        linear.previous_basis.copy_(principal_axes(
+            (features(*bank.context(i)[:2])[0] for i in train), linear.previous_basis.shape[1]))
     tr, va = bank.rows(train), bank.rows(val)
     x, x_val = _map_inputs(mot, bank, train), _map_inputs(mot, bank, val)
     report = {"train_tokens": len(tr), "val_tokens": len(va), "val_contexts": len(val), "features": x.shape[1]}

@@ -58,8 +58,8 @@ class TrainConfig:
     bank_layer_weighting: str = "none"  # stage 1 per window layer: none (plain MSE) | map_residual (÷ the map's MSE on it)
     train_linear_path: bool = False  # init=linear: also update the fitted linear path (default: kept fixed)
     linear_from: str = ""  # init=linear: copy the linear path from this linear checkpoint instead of fitting it again
-    linear_neighbours: int = 0  # the linear map also reads this many tokens on each side (0: the token alone)
-    linear_neighbour_dims: int = 0  # each neighbour projected on this many principal axes of the bank (0: unprojected)
+    linear_previous: int = 0  # the linear map also reads this many tokens before each token (0: the token alone)
+    linear_previous_dims: int = 0  # each earlier token projected on this many principal axes of the bank (0: not)
     log_every: int = 5  # optimiser steps per log line
     save_every: int = 25  # optimiser steps per checkpoint
     seed: int = 42  # seeds the bank, the translator's init and the row order
@@ -112,7 +112,7 @@ class TrainConfig:
                 "mlp_ratio": self.translator_mlp_ratio, "variant": self.variant, "num_experts": self.mot_num_translators,
                 "top_k": self.mot_top_k, "output_activation": self.output_activation, "key_space": self.key_space,
                 "linear_residual": self.init == "linear" and self.variant != "linear",
-                "linear_neighbours": self.linear_neighbours, "linear_neighbour_dims": self.linear_neighbour_dims,
+                "linear_previous": self.linear_previous, "linear_previous_dims": self.linear_previous_dims,
                 **overrides}
 
     @property

@@ -27,11 +27,11 @@ class TranslatorConfig:
     output_activation: str = "gelu"  # "gelu" (reference, bounds outputs at ≈ -0.17) or "none"
     linear_residual: bool = False  # mot/single: add a linear map of the window (K and V) to the experts' output
     key_space: str = "post_rope"  # "post_rope" (method.md) or "pre_rope": keys translated before rotation
-    # the linear map (variant linear, or a mixture's linear path) also reads this many tokens on each side of a token
-    # (their aligned source K and V; zeros past the context's ends), each projected on linear_neighbour_dims
-    # principal axes of the bank's token features (0: unprojected). 0 neighbours: the token alone (method.md §13).
-    linear_neighbours: int = 0
-    linear_neighbour_dims: int = 0
+    # the linear map (variant linear, or a mixture's linear path) also reads the aligned source K and V of this many
+    # tokens before each token (zeros before the context starts), each projected on linear_previous_dims principal
+    # axes of the bank's token features (0: unprojected). 0: the token alone (method.md §13).
+    linear_previous: int = 0
+    linear_previous_dims: int = 0
 
     def __post_init__(self):
         limits = {"source_kv_hidden": 65536, "target_kv_hidden": 65536, "window": 512, "dim": 16384, "heads": 256,
@@ -48,10 +48,10 @@ class TranslatorConfig:
             raise ConfigError(f"key_space must be 'post_rope' or 'pre_rope', got '{self.key_space}'")
         if self.variant == "mot" and not 1 <= self.top_k <= self.num_experts:
             raise ConfigError(f"need 1 <= top_k <= num_experts, got top_k={self.top_k}, E={self.num_experts}")
-        if not (isinstance(self.linear_neighbours, int) and 0 <= self.linear_neighbours <= 64
-                and isinstance(self.linear_neighbour_dims, int) and 0 <= self.linear_neighbour_dims <= 65536):
-            raise ConfigError("linear_neighbours must be an integer in [0, 64] and linear_neighbour_dims in [0, 65536], "
-                              f"got {self.linear_neighbours!r} and {self.linear_neighbour_dims!r}")
+        if not (isinstance(self.linear_previous, int) and 0 <= self.linear_previous <= 64
+                and isinstance(self.linear_previous_dims, int) and 0 <= self.linear_previous_dims <= 65536):
+            raise ConfigError("linear_previous must be an integer in [0, 64] and linear_previous_dims in [0, 65536], "
+                              f"got {self.linear_previous!r} and {self.linear_previous_dims!r}")
         if self.output_activation not in ("gelu", "none"):
             raise ConfigError(f"output_activation must be 'gelu' or 'none', got '{self.output_activation}'")
 
@@ -209,20 +209,19 @@ class LinearKVMap(nn.Module):
 
     The closed-form baseline (method.md §13, "Linear"): its weights are fitted by ridge regression
     (mot_viz.ridge); inside a mixture it is the residual path the experts refine (``linear_residual``).
-    With ``linear_neighbours`` it also reads each token's neighbours (:func:`neighbour_features`).
+    With ``linear_previous`` it also reads the tokens before each token (:func:`previous_features`).
     """
 
     def __init__(self, cfg: TranslatorConfig):
         super().__init__()
         token_features = 2 * cfg.window * cfg.source_kv_hidden
-        self.neighbours = cfg.linear_neighbours
-        per_neighbour = cfg.linear_neighbour_dims or token_features
-        n_features = token_features + 2 * self.neighbours * per_neighbour
+        self.previous = cfg.linear_previous
+        n_features = token_features + self.previous * (cfg.linear_previous_dims or token_features)
         self.window, self.out_hidden = cfg.window, cfg.target_kv_hidden
-        if self.neighbours and cfg.linear_neighbour_dims:  # fitted with the map (fit.fit_linear), saved with it
-            self.register_buffer("neighbour_basis", torch.zeros(token_features, cfg.linear_neighbour_dims))
+        if self.previous and cfg.linear_previous_dims:  # fitted with the map (fit.fit_linear), saved with it
+            self.register_buffer("previous_basis", torch.zeros(token_features, cfg.linear_previous_dims))
         else:
-            self.neighbour_basis = None
+            self.previous_basis = None
         self.key_proj = nn.Linear(n_features, cfg.window * cfg.target_kv_hidden)
         self.value_proj = nn.Linear(n_features, cfg.window * cfg.target_kv_hidden)
         for proj in (self.key_proj, self.value_proj):  # zeros until fitted: an unfitted map writes nothing
@@ -231,7 +230,7 @@ class LinearKVMap(nn.Module):
 
     def inputs(self, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """Aligned source blocks [B, N, W, H_S] -> the map's input [B, N, n_features]."""
-        return neighbour_features(features(keys, values), self.neighbours, self.neighbour_basis)
+        return previous_features(features(keys, values), self.previous, self.previous_basis)
 
     def forward(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         b, n = keys.shape[:2]
@@ -245,29 +244,16 @@ def features(keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     return torch.cat([keys.flatten(2), values.flatten(2)], dim=-1)
 
 
-def shift_tokens(x: torch.Tensor, by: int) -> torch.Tensor:
-    """x [B, N, F] with row t holding x[:, t - by] (by > 0: an earlier token, by < 0: a later one); zeros where the
-    context has none."""
-    out = torch.zeros_like(x)
-    if by > 0:
-        out[:, by:] = x[:, :-by]
-    elif by < 0:
-        out[:, :by] = x[:, -by:]
-    else:
-        out = x
-    return out
-
-
-def neighbour_features(x: torch.Tensor, neighbours: int, basis: torch.Tensor | None = None) -> torch.Tensor:
-    """Token features [B, N, F] -> [x_t, x_{t-1}, x_{t+1}, …, x_{t-n}, x_{t+n}] over n = `neighbours` tokens each side
-    (zeros past the ends), each neighbour projected on `basis` [F, r] if given. neighbours = 0: x itself."""
-    if neighbours == 0:
+def previous_features(x: torch.Tensor, previous: int, basis: torch.Tensor | None = None) -> torch.Tensor:
+    """Token features [B, N, F] -> [x_t, x_{t-1}, …, x_{t-previous}] (zeros before the context starts), each earlier
+    token's features projected on `basis` [F, r] if given. previous = 0: x itself."""
+    if previous == 0:
         return x
     parts = [x]
-    for d in range(1, neighbours + 1):
-        for by in (d, -d):
-            near = shift_tokens(x, by)
-            parts.append(near if basis is None else near @ basis)
+    for d in range(1, previous + 1):
+        earlier = torch.zeros_like(x)
+        earlier[:, d:] = x[:, :-d]
+        parts.append(earlier if basis is None else earlier @ basis)
     return torch.cat(parts, dim=-1)
 
 
