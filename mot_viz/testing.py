@@ -112,9 +112,10 @@ def load_test_model(name: str) -> LoadedModel:
 def write_test_checkpoints(root: str | Path) -> dict[str, Path]:
     """Randomly initialised checkpoints for the tiny test pair, written under `root`.
 
-    ``smollm2-to-gemma3`` (MoT, 4 experts, top-2), ``smollm2-to-gemma3-single`` (no router) and
-    ``gemma3-to-smollm2`` (the reverse pair, which does not fit the default models) and
-    ``smollm2-to-gemma3-linear`` (a linear map of the default window: the pages' linear baseline).
+    ``smollm2-to-gemma3`` (MoT, 4 experts, top-2, on a linear path that also reads the previous token, as shipped),
+    ``smollm2-to-gemma3-single`` (no router) and ``gemma3-to-smollm2`` (the reverse pair, which does not fit the
+    default models) and ``smollm2-to-gemma3-linear`` (a linear map of the default window, reading the previous token
+    too: the pages' linear baseline).
     """
     from .channels import terminal_channels
     from .checkpoint import save_checkpoint
@@ -123,10 +124,11 @@ def write_test_checkpoints(root: str | Path) -> dict[str, Path]:
     root = Path(root)
     source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
     plans = {
-        "smollm2-to-gemma3": (source, target, dict(variant="mot", num_experts=4, top_k=2)),
+        "smollm2-to-gemma3": (source, target, dict(variant="mot", num_experts=4, top_k=2, linear_residual=True,
+                                                   linear_previous=1, linear_previous_dims=8)),
         "smollm2-to-gemma3-single": (source, target, dict(variant="single")),
         "gemma3-to-smollm2": (target, source, dict(variant="mot", num_experts=4, top_k=2)),
-        "smollm2-to-gemma3-linear": (source, target, dict(variant="linear")),
+        "smollm2-to-gemma3-linear": (source, target, dict(variant="linear", linear_previous=1, linear_previous_dims=8)),
     }
     out = {}
     for i, (name, (src, tgt, kwargs)) in enumerate(plans.items()):
@@ -134,8 +136,8 @@ def write_test_checkpoints(root: str | Path) -> dict[str, Path]:
         channels = terminal_channels(src.spec.num_layers, tgt.spec.num_layers, 0.5)
         mot = MoT.build(src.spec, tgt.spec, channels, dim=32, heads=4, output_activation="none", **kwargs)
         if mot.translator.linear is not None:  # a fitted map is never all zeros
-            for param in mot.translator.linear.parameters():
-                torch.nn.init.normal_(param, std=0.05)
+            for tensor in [*mot.translator.linear.parameters(), *mot.translator.linear.buffers()]:
+                torch.nn.init.normal_(tensor, std=0.05)
         out[name] = save_checkpoint(mot, root / name, training={"source": src.spec.name, "target": tgt.spec.name},
                                     metrics={"note": "randomly initialised test checkpoint"})
     return out

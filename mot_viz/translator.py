@@ -239,6 +239,15 @@ class LinearKVMap(nn.Module):
         return self.key_proj(x).view(shape), self.value_proj(x).view(shape)
 
 
+def linear_inputs_text(cfg: TranslatorConfig) -> str:
+    """What the linear map reads, in words (the app's explanations)."""
+    if cfg.linear_previous == 0:
+        return "each token's aligned source K and V"
+    earlier = "the previous token's" if cfg.linear_previous == 1 else f"the {cfg.linear_previous} previous tokens'"
+    axes = f", projected on {cfg.linear_previous_dims} principal axes of the bank" if cfg.linear_previous_dims else ""
+    return f"each token's aligned source K and V and {earlier}{axes}"
+
+
 def features(keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """Aligned source blocks [B, N, W, H_S] (K and V) -> the linear map's token features [B, N, 2·W·H_S]."""
     return torch.cat([keys.flatten(2), values.flatten(2)], dim=-1)

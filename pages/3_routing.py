@@ -8,7 +8,7 @@ import streamlit as st
 from mot_viz import app
 from mot_viz.cache_metrics import expert_usage, gate_table, token_routing_table
 from mot_viz.figures import entropy_figure, expert_usage_figure, gates_heatmap, what_if_figure
-from mot_viz.translator import gate_balance
+from mot_viz.translator import gate_balance, linear_inputs_text
 from mot_viz.whatif import expert_error_table
 
 WHAT_IF_MODES = {"force one expert": "force", "drop one expert": "drop", "uniform gates": "uniform"}
@@ -34,16 +34,16 @@ def main() -> None:
     cfg = run.mot.translator.config
     out = run.translation.translated
     if out.key_routing is None or out.value_routing is None:
-        what = ("a closed-form linear map of the window (ridge regression)" if cfg.variant == "linear"
-                else "one translator per K/V path")
+        what = (f"a closed-form linear map of the window (ridge regression on {linear_inputs_text(cfg)})"
+                if cfg.variant == "linear" else "one translator per K/V path")
         st.info(f"This checkpoint uses the **{cfg.variant}** variant: {what} and no router, "
                 "so there is no routing to show. Choose a MoT checkpoint (variant 'mot') in the sidebar.")
         st.stop()
 
     st.markdown(f"{cfg.num_experts} experts per path, top-{cfg.top_k} kept per token."
                 + (" Every token also gets the **linear path** (the closed-form map the experts were initialised to "
-                   "refine): its translation is that map's output plus the gate-weighted experts." if cfg.linear_residual
-                   else ""))
+                   f"refine; it reads {linear_inputs_text(cfg)}): its translation is that map's output plus the "
+                   "gate-weighted experts." if cfg.linear_residual else ""))
     routed = {Path(run.selection.checkpoint).name: out}
     second = app.second_run(run, "pg.routing.second")
     if second is not None and second.translation.translated.key_routing is None:

@@ -12,6 +12,7 @@ from mot_viz.eval_report import evaluation_table
 from mot_viz.fidelity import recorded_fidelity_table
 from mot_viz.figures import training_figure
 from mot_viz.runs import read_training_log
+from mot_viz.translator import TranslatorConfig, linear_inputs_text
 
 
 def main() -> None:
@@ -42,7 +43,8 @@ def main() -> None:
     bank_log = read_training_log(checkpoint, "bank_log.jsonl")
     if config["translator"].get("variant") == "linear":
         st.info("A closed-form linear map: fitted in one solve (ridge regression on the cached bank, λ chosen on held-out "
-                "contexts; metrics.linear_fit below), so there are no training curves.")
+                "contexts; metrics.linear_fit below), so there are no training curves. It reads "
+                f"{linear_inputs_text(TranslatorConfig(**config['translator']))}.")
     elif log is None and bank_log is None:
         st.info("This checkpoint has no log.jsonl, so there are no curves to show.")
     if bank_log is not None:

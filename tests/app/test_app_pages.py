@@ -210,6 +210,9 @@ def test_routing_page_shows_top_k_gates_per_token():
     assert ((gates > 0).sum(0) == 2).all()  # top-2 kept per token
     balance = at.dataframe[0].value
     assert list(balance["mixture"]) == ["K", "V"] and "gate_load_cv2" in balance
+    # the default checkpoint's linear path reads the previous token too (as shipped), and the page says so
+    assert any("linear path" in m.value and "previous token's, projected on 8 principal axes" in m.value
+               for m in at.markdown)
 
 
 def test_routing_page_says_the_single_variant_has_no_router():

@@ -140,3 +140,14 @@ def test_gate_balance_metrics():
     m = gate_balance(one_hot)
     assert m["gate_importance_cv2"] == pytest.approx(3.0, rel=1e-4)  # var([8,0,0,0]) / mean² = 12/4
     assert m["gate_importance_entropy"] < 1e-4
+
+
+def test_the_linear_map_inputs_are_described_as_configured():
+    from mot_viz.translator import linear_inputs_text
+
+    assert linear_inputs_text(_cfg()) == "each token's aligned source K and V"
+    assert linear_inputs_text(_cfg(linear_previous=1, linear_previous_dims=256)) == (
+        "each token's aligned source K and V and the previous token's, projected on 256 principal axes of the bank")
+    assert "the 2 previous tokens'" in linear_inputs_text(_cfg(linear_previous=2))
+    with pytest.raises(ConfigError, match="linear_previous"):
+        _cfg(linear_previous=-1)
