@@ -28,7 +28,6 @@ def test_injecting_native_kv_reproduces_native_logits(family):
     ids = target_context_ids(target, TEXT)
     reference = hf.run(target.model, ids)  # a plain forward pass
     channels = injection_channels(5, 5, start=1, window=3)
-    mot = MoT.build(target.spec, target.spec, channels, ReplayConfig(topk_sparse_attn=None))
     k, v = window_blocks(reference.kv, channels.target_layers)
     mixed = replay(target, ids, channels.target_layers, k, v, sparse=None)
     for (km, vm), (kn, vn) in zip(mixed, reference.kv):
@@ -55,7 +54,6 @@ def test_perturbed_window_changes_only_what_lies_above(family):
     ids = target_context_ids(target, TEXT)
     native = native_cache(target, ids)
     channels = injection_channels(6, 6, start=2, window=2)
-    mot = MoT.build(target.spec, target.spec, channels, ReplayConfig(topk_sparse_attn=None))
     k, v = window_blocks(native, channels.target_layers)
     mixed = replay(target, ids, channels.target_layers, k + 0.5 * torch.randn_like(k), v + 0.5 * torch.randn_like(v),
                    sparse=None)
@@ -181,7 +179,6 @@ def test_bos_prefix_is_kept_native_and_never_translated():
     probs = hf.causal_probs(query, kv[1][0], scaling, window).mean(dim=1, keepdim=True)[..., 1:, 1:]
     assert torch.equal(tr.source.source_topk[1], probs.topk(3, dim=-1).indices)
     # injecting the native window reproduces the native cache with the prefix in place
-    dense = MoT.build(source.spec, target.spec, channels, ReplayConfig(topk_sparse_attn=None), dim=16, heads=2)
     k, v = tr.native_window_blocks(channels)
     mixed = replay(target, tr.target_ids, channels.target_layers, k, v, sparse=None)
     assert all((m[0] - n[0]).abs().max() <= 1e-5 for m, n in zip(mixed, tr.native_kv))
