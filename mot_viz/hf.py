@@ -303,9 +303,7 @@ def run(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: AttentionPla
     """
     cache = cache_from_kv(kv) if kv else new_cache()
     keep: int | torch.Tensor | None = logits_to_keep
-    if logits_to_keep is None or isinstance(logits_to_keep, torch.Tensor):
-        pass
-    elif logits_to_keep > 1 and ids.shape[0] > 1:
+    if isinstance(logits_to_keep, int) and logits_to_keep > 1 and ids.shape[0] > 1:
         # kept positions as a tensor: transformers then copies those rows, where the strided slice of a batch would
         # run the output layer as a batched matmul at half the speed (Gemma-3's 262k-row output layer: 2x). Not for
         # one position: at two threads that measured slower for two rows (a 25-token question: 0.20 s against 0.16 s)

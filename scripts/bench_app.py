@@ -101,7 +101,7 @@ def bench(checkpoint: Path, n_tokens: int, max_new_tokens: int, rounds: int = 3)
     for round_index in range(rounds):  # every timed step once per round; the report keeps each step's median
         timers.append(Timer())
         translation, caches, answers, vectors, t_tokens = _timed_round(
-            timers[-1], extra if round_index == 0 else Timer(), mot, source, target, example, text, checkpoint, means,
+            timers[-1], extra if round_index == 0 else None, mot, source, target, example, text, checkpoint, means,
             linear, max_new_tokens)
     t = Timer()
     t.rows = [(page, name, statistics.median(timer.rows[i][2] for timer in timers))
@@ -122,9 +122,10 @@ def bench(checkpoint: Path, n_tokens: int, max_new_tokens: int, rounds: int = 3)
     return pd.concat([t.table().assign(in_total=True), extra.table().assign(in_total=False)], ignore_index=True), facts
 
 
-def _timed_round(t: Timer, extra: Timer, mot, source, target, example, text: str, checkpoint: Path, means, linear,
+def _timed_round(t: Timer, extra: Timer | None, mot, source, target, example, text: str, checkpoint: Path, means, linear,
                  max_new_tokens: int):
-    """One visit of every page after one Translate: the timed steps in `t`, the comparisons with before in `extra`."""
+    """One visit of every page after one Translate: the timed steps in `t`, the comparisons with before in `extra`
+    (None: not run)."""
 
     with t.step("all pages", "translation (source prefill, alignment, translator, replay, native prefill)"):
         translation = translate(mot, source, target, text)
@@ -137,13 +138,15 @@ def _timed_round(t: Timer, extra: Timer, mot, source, target, example, text: str
     with t.step("Answers", f"answers: {len(caches)} conditions decoded as one batch, the no-context cache left-padded "
                 "(since session 8)"):
         answers = answers_from_caches(target, caches, example, max_new_tokens)
-    with extra.step("Answers (session 7)", "answers: native, MoT and random control as one batch, no context alone "
-                    "(sessions 6-7)"):
-        answers_from_caches(target, {c: kv for c, kv in caches.items() if c != "no_context"}, example, max_new_tokens)
-        answer_from_cache(target, caches["no_context"], example, "no_context", max_new_tokens)
-    with extra.step("Answers (before)", f"answers: {len(caches)} conditions one by one (the app before session 6)"):
-        alone = {c: answer_from_cache(target, kv, example, c, max_new_tokens) for c, kv in caches.items()}
-    assert {c: a.text for c, a in alone.items()} == {c: a.text for c, a in answers.items()}
+    if extra is not None:  # the earlier ways of answering, timed once (the first round)
+        with extra.step("Answers (session 7)", "answers: native, MoT and random control as one batch, no context "
+                        "alone (sessions 6-7)"):
+            answers_from_caches(target, {c: kv for c, kv in caches.items() if c != "no_context"}, example,
+                                max_new_tokens)
+            answer_from_cache(target, caches["no_context"], example, "no_context", max_new_tokens)
+        with extra.step("Answers (before)", f"answers: {len(caches)} conditions one by one (the app before session 6)"):
+            alone = {c: answer_from_cache(target, kv, example, c, max_new_tokens) for c, kv in caches.items()}
+        assert {c: a.text for c, a in alone.items()} == {c: a.text for c, a in answers.items()}
     with t.step("Answers", "figure"):
         table = pd.DataFrame([{"key": c, "answer": a.text, "score": a.score, "seconds_cache": 0.0,
                                "seconds_answer": a.seconds} for c, a in answers.items()])

@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     bank = build_bank(mot, source, target, cfg)
     train, val = bank.split()
     # the ridge map's own λ choice: its held-out tenth of the training contexts
-    fit_train, fit_val = train[: len(train) - max(1, round(len(train) * 0.1))], train[len(train) - max(1, round(len(train) * 0.1)):]
+    n_fit_val = max(1, round(len(train) * 0.1))
+    fit_train, fit_val = train[:-n_fit_val], train[-n_fit_val:]
     offsets, window = bank.offsets, mot.channels.window
 
     def token_features(i: int) -> torch.Tensor:

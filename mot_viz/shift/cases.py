@@ -94,8 +94,8 @@ def window_caches(replay_fn: ReplayFn, native_k: torch.Tensor, native_v: torch.T
     """The caches replayed with the injected window and its controls (method.md §9.1, §9.2).
 
     native_*, window_*: blocks [1, N, W, H]. The random window is drawn K first, then V, from one
-    generator seeded with `seed` (controls.random_control_window, as ``answers.random_control_cache`` draws it). Caches already replayed for
-    some conditions (a Translation's mixed cache as "full_mix", the answers' random control of the same seed as
+    generator seeded with `seed` (controls.random_control_window, as ``answers.random_control_cache`` draws it).
+    Caches already replayed for some conditions (a Translation's mixed cache as "full_mix", the answers' random control of the same seed as
     "random") can be passed in `ready` to save their replays.
     """
     out: dict[str, list[KV]] = {}
