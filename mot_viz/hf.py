@@ -138,26 +138,42 @@ def sparse_attention(module, query, key, value, indices, scaling) -> torch.Tenso
     return out.transpose(1, 2).contiguous()
 
 
-def sparse_mask_attention(module, query, key, value, indices, scaling) -> torch.Tensor | None:
+SPARSE_QUERY_CHUNK = 64  # queries per SDPA call of the masked sparse path (see sparse_mask_attention)
+
+
+def sparse_mask_attention(module, query, key, value, indices, scaling,
+                          chunk: int = SPARSE_QUERY_CHUNK) -> torch.Tensor | None:
     """sparse_attention computed as dense SDPA under a boolean mask of each query's top-k key positions.
 
     The same set of keys and the same softmax (a row's indices are distinct: top-k positions, with remapped
     duplicates already turned into the sentinel), at the cost of ordinary attention instead of a gather of
-    N·k key vectors: on two CPU cores the replay then costs what the native prefill costs (docs/bench_engine.md). Returns None when some query keeps no key (the
-    gather path's uniform fallback, possible only after token remapping), so the caller falls back to it.
+    N·k key vectors. A mask keeps SDPA from skipping the keys after a query as causal attention does, so the
+    queries go in chunks of `chunk`, each over only the keys its last query may see (and, on a sliding-window
+    layer, its first query): the masked replay then costs less than the native causal prefill
+    (docs/bench_engine.md). Returns None when some query keeps no key (the gather path's uniform fallback,
+    possible only after token remapping), so the caller falls back to it.
     """
     b, h, n, _ = query.shape
     n_kv, length = key.shape[1], key.shape[2]
+    window = getattr(module, "sliding_window", None)
     idx = indices if indices.shape[1] == 1 else indices[:, :: h // n_kv]  # per query head group
     keep = torch.zeros(*idx.shape[:3], length + 1, dtype=torch.bool, device=query.device)
     keep.scatter_(-1, idx.clamp(0, length), True)  # the duplicate sentinel lands in the extra column
-    keep = keep[..., :length] & _allowed_positions(n, length, getattr(module, "sliding_window", None), query.device)
+    keep = keep[..., :length] & _allowed_positions(n, length, window, query.device)
     if not keep.any(-1).all():
         return None
     if keep.shape[1] > 1:
         keep = keep.repeat_interleave(h // n_kv, dim=1)
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=keep, scale=scaling,
-                                                           enable_gqa=n_kv < h)  # query groups share K/V, no copies
+    offset = length - n  # queries sit at the end of the keys
+    outputs = []
+    for a in range(0, n, chunk):
+        e = min(n, a + chunk)
+        first = max(0, offset + a - window + 1) if window else 0  # keys no query of the chunk may see: left out
+        last = offset + e
+        outputs.append(torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, a:e], key[:, :, first:last], value[:, :, first:last], attn_mask=keep[:, :, a:e, first:last],
+            scale=scaling, enable_gqa=n_kv < h))  # query groups share K/V, no copies
+    out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
     return out.transpose(1, 2).contiguous()
 
 
@@ -204,6 +220,33 @@ def install_attention(model: torch.nn.Module) -> None:
         if not getattr(layer, "_mot_viz_startable", False):
             layer.forward = functools.partial(_startable_forward, layer.forward, index)
             layer._mot_viz_startable = True
+
+
+FEW_ROWS = 8  # the output layer of a prepared model multiplies at most this many positions as weight @ hidden.T
+
+
+def install_output_layer(model: torch.nn.Module) -> None:
+    """Let the model's output layer multiply a few positions (2–FEW_ROWS) as weight @ hidden.T on CPU.
+
+    The same product; only the kernel differs. For a handful of rows the stock x @ weight.T takes 2–7x longer on
+    these CPUs (Gemma-3-270m's 262k × 640 output layer, two threads: 3 rows 139 ms against 20 ms, 4 rows 85 ms
+    against 36 ms; one row or 9+ rows about the same either way), and the app reads logits of 2–4 rows at a time:
+    each decoding step of the Answers batch, the first answer token of two caches, the Shift page's seed.
+    """
+    head = model.get_output_embeddings()
+    if isinstance(head, torch.nn.Linear) and not getattr(head, "_mot_viz_few_rows", False):
+        head.forward = functools.partial(_output_layer_forward, head)
+        head._mot_viz_few_rows = True
+
+
+def _output_layer_forward(head: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    rows = x.numel() // x.shape[-1]
+    if not 1 < rows <= FEW_ROWS or x.device.type != "cpu":
+        return torch.nn.functional.linear(x, head.weight, head.bias)
+    out = torch.mm(head.weight, x.reshape(rows, x.shape[-1]).T).T  # (rows, vocab)
+    if head.bias is not None:
+        out = out + head.bias
+    return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 def _startable_forward(forward, index: int, *args, **kwargs):

@@ -208,7 +208,8 @@ def _check_supported(model_type: str | None, name: str) -> None:
 
 
 def prepare_model(model: torch.nn.Module, tokenizer, name: str) -> LoadedModel:
-    """Freeze a transformers causal LM and route its attention through MoT Viz (see mot_viz.hf)."""
+    """Freeze a transformers causal LM, route its attention through MoT Viz and give its output layer the faster
+    kernel for a few positions (see mot_viz.hf)."""
     from . import hf
 
     _check_supported(getattr(model.config, "model_type", None), name)
@@ -216,6 +217,7 @@ def prepare_model(model: torch.nn.Module, tokenizer, name: str) -> LoadedModel:
     for p in model.parameters():
         p.requires_grad_(False)
     hf.install_attention(model)
+    hf.install_output_layer(model)
     return LoadedModel(model=model, tokenizer=tokenizer, spec=model_spec(name, model.config, tokenizer))
 
 

@@ -49,6 +49,25 @@ def test_a_cache_only_prefill_skips_the_output_layer_and_builds_the_same_cache(f
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_the_output_layer_gives_the_stock_logits_for_any_number_of_rows(family):
+    """A prepared model's output layer multiplies 2–FEW_ROWS positions as weight @ hidden.T (a faster kernel on CPU):
+    the logits of a batch of any size, one position or several, are the stock layer's (bias included)."""
+    target = tiny_model(family, layers=2)
+    head = target.model.get_output_embeddings()
+    assert head._mot_viz_few_rows
+    g = torch.Generator().manual_seed(0)
+    for shape in [(1, 1), (2, 1), (3, 1), (1, 3), (2, 4), (hf.FEW_ROWS + 1, 1), (4, 5)]:
+        x = torch.randn(*shape, head.in_features, generator=g)
+        stock = torch.nn.functional.linear(x, head.weight, head.bias)
+        got = head(x)
+        assert got.shape == stock.shape and torch.allclose(got, stock, atol=1e-5, rtol=1e-5), shape
+    if head.bias is None:  # no family here has an output bias: check it on a copy that has one
+        biased = torch.nn.Linear(head.in_features, 7)
+        x = torch.randn(3, 1, head.in_features, generator=g)
+        assert torch.allclose(hf._output_layer_forward(biased, x), biased(x), atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_perturbed_window_changes_only_what_lies_above(family):
     target = tiny_model(family, layers=6)
     ids = target_context_ids(target, TEXT)
@@ -185,21 +204,27 @@ def test_bos_prefix_is_kept_native_and_never_translated():
 
 
 
-@pytest.mark.parametrize("per_head, window", [(False, None), (True, None), (False, 5)])
-def test_masked_dense_sparse_attention_equals_the_gather_path(per_head, window):
+@pytest.mark.parametrize("chunk", [3, 128])
+@pytest.mark.parametrize("per_head, window, own", [(False, None, False), (True, None, False), (False, 5, False),
+                                                   (False, 5, True), (True, 4, True)])
+def test_masked_dense_sparse_attention_equals_the_gather_path(per_head, window, own, chunk):
     """The SDPA-under-a-mask path (used by default: faster on CPU) keeps the same keys and the same softmax as
-    the gather path of method.md §6, with GQA groups, per-head indices, duplicate sentinels and a sliding window."""
+    the gather path of method.md §6, with GQA groups, per-head indices, duplicate sentinels and a sliding window,
+    whether the queries go in one SDPA call or in chunks over only the keys each chunk may see."""
     g = torch.Generator().manual_seed(0)
     b, h, n_kv, n, d, k = 1, 4, 2, 12, 8, 4
     q, key, value = (torch.randn(b, heads, n, d, generator=g) for heads in (h, n_kv, n_kv))
     rows = (b, h if per_head else 1, n)
     others = torch.rand(*rows, n - 1, generator=g).argsort(-1)[..., : k - 2] + 1  # distinct, as top-k indices are
-    idx = torch.cat([torch.zeros(*rows, 1, dtype=torch.long),  # every query keeps position 0 (a BOS sink)
-                     others, torch.full((*rows, 1), n)], dim=-1)  # and the sentinel of a removed duplicate
+    # every query keeps position 0 (a BOS sink) or, with `own`, itself (a sliding window cannot hide it)
+    first = torch.arange(n).view(1, 1, n, 1).expand(*rows, 1) if own else torch.zeros(*rows, 1, dtype=torch.long)
+    if own:  # keep the others distinct from the query's own position
+        others = torch.where(others == first, torch.full_like(others, n), others)
+    idx = torch.cat([first, others, torch.full((*rows, 1), n)], dim=-1)  # and the sentinel of a removed duplicate
     module = type("Attn", (), {"sliding_window": window})()
-    masked = hf.sparse_mask_attention(module, q, key, value, idx, 0.35)
+    masked = hf.sparse_mask_attention(module, q, key, value, idx, 0.35, chunk=chunk)
     gathered = hf.sparse_attention(module, q, key, value, idx, 0.35)
-    if window is None:
+    if window is None or own:
         assert masked is not None and torch.allclose(masked, gathered, atol=1e-5)
     else:  # the window hides position 0 from late queries: some keep no key, so the gather path's fallback rules
         assert masked is None
