@@ -107,11 +107,28 @@ def answer_from_cache(target: LoadedModel, kv: list[hf.KV] | None, example: QAEx
                    time.perf_counter() - start)
 
 
+@dataclass(frozen=True)
+class PromptedCache:
+    """What an answers batch computed for one condition's cache in its prompt step: the question's K/V appended to
+    that cache and the log-probabilities of the first answer token there. The Per-layer page's first-token KL and
+    the Shift page's trace would otherwise compute them again (each runs the question over the same cache)."""
+
+    question_kv: list[hf.KV]  # per layer, the K/V of the question's positions only, each [1, n_kv, S, d_h]
+    first_logprobs: torch.Tensor  # [V] float32 log p of the first answer token
+
+    def kv(self, context_kv: list[hf.KV]) -> list[hf.KV]:
+        """The whole cache after the prompt step: the condition's own cache of the context, then the question."""
+        return [(torch.cat([k, qk], dim=2), torch.cat([v, qv], dim=2))
+                for (k, v), (qk, qv) in zip(context_kv, self.question_kv, strict=True)]
+
+
 def answers_from_caches(target: LoadedModel, caches: dict[str, list[hf.KV] | None], example: QAExample,
-                        max_new_tokens: int = MAX_NEW_TOKENS, suffix_text: str | None = None) -> dict[str, Answer]:
+                        max_new_tokens: int = MAX_NEW_TOKENS, suffix_text: str | None = None,
+                        prompted: dict[str, PromptedCache] | None = None) -> dict[str, Answer]:
     """answer_from_cache for every condition, with the extractive answers decoded as one batch (the no-context
     cache, shorter than the others, left-padded: hf.greedy_generate_batch). Each answer's seconds are the batch's
-    decoding time shared evenly among its rows."""
+    decoding time shared evenly among its rows. prompted: filled with a PromptedCache per batch row that needed no
+    padding (the conditions whose caches hold the whole context), if given."""
     suffix = suffix_text if suffix_text is not None else build_prompt(example, target.chat_frame).suffix_text
     batch = list(caches) if example.kind == "extractive" and len(caches) > 1 else []
     out = {}
@@ -119,11 +136,23 @@ def answers_from_caches(target: LoadedModel, caches: dict[str, list[hf.KV] | Non
         suffix_ids = target.ids_tensor(encode(target.tokenizer, suffix))
         for condition in batch:
             check_question_fits(target, caches[condition], suffix_ids.shape[1], max_new_tokens)
+
+        def keep_prompted(kv: list[hf.KV], logprobs: torch.Tensor) -> None:
+            n_question = suffix_ids.shape[1]
+            longest = kv[0][0].shape[2] - n_question
+            for row, condition in enumerate(batch):
+                cache = caches[condition]
+                if cache is not None and cache[0][0].shape[2] == longest:  # not padded
+                    question = [(k[row : row + 1, :, -n_question:].clone(), v[row : row + 1, :, -n_question:].clone())
+                                for k, v in kv]
+                    prompted[condition] = PromptedCache(question, logprobs[row].clone())
+
         start = time.perf_counter()
         rows = hf.greedy_generate_batch(
             target.model, [caches[c] for c in batch], suffix_ids, max_new_tokens,
             hf.eos_ids(target.model, target.tokenizer),
-            stop_when=lambda generated: answer_is_complete(target.tokenizer.decode(generated, skip_special_tokens=True)))
+            stop_when=lambda generated: answer_is_complete(target.tokenizer.decode(generated, skip_special_tokens=True)),
+            on_prompt=None if prompted is None else keep_prompted)
         seconds = (time.perf_counter() - start) / len(batch)
         for condition, tokens in zip(batch, rows):
             out[condition] = _scored(example, condition, target.tokenizer.decode(tokens, skip_special_tokens=True),

@@ -23,6 +23,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -420,13 +421,16 @@ def left_padded(kvs: list[list[KV] | None]) -> tuple[list[list[KV] | None], torc
 
 @torch.no_grad()
 def greedy_generate_batch(model, kvs: list[list[KV] | None], prompt_ids: torch.Tensor, max_new_tokens: int,
-                          stop_ids: set[int], stop_when=None) -> list[list[int]]:
+                          stop_ids: set[int], stop_when=None,
+                          on_prompt: Callable[[list[KV], torch.Tensor], None] | None = None) -> list[list[int]]:
     """greedy_generate for several caches at once (one forward pass per step for all).
 
     Caches of one length are stacked as they are; caches of different lengths (None: no cache, as in the
     no-context condition of a model without a BOS prefix) are left-padded with masked zeros, and each row's
     positions continue from its own length, so every row computes what it would alone (up to float rounding).
     Each row stops on its own rule, and a stopped row's later tokens are discarded. Returns one token list per cache.
+    on_prompt(cache, logprobs): called once after the prompt's forward with the batch's cache then (rows left-padded
+    to the longest, as above) and the float32 log-probabilities [B, V] of every row's first new token.
     """
     b = len(kvs)
     padded, key_mask = left_padded(kvs)
@@ -442,6 +446,9 @@ def greedy_generate_batch(model, kvs: list[list[KV] | None], prompt_ids: torch.T
     running = [True] * b
     for _ in range(max_new_tokens):
         logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1, **extra).logits
+        if on_prompt is not None:
+            on_prompt(kv_from_cache(cache), logits[:, -1].float().log_softmax(-1))
+            on_prompt = None
         tokens = logits[:, -1].argmax(-1).tolist()
         for i, token in enumerate(tokens):
             if not running[i]:

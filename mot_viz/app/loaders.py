@@ -18,8 +18,8 @@ import streamlit as st
 import torch
 
 from .. import shift
-from ..answers import (CONDITION_LABELS, CONDITIONS, Answer, ConditionCaches, answers_from_caches, condition_caches,
-                       first_answer_logprobs, translated_seconds)
+from ..answers import (CONDITION_LABELS, CONDITIONS, Answer, ConditionCaches, PromptedCache, answers_from_caches,
+                       condition_caches, first_answer_logprobs, translated_seconds)
 from ..checkpoint import load_checkpoint, read_config
 from ..errors import CheckpointError, ModelLoadError, MotVizError
 from ..fidelity import MeanVectors, reference_means, translation_fidelity
@@ -183,6 +183,15 @@ def _cached_condition_caches(key: TranslationKey) -> ConditionCaches:
     return condition_caches(mot, src, tgt, None, _cached_translation(key), seed=CONTROL_SEED)
 
 
+@st.cache_resource(show_spinner=False, max_entries=8)  # ~4 MB each on the default pair (3 log-prob rows)
+def _prompted(key: TranslationKey, suffix: str) -> dict[str, PromptedCache]:
+    """The question `suffix` appended to the key's native, MoT and random-control caches, with the first answer
+    token's log-probs there: filled by the Answers page's batch (its prompt step), read by the Per-layer page's
+    first-token KL and the Shift page's trace, which would otherwise run the question over the same caches again.
+    Empty until the Answers page has answered this question."""
+    return {}
+
+
 @st.cache_resource(show_spinner=False, max_entries=32)
 def _cached_answers(key: TranslationKey, conditions: tuple[str, ...], example: QAExample, suffix: str | None,
                     max_new_tokens: int) -> dict[str, Answer]:
@@ -191,7 +200,11 @@ def _cached_answers(key: TranslationKey, conditions: tuple[str, ...], example: Q
         caches = {"mot": _cached_translation(key).mixed_kv}
     else:
         caches = {c: _cached_condition_caches(key).kv[c] for c in conditions}
-    return answers_from_caches(get_model(key.target), caches, example, max_new_tokens, suffix)
+    prompted = {} if suffix is not None and {"native", "mot", "random"} <= set(caches) else None
+    answers = answers_from_caches(get_model(key.target), caches, example, max_new_tokens, suffix, prompted=prompted)
+    if prompted:
+        _prompted(key, suffix).update(prompted)
+    return answers
 
 
 @st.cache_resource(show_spinner=False, max_entries=4)
@@ -273,6 +286,9 @@ def answer_rows(sel: Selection, max_new_tokens: int, checkpoint: str | None = No
 
 @st.cache_resource(show_spinner=False, max_entries=16)
 def _cached_first_token_kl(key: TranslationKey, suffix: str) -> float:
+    prompted = _prompted(key, suffix)
+    if "native" in prompted and "mot" in prompted:  # the Answers page ran this question over both caches
+        return kl_divergence(prompted["native"].first_logprobs, prompted["mot"].first_logprobs)
     target, translation = get_model(key.target), _cached_translation(key)
     return kl_divergence(*first_answer_logprobs(target, [translation.native_kv, translation.mixed_kv], suffix))
 
@@ -304,8 +320,11 @@ def _cached_window_analysis(key: TranslationKey, suffix: str, example: QAExample
     case = shift.case_from_text(tgt, key.text, suffix, example)
     # at the Answers page's seed the random control is the same cache: built once for both pages
     random_kv = _cached_condition_caches(key).kv["random"] if seed == CONTROL_SEED else None
+    # and if the Answers page has run this question over those caches, only the answer tokens run here
+    prompted = _prompted(key, suffix) if seed == CONTROL_SEED else None
     return shift.analyse_translation(mot, src, tgt, case, _cached_translation(key), seed=seed,
-                                     random_kv=random_kv, answer_likelihood=False), case  # the page does not show it
+                                     random_kv=random_kv, answer_likelihood=False,  # the page does not show it
+                                     prompted=prompted), case
 
 
 def window_analysis(sel: Selection, seed: int) -> tuple[shift.WindowAnalysis, shift.ContextCase]:

@@ -103,3 +103,17 @@ def trace_caches(target: LoadedModel, kvs: Sequence[list[KV] | None], suffix_ids
         per_row = [[None] * len(kvs)] * 3
     return [_cache_trace(_logprobs(logits[b]), answer, per_row[0][b], per_row[1][b], per_row[2][b])
             for b in range(len(kvs))]
+
+
+@torch.no_grad()
+def trace_prompted(target: LoadedModel, kvs: Sequence[list[KV]], seed_logprobs: Sequence[torch.Tensor],
+                   answer_ids: Sequence[int]) -> list[CacheTrace]:
+    """trace_caches for caches that already hold the suffix (an answers batch's prompt step: answers.PromptedCache)
+    with the seed's log-probs read there: only the teacher-forced answer tokens run, one batched forward, no output
+    layer (answer_logprob nan). The same states as trace_caches up to float rounding (a unit test checks it)."""
+    answer = _answer_tensor(answer_ids, kvs[0][0][0].device)
+    kv = kvs[0] if len(kvs) == 1 else hf.stack_caches(list(kvs))
+    tr = hf.residual_trace(target.model, answer.expand(len(kvs), -1), kv, logits_to_keep=None)
+    per_row = [x.permute(1, 2, 0, 3) for x in (tr.residual, tr.attn, tr.mlp)]  # (B, J, L+1|L, D)
+    return [_cache_trace(seed[None], answer, per_row[0][b], per_row[1][b], per_row[2][b])
+            for b, seed in enumerate(seed_logprobs)]

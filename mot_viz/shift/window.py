@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..answers import answer_from_cache
+from ..answers import PromptedCache, answer_from_cache
 from ..channels import Channels
 from ..errors import ConfigError
 from ..hf import KV
@@ -16,7 +16,7 @@ from ..models import LoadedModel
 from ..mot import MoT, Translation, replay_window, translate
 from .cases import ContextCase, ReplayFn, window_caches
 from .metrics import TRACE_CONDITIONS, TokenShift, WindowShift, kl_divergence, token_shifts
-from .trace import CacheTrace, trace_caches
+from .trace import CacheTrace, trace_caches, trace_prompted
 
 KL_PAIRS = (("native", "dir_only"), ("native", "mag_only"), ("native", "full_mix"),
             ("full_mix", "dir_only"), ("full_mix", "mag_only"))  # method.md §9.1
@@ -81,13 +81,17 @@ def analyse_translation(mot: MoT, source: LoadedModel, target: LoadedModel, case
                         translation: Translation | None = None, seed: int = 0,
                         conditions: Sequence[str] = ("full_mix", "random"), task_metric: bool = False,
                         max_new_tokens: int = 16, random_kv: list[KV] | None = None,
-                        answer_likelihood: bool = True) -> WindowAnalysis:
+                        answer_likelihood: bool = True,
+                        prompted: dict[str, PromptedCache] | None = None) -> WindowAnalysis:
     """§9.2 for a checkpoint's own window on one context: native vs the MoT cache vs the random control.
 
     The MoT cache is replayed the way the checkpoint replays (sparse if it is sparse); the shift
     already present below the window then shows up as ``pre_window_shift``. random_kv: the random control's
     cache of this translation and seed if already built (answers.random_control_cache), to save its replay.
     answer_likelihood=False leaves the answer tokens' log-likelihood out (nan; the app's page does not show it).
+    prompted: what an answers batch computed running the case's suffix over the native, MoT and random caches
+    (answers.PromptedCache, keyed "native", "mot", "random"; the random one of this seed and of random_kv): only the
+    answer tokens then run (the answer likelihood is then nan). Used only when it holds all three.
     """
     if translation is None:
         translation = translate(mot, source, target, case.context_text)
@@ -101,9 +105,17 @@ def analyse_translation(mot: MoT, source: LoadedModel, target: LoadedModel, case
     caches = window_caches(replay_fn, nk, nv, translation.translated.keys, translation.translated.values,
                            conditions, seed, ready={"full_mix": translation.mixed_kv}
                            | ({"random": random_kv} if random_kv is not None else {}))
-    # native and the window caches hold the same positions: one batched forward traces them all
-    traced = trace_caches(target, [translation.native_kv] + [caches[c] for c in caches], case.suffix_ids,
-                          case.answer_ids, answer_likelihood=answer_likelihood)
+    rows = {"full_mix": "mot", "random": "random"}  # window condition -> answers condition
+    if prompted is not None and "native" in prompted and all(rows.get(c) in prompted for c in caches):
+        given = [prompted["native"]] + [prompted[rows[c]] for c in caches]
+        if any(p.question_kv[0][0].shape[2] != case.suffix_ids.shape[1] for p in given):
+            raise ConfigError("the prompted caches were made for another question than this case's suffix")
+        contexts = [translation.native_kv] + [caches[c] for c in caches]
+        traced = trace_prompted(target, [p.kv(ctx) for p, ctx in zip(given, contexts)],
+                                [p.first_logprobs for p in given], case.answer_ids)
+    else:  # native and the window caches hold the same positions: one batched forward traces them all
+        traced = trace_caches(target, [translation.native_kv] + [caches[c] for c in caches], case.suffix_ids,
+                              case.answer_ids, answer_likelihood=answer_likelihood)
     native_trace, traces = traced[0], dict(zip(caches, traced[1:]))
     native_score = None
     if task_metric and case.example is not None:

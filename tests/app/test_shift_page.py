@@ -127,3 +127,42 @@ def test_page_runs_on_a_linear_checkpoint():
     at.switch_page(PAGE).run()
     assert not at.exception, at.exception
     assert not at.error and len(figures(at)) > 0
+
+
+def test_after_the_answers_page_the_shift_and_per_layer_pages_reuse_its_question_states(pretrained):
+    """Answers first: its batch's prompt step (the question over the native, MoT and random caches) feeds the Shift
+    page's trace and the Per-layer page's first-token KL, and both still show the numbers computed on their own."""
+    from mot_viz.answers import first_answer_logprobs
+    from mot_viz.app import loaders
+    from mot_viz.shift.metrics import kl_divergence
+
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.run()
+    at.switch_page("pages/1_answers.py").run()
+    assert not at.exception, at.exception
+    sel = at.session_state["applied"]
+    assert set(loaders._prompted(loaders.translation_key(sel), sel.suffix)) == {"native", "mot", "random"}
+    at.switch_page(PAGE).run()
+    assert not at.exception, at.exception
+    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
+    mot, _ = load_checkpoint(pretrained["smollm2-to-gemma3"])
+    example = load_dataset("squad", n=50, seed=0)[0]
+    prompt = build_prompt(example)
+    translation = translate(mot, source, target, prompt.context_text)
+    case = shift.case_from_text(target, prompt.context_text, prompt.suffix_text, example)
+    ws, run = shift.analyse_translation(mot, source, target, case, translation, answer_likelihood=False)
+    # up to float rounding: the Answers batch ran the question with its padded no-context row beside (relative 1e-5
+    # on the default pair, where the page's digits agree; the tiny random models' KL is ~1e-5 itself)
+    metrics = {m.label: float(m.value) for m in at.metric if m.label in ("Initial shift ‖s‖ (MoT)",
+                                                                         "KL(native ‖ MoT) next token")}
+    assert metrics["Initial shift ‖s‖ (MoT)"] == pytest.approx(ws.summary("full_mix").initial_shift, rel=5e-3)
+    assert metrics["KL(native ‖ MoT) next token"] == pytest.approx(run.kl["native||full_mix"], rel=5e-3)
+    at.switch_page("pages/2_cache_error.py").run()
+    assert not at.exception, at.exception
+    kl = kl_divergence(*first_answer_logprobs(target, [translation.native_kv, translation.mixed_kv], sel.suffix))
+    assert any(c.value.startswith(f"First answer token: KL(native ‖ translated) = {kl:.4f} nats") for c in at.caption)
+    key = loaders.translation_key(sel)
+    shared = loaders._prompted(key, sel.suffix)
+    page_kl = loaders._cached_first_token_kl(key, sel.suffix)  # what the page showed, from the Answers batch
+    assert page_kl == kl_divergence(shared["native"].first_logprobs, shared["mot"].first_logprobs)
+    assert page_kl == pytest.approx(kl, rel=5e-3)

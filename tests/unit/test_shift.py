@@ -274,3 +274,41 @@ def test_find_sweeps_lists_a_pairs_trained_sweep_first(tmp_path):
     (tmp_path / "broken" / "meta.json").write_text("{not json")
     assert list(find_sweeps(tmp_path, "s", "t")) == ["b-trained", "a-perturbation", "c-profile"]
     assert find_sweeps(tmp_path / "missing") == {}
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_the_answers_batch_prompt_step_feeds_the_trace_and_the_first_token_kl(family):
+    """The answers batch's rows after their prompt step (answers.PromptedCache) give the Shift analysis and the
+    first-token log-probs of a separate run: the same shifts, KL and log-probs up to float rounding, where the
+    batch's padded no-context row is left out and rows of other conditions (a noise cache) are not mixed up."""
+    from mot_viz.answers import answers_from_caches, condition_caches, first_answer_logprobs
+
+    source = tiny_model("gpt2", vocab_size=280, layers=4, seed=1)
+    target = tiny_model(family, layers=4, bos=True)
+    mot = MoT.build(source.spec, target.spec, Channels((1, 2), (1, 2)), ReplayConfig(topk_sparse_attn=4), dim=16, heads=2)
+    case = shift.case_from_example(target, EXAMPLE)
+    built = condition_caches(mot, source, target, EXAMPLE, seed=3)
+    tr = built.translation
+    suffix = target.tokenizer.decode(case.suffix_ids[0])
+    prompted = {}
+    answers_from_caches(target, built.kv, EXAMPLE, max_new_tokens=4, suffix_text=suffix, prompted=prompted)
+    assert set(prompted) == {"native", "mot", "random"}  # no_context was padded: left out
+    alone = first_answer_logprobs(target, [tr.native_kv, tr.mixed_kv, built.kv["random"]], suffix)
+    for row, condition in enumerate(("native", "mot", "random")):
+        assert torch.allclose(prompted[condition].first_logprobs, alone[row], atol=1e-4), condition
+    own, own_run = shift.analyse_translation(mot, source, target, case, tr, seed=3, random_kv=built.kv["random"],
+                                             answer_likelihood=False)
+    shared, shared_run = shift.analyse_translation(mot, source, target, case, tr, seed=3, random_kv=built.kv["random"],
+                                                   answer_likelihood=False, prompted=prompted)
+    a, b = own.summary_frame(), shared.summary_frame()
+    numeric = a.select_dtypes("number").columns
+    assert list(a.columns) == list(b.columns) and len(numeric) > 0
+    assert torch.allclose(torch.tensor(a[numeric].to_numpy(float)), torch.tensor(b[numeric].to_numpy(float)),
+                          atol=1e-4, rtol=1e-3, equal_nan=True)
+    assert shared_run.kl["native||full_mix"] == pytest.approx(own_run.kl["native||full_mix"], abs=1e-5)
+    # the MoT row really comes from the MoT cache: swapping in the random row's changes the analysis
+    swapped = dict(prompted, mot=prompted["random"])
+    other, _ = shift.analyse_translation(mot, source, target, case, tr, seed=3, random_kv=built.kv["random"],
+                                         answer_likelihood=False, prompted=swapped)
+    assert not torch.allclose(torch.tensor(other.summary_frame()[numeric].to_numpy(float)),
+                              torch.tensor(a[numeric].to_numpy(float)), atol=1e-4, equal_nan=True)
