@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             loss.backward()
             opt.step()
             sched.step()
-            running += float(loss) / steps_per_epoch
+            running += loss.item() / steps_per_epoch
         print(f"epoch {epoch}: training loss {running:.4f} (per-dimension MSE / variance), "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
         if epoch % args.eval_every == 0 or epoch == args.epochs:
