@@ -226,3 +226,27 @@ def bank_text(target: LoadedModel, bank: Bank, i: int) -> str:
     """Context i of the bank as text (what the source re-tokenizes)."""
     a, b = bank.offsets[i], bank.offsets[i + 1]
     return decode(target.tokenizer, bank.target_ids[a:b].tolist())
+
+
+def checkpoint_bank(checkpoint: Path, source: LoadedModel | None = None, target: LoadedModel | None = None
+                    ) -> tuple[MoT, LoadedModel, LoadedModel, Bank]:
+    """A checkpoint's MoT, its source and target models (loaded by the names it records unless given), and the bank
+    its training read (built first if missing), with the settings its config.json records under "training" (as
+    mot_viz.train builds it: the train seed)."""
+    from .checkpoint import load_checkpoint
+    from .models import load_model
+
+    config = json.loads((Path(checkpoint) / "config.json").read_text())
+    training = config.get("training", config)
+    try:
+        cfg = BankConfig(corpus=training["bank_corpus"], num_tokens=training["bank_tokens"],
+                         min_tokens=training["bank_min_tokens"], max_tokens=training["bank_max_tokens"],
+                         seed=training["seed"])
+    except KeyError as missing:
+        raise ConfigError(f"{checkpoint} records no training bank ({missing} is missing from its config.json); "
+                          "give a checkpoint trained from a bank (its config has bank_corpus, bank_tokens, …)") from None
+    source = source or load_model(config["source"]["name"])
+    target = target or load_model(config["target"]["name"])
+    mot, _ = load_checkpoint(checkpoint, source, target)
+    mot.eval()
+    return mot, source, target, build_bank(mot, source, target, cfg)

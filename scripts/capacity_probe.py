@@ -19,7 +19,6 @@ so if it cannot pass the linear path by much, a wider per-token map is not where
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -30,10 +29,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mot_viz.bank import BankConfig, build_bank  # noqa: E402
-from mot_viz.checkpoint import load_checkpoint  # noqa: E402
+from mot_viz.bank import checkpoint_bank  # noqa: E402
 from mot_viz.fidelity import vector_fidelity  # noqa: E402
-from mot_viz.models import load_model  # noqa: E402
 
 METRICS = ("raw_k", "cent_k", "raw_v", "cent_v")
 
@@ -42,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", type=Path, required=True, help="a MoT checkpoint with a linear path")
     parser.add_argument("--hidden", type=int, default=1024, help="the MLP's hidden width")
-    parser.add_argument("--epochs", type=int, default=12)
+    parser.add_argument("--epochs", type=int, default=12, help="0: score the linear path and the checkpoint only")
     parser.add_argument("--eval_every", type=int, default=3, help="score the held-out contexts every this many epochs")
     parser.add_argument("--batch", type=int, default=512, help="tokens per step")
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -50,18 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="markdown table to write (also printed)")
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
-    config = json.loads((args.checkpoint / "config.json").read_text())
-    train_cfg = config.get("training", config)
-    cfg = BankConfig(corpus=train_cfg["bank_corpus"], num_tokens=train_cfg["bank_tokens"],
-                     min_tokens=train_cfg["bank_min_tokens"], max_tokens=train_cfg["bank_max_tokens"],
-                     seed=train_cfg["seed"])  # as training builds it (mot_viz.train)
-    source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
-    mot, _ = load_checkpoint(args.checkpoint, source, target)
-    mot.eval()
+    mot, source, target, bank = checkpoint_bank(args.checkpoint)  # as training built it
     linear = mot.translator.linear
     if linear is None:
         raise SystemExit(f"{args.checkpoint} has no linear path; give a linear checkpoint or a MoT with one")
-    bank = build_bank(mot, source, target, cfg)
     train, val = bank.split()
     window = mot.channels.window
 
@@ -129,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     row("the checkpoint (linear path + experts)", score(mot_prediction))
     opt = torch.optim.Adam(mlp.parameters(), lr=args.lr)
     steps_per_epoch = math.ceil(len(x_train) / args.batch)
-    total = steps_per_epoch * args.epochs
+    total = max(1, steps_per_epoch * args.epochs)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
     residual = (y_train - lin_train) / scale
     t0 = time.perf_counter()

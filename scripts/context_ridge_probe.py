@@ -19,7 +19,6 @@ the training tokens' features (a cheaper map: the neighbours add PCA_DIMS featur
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -28,10 +27,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mot_viz.bank import BankConfig, build_bank  # noqa: E402
-from mot_viz.checkpoint import load_checkpoint  # noqa: E402
+from mot_viz.bank import checkpoint_bank  # noqa: E402
 from mot_viz.fidelity import vector_fidelity  # noqa: E402
-from mot_viz.models import load_model  # noqa: E402
 from mot_viz.ridge import fit_ridge_many  # noqa: E402
 from mot_viz.translator import features  # noqa: E402
 
@@ -74,14 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--out", type=Path, help="markdown table to write (also printed)")
     args = parser.parse_args(argv)
-    config = json.loads((args.checkpoint / "config.json").read_text())
-    train_cfg = config.get("training", config)
-    cfg = BankConfig(corpus=train_cfg["bank_corpus"], num_tokens=train_cfg["bank_tokens"],
-                     min_tokens=train_cfg["bank_min_tokens"], max_tokens=train_cfg["bank_max_tokens"],
-                     seed=train_cfg["seed"])  # as training builds it (mot_viz.train)
-    source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
-    mot, _ = load_checkpoint(args.checkpoint, source, target)
-    bank = build_bank(mot, source, target, cfg)
+    mot, source, target, bank = checkpoint_bank(args.checkpoint)  # as training built it
     train, val = bank.split()
     # the ridge map's own λ choice: its held-out tenth of the training contexts
     n_fit_val = max(1, round(len(train) * 0.1))

@@ -366,3 +366,27 @@ def test_mean_vector_control_replays_one_shared_vector_per_layer():
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(caches["mean"], by_hand))
     assert not torch.equal(caches["mean"][3][0], caches["native"][3][0])
 
+
+
+def test_a_checkpoints_bank_is_the_one_its_training_recorded(tmp_path, monkeypatch):
+    """checkpoint_bank (the probe scripts' way in) builds or reads the bank with the settings a checkpoint's
+    config.json records under "training", the train seed included, and says what is missing when it has none."""
+    from mot_viz.bank import checkpoint_bank
+    from mot_viz.channels import terminal_channels
+    from mot_viz.testing import load_test_model
+
+    monkeypatch.setenv("MOT_VIZ_CACHE", str(tmp_path / "cache"))
+    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
+    mot = MoT.build(source.spec, target.spec, terminal_channels(source.spec.num_layers, target.spec.num_layers, 0.5),
+                    dim=16, heads=2, variant="linear")
+    recorded = {"source": source.spec.name, "target": target.spec.name, "bank_corpus": "lambada", "bank_tokens": 240,
+                "bank_min_tokens": 16, "bank_max_tokens": 40, "seed": 7, "steps_done": 3}
+    folder = save_checkpoint(mot, tmp_path / "ckpt", training=recorded, metrics={})
+    loaded, src, tgt, bank = checkpoint_bank(folder, source, target)
+    assert bank.manifest["bank"]["seed"] == 7 and bank.manifest["bank"]["num_tokens"] == 240
+    expected = build_bank(loaded, src, tgt, BankConfig(corpus="lambada", num_tokens=240, min_tokens=16, max_tokens=40,
+                                                       seed=7), progress=False)
+    assert expected.folder == bank.folder and torch.equal(expected.target_values, bank.target_values)
+    bare = save_checkpoint(mot, tmp_path / "bare", training={"source": source.spec.name}, metrics={})
+    with pytest.raises(ConfigError, match="records no training bank"):
+        checkpoint_bank(bare, source, target)
