@@ -8,7 +8,11 @@ metrics of mot_viz.fidelity (window means over layers; keys in the translator's 
 reads a little lower than the post-RoPE numbers of docs/RESULTS.md). A probe of the input, not a training run:
 
     OMP_NUM_THREADS=1 python scripts/source_layer_probe.py --target_layers 5 6 7 8 9 \
-        --sets top=17,18,19,20,21 ratio=9,10,12,14,15 spread=9,12,15,18,21
+        --sets top=17,18,19,20,21 ratio=9,10,12,14,15 spread=9,12,15,18,21 --unions top+spread
+
+--unions also fits one map per union of sets (`a+b`: the features of both sets side by side, twice the source
+layers): whether the window is better predicted from more of the source's depth at once than from any one
+channel list (a probe only: a MoT channel maps one source layer to each window layer).
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=24000, help="target tokens in the probe bank")
     parser.add_argument("--heldout", nargs="+", default=["squad", "lambada-heldout"], choices=sorted(CORPORA))
     parser.add_argument("--n", type=int, default=30, help="held-out contexts per corpus")
+    parser.add_argument("--unions", nargs="*", default=[], help="a+b[+c…]: sets whose features are fitted together")
     args = parser.parse_args(argv)
     window = tuple(args.target_layers)
     for name, layers in args.sets:
@@ -79,9 +84,18 @@ def main(argv: list[str] | None = None) -> int:
     heldout = {c: [blocks(mots, source, target, target_context_ids(target, t)) for t in heldout_texts(target, c, args.n)]
                for c in args.heldout}
 
+    names = {name for name, _ in args.sets}
+    for union in args.unions:
+        if not set(union.split("+")) <= names or "+" not in union:
+            parser.error(f"union {union}: join two or more of the sets {sorted(names)} with '+'")
+
+    def set_features(inputs, name: str) -> torch.Tensor:
+        """One context's features [N_t, F] of set `name` (or of a union a+b: each set's side by side)."""
+        return torch.cat([features(*inputs[part]) for part in name.split("+")], dim=1)
+
     def stacked(items, name: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Features [T, F] of set `name` and the native K/V targets [T, W·H_T] over the given contexts."""
-        x = torch.cat([features(*inputs[name]) for inputs, _ in items])
+        x = torch.cat([set_features(inputs, name) for inputs, _ in items])
         return x, {kv: torch.cat([native[i].flatten(1) for _, native in items]) for i, kv in enumerate("kv")}
 
     print(f"probe bank: {sum(map(len, contexts))} tokens of {args.corpus} ({len(contexts) - n_val} contexts to fit, "
@@ -89,12 +103,15 @@ def main(argv: list[str] | None = None) -> int:
 
     print("\n| set | source layers | held-out | raw K | centered K | raw V | centered V | centered K per layer |")
     print("|---|---|---|---:|---:|---:|---:|---|")
-    for name, layers in args.sets:
+    layers_of = dict(args.sets)
+    candidates = list(args.sets) + [(u, tuple(sorted({l for p in u.split("+") for l in layers_of[p]})))
+                                    for u in args.unions]
+    for name, layers in candidates:
         fits = fit_ridge_many(*stacked(per_context[:-n_val], name), *stacked(per_context[-n_val:], name))
         for corpus, items in heldout.items():
             scores: dict[tuple[str, str, int], list[float]] = {}
             for inputs, (nk, nv) in items:
-                x = features(*inputs[name])
+                x = set_features(inputs, name)
                 for kv, native in (("k", nk), ("v", nv)):
                     pred = (x @ fits[kv].weight + fits[kv].bias).view_as(native)
                     for w in range(len(window)):
