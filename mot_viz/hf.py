@@ -139,19 +139,19 @@ def sparse_attention(module, query, key, value, indices, scaling) -> torch.Tenso
     return out.transpose(1, 2).contiguous()
 
 
-SPARSE_QUERY_CHUNK = 64  # queries per SDPA call of the masked sparse path (see sparse_mask_attention)
+SPARSE_QUERY_CHUNK = 64  # queries per SDPA call of the masked sparse path (sparse_mask_attention); 0: one call
 
 
 def sparse_mask_attention(module, query, key, value, indices, scaling,
-                          chunk: int = SPARSE_QUERY_CHUNK) -> torch.Tensor | None:
+                          chunk: int | None = None) -> torch.Tensor | None:
     """sparse_attention computed as dense SDPA under a boolean mask of each query's top-k key positions.
 
     The same set of keys and the same softmax (a row's indices are distinct: top-k positions, with remapped
     duplicates already turned into the sentinel), at the cost of ordinary attention instead of a gather of
     N·k key vectors. A mask keeps SDPA from skipping the keys after a query as causal attention does, so the
-    queries go in chunks of `chunk`, each over only the keys its last query may see (and, on a sliding-window
-    layer, its first query): the masked replay then costs less than the native causal prefill
-    (docs/bench_engine.md). Returns None when some query keeps no key (the gather path's uniform fallback,
+    queries go in chunks of `chunk` (default SPARSE_QUERY_CHUNK, read at the call; 0: all in one call), each over
+    only the keys its last query may see (and, on a sliding-window layer, its first query): the masked replay then
+    costs less than the native causal prefill (docs/bench_engine.md). Returns None when some query keeps no key (the gather path's uniform fallback,
     possible only after token remapping), so the caller falls back to it.
     """
     b, h, n, _ = query.shape
@@ -166,9 +166,11 @@ def sparse_mask_attention(module, query, key, value, indices, scaling,
     if keep.shape[1] > 1:
         keep = keep.repeat_interleave(h // n_kv, dim=1)
     offset = length - n  # queries sit at the end of the keys
+    chunk = SPARSE_QUERY_CHUNK if chunk is None else chunk
+    step = chunk if chunk > 0 else n
     outputs = []
-    for a in range(0, n, chunk):
-        e = min(n, a + chunk)
+    for a in range(0, n, step):
+        e = min(n, a + step)
         first = max(0, offset + a - window + 1) if window else 0  # keys no query of the chunk may see: left out
         last = offset + e
         outputs.append(torch.nn.functional.scaled_dot_product_attention(

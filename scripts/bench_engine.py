@@ -1,7 +1,7 @@
 """Benchmark of the MoT engine on the bundled pair (a measurement, not a test).
 
     .venv/bin/python scripts/bench_engine.py [--lengths 64 128 256 512] [--repeats 3] [--checkpoint pretrained/smollm2-to-gemma3]
-        [--label "what changed"] [--out docs/bench_engine.md]
+        [--label "what changed"] [--chunks 0 32 64 128 256] [--out docs/bench_engine.md]
 
 For each context length (target tokens) it times, on the machine it runs on: source prefill, token
 alignment, translator, replay into the target, and the target's own (native) prefill; it reports the
@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 
+from mot_viz import hf
 from mot_viz.alignment import encode
 from mot_viz.checkpoint import load_checkpoint
 from mot_viz.fsutil import write_section_on_top
@@ -51,6 +52,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per length (the median is reported)")
     parser.add_argument("--checkpoint", default="pretrained/smollm2-to-gemma3", help="the MoT checkpoint timed")
     parser.add_argument("--label", default="the engine as it is", help="heading of the new table (what changed)")
+    parser.add_argument("--chunks", type=int, nargs="*", default=[],
+                        help="also compare the masked sparse replay's query chunk sizes (0: one SDPA call), "
+                             "alternating within each repeat: replay ÷ native prefill per length")
     parser.add_argument("--out", default="docs/bench_engine.md",
                         help="markdown file the table is added to (on top; earlier tables are kept)")
     args = parser.parse_args()
@@ -76,6 +80,22 @@ def main() -> int:
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         rows.append((n_t, med, peak_mb))
         print(f"{n_t} tokens: " + ", ".join(f"{s} {med[s]*1000:.0f} ms" for s in stages), flush=True)
+
+    chunk_rows = []
+    if args.chunks:  # the same translation replayed under each chunk size, in turn within each repeat
+        shipped = hf.SPARSE_QUERY_CHUNK
+        for n in args.lengths:
+            text = context_of(target, n)
+            ratios: dict[int, list[float]] = {c: [] for c in args.chunks}
+            for _ in range(args.repeats):
+                for c in args.chunks:
+                    hf.SPARSE_QUERY_CHUNK = c
+                    t = translate(mot, source, target, text).timings
+                    ratios[c].append(t["replay"] / t["native_prefill"])
+            hf.SPARSE_QUERY_CHUNK = shipped
+            chunk_rows.append((len(encode(target.tokenizer, text)),
+                               {c: statistics.median(r) for c, r in ratios.items()}))
+            print(f"{chunk_rows[-1][0]} tokens, replay ÷ native by chunk: {chunk_rows[-1][1]}", flush=True)
 
     threads = torch.get_num_threads()
     title = "# Engine benchmark: SmolLM2-135M → Gemma-3-270m"
@@ -104,6 +124,14 @@ def main() -> int:
             f"| {(med['translator'] + med['replay'])/native:.2f} | {peak:.0f} |"
         )
     lines += ["", "Peak RSS is the whole process (both models loaded) after that length, so it only grows down the table."]
+    if chunk_rows:
+        label = lambda c: "one SDPA call" if c <= 0 else f"chunks of {c}"
+        lines += ["", f"Replay ÷ native prefill by the masked sparse replay's query chunk size (`--chunks "
+                  f"{' '.join(map(str, args.chunks))}`; shipped: {hf.SPARSE_QUERY_CHUNK}), each the median of "
+                  f"{args.repeats} translations that take the chunk sizes in turn:", "",
+                  "| target tokens | " + " | ".join(label(c) for c in args.chunks) + " |",
+                  "|---:|" + "---:|" * len(args.chunks)]
+        lines += [f"| {n_t} | " + " | ".join(f"{r[c]:.2f}" for c in args.chunks) + " |" for n_t, r in chunk_rows]
     write_section_on_top(Path(args.out), title, "\n".join(lines[1:]))
     print("\n".join(lines))
     return 0
