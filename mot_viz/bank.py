@@ -233,18 +233,21 @@ def checkpoint_bank(checkpoint: Path, source: LoadedModel | None = None, target:
     """A checkpoint's MoT, its source and target models (loaded by the names it records unless given), and the bank
     its training read (built first if missing), with the settings its config.json records under "training" (as
     mot_viz.train builds it: the train seed)."""
+    import dataclasses
+
     from .checkpoint import load_checkpoint
     from .models import load_model
+    from .train_config import TrainConfig
 
     config = json.loads((Path(checkpoint) / "config.json").read_text())
     training = config.get("training", config)
-    try:
-        cfg = BankConfig(corpus=training["bank_corpus"], num_tokens=training["bank_tokens"],
-                         min_tokens=training["bank_min_tokens"], max_tokens=training["bank_max_tokens"],
-                         seed=training["seed"])
-    except KeyError as missing:
-        raise ConfigError(f"{checkpoint} records no training bank ({missing} is missing from its config.json); "
-                          "give a checkpoint trained from a bank (its config has bank_corpus, bank_tokens, …)") from None
+    missing = [k for k in ("bank_corpus", "bank_tokens", "bank_min_tokens", "bank_max_tokens", "seed")
+               if k not in training]
+    if missing:
+        raise ConfigError(f"{checkpoint} records no training bank ({', '.join(missing)} missing from its config.json); "
+                          "give a checkpoint trained from a bank (its config has bank_corpus, bank_tokens, …)")
+    known = {f.name for f in dataclasses.fields(TrainConfig)}  # the record also holds run facts (steps_done, …)
+    cfg = TrainConfig(**{k: v for k, v in training.items() if k in known}).bank_config()
     source = source or load_model(config["source"]["name"])
     target = target or load_model(config["target"]["name"])
     mot, _ = load_checkpoint(checkpoint, source, target)

@@ -53,6 +53,38 @@ def vector_fidelity(candidate: torch.Tensor, native: torch.Tensor) -> dict[str, 
     }
 
 
+WINDOW_COSINES = ("raw_k", "cent_k", "raw_v", "cent_v")
+
+
+def window_cosines(contexts) -> dict[str, torch.Tensor]:
+    """Per window layer, the mean over contexts of the raw and centered cosine of K and of V to native (the probe
+    scripts' scores): contexts, a sequence of (K, V, native K, native V) blocks [N, W, H], one per context.
+    Returns {"raw_k", "cent_k", "raw_v", "cent_v"}: each [W]."""
+    contexts = list(contexts)
+    window = contexts[0][2].shape[1]
+    scores = {m: torch.zeros(window) for m in WINDOW_COSINES}
+    for keys, values, native_keys, native_values in contexts:
+        for kv, pred, ref in (("k", keys, native_keys), ("v", values, native_values)):
+            for layer in range(window):
+                f = vector_fidelity(pred[:, layer], ref[:, layer])
+                scores[f"raw_{kv}"][layer] += f["raw_cos"] / len(contexts)
+                scores[f"cent_{kv}"][layer] += f["centered_cos"] / len(contexts)
+    return scores
+
+
+def window_cosine_cells(scores: dict[str, torch.Tensor]) -> str:
+    """window_cosines as markdown cells: raw V and centered V per layer, then the window means of raw K, centered K,
+    raw V and centered V (the columns of window_cosine_header)."""
+    return (" | ".join(f"{float(v):.3f}" for m in ("raw_v", "cent_v") for v in scores[m]) + " | "
+            + " | ".join(f"{float(scores[m].mean()):.3f}" for m in WINDOW_COSINES))
+
+
+def window_cosine_header(layers) -> str:
+    """The column names of window_cosine_cells for the window's target layers."""
+    return (" | ".join(f"{m} L{layer}" for m in ("raw V", "cent V") for layer in layers)
+            + " | raw K | cent K | raw V | cent V")
+
+
 def attention_output_cosine(query: torch.Tensor, scaling: float, sliding: int | None, keys: torch.Tensor,
                             values: torch.Tensor, native_keys: torch.Tensor, native_values: torch.Tensor,
                             native_output: torch.Tensor | None = None) -> float:

@@ -151,8 +151,8 @@ def sparse_mask_attention(module, query, key, value, indices, scaling,
     N·k key vectors. A mask keeps SDPA from skipping the keys after a query as causal attention does, so the
     queries go in chunks of `chunk` (default SPARSE_QUERY_CHUNK, read at the call; 0: all in one call), each over
     only the keys its last query may see (and, on a sliding-window layer, its first query): the masked replay then
-    costs less than the native causal prefill (docs/bench_engine.md). Returns None when some query keeps no key (the gather path's uniform fallback,
-    possible only after token remapping), so the caller falls back to it.
+    costs less than the native causal prefill (docs/bench_engine.md). Returns None when some query keeps no key
+    (the gather path's uniform fallback, possible only after token remapping), so the caller falls back to it.
     """
     b, h, n, _ = query.shape
     n_kv, length = key.shape[1], key.shape[2]
@@ -352,7 +352,8 @@ def run(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: AttentionPla
     if isinstance(logits_to_keep, int) and logits_to_keep > 1 and ids.shape[0] > 1:
         # kept positions as a tensor: transformers then copies those rows, where the strided slice of a batch would
         # run the output layer as a batched matmul at half the speed (Gemma-3's 262k-row output layer: 2x). Not for
-        # one position: at two threads that measured slower for two rows (a 25-token question: 0.20 s against 0.16 s)
+        # one position: at two threads that measured slower for two rows (a 25-token question: 0.20 s against 0.16 s),
+        # before install_output_layer gave 2-8 rows their faster kernel (not measured again since)
         keep = torch.arange(max(ids.shape[1] - logits_to_keep, 0), ids.shape[1], device=ids.device)
     if plan is not None and plan.start is not None and kv:
         raise ValueError("a forward that starts above layer 0 needs an empty cache (a prefill of the same ids)")

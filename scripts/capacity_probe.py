@@ -30,10 +30,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mot_viz.bank import checkpoint_bank  # noqa: E402
-from mot_viz.fidelity import vector_fidelity  # noqa: E402
-
-METRICS = ("raw_k", "cent_k", "raw_v", "cent_v")
-
+from mot_viz.fidelity import window_cosine_cells, window_cosine_header, window_cosines  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -74,17 +71,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{time.perf_counter() - t0:.0f} s to read", flush=True)
 
     def score(predict) -> dict[str, torch.Tensor]:
-        scores = {m: torch.zeros(window) for m in METRICS}
+        def blocks(i: int, x, lin, y) -> tuple[torch.Tensor, ...]:
+            """Context i's predicted and native K and V blocks [N, W, H]."""
+            pred = predict(i, x, lin)
+            return tuple(t[:, sl].view(len(x), window, -1) for t in (pred, y)
+                         for sl in (slice(0, half), slice(half, None)))
+
         with torch.no_grad():
-            for i, (x, lin, y) in zip(val, held_out):
-                pred = predict(i, x, lin)
-                for kv, sl in (("k", slice(0, half)), ("v", slice(half, None))):
-                    p, r = pred[:, sl].view(len(x), window, -1), y[:, sl].view(len(x), window, -1)
-                    for layer in range(window):
-                        f = vector_fidelity(p[:, layer], r[:, layer])
-                        scores[f"raw_{kv}"][layer] += f["raw_cos"] / len(val)
-                        scores[f"cent_{kv}"][layer] += f["centered_cos"] / len(val)
-        return scores
+            return window_cosines(blocks(i, *h) for i, h in zip(val, held_out))
 
     def mot_prediction(i: int, x, lin) -> torch.Tensor:
         sk, sv, _, _ = bank.context(i)
@@ -104,12 +98,10 @@ def main(argv: list[str] | None = None) -> int:
              f"held-out ({sum(len(h[0]) for h in held_out)} tokens); window target layers {layers}; inputs: "
              f"{x_train.shape[1]} features (the checkpoint's linear-path inputs). MLP hidden {args.hidden}, Adam lr "
              f"{args.lr}, batch {args.batch} tokens, cosine schedule over {args.epochs} epochs, seed {args.seed}.", "",
-             "| translator | " + " | ".join(f"{m} L{l}" for m in ("raw V", "cent V") for l in layers)
-             + " | raw K | cent K | raw V | cent V |", "|---|" + "---:|" * (2 * window + 4)]
+             f"| translator | {window_cosine_header(layers)} |", "|---|" + "---:|" * (2 * window + 4)]
 
     def row(name: str, scores: dict[str, torch.Tensor]) -> None:
-        line = (f"| {name} | " + " | ".join(f"{float(v):.3f}" for m in ("raw_v", "cent_v") for v in scores[m])
-                + " | " + " | ".join(f"{float(scores[m].mean()):.3f}" for m in METRICS) + " |")
+        line = f"| {name} | {window_cosine_cells(scores)} |"
         lines.append(line)
         print(line, flush=True)
 

@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mot_viz.bank import checkpoint_bank  # noqa: E402
-from mot_viz.fidelity import vector_fidelity  # noqa: E402
+from mot_viz.fidelity import window_cosine_cells, window_cosine_header, window_cosines  # noqa: E402
 from mot_viz.ridge import fit_ridge_many  # noqa: E402
 from mot_viz.translator import features  # noqa: E402
 
@@ -97,9 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"Bank `{bank.folder.name}`: {len(train)} training contexts ({len(bank.rows(train))} tokens), "
              f"{len(val)} held-out ({len(bank.rows(val))} tokens); window target layers "
              f"{list(mot.channels.target_layers)}, source layers {list(mot.channels.source_layers)}.", "",
-             "| features | dims | λ K / V | fit s | " + " | ".join(f"{m} L{l}" for m in ("raw V", "cent V")
-                                                                for l in mot.channels.target_layers)
-             + " | raw K | cent K | raw V | cent V |",
+             f"| features | dims | λ K / V | fit s | {window_cosine_header(mot.channels.target_layers)} |",
              "|---|---:|---|---:|" + "---:|" * (2 * window + 4)]
     print(lines[0], flush=True)
     for variant in args.variants:
@@ -107,21 +105,17 @@ def main(argv: list[str] | None = None) -> int:
         fits = fit_ridge_many(stacked(fit_train, variant), targets(fit_train), stacked(fit_val, variant),
                               targets(fit_val))
         seconds = time.perf_counter() - t0
-        scores = {m: torch.zeros(window) for m in ("raw_k", "cent_k", "raw_v", "cent_v")}
-        for i in val:
-            x = stacked([i], variant).double()
-            t = targets([i])
-            for kv in ("k", "v"):
-                pred = (x @ fits[kv].weight.double() + fits[kv].bias.double()).float().view(len(x), window, -1)
-                ref = t[kv].view(len(x), window, -1)
-                for layer in range(window):
-                    f = vector_fidelity(pred[:, layer], ref[:, layer])
-                    scores[f"raw_{kv}"][layer] += f["raw_cos"] / len(val)
-                    scores[f"cent_{kv}"][layer] += f["centered_cos"] / len(val)
+        def held_out(i: int) -> tuple[torch.Tensor, ...]:
+            """Context i's predicted and native K and V blocks [N, W, H]."""
+            x, t = stacked([i], variant).double(), targets([i])
+            pred = {kv: (x @ fits[kv].weight.double() + fits[kv].bias.double()).float().view(len(x), window, -1)
+                    for kv in "kv"}
+            return pred["k"], pred["v"], t["k"].view(len(x), window, -1), t["v"].view(len(x), window, -1)
+
+        scores = window_cosines(held_out(i) for i in val)
         dims = stacked([val[0]], variant).shape[1]
         row = (f"| {variant} | {dims} | {fits['k'].lam:g} / {fits['v'].lam:g} | {seconds:.0f} | "
-               + " | ".join(f"{float(v):.3f}" for m in ("raw_v", "cent_v") for v in scores[m]) + " | "
-               + " | ".join(f"{float(scores[m].mean()):.3f}" for m in ("raw_k", "cent_k", "raw_v", "cent_v")) + " |")
+               f"{window_cosine_cells(scores)} |")
         lines.append(row)
         print(row, flush=True)
     if args.out:

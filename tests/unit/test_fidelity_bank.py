@@ -324,6 +324,29 @@ def test_fidelity_metrics_on_known_cases():
     assert attention_output_cosine(q, 0.35, None, k, -v, k, v) == pytest.approx(-1.0)
 
 
+def test_window_cosines_average_each_layer_over_contexts():
+    """The probe scripts' scores: per window layer, raw and centered cosine of K and V averaged over contexts."""
+    from mot_viz.fidelity import window_cosine_cells, window_cosine_header, window_cosines
+
+    g = torch.Generator().manual_seed(1)
+    native = [(torch.randn(n, 2, 6, generator=g) + 3.0, torch.randn(n, 2, 6, generator=g)) for n in (5, 9)]
+    perfect = window_cosines([(k, v, k, v) for k, v in native])
+    assert all(torch.allclose(perfect[m], torch.ones(2)) for m in perfect)
+    # layer 0 of K is each context's mean token (no token structure), everything else is exact
+    mixed = []
+    for k, v in native:
+        flat = k.clone()
+        flat[:, 0] = k[:, 0].mean(0)
+        mixed.append((flat, v, k, v))
+    scores = window_cosines(mixed)
+    assert float(scores["cent_k"][0]) == pytest.approx(0.0, abs=1e-6) and float(scores["cent_k"][1]) == pytest.approx(1.0)
+    expected = sum(vector_fidelity(f[:, 0], k[:, 0])["raw_cos"] for (f, _, k, _) in mixed) / 2
+    assert float(scores["raw_k"][0]) == pytest.approx(expected) and 0.5 < expected < 1.0
+    cells = window_cosine_cells(scores).split(" | ")
+    assert len(cells) == len(window_cosine_header([3, 4]).split(" | ")) == 2 * 2 + 4
+    assert cells[-4] == f"{float(scores['raw_k'].mean()):.3f}"
+
+
 def test_context_fidelity_scores_a_perfect_translator_as_perfect():
     target = tiny_model("gemma3_text", layers=4, bos=True)
     channels = Channels((1, 2), (1, 2))
