@@ -117,7 +117,7 @@ def context_ids(target: LoadedModel, cfg: BankConfig) -> list[list[int]]:
 class Bank:
     """Token-major window blocks of every context, concatenated: context i is rows offsets[i]:offsets[i+1]."""
 
-    source_keys: torch.Tensor  # [T, W, H_S] aligned source window, translator key space
+    source_keys: torch.Tensor  # [T, W, H_S] aligned source window, translator key space (+ linear_extra_layers)
     source_values: torch.Tensor  # [T, W, H_S]
     target_keys: torch.Tensor  # [T, W, H_T] native target window, translator key space
     target_values: torch.Tensor  # [T, W, H_T]
@@ -155,6 +155,8 @@ def bank_key(mot: MoT, cfg: BankConfig) -> str:
     ident = {"version": BANK_VERSION, "bank": asdict(cfg), "source": mot.source.fingerprint,
              "target": mot.target.fingerprint, "channels": mot.channels.to_json(),
              "key_space": mot.translator.config.key_space}
+    if mot.translator.config.linear_extra_layers:  # the source blocks hold these layers too (absent: older keys hold)
+        ident["linear_extra_layers"] = list(mot.translator.config.linear_extra_layers)
     digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
     return f"{mot.source.name}-to-{mot.target.name}-{cfg.corpus}-{digest}".replace("/", "_")
 
@@ -185,7 +187,9 @@ def build_bank(mot: MoT, source: LoadedModel, target: LoadedModel, cfg: BankConf
     if not manifest:
         manifest = {"version": BANK_VERSION, "bank": asdict(cfg), "source": mot.source.to_json(),
                     "target": mot.target.to_json(), "channels": mot.channels.to_json(),
-                    "key_space": mot.translator.config.key_space, "shards": [], "complete": False}
+                    "key_space": mot.translator.config.key_space,
+                    "linear_extra_layers": list(mot.translator.config.linear_extra_layers), "shards": [],
+                    "complete": False}
     if not manifest["complete"]:
         contexts = context_ids(target, cfg)
         starts = range(0, len(contexts), cfg.shard_contexts)

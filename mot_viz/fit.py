@@ -109,8 +109,10 @@ def balance_loss(routing: Routing | None) -> torch.Tensor:
     return probs.shape[-1] * (load * probs.mean(0)).sum()
 
 
-def _crops(bank: Bank, contexts: list[int], crop: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
-    """A batch of equal-length random crops [B, L, W, H] from the given contexts (L = min(crop, shortest))."""
+def _crops(bank: Bank, contexts: list[int], crop: int, gen: torch.Generator,
+           linear_rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
+    """A batch of equal-length random crops [B, L, W, H] from the given contexts (L = min(crop, shortest)): source K,
+    source V, target K, target V, then the same rows of `linear_rows` (the fixed map's K and V output) if given."""
     offsets = bank.offsets
     length = min(crop, min(offsets[i + 1] - offsets[i] for i in contexts))
     rows = []
@@ -118,17 +120,27 @@ def _crops(bank: Bank, contexts: list[int], crop: int, gen: torch.Generator) -> 
         start = offsets[i] + int(torch.randint(0, offsets[i + 1] - offsets[i] - length + 1, (1,), generator=gen))
         rows.append(torch.arange(start, start + length))
     rows = torch.stack(rows)  # (B, L)
-    return tuple(t[rows] for t in (bank.source_keys, bank.source_values, bank.target_keys, bank.target_values))
+    blocks = (bank.source_keys, bank.source_values, bank.target_keys, bank.target_values) + tuple(linear_rows or ())
+    return tuple(t[rows] for t in blocks)
 
 
-def bank_loss(mot: MoT, sk, sv, tk, tv, balance_weight: float = 0.0,
+@torch.no_grad()
+def linear_path_rows(mot: MoT, bank: Bank) -> tuple[torch.Tensor, torch.Tensor]:
+    """The translator's linear path over every bank context, whole (each token's earlier tokens are its context's),
+    as rows [T, W, H_T] of K and of V: what a stage that keeps the fitted map fixed adds to the experts' output."""
+    parts = [mot.translator.linear(*bank.context(i)[:2]) for i in range(bank.num_contexts)]
+    return torch.cat([k[0] for k, _ in parts]), torch.cat([v[0] for _, v in parts])
+
+
+def bank_loss(mot: MoT, sk, sv, tk, tv, lin_k=None, lin_v=None, balance_weight: float = 0.0,
               layer_weights: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Translation term on bank blocks: MSE(translated K, native K) + MSE(V) (+ balance), and its parts.
 
+    lin_k, lin_v: the fixed linear path's output for these tokens (linear_path_rows), or None to run it.
     layer_weights: (K, V) weights [W] of each window layer's mean squared error (None: every layer weighs 1, the
     plain MSE); the logged parts are the plain MSEs either way.
     """
-    out = mot.translator(sk, sv)
+    out = mot.translator(sk, sv, linear_out=None if lin_k is None else (lin_k, lin_v))
     per_k, per_v = layer_mse(out.keys, out.values, tk, tv)
     wk, wv = layer_weights if layer_weights is not None else (1.0, 1.0)
     balance = balance_loss(out.key_routing) + balance_loss(out.value_routing)
@@ -182,8 +194,8 @@ class BankLoss(torch.nn.Module):
         self.balance_weight = balance_weight
         self.layer_weights = layer_weights
 
-    def forward(self, sk, sv, tk, tv) -> tuple[torch.Tensor, dict[str, float]]:
-        return bank_loss(self.mot, sk, sv, tk, tv, self.balance_weight, self.layer_weights)
+    def forward(self, sk, sv, tk, tv, lin_k=None, lin_v=None) -> tuple[torch.Tensor, dict[str, float]]:
+        return bank_loss(self.mot, sk, sv, tk, tv, lin_k, lin_v, self.balance_weight, self.layer_weights)
 
 
 def bank_stage(mot: MoT, bank: Bank, steps: int, lr: float, batch: int = 8, crop: int = 128,
@@ -210,6 +222,11 @@ def bank_stage(mot: MoT, bank: Bank, steps: int, lr: float, batch: int = 8, crop
     if layer_weighting not in LAYER_WEIGHTINGS:
         raise ValueError(f"layer_weighting must be one of {LAYER_WEIGHTINGS}, not {layer_weighting!r}")
     weights = map_residual_weights(mot, bank, train[:40]) if layer_weighting == "map_residual" else None
+    linear = mot.translator.linear
+    fixed = linear is not None and mot.translator.config.variant != "linear" and not any(
+        p.requires_grad and any(p is q for q in params) for p in linear.parameters())
+    # a fixed map's output does not change between steps: computed once over whole contexts, each crop takes its rows
+    linear_rows = linear_path_rows(mot, bank) if fixed else None
     loss_fn = BankLoss(mot, balance_weight, weights)
     loss_fn = parallel(loss_fn) if parallel is not None else loss_fn
     mot.train()
@@ -219,7 +236,7 @@ def bank_stage(mot: MoT, bank: Bank, steps: int, lr: float, batch: int = 8, crop
             group["lr"] = cosine_lr(lr, step, warmup, steps)
         picks = torch.randint(0, len(train), (batch * world,), generator=torch.Generator().manual_seed(seed + step))
         mine = [train[int(i)] for i in picks[rank::world]]
-        total, parts = loss_fn(*_crops(bank, mine, crop, gen))
+        total, parts = loss_fn(*_crops(bank, mine, crop, gen, linear_rows))
         optimizer.zero_grad(set_to_none=True)
         total.backward()  # under DistributedDataParallel: the gradients arrive averaged over the ranks
         torch.nn.utils.clip_grad_norm_(params, grad_clip)

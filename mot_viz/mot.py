@@ -60,6 +60,10 @@ class MoT(nn.Module):
             raise ConfigError(f"translator window {translator.window} != {channels.window} channels")
         if max(channels.source_layers) >= source.num_layers or max(channels.target_layers) >= target.num_layers:
             raise ConfigError("channels point past the last layer of the source or target model")
+        extra = translator.linear_extra_layers
+        if any(l >= source.num_layers or l in channels.source_layers for l in extra):
+            raise ConfigError(f"linear_extra_layers {list(extra)} must be source layers (0–{source.num_layers - 1}) "
+                              f"outside the channel list {list(channels.source_layers)}")
         self.source, self.target, self.channels = source, target, channels
         self.replay = replay or ReplayConfig()
         self.translator = KVTranslator(translator)
@@ -69,6 +73,12 @@ class MoT(nn.Module):
               **translator_kwargs) -> "MoT":
         cfg = TranslatorConfig(source.kv_hidden, target.kv_hidden, channels.window, **translator_kwargs)
         return cls(source, target, channels, cfg, replay)
+
+    @property
+    def input_layers(self) -> tuple[int, ...]:
+        """The source layers the translator reads, in its input's order: the channel list's, then the linear map's
+        extra layers (linear_extra_layers)."""
+        return tuple(self.channels.source_layers) + self.translator.config.linear_extra_layers
 
     def sparse_layers(self) -> list[int]:
         """Target layers replayed with sparse attention: all from num_bottom_full_attn up, plus the window."""
@@ -212,10 +222,12 @@ def rotate_block(lm: LoadedModel, layers, keys: torch.Tensor, prefix_len: int, i
 
 
 def translator_inputs(mot: MoT, src: SourceContext, source: LoadedModel) -> tuple[torch.Tensor, torch.Tensor]:
-    """The aligned source window blocks [1, N_t, W, H_S] the translator reads, in its key space."""
-    keys, values = window_blocks(src.source_kv, mot.channels.source_layers)  # (1, N_s, W, H_S) each
+    """The aligned source blocks [1, N_t, W (+ extra layers), H_S] the translator reads, in its key space: the channel
+    list's window, then the layers only its linear map reads (MoT.input_layers)."""
+    layers = mot.input_layers
+    keys, values = window_blocks(src.source_kv, layers)  # (1, N_s, W, H_S) each
     if mot.translator.config.key_space == "pre_rope":
-        keys = rotate_block(source, mot.channels.source_layers, keys, src.source_prefix_len, inverse=True)
+        keys = rotate_block(source, layers, keys, src.source_prefix_len, inverse=True)
     return apply_alignment(keys, src.alignment), apply_alignment(values, src.alignment)  # (1, N_t, W, H_S)
 
 

@@ -60,6 +60,7 @@ class TrainConfig:
     linear_from: str = ""  # init=linear: copy the linear path from this linear checkpoint instead of fitting it again
     linear_previous: int = 0  # the linear map also reads this many tokens before each token (0: the token alone)
     linear_previous_dims: int = 0  # each earlier token projected on this many principal axes of the bank (0: not)
+    linear_extra_layers: list[int] = dataclasses.field(default_factory=list)  # source layers only the map also reads
     log_every: int = 5  # optimiser steps per log line
     save_every: int = 25  # optimiser steps per checkpoint
     seed: int = 42  # seeds the bank, the translator's init and the row order
@@ -113,7 +114,7 @@ class TrainConfig:
                 "top_k": self.mot_top_k, "output_activation": self.output_activation, "key_space": self.key_space,
                 "linear_residual": self.init == "linear" and self.variant != "linear",
                 "linear_previous": self.linear_previous, "linear_previous_dims": self.linear_previous_dims,
-                **overrides}
+                "linear_extra_layers": tuple(self.linear_extra_layers), **overrides}
 
     @property
     def uses_bank(self) -> bool:
@@ -157,8 +158,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, bool, bool]:
     parser.add_argument("--overwrite", action="store_true", help="replace the run already in --output_dir")
     helps = field_help()
     for f in dataclasses.fields(TrainConfig):
-        parser.add_argument(f"--{f.name}", default=None, metavar=type(f.default).__name__.upper(),
-                            help=f"{helps[f.name]} (default {f.default!r})")
+        default = _default(f.name)
+        metavar = "I,J,…" if isinstance(default, list) else type(default).__name__.upper()
+        parser.add_argument(f"--{f.name}", default=None, metavar=metavar, help=f"{helps[f.name]} (default {default!r})")
     args = parser.parse_args(argv)
     data = _read_json(Path(args.config), "--config") if args.config else {}
     if args.resume and args.output_dir and not args.config and (Path(args.output_dir) / "train_config.json").exists():
@@ -168,10 +170,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, bool, bool]:
         raw = getattr(args, name)
         if raw is None:
             continue
-        current = data.get(name, TrainConfig.__dataclass_fields__[name].default)
+        current = data.get(name, _default(name))
         try:
             if raw.lower() == "none":
                 data[name] = None
+            elif isinstance(current, list):  # comma-separated integers (linear_extra_layers)
+                data[name] = [int(x) for x in raw.split(",") if x.strip()]
             elif isinstance(current, bool):
                 data[name] = raw.lower() in ("1", "true", "yes")
             elif isinstance(current, int) or types[name] in ("int", "int | None"):
@@ -181,8 +185,15 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, bool, bool]:
             else:
                 data[name] = raw
         except ValueError:
-            raise ConfigError(f"--{name} {raw!r} is not a number; it takes a value like {current!r}.") from None
+            raise ConfigError(f"--{name} {raw!r} is not a number (or a list of numbers); it takes a value like "
+                              f"{current!r}.") from None
     return TrainConfig.from_json(data), args.resume, args.overwrite
+
+
+def _default(name: str):
+    """A TrainConfig field's default value (a fresh one for fields with a default factory)."""
+    f = TrainConfig.__dataclass_fields__[name]
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
 def _read_json(path: Path, what: str) -> dict:

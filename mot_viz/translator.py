@@ -32,6 +32,9 @@ class TranslatorConfig:
     # axes of the bank's token features (0: unprojected). 0: the token alone (method.md §13).
     linear_previous: int = 0
     linear_previous_dims: int = 0
+    # source layers beyond the channel list whose aligned K and V the linear map also reads (issue 10: more of the
+    # source's depth at once); the experts and the router read the channel list's layers only (method.md §4–§5).
+    linear_extra_layers: tuple[int, ...] = ()
 
     def __post_init__(self):
         limits = {"source_kv_hidden": 65536, "target_kv_hidden": 65536, "window": 512, "dim": 16384, "heads": 256,
@@ -54,6 +57,14 @@ class TranslatorConfig:
                               f"got {self.linear_previous!r} and {self.linear_previous_dims!r}")
         if self.output_activation not in ("gelu", "none"):
             raise ConfigError(f"output_activation must be 'gelu' or 'none', got '{self.output_activation}'")
+        extra = self.linear_extra_layers
+        if not (isinstance(extra, (list, tuple)) and all(isinstance(l, int) and not isinstance(l, bool) and l >= 0
+                                                         for l in extra) and len(set(extra)) == len(extra)):
+            raise ConfigError(f"linear_extra_layers must be distinct source layer indices, got {extra!r}")
+        self.linear_extra_layers = tuple(extra)  # JSON gives a list
+        if extra and not (self.variant == "linear" or self.linear_residual):
+            raise ConfigError("linear_extra_layers are read by the linear map only: use variant 'linear' or "
+                              "linear_residual=True (init 'linear'), or leave them empty")
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -214,7 +225,7 @@ class LinearKVMap(nn.Module):
 
     def __init__(self, cfg: TranslatorConfig):
         super().__init__()
-        token_features = 2 * cfg.window * cfg.source_kv_hidden
+        token_features = 2 * (cfg.window + len(cfg.linear_extra_layers)) * cfg.source_kv_hidden
         self.previous = cfg.linear_previous
         n_features = token_features + self.previous * (cfg.linear_previous_dims or token_features)
         self.window, self.out_hidden = cfg.window, cfg.target_kv_hidden
@@ -229,7 +240,7 @@ class LinearKVMap(nn.Module):
             nn.init.zeros_(proj.bias)
 
     def inputs(self, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """Aligned source blocks [B, N, W, H_S] -> the map's input [B, N, n_features]."""
+        """Aligned source blocks [B, N, W + extra layers, H_S] -> the map's input [B, N, n_features]."""
         return previous_features(features(keys, values), self.previous, self.previous_basis)
 
     def forward(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -241,11 +252,14 @@ class LinearKVMap(nn.Module):
 
 def linear_inputs_text(cfg: TranslatorConfig) -> str:
     """What the linear map reads, in words (the app's explanations)."""
+    extra = cfg.linear_extra_layers
+    layers = (f" (of the window's source layers and source layer{'s' * (len(extra) > 1)} "
+              f"{', '.join(map(str, extra))})" if extra else "")
     if cfg.linear_previous == 0:
-        return "each token's aligned source K and V"
+        return f"each token's aligned source K and V{layers}"
     earlier = "the previous token's" if cfg.linear_previous == 1 else f"the {cfg.linear_previous} previous tokens'"
     axes = f", projected on {cfg.linear_previous_dims} principal axes of the bank" if cfg.linear_previous_dims else ""
-    return f"each token's aligned source K and V and {earlier}{axes}"
+    return f"each token's aligned source K and V{layers} and {earlier}{axes}"
 
 
 def features(keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -294,16 +308,20 @@ class KVTranslator(nn.Module):
             return module(x, override)
         return module(x), None
 
-    def forward(self, keys: torch.Tensor, values: torch.Tensor, override: GateOverride | None = None
-                ) -> TranslatorOutput:
-        """keys, values: aligned source blocks [B, N_t, W, H_S]; override: a what-if on both mixtures' gates."""
+    def forward(self, keys: torch.Tensor, values: torch.Tensor, override: GateOverride | None = None,
+                linear_out: tuple[torch.Tensor, torch.Tensor] | None = None) -> TranslatorOutput:
+        """keys, values: aligned source blocks [B, N_t, W, H_S] of the channel list's source layers, followed by
+        those of linear_extra_layers (read by the linear map only); override: a what-if on both mixtures' gates;
+        linear_out: the linear path's (K, V) output for these tokens, computed beforehand (a training stage that keeps
+        the fitted map fixed computes it once per bank context), instead of running the map here."""
         if self.config.variant == "linear":
-            k, v = self.linear(keys, values)
+            k, v = self.linear(keys, values) if linear_out is None else linear_out
             return TranslatorOutput(keys=k, values=v, key_routing=None, value_routing=None)
-        k, k_routing = self._path(self.key_translator, keys, override)
-        v, v_routing = self._path(self.value_translator, values, override)
+        w = self.config.window
+        k, k_routing = self._path(self.key_translator, keys[:, :, :w], override)
+        v, v_routing = self._path(self.value_translator, values[:, :, :w], override)
         if self.linear is not None:
-            lin_k, lin_v = self.linear(keys, values)
+            lin_k, lin_v = self.linear(keys, values) if linear_out is None else linear_out
             k, v = k + lin_k, v + lin_v
         return TranslatorOutput(keys=k, values=v, key_routing=k_routing, value_routing=v_routing)
 

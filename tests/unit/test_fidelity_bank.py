@@ -413,3 +413,99 @@ def test_a_checkpoints_bank_is_the_one_its_training_recorded(tmp_path, monkeypat
     bare = save_checkpoint(mot, tmp_path / "bare", training={"source": source.spec.name}, metrics={})
     with pytest.raises(ConfigError, match="records no training bank"):
         checkpoint_bank(bare, source, target)
+
+
+def test_the_linear_map_reads_extra_source_layers_and_the_experts_do_not(tmp_path):
+    """linear_extra_layers: the translator's input holds the channel list's source layers, then the extra ones (the
+    source's own aligned K/V of those layers); the experts and the router read the window only, the linear map all."""
+    source, target = _pair()
+    channels = Channels((2, 3), (2, 3))
+    mot = MoT.build(source.spec, target.spec, channels, dim=16, heads=2, num_experts=2, top_k=1,
+                    linear_residual=True, linear_extra_layers=(0,))
+    plain = MoT.build(source.spec, target.spec, channels, dim=16, heads=2, num_experts=2, top_k=1, linear_residual=True)
+    assert mot.input_layers == (2, 3, 0)
+    ids = torch.randint(0, 200, (1, 20), generator=torch.Generator().manual_seed(0))
+    src = prepare_source(mot, source, target, ids, with_attention=False)
+    sk, sv = translator_inputs(mot, src, source)
+    pk, pv = translator_inputs(plain, src, source)
+    from mot_viz.alignment import apply_alignment
+
+    ek, ev = (apply_alignment(b, src.alignment) for b in window_blocks(src.source_kv, (0,)))
+    assert sk.shape[2] == 3 and torch.equal(sk[:, :, :2], pk) and torch.equal(sv[:, :, :2], pv)
+    assert torch.equal(sk[:, :, 2:], ek) and torch.equal(sv[:, :, 2:], ev)
+    other = torch.randn_like(sk[:, :, 2:])
+    moved = (torch.cat([sk[:, :, :2], other], 2), torch.cat([sv[:, :, :2], other], 2))
+    with torch.no_grad():
+        assert torch.equal(mot.translator(sk, sv).keys, mot.translator(*moved).keys)  # map still zero: experts only
+        for proj in (mot.translator.linear.key_proj, mot.translator.linear.value_proj):
+            proj.weight.normal_()
+        assert not torch.allclose(mot.translator(sk, sv).keys, mot.translator(*moved).keys)  # the map reads them
+    folder = save_checkpoint(mot, tmp_path / "extra")
+    loaded, config = load_checkpoint(folder)
+    assert config["translator"]["linear_extra_layers"] == [0] and loaded.input_layers == (2, 3, 0)
+    with torch.no_grad():
+        assert torch.allclose(loaded.translator(sk, sv).values, mot.translator(sk, sv).values, atol=1e-5)
+    for bad, match in (((2,), "outside the channel list"), ((9,), "outside the channel list"),
+                       ((1, 1), "distinct")):
+        with pytest.raises(ConfigError, match=match):
+            MoT.build(source.spec, target.spec, channels, variant="linear", linear_extra_layers=bad)
+    with pytest.raises(ConfigError, match="linear map only"):
+        MoT.build(source.spec, target.spec, channels, linear_extra_layers=(0,))  # no linear path to read them
+
+
+def test_a_bank_with_extra_layers_has_its_own_key_and_a_map_of_them_is_recovered(tmp_path):
+    """The bank of a map with extra layers stores them (another key; a bank without keeps the key it always had),
+    and a map that reads them recovers a target that depends on them, which the window alone cannot."""
+    import hashlib
+    from dataclasses import asdict
+
+    from mot_viz.bank import BANK_VERSION, bank_key
+
+    source, target = _pair()
+    channels = Channels((2, 3), (2, 3))
+    plain = MoT.build(source.spec, target.spec, channels, variant="linear")
+    extra = MoT.build(source.spec, target.spec, channels, variant="linear", linear_extra_layers=(0, 1))
+    ident = {"version": BANK_VERSION, "bank": asdict(SMALL_BANK), "source": source.spec.fingerprint,
+             "target": target.spec.fingerprint, "channels": channels.to_json(), "key_space": "post_rope"}
+    digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+    assert bank_key(plain, SMALL_BANK).endswith(digest) and bank_key(extra, SMALL_BANK) != bank_key(plain, SMALL_BANK)
+    bank = build_bank(extra, source, target, SMALL_BANK, root=tmp_path, progress=False)
+    assert bank.source_keys.shape[1] == 4 and bank.manifest["linear_extra_layers"] == [0, 1]
+
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([30, 45, 25, 40, 35, 50, 30, 45, 40, 35])
+    n, h_s, h_t = int(lengths.sum()), source.spec.kv_hidden, target.spec.kv_hidden
+    keys, values = torch.randn(n, 4, h_s, generator=g), torch.randn(n, 4, h_s, generator=g)
+    a, b = torch.randn(2 * 4 * h_s, 2 * h_t, generator=g), torch.randn(2 * 4 * h_s, 2 * h_t, generator=g)
+    x = torch.cat([keys.flatten(1), values.flatten(1)], 1)
+    synthetic = Bank(keys, values, (x @ a).view(n, 2, h_t), (x @ b).view(n, 2, h_t), torch.zeros(n, dtype=torch.long),
+                     lengths)
+    window_only = Bank(keys[:, :2], values[:, :2], synthetic.target_keys, synthetic.target_values,
+                       synthetic.target_ids, lengths)
+    best = lambda report: min(report["val_mse_k"].values()) + min(report["val_mse_v"].values())
+    assert best(fit_linear(extra, synthetic)) < 1e-3 * best(fit_linear(plain, window_only))
+
+
+def test_a_bank_stage_with_a_fixed_map_runs_the_map_once_per_context(tmp_path):
+    """With the fitted map kept fixed (fit.trainable_parameters), the bank stage computes the linear path once over
+    every whole context, and a crop's loss from those rows equals the loss of running the map on the crop (no earlier
+    tokens read): the same value, not a step-by-step rerun of the map."""
+    from mot_viz.fit import _crops, linear_path_rows, trainable_parameters
+
+    source, target = _pair()
+    channels = Channels((2, 3), (2, 3))
+    mixture = MoT.build(source.spec, target.spec, channels, dim=16, heads=2, num_experts=2, top_k=1,
+                        linear_residual=True, linear_extra_layers=(1,))
+    bank = build_bank(mixture, source, target, SMALL_BANK, root=tmp_path, progress=False)
+    fit_linear(mixture, bank)
+    rows = linear_path_rows(mixture, bank)
+    crop = _crops(bank, [0, 1], 8, torch.Generator().manual_seed(0), rows)
+    assert len(crop) == 6 and crop[4].shape == crop[2].shape
+    assert torch.equal(bank_loss(mixture, *crop)[0], bank_loss(mixture, *crop[:4])[0])  # per-token map: same rows
+    calls = []
+    mixture.translator.linear.register_forward_hook(lambda *args: calls.append(1))
+    params = trainable_parameters(mixture)
+    steps, val = 5, bank.split()[1]
+    bank_stage(mixture, bank, steps=steps, lr=1e-3, batch=2, crop=8, warmup=1, log_every=steps, progress=False,
+               params=params)
+    assert len(calls) == bank.num_contexts + len(val)  # the precomputation, then one validation; no step reran it

@@ -83,6 +83,10 @@ def test_config_overrides_and_validation(tmp_path):
                                                    "0.5", "--topk_sparse_attn", "none", "--resume"])
     assert (cfg.max_steps, cfg.variant, cfg.learning_rate, cfg.topk_sparse_attn, resume, overwrite) == (
         9, "single", 0.5, None, True, False)
+    listed, _, _ = train_mod.parse_args(["--linear_extra_layers", "3,12", "--init", "linear"])
+    assert listed.linear_extra_layers == [3, 12] and listed.translator_kwargs()["linear_extra_layers"] == (3, 12)
+    with pytest.raises(Exception, match="list of numbers"):
+        train_mod.parse_args(["--linear_extra_layers", "3,x"])
     with pytest.raises(Exception, match="unknown training config keys"):
         TrainConfig.from_json({"max_stepz": 3})
 
