@@ -54,17 +54,22 @@ def principal_axes(x_rows, dims: int) -> torch.Tensor:
 def fit_linear(mot: MoT, bank: Bank, lambdas=LAMBDAS, val_fraction: float = 0.1) -> dict:
     """Fit the translator's linear path on the bank in closed form; λ per K/V chosen on held-out contexts.
 
-    With projected earlier tokens (linear_previous_dims) their principal axes are fitted first, on the training
-    contexts' token features. Returns a report: chosen λ, held-out MSE per λ, tokens used and seconds.
+    Projections are fitted first, on the training contexts: the extra layers' principal axes (linear_extra_dims),
+    then those of the token features for the earlier tokens (linear_previous_dims). Returns a report: chosen λ, held-out MSE per λ, tokens used and seconds.
     """
     linear = mot.translator.linear
     if linear is None:
         raise ConfigError("this translator has no linear path: use variant 'linear' or linear_residual=True")
     t0 = time.perf_counter()
     train, val = bank.split(val_fraction)
+    w = linear.window
+    if linear.extra_basis is not None:
+        linear.extra_basis.copy_(principal_axes(
+            (features(sk[:, :, w:], sv[:, :, w:])[0] for sk, sv, _, _ in map(bank.context, train)),
+            linear.extra_basis.shape[1]))
     if linear.previous_basis is not None:
         linear.previous_basis.copy_(principal_axes(
-            (features(*bank.context(i)[:2])[0] for i in train), linear.previous_basis.shape[1]))
+            (linear.token_features(*bank.context(i)[:2])[0] for i in train), linear.previous_basis.shape[1]))
     tr, va = bank.rows(train), bank.rows(val)
     x, x_val = _map_inputs(mot, bank, train), _map_inputs(mot, bank, val)
     report = {"train_tokens": len(tr), "val_tokens": len(va), "val_contexts": len(val), "features": x.shape[1]}

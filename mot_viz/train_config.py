@@ -61,6 +61,7 @@ class TrainConfig:
     linear_previous: int = 0  # the linear map also reads this many tokens before each token (0: the token alone)
     linear_previous_dims: int = 0  # each earlier token projected on this many principal axes of the bank (0: not)
     linear_extra_layers: list[int] = dataclasses.field(default_factory=list)  # source layers only the map also reads
+    linear_extra_dims: int = 0  # the extra layers' K and V projected on this many principal axes of the bank (0: not)
     log_every: int = 5  # optimiser steps per log line
     save_every: int = 25  # optimiser steps per checkpoint
     seed: int = 42  # seeds the bank, the translator's init and the row order
@@ -114,7 +115,8 @@ class TrainConfig:
                 "top_k": self.mot_top_k, "output_activation": self.output_activation, "key_space": self.key_space,
                 "linear_residual": self.init == "linear" and self.variant != "linear",
                 "linear_previous": self.linear_previous, "linear_previous_dims": self.linear_previous_dims,
-                "linear_extra_layers": tuple(self.linear_extra_layers), **overrides}
+                "linear_extra_layers": tuple(self.linear_extra_layers), "linear_extra_dims": self.linear_extra_dims,
+                **overrides}
 
     @property
     def uses_bank(self) -> bool:

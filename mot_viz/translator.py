@@ -35,6 +35,7 @@ class TranslatorConfig:
     # source layers beyond the channel list whose aligned K and V the linear map also reads (issue 10: more of the
     # source's depth at once); the experts and the router read the channel list's layers only (method.md §4–§5).
     linear_extra_layers: tuple[int, ...] = ()
+    linear_extra_dims: int = 0  # the extra layers' K and V projected on this many principal axes of the bank (0: not)
 
     def __post_init__(self):
         limits = {"source_kv_hidden": 65536, "target_kv_hidden": 65536, "window": 512, "dim": 16384, "heads": 256,
@@ -62,6 +63,10 @@ class TranslatorConfig:
                                                          for l in extra) and len(set(extra)) == len(extra)):
             raise ConfigError(f"linear_extra_layers must be distinct source layer indices, got {extra!r}")
         self.linear_extra_layers = tuple(extra)  # JSON gives a list
+        if not (isinstance(self.linear_extra_dims, int) and 0 <= self.linear_extra_dims <= 65536):
+            raise ConfigError(f"linear_extra_dims must be an integer in [0, 65536], got {self.linear_extra_dims!r}")
+        if self.linear_extra_dims and not extra:
+            raise ConfigError("linear_extra_dims projects linear_extra_layers: give the layers too, or leave it 0")
         if extra and not (self.variant == "linear" or self.linear_residual):
             raise ConfigError("linear_extra_layers are read by the linear map only: use variant 'linear' or "
                               "linear_residual=True (init 'linear'), or leave them empty")
@@ -225,7 +230,13 @@ class LinearKVMap(nn.Module):
 
     def __init__(self, cfg: TranslatorConfig):
         super().__init__()
-        token_features = 2 * (cfg.window + len(cfg.linear_extra_layers)) * cfg.source_kv_hidden
+        extra_features = 2 * len(cfg.linear_extra_layers) * cfg.source_kv_hidden
+        # (linear_extra_dims is 0 without extra layers: TranslatorConfig checks)
+        token_features = 2 * cfg.window * cfg.source_kv_hidden + (cfg.linear_extra_dims or extra_features)
+        if extra_features and cfg.linear_extra_dims:  # fitted with the map (fit.fit_linear), saved with it
+            self.register_buffer("extra_basis", torch.zeros(extra_features, cfg.linear_extra_dims))
+        else:
+            self.extra_basis = None
         self.previous = cfg.linear_previous
         n_features = token_features + self.previous * (cfg.linear_previous_dims or token_features)
         self.window, self.out_hidden = cfg.window, cfg.target_kv_hidden
@@ -239,9 +250,18 @@ class LinearKVMap(nn.Module):
             nn.init.zeros_(proj.weight)
             nn.init.zeros_(proj.bias)
 
+    def token_features(self, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """Aligned source blocks [B, N, W + extra layers, H_S] -> each token's own features [B, N, F]: the window's
+        K and V, then the extra layers' (projected on extra_basis where the map has one)."""
+        x = features(keys[:, :, :self.window], values[:, :, :self.window])
+        if keys.shape[2] == self.window:
+            return x
+        extra = features(keys[:, :, self.window:], values[:, :, self.window:])
+        return torch.cat([x, extra if self.extra_basis is None else extra @ self.extra_basis], dim=-1)
+
     def inputs(self, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """Aligned source blocks [B, N, W + extra layers, H_S] -> the map's input [B, N, n_features]."""
-        return previous_features(features(keys, values), self.previous, self.previous_basis)
+        return previous_features(self.token_features(keys, values), self.previous, self.previous_basis)
 
     def forward(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         b, n = keys.shape[:2]
@@ -253,8 +273,9 @@ class LinearKVMap(nn.Module):
 def linear_inputs_text(cfg: TranslatorConfig) -> str:
     """What the linear map reads, in words (the app's explanations)."""
     extra = cfg.linear_extra_layers
+    projected = f", the latter projected on {cfg.linear_extra_dims} principal axes of the bank" if cfg.linear_extra_dims else ""
     layers = (f" (of the window's source layers and source layer{'s' * (len(extra) > 1)} "
-              f"{', '.join(map(str, extra))})" if extra else "")
+              f"{', '.join(map(str, extra))}{projected})" if extra else "")
     if cfg.linear_previous == 0:
         return f"each token's aligned source K and V{layers}"
     earlier = "the previous token's" if cfg.linear_previous == 1 else f"the {cfg.linear_previous} previous tokens'"

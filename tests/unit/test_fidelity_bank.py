@@ -453,9 +453,11 @@ def test_the_linear_map_reads_extra_source_layers_and_the_experts_do_not(tmp_pat
         MoT.build(source.spec, target.spec, channels, linear_extra_layers=(0,))  # no linear path to read them
 
 
-def test_a_bank_with_extra_layers_has_its_own_key_and_a_map_of_them_is_recovered(tmp_path):
+@pytest.mark.parametrize("dims", [0, 6])
+def test_a_bank_with_extra_layers_has_its_own_key_and_a_map_of_them_is_recovered(dims, tmp_path):
     """The bank of a map with extra layers stores them (another key; a bank without keeps the key it always had),
-    and a map that reads them recovers a target that depends on them, which the window alone cannot."""
+    and a map that reads them recovers a target that depends on them, which the window alone cannot (the extra layers
+    unprojected, or projected on the principal axes of extra features of rank 6); it saves and loads with its axes."""
     import hashlib
     from dataclasses import asdict
 
@@ -476,6 +478,9 @@ def test_a_bank_with_extra_layers_has_its_own_key_and_a_map_of_them_is_recovered
     lengths = torch.tensor([30, 45, 25, 40, 35, 50, 30, 45, 40, 35])
     n, h_s, h_t = int(lengths.sum()), source.spec.kv_hidden, target.spec.kv_hidden
     keys, values = torch.randn(n, 4, h_s, generator=g), torch.randn(n, 4, h_s, generator=g)
+    if dims:  # the extra layers' K and V span 6 directions
+        low = torch.randn(n, dims, generator=g) @ torch.randn(dims, 2 * 2 * h_s, generator=g)
+        keys[:, 2:], values[:, 2:] = low[:, : 2 * h_s].view(n, 2, h_s), low[:, 2 * h_s:].view(n, 2, h_s)
     a, b = torch.randn(2 * 4 * h_s, 2 * h_t, generator=g), torch.randn(2 * 4 * h_s, 2 * h_t, generator=g)
     x = torch.cat([keys.flatten(1), values.flatten(1)], 1)
     synthetic = Bank(keys, values, (x @ a).view(n, 2, h_t), (x @ b).view(n, 2, h_t), torch.zeros(n, dtype=torch.long),
@@ -483,7 +488,16 @@ def test_a_bank_with_extra_layers_has_its_own_key_and_a_map_of_them_is_recovered
     window_only = Bank(keys[:, :2], values[:, :2], synthetic.target_keys, synthetic.target_values,
                        synthetic.target_ids, lengths)
     best = lambda report: min(report["val_mse_k"].values()) + min(report["val_mse_v"].values())
-    assert best(fit_linear(extra, synthetic)) < 1e-3 * best(fit_linear(plain, window_only))
+    mapped = MoT.build(source.spec, target.spec, channels, variant="linear", linear_extra_layers=(0, 1),
+                       linear_extra_dims=dims, linear_previous=1, linear_previous_dims=4)
+    assert best(fit_linear(mapped, synthetic)) < 1e-3 * best(fit_linear(plain, window_only))
+    assert (mapped.translator.linear.extra_basis is not None) == bool(dims)
+    loaded, _ = load_checkpoint(save_checkpoint(mapped, tmp_path / "mapped"))
+    sk, sv, _, _ = synthetic.context(synthetic.num_contexts - 1)
+    with torch.no_grad():
+        assert torch.allclose(loaded.translator(sk, sv).keys, mapped.translator(sk, sv).keys, atol=1e-4)
+    with pytest.raises(ConfigError, match="give the layers too"):
+        MoT.build(source.spec, target.spec, channels, variant="linear", linear_extra_dims=4)
 
 
 def test_a_bank_stage_with_a_fixed_map_runs_the_map_once_per_context(tmp_path):
