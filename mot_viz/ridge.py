@@ -26,20 +26,33 @@ class RidgeFit:
 
 
 class _Normal:
-    """The centred normal equations of features x in float64, diagonalised once for any target and λ."""
+    """The centred normal equations of features x in float64, diagonalised once for any target and λ.
+
+    Sums run over row chunks in float64, so memory is the features themselves (as given) plus one chunk: a bank of
+    ~100k tokens by several thousand features fits in a few GB.
+    """
+
+    CHUNK = 8192  # rows per float64 chunk
 
     def __init__(self, x: torch.Tensor):
-        x = x.double()
-        self.x_mean = x.mean(0)
-        self.xc = x - self.x_mean
-        gram = self.xc.T @ self.xc  # (F, F)
+        self.x = x
+        self.x_mean = sum(c.double().sum(0) for c in self._chunks(x)) / len(x)
+        gram = torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64)
+        for c in self._chunks(x):
+            c = c.double() - self.x_mean
+            gram.addmm_(c.T, c)
         self.scale = float(gram.diagonal().mean().clamp(min=1e-12))
         self.eigvals, self.eigvecs = torch.linalg.eigh(gram)
 
+    def _chunks(self, t: torch.Tensor):
+        return (t[i:i + self.CHUNK] for i in range(0, len(t), self.CHUNK))
+
     def project(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        y = y.double()
-        y_mean = y.mean(0)
-        return self.eigvecs.T @ (self.xc.T @ (y - y_mean)), y_mean  # (F, O), (O,)
+        y_mean = y.double().mean(0)
+        xty = torch.zeros(self.x.shape[1], y.shape[1], dtype=torch.float64)
+        for c, t in zip(self._chunks(self.x), self._chunks(y)):
+            xty.addmm_((c.double() - self.x_mean).T, t.double() - y_mean)
+        return self.eigvecs.T @ xty, y_mean  # (F, O), (O,)
 
     def solve(self, projected: torch.Tensor, y_mean: torch.Tensor, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
         weight = self.eigvecs @ (projected / (self.eigvals.clamp(min=0) + lam * self.scale)[:, None])
