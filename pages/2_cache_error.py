@@ -7,8 +7,10 @@ import streamlit as st
 
 from mot_viz import app
 from mot_viz.cache_metrics import COMPARISONS, cache_error_grid, cache_error_table
+from mot_viz.checkpoint import read_config
 from mot_viz.fidelity import fidelity_verdicts
 from mot_viz.figures import FIDELITY_TITLES, METRIC_TITLES, error_heatmap, fidelity_figure, layer_error_figure
+from mot_viz.translator import TranslatorConfig, linear_inputs_text
 from mot_viz.verdict import VerdictThresholds, reuse_verdict
 
 
@@ -46,6 +48,9 @@ def main() -> None:
     _token_heatmap(run)
 
     st.subheader("Window fidelity against its baselines")
+    linear = app.linear_baseline_for(run.selection.checkpoint, run.mot)
+    reads = ("" if linear is None else
+             f" (the installed one reads {linear_inputs_text(TranslatorConfig(**read_config(linear)['translator']))})")
     st.markdown(
         "How close the translated window is to the native window on this context, beside what simpler "
         "\"translations\" score (method.md §13):\n\n"
@@ -56,8 +61,8 @@ def main() -> None:
         "with the native K/V, on the same (native) queries: what attention actually reads from the window.\n"
         "- **mean vector** — every token's K/V replaced by the mean native K/V of that layer over LAMBADA prose: a "
         "window with no context-specific content.\n"
-        "- **linear** — the closed-form ridge map of the same window, when a `linear` checkpoint for this pair and window "
-        "is installed: the floor a trained translator must clear to earn its cost."
+        "- **linear** — the closed-form ridge map into the same window, when a `linear` checkpoint for this pair and "
+        f"window is installed{reads}: the floor a trained translator must clear to earn its cost."
     )
     fidelity = app.window_fidelity(run, None if second is None else second.path)
     own = fidelity["candidate"].iloc[0]
