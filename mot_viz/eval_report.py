@@ -4,6 +4,9 @@ config.json records (shown on the app's Training page)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
@@ -102,3 +105,16 @@ def evaluation_table(config: dict) -> pd.DataFrame | None:
         raise CheckpointError(f"metrics.evaluation in the checkpoint's config.json is malformed ({type(exc).__name__}: "
                               f"{exc}). Record it again with scripts/results_md.py --record.") from exc
     return pd.DataFrame(rows)
+
+
+def measured_these_weights(results: str, meta: dict, checkpoint: str, config: Path) -> bool:
+    """Whether the evaluation folder `results` (its summary.json: meta) measured the current weights of `checkpoint`
+    (whose config.json is `config`): its recorded weights digest matches, or, for folders from before digests were
+    recorded, the checkpoint's config already cites the folder (scripts/results_md.py --record keeps those)."""
+    from .checkpoint import weights_sha256
+
+    recorded = (meta.get("weights_sha256") or {}).get(checkpoint)
+    if recorded is not None:
+        return recorded == weights_sha256(config.parent)
+    cited = (json.loads(config.read_text()).get("metrics") or {}).get("evaluation") or {}
+    return any(isinstance(r, dict) and r.get("results") == results for r in cited.values())

@@ -28,7 +28,7 @@ import torch
 from .alignment import encode
 from .answers import (CONDITIONS, EXTRA_CONDITIONS, MAX_NEW_TOKENS, answers_from_caches, condition_caches,
                       translated_seconds)
-from .checkpoint import load_checkpoint, read_config
+from .checkpoint import WEIGHTS_FILE, load_checkpoint, read_config, weights_sha256
 from .cli import run_cli
 from .corpus import split_sequence, training_sequences
 from .errors import CheckpointError, ConfigError, MotVizError
@@ -289,6 +289,17 @@ def run(settings: EvalSettings, out_dir: Path, progress: bool = True, resume: bo
     return _write(out_dir, frames, settings)
 
 
+def evaluated_weights(settings: EvalSettings) -> dict[str, str]:
+    """SHA-256 of the weights of each evaluated checkpoint ({path as given: digest}): what a record of the results in
+    that checkpoint's config.json is checked against (scripts/results_md.py --record), so retrained weights do not
+    inherit the results of the ones they replaced."""
+    out = {}
+    for path in (settings.checkpoint, settings.second):
+        if path and (Path(path) / WEIGHTS_FILE).is_file():
+            out[str(path)] = weights_sha256(Path(path))
+    return out
+
+
 def _write(out_dir: Path, frames: list[pd.DataFrame], settings: EvalSettings) -> pd.DataFrame:
     df = pd.concat([f for f in frames if len(f)] or [pd.DataFrame(columns=ROW_COLUMNS)])
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -299,7 +310,8 @@ def _write(out_dir: Path, frames: list[pd.DataFrame], settings: EvalSettings) ->
     paired.to_csv(out_dir / "paired.csv", index=False)
     skipped = df.loc[df["condition"] == "skipped", ["dataset", "id", "error"]].to_dict(orient="records")
     meta = {"settings": settings.__dict__, "date": str(datetime.date.today()), "skipped": len(skipped),
-            "skipped_examples": skipped, "summary": summary.to_dict(orient="records")}
+            "skipped_examples": skipped, "summary": summary.to_dict(orient="records"),
+            "weights_sha256": evaluated_weights(settings)}
     (out_dir / "summary.json").write_text(json.dumps(meta, indent=2, default=str))
     (out_dir / "summary.md").write_text(
         f"Command: `{settings.command()}`\n\nDate: {meta['date']}. Prompts: {settings.prompt}. Skipped examples: {len(skipped)}.\n\n"

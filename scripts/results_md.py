@@ -21,7 +21,7 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from mot_viz.eval_report import markdown_table, paired_differences, paired_markdown
+from mot_viz.eval_report import markdown_table, measured_these_weights, paired_differences, paired_markdown
 from mot_viz.evaluate import EvalSettings
 
 # (first checkpoint, second checkpoint): paired over the examples both were evaluated on, first − second
@@ -93,6 +93,8 @@ def record_in_configs() -> list[Path]:
         for checkpoint, table in views:
             config = ROOT / checkpoint / "config.json"
             if not config.is_file() or config.parent.parent != ROOT / "pretrained":
+                continue
+            if not measured_these_weights(f"results/eval/{folder.name}", meta, checkpoint, config):
                 continue
             for dataset, rows in table.groupby("dataset", sort=False):
                 records.setdefault(config, {})[dataset] = {

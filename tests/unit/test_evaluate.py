@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -178,3 +180,31 @@ def test_replay_mode_overrides_the_checkpoints_replay_and_is_in_the_command(setu
     assert load("sparse", "dense").replay.topk_sparse_attn is None
     assert "--replay sparse" in settings("sparse").command()
     assert "--replay" not in settings("checkpoint").command()
+
+
+def test_results_are_recorded_only_for_the_weights_they_measured(setup, tmp_path):
+    """summary.json names the digest of each evaluated checkpoint's weights; a config.json takes a folder's results
+    only if the digest is its weights' (retrained weights do not inherit them), or, for a folder from before digests,
+    if the config already cites it."""
+    from mot_viz.checkpoint import save_checkpoint
+    from mot_viz.eval_report import measured_these_weights
+    from mot_viz.evaluate import evaluated_weights
+
+    import copy
+
+    mot = copy.deepcopy(setup[0])  # the fixture's stays untouched
+    folder = save_checkpoint(mot, tmp_path / "ck")
+    settings = EvalSettings(str(folder), None, ("toy",), 2, 0, 4, 64, 200)
+    meta = {"weights_sha256": evaluated_weights(settings)}
+    config = folder / "config.json"
+    assert set(meta["weights_sha256"]) == {str(folder)}
+    assert measured_these_weights("results/eval/a", meta, str(folder), config)
+    with torch.no_grad():
+        next(mot.parameters()).add_(1.0)
+    save_checkpoint(mot, folder)  # retrained in place
+    assert not measured_these_weights("results/eval/a", meta, str(folder), config)
+    assert not measured_these_weights("results/eval/old", {}, str(folder), config)  # no digest, not cited
+    cfg = json.loads(config.read_text())
+    cfg.setdefault("metrics", {})["evaluation"] = {"toy": {"results": "results/eval/old"}}
+    config.write_text(json.dumps(cfg))
+    assert measured_these_weights("results/eval/old", {}, str(folder), config)
