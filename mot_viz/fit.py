@@ -55,7 +55,8 @@ def fit_linear(mot: MoT, bank: Bank, lambdas=LAMBDAS, val_fraction: float = 0.1)
     """Fit the translator's linear path on the bank in closed form; λ per K/V chosen on held-out contexts.
 
     Projections are fitted first, on the training contexts: the extra layers' principal axes (linear_extra_dims),
-    then those of the token features for the earlier tokens (linear_previous_dims). Returns a report: chosen λ, held-out MSE per λ, tokens used and seconds.
+    then those of the token features for the earlier tokens (linear_previous_dims). Returns a report: chosen λ,
+    held-out MSE per λ, tokens used and seconds.
     """
     linear = mot.translator.linear
     if linear is None:

@@ -273,7 +273,8 @@ class LinearKVMap(nn.Module):
 def linear_inputs_text(cfg: TranslatorConfig) -> str:
     """What the linear map reads, in words (the app's explanations)."""
     extra = cfg.linear_extra_layers
-    projected = f", the latter projected on {cfg.linear_extra_dims} principal axes of the bank" if cfg.linear_extra_dims else ""
+    projected = (f", the latter projected on {cfg.linear_extra_dims} principal axes of the bank"
+                 if cfg.linear_extra_dims else "")
     layers = (f" (of the window's source layers and source layer{'s' * (len(extra) > 1)} "
               f"{', '.join(map(str, extra))}{projected})" if extra else "")
     if cfg.linear_previous == 0:
