@@ -183,7 +183,7 @@ def context_fidelity(mot: MoT, source: LoadedModel, target: LoadedModel, text: s
 
 
 def fidelity_verdicts(rows: pd.DataFrame, candidate: str = "translator") -> list[str]:
-    """Plain-language warnings about one candidate's window, judged against the mean-vector rows beside it."""
+    """Plain-language warnings about one candidate's window, judged against the mean-vector and linear rows beside it."""
     mine = rows[rows.candidate == candidate]
     out = []
     for kv in ("k", "v"):
@@ -197,6 +197,14 @@ def fidelity_verdicts(rows: pd.DataFrame, candidate: str = "translator") -> list
             if mine[f"rel_err_{kv}"].mean() > means[f"rel_err_{kv}"].mean():
                 out.append(f"The {candidate}'s {kv.upper()} errs more than the mean vector: relative error "
                            f"{mine[f'rel_err_{kv}'].mean():.2f} vs {means[f'rel_err_{kv}'].mean():.2f}.")
+    linear = rows[rows.candidate == "linear"]
+    if len(linear) and candidate != "linear":
+        below = [(kv.upper(), mine[f"centered_cos_{kv}"].mean(), linear[f"centered_cos_{kv}"].mean()) for kv in "kv"
+                 if mine[f"centered_cos_{kv}"].mean() < linear[f"centered_cos_{kv}"].mean()]
+        if below:
+            scores = ", ".join(f"{kv} {a:.4f} vs {b:.4f}" for kv, a, b in below)
+            out.append(f"On this context the closed-form linear map is closer to native than the {candidate} "
+                       f"(centered cosine, window mean: {scores}): what the trained parts add does not help here.")
     return out
 
 

@@ -523,3 +523,25 @@ def test_a_bank_stage_with_a_fixed_map_runs_the_map_once_per_context(tmp_path):
     bank_stage(mixture, bank, steps=steps, lr=1e-3, batch=2, crop=8, warmup=1, log_every=steps, progress=False,
                params=params)
     assert len(calls) == bank.num_contexts + len(val)  # the precomputation, then one validation; no step reran it
+
+
+def test_fidelity_verdicts_name_no_structure_the_mean_vector_and_the_linear_map():
+    """The Per-layer page's warnings: no token structure, more error than the mean vector, behind the linear map."""
+    import pandas as pd
+
+    from mot_viz.fidelity import fidelity_verdicts
+
+    def row(candidate, cent, rel):
+        return {"candidate": candidate, "centered_cos_k": cent, "centered_cos_v": cent, "rel_err_k": rel,
+                "rel_err_v": rel}
+
+    good = pd.DataFrame([row("translator", 0.85, 0.3), row("mean vector", 0.0, 0.7), row("linear", 0.84, 0.31)])
+    assert fidelity_verdicts(good) == []
+    flat = pd.DataFrame([row("translator", 0.02, 0.9), row("mean vector", 0.0, 0.7)])
+    messages = fidelity_verdicts(flat)
+    assert sum("no token structure" in m for m in messages) == 2 and sum("mean vector" in m for m in messages) == 2
+    behind = pd.DataFrame([row("translator", 0.849, 0.3), row("mean vector", 0.0, 0.7), row("linear", 0.85, 0.3)])
+    assert fidelity_verdicts(behind) == [
+        "On this context the closed-form linear map is closer to native than the translator (centered cosine, window "
+        "mean: K 0.8490 vs 0.8500, V 0.8490 vs 0.8500): what the trained parts add does not help here."]
+    assert fidelity_verdicts(behind.replace({"translator": "linear", "linear": "translator"}), "linear") == []
