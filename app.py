@@ -98,7 +98,7 @@ def _cost_panel(run) -> None:
     st.caption(
         "Source prefill: the source reads the text (in a multi-model system its cache exists already). Alignment: "
         "the character spans of both tokenizations. Translator: the experts and router (or the linear map) over "
-        "the window. "
+        "the window's aligned source K/V (a map may also read other source layers: the Training page says which). "
         "The replay is one forward pass of the target over the context tokens, so MoT does not skip the target's "
         "prefill: the target computes every layer itself, and inside the window its attention reads the translated "
         f"K/V instead of its own. This checkpoint replays with {attention}. Sparse attention is where a replay can "
