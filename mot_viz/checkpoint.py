@@ -264,7 +264,7 @@ def copy_linear_path(mot: MoT, path: str | Path) -> dict:
             and linear.translator.config.key_space == mot.translator.config.key_space
             and all(getattr(linear.translator.config, k) == getattr(mot.translator.config, k)
                     for k in ("linear_previous", "linear_previous_dims", "linear_extra_layers",
-                              "linear_extra_dims")))
+                              "linear_extra_dims", "linear_rank")))
     if not same:
         raise CheckpointError(f"'{path}' maps another pair, window, key space or token context than this translator: "
                               "copy the linear checkpoint of the same window, or fit one (leave linear_from empty).")

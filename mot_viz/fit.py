@@ -31,7 +31,7 @@ def cosine_lr(base: float, step: int, warmup: int, total: int) -> float:
     return base * 0.5 * (1 + math.cos(math.pi * (step - warmup) / (total - warmup)))
 
 
-def _map_inputs(mot: MoT, bank: Bank, contexts: list[int]) -> torch.Tensor:
+def map_inputs(mot: MoT, bank: Bank, contexts: list[int]) -> torch.Tensor:
     """The linear map's input rows [n, F'] of whole bank contexts (earlier tokens read within each context)."""
     linear = mot.translator.linear
     return torch.cat([linear.inputs(*bank.context(i)[:2])[0] for i in contexts])
@@ -55,8 +55,8 @@ def fit_linear(mot: MoT, bank: Bank, lambdas=LAMBDAS, val_fraction: float = 0.1)
     """Fit the translator's linear path on the bank in closed form; λ per K/V chosen on held-out contexts.
 
     Projections are fitted first, on the training contexts: the extra layers' principal axes (linear_extra_dims),
-    then those of the token features for the earlier tokens (linear_previous_dims). Returns a report: chosen λ,
-    held-out MSE per λ, tokens used and seconds.
+    then those of the token features for the earlier tokens (linear_previous_dims). With linear_rank the fit is
+    reduced-rank ridge (mot_viz.ridge). Returns a report: chosen λ, held-out MSE per λ, tokens used and seconds.
     """
     linear = mot.translator.linear
     if linear is None:
@@ -72,14 +72,21 @@ def fit_linear(mot: MoT, bank: Bank, lambdas=LAMBDAS, val_fraction: float = 0.1)
         linear.previous_basis.copy_(principal_axes(
             (linear.token_features(*bank.context(i)[:2])[0] for i in train), linear.previous_basis.shape[1]))
     tr, va = bank.rows(train), bank.rows(val)
-    x, x_val = _map_inputs(mot, bank, train), _map_inputs(mot, bank, val)
+    x, x_val = map_inputs(mot, bank, train), map_inputs(mot, bank, val)
     report = {"train_tokens": len(tr), "val_tokens": len(va), "val_contexts": len(val), "features": x.shape[1]}
     targets = {"k": bank.target_keys, "v": bank.target_values}
+    rank = mot.translator.config.linear_rank if linear.key_down is not None else 0
     fits = fit_ridge_many(x, {n: t[tr].flatten(1) for n, t in targets.items()}, x_val,
-                          {n: t[va].flatten(1) for n, t in targets.items()}, lambdas)
-    for name, proj in (("k", linear.key_proj), ("v", linear.value_proj)):
+                          {n: t[va].flatten(1) for n, t in targets.items()}, lambdas, rank=rank)
+    if rank:
+        report["rank"] = rank
+    for name, down, proj in (("k", linear.key_down, linear.key_proj), ("v", linear.value_down, linear.value_proj)):
         fit = fits[name]
-        proj.weight.copy_(fit.weight.T)
+        if down is None:
+            proj.weight.copy_(fit.weight.T)
+        else:
+            down.weight.copy_(fit.weight.T)
+            proj.weight.copy_(fit.up.T)
         proj.bias.copy_(fit.bias)
         report[f"lambda_{name}"] = fit.lam
         report[f"val_mse_{name}"] = {str(k): v for k, v in fit.val_mse.items()}

@@ -2,7 +2,8 @@
 
 Pure tensor functions. Features and targets are centred, so the intercept is not penalised; the penalty
 is relative (λ · mean eigenvalue of the feature covariance), so one grid fits every pair's scale.
-One eigendecomposition serves every λ of the grid; λ is chosen on held-out rows.
+One eigendecomposition serves every λ of the grid; λ is chosen on held-out rows. With a rank, the fit is reduced-rank
+ridge: the ridge weights projected on the top principal directions of their own fitted values, stored as two factors.
 """
 
 from __future__ import annotations
@@ -19,13 +20,19 @@ LAMBDAS = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)  # relative penalties tried by def
 class RidgeFit:
     """y ≈ x @ weight + bias, with the penalty that did best on the held-out rows."""
 
-    weight: torch.Tensor  # [F, O]
+    weight: torch.Tensor  # [F, O], or [F, rank] with `up`
     bias: torch.Tensor  # [O]
     lam: float  # chosen relative penalty
     val_mse: dict[float, float]  # held-out MSE per relative penalty tried
+    up: torch.Tensor | None = None  # [rank, O] for a reduced-rank fit: y ≈ x @ weight @ up + bias
+
+    @property
+    def full_weight(self) -> torch.Tensor:
+        """The [F, O] weight (the product of the factors for a reduced-rank fit)."""
+        return self.weight if self.up is None else self.weight @ self.up
 
 
-class _Normal:
+class NormalEquations:
     """The centred normal equations of features x in float64, diagonalised once for any target and λ.
 
     Sums run over row chunks in float64, so memory is the features themselves (as given) plus one chunk: a bank of
@@ -54,41 +61,56 @@ class _Normal:
             xty.addmm_((c.double() - self.x_mean).T, t.double() - y_mean)
         return self.eigvecs.T @ xty, y_mean  # (F, O), (O,)
 
-    def solve(self, projected: torch.Tensor, y_mean: torch.Tensor, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def solve(self, projected: torch.Tensor, y_mean: torch.Tensor, lam: float, rank: int = 0
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(weight, bias, up): the ridge solution for λ; with 0 < rank < O, weight [F, rank] and up [rank, O] are its
+        projection on the `rank` principal directions of its fitted values on these rows (up None otherwise)."""
         weight = self.eigvecs @ (projected / (self.eigvals.clamp(min=0) + lam * self.scale)[:, None])
-        return weight, y_mean - self.x_mean @ weight
+        up = None
+        if 0 < rank < weight.shape[1]:
+            rotated = self.eigvecs.T @ weight  # fitted-value covariance = rotatedᵀ · diag(eigvals) · rotated
+            cov = rotated.T @ (self.eigvals.clamp(min=0)[:, None] * rotated)
+            values, vectors = torch.linalg.eigh(cov)
+            up = vectors[:, values.argsort(descending=True)[:rank]].T  # [rank, O], orthonormal rows
+            weight = weight @ up.T
+        full = weight if up is None else weight @ up
+        return weight, y_mean - self.x_mean @ full, up
 
 
 def fit_ridge(x: torch.Tensor, y: torch.Tensor, x_val: torch.Tensor, y_val: torch.Tensor,
-              lambdas: Sequence[float] = LAMBDAS, refit_all: bool = True) -> RidgeFit:
+              lambdas: Sequence[float] = LAMBDAS, refit_all: bool = True, rank: int = 0) -> RidgeFit:
     """Fit y [n, O] from x [n, F] for every λ, keep the one with the lowest MSE on (x_val, y_val)."""
-    return fit_ridge_many(x, {"y": y}, x_val, {"y": y_val}, lambdas, refit_all)["y"]
+    return fit_ridge_many(x, {"y": y}, x_val, {"y": y_val}, lambdas, refit_all, rank)["y"]
 
 
 def fit_ridge_many(x: torch.Tensor, ys: dict[str, torch.Tensor], x_val: torch.Tensor, ys_val: dict[str, torch.Tensor],
-                   lambdas: Sequence[float] = LAMBDAS, refit_all: bool = True) -> dict[str, RidgeFit]:
+                   lambdas: Sequence[float] = LAMBDAS, refit_all: bool = True, rank: int = 0
+                   ) -> dict[str, RidgeFit]:
     """`fit_ridge` for several targets of the same features (one decomposition), λ chosen per target.
 
     With refit_all the chosen λ is refitted on train and held-out rows together (the returned weights);
-    val_mse always reports the train-only fits, so the choice stays honest.
+    val_mse always reports the train-only fits, so the choice stays honest. rank > 0: reduced-rank fits (the
+    held-out MSE that chooses λ is the reduced fit's).
     """
     if any(y.shape[0] != x.shape[0] for y in ys.values()) or any(y.shape[0] != x_val.shape[0] for y in ys_val.values()):
         raise ValueError("features and targets need the same number of rows")
-    normal, xv = _Normal(x), x_val.double()
+    normal, xv = NormalEquations(x), x_val.double()
     best, val_mse = {}, {}
     for name, y in ys.items():
         projected, y_mean = normal.project(y)
         yv = ys_val[name].double()
         val_mse[name] = {}
         for lam in lambdas:
-            weight, bias = normal.solve(projected, y_mean, lam)
-            val_mse[name][lam] = float(((xv @ weight + bias - yv) ** 2).mean())
+            weight, bias, up = normal.solve(projected, y_mean, lam, rank)
+            pred = xv @ weight if up is None else (xv @ weight) @ up
+            val_mse[name][lam] = float(((pred + bias - yv) ** 2).mean())
         best[name] = min(val_mse[name], key=val_mse[name].get)
     if refit_all:
-        normal = _Normal(torch.cat([x, x_val]))
+        normal = NormalEquations(torch.cat([x, x_val]))
     fits = {}
     for name, y in ys.items():
         y_all = torch.cat([y, ys_val[name]]) if refit_all else y
-        weight, bias = normal.solve(*normal.project(y_all), best[name])
-        fits[name] = RidgeFit(weight.float(), bias.float(), best[name], val_mse[name])
+        weight, bias, up = normal.solve(*normal.project(y_all), best[name], rank)
+        fits[name] = RidgeFit(weight.float(), bias.float(), best[name], val_mse[name],
+                              None if up is None else up.float())
     return fits

@@ -39,6 +39,22 @@ def is_run(run_dir: Path) -> bool:
     return any((run_dir / name).exists() for name in (CONFIG_FILE, CHECKPOINT, LOG_FILE))
 
 
+RESUMABLE_CHANGES = ("output_dir", "max_steps", "log_every", "save_every")  # a resumed run may extend its steps
+
+
+def check_same_config(run_dir: Path, config: dict, defaults: dict) -> None:
+    """A resumed run must continue with the settings it started with: `config` (this run's TrainConfig as JSON) is
+    compared with the folder's train_config.json (a field it lacks counts as its default in `defaults`); only
+    RESUMABLE_CHANGES may differ."""
+    saved = json.loads((run_dir / CONFIG_FILE).read_text())
+    changed = sorted(k for k, v in config.items()
+                     if k not in RESUMABLE_CHANGES and saved.get(k, defaults.get(k)) != v)
+    if changed:
+        detail = ", ".join(f"{k} {saved.get(k, defaults.get(k))!r} -> {config[k]!r}" for k in changed)
+        raise ConfigError(f"'{run_dir}' was started with other settings ({detail}): resume it with its own config "
+                          "(--output_dir alone), or start the changed config with --overwrite or another --output_dir.")
+
+
 def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
     """Check what the folder holds against --resume / --overwrite; returns True when a run is to be resumed.
 

@@ -243,6 +243,9 @@ def train(cfg: TrainConfig, resume: bool = False, source: LoadedModel | None = N
     run_dir = Path(cfg.output_dir)
     if rank == 0:
         resume = runs.prepare_run_dir(run_dir, resume, overwrite)
+        if resume:
+            runs.check_same_config(run_dir, json.loads(json.dumps(asdict(cfg))),
+                                   json.loads(json.dumps(asdict(TrainConfig()))))
         run_dir.mkdir(parents=True, exist_ok=True)
         runs.clean_run_dir(run_dir)
     dist = _dist()

@@ -62,6 +62,7 @@ class TrainConfig:
     linear_previous_dims: int = 0  # each earlier token projected on this many principal axes of the bank (0: not)
     linear_extra_layers: list[int] = dataclasses.field(default_factory=list)  # source layers only the map also reads
     linear_extra_dims: int = 0  # the extra layers' K and V projected on this many principal axes of the bank (0: not)
+    linear_rank: int = 0  # the map's K and V outputs each on this many principal directions (reduced-rank ridge; 0: full)
     log_every: int = 5  # optimiser steps per log line
     save_every: int = 25  # optimiser steps per checkpoint
     seed: int = 42  # seeds the bank, the translator's init and the row order
@@ -116,7 +117,7 @@ class TrainConfig:
                 "linear_residual": self.init == "linear" and self.variant != "linear",
                 "linear_previous": self.linear_previous, "linear_previous_dims": self.linear_previous_dims,
                 "linear_extra_layers": tuple(self.linear_extra_layers), "linear_extra_dims": self.linear_extra_dims,
-                **overrides}
+                "linear_rank": self.linear_rank, **overrides}
 
     @property
     def uses_bank(self) -> bool:

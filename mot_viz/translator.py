@@ -36,6 +36,9 @@ class TranslatorConfig:
     # source's depth at once); the experts and the router read the channel list's layers only (method.md §4–§5).
     linear_extra_layers: tuple[int, ...] = ()
     linear_extra_dims: int = 0  # the extra layers' K and V projected on this many principal axes of the bank (0: not)
+    # the map's K and V outputs each confined to this many principal directions of its fitted values on the bank
+    # (reduced-rank ridge, mot_viz.ridge), its weights stored as two factors; 0: full rank
+    linear_rank: int = 0
 
     def __post_init__(self):
         limits = {"source_kv_hidden": 65536, "target_kv_hidden": 65536, "window": 512, "dim": 16384, "heads": 256,
@@ -65,6 +68,8 @@ class TranslatorConfig:
         self.linear_extra_layers = tuple(extra)  # JSON gives a list
         if not (isinstance(self.linear_extra_dims, int) and 0 <= self.linear_extra_dims <= 65536):
             raise ConfigError(f"linear_extra_dims must be an integer in [0, 65536], got {self.linear_extra_dims!r}")
+        if not (isinstance(self.linear_rank, int) and 0 <= self.linear_rank <= 65536):
+            raise ConfigError(f"linear_rank must be an integer in [0, 65536], got {self.linear_rank!r}")
         if self.linear_extra_dims and not extra:
             raise ConfigError("linear_extra_dims projects linear_extra_layers: give the layers too, or leave it 0")
         if extra and not (self.variant == "linear" or self.linear_residual):
@@ -244,8 +249,13 @@ class LinearKVMap(nn.Module):
             self.register_buffer("previous_basis", torch.zeros(token_features, cfg.linear_previous_dims))
         else:
             self.previous_basis = None
-        self.key_proj = nn.Linear(n_features, cfg.window * cfg.target_kv_hidden)
-        self.value_proj = nn.Linear(n_features, cfg.window * cfg.target_kv_hidden)
+        out = cfg.window * cfg.target_kv_hidden
+        rank = cfg.linear_rank if 0 < cfg.linear_rank < out else 0
+        # reduced rank: features -> rank (key_down) -> window (key_proj); fitted by fit.fit_linear
+        self.key_down = nn.Linear(n_features, rank, bias=False) if rank else None
+        self.value_down = nn.Linear(n_features, rank, bias=False) if rank else None
+        self.key_proj = nn.Linear(rank or n_features, out)
+        self.value_proj = nn.Linear(rank or n_features, out)
         for proj in (self.key_proj, self.value_proj):  # zeros until fitted: an unfitted map writes nothing
             nn.init.zeros_(proj.weight)
             nn.init.zeros_(proj.bias)
@@ -267,7 +277,9 @@ class LinearKVMap(nn.Module):
         b, n = keys.shape[:2]
         x = self.inputs(keys, values)
         shape = (b, n, self.window, self.out_hidden)
-        return self.key_proj(x).view(shape), self.value_proj(x).view(shape)
+        keys = self.key_proj(x if self.key_down is None else self.key_down(x))
+        values = self.value_proj(x if self.value_down is None else self.value_down(x))
+        return keys.view(shape), values.view(shape)
 
 
 def linear_inputs_text(cfg: TranslatorConfig) -> str:

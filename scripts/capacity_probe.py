@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mot_viz.bank import checkpoint_bank  # noqa: E402
 from mot_viz.fidelity import window_cosine_cells, window_cosine_header, window_cosines  # noqa: E402
+from mot_viz.fsutil import write_lines  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -131,9 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             mlp.eval()
             row(f"linear path + MLP {args.hidden}, epoch {epoch}", score(mlp_prediction))
             mlp.train()
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text("\n".join(lines) + "\n")
+    write_lines(args.out, lines)
     return 0
 
 

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mot_viz.bank import checkpoint_bank  # noqa: E402
 from mot_viz.fidelity import window_cosine_cells, window_cosine_header, window_cosines  # noqa: E402
+from mot_viz.fsutil import write_lines  # noqa: E402
 from mot_viz.ridge import fit_ridge_many  # noqa: E402
 from mot_viz.translator import features  # noqa: E402
 
@@ -118,9 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                f"{window_cosine_cells(scores)} |")
         lines.append(row)
         print(row, flush=True)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text("\n".join(lines) + "\n")
+    write_lines(args.out, lines)
     return 0
 
 

@@ -31,6 +31,7 @@ from mot_viz.alignment import apply_alignment  # noqa: E402
 from mot_viz.bank import checkpoint_bank  # noqa: E402
 from mot_viz.fidelity import window_cosine_cells, window_cosine_header, window_cosines  # noqa: E402
 from mot_viz.fit import principal_axes  # noqa: E402
+from mot_viz.fsutil import write_lines  # noqa: E402
 from mot_viz.layout import window_blocks  # noqa: E402
 from mot_viz.mot import prepare_source, rotate_block  # noqa: E402
 from mot_viz.ridge import fit_ridge_many  # noqa: E402
@@ -126,9 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{x_val.shape[1]} | {window_cosine_cells(window_cosines(items))} |")
         lines.append(line)
         print(line, flush=True)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text("\n".join(lines) + "\n")
+    write_lines(args.out, lines)
     return 0
 
 

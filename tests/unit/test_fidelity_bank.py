@@ -44,6 +44,61 @@ def test_ridge_recovers_a_known_linear_map():
     assert (noisy.weight - true_w).abs().max() < 0.6  # still close under heavy noise
 
 
+def test_reduced_rank_ridge_recovers_a_low_rank_map_and_keeps_the_directions_that_matter():
+    """Targets that vary in 3 directions only: a rank-3 fit recovers the map (as two factors, orthonormal `up`); a
+    rank-1 fit keeps the direction with the most fitted variance, and rank >= outputs is the full fit."""
+    g = torch.Generator().manual_seed(0)
+    x, x_val = torch.randn(500, 12, generator=g), torch.randn(100, 12, generator=g)
+    scales = torch.tensor([10.0, 3.0, 1.0])
+    true_w = (torch.randn(12, 3, generator=g) * scales) @ torch.linalg.qr(torch.randn(8, 3, generator=g))[0].T
+    true_b = torch.randn(8, generator=g)
+    fit = fit_ridge(x, x @ true_w + true_b, x_val, x_val @ true_w + true_b, rank=3)
+    assert fit.weight.shape == (12, 3) and fit.up.shape == (3, 8)
+    assert torch.allclose(fit.up @ fit.up.T, torch.eye(3), atol=1e-5)
+    assert torch.allclose(fit.full_weight, true_w, atol=1e-3) and torch.allclose(fit.bias, true_b, atol=1e-3)
+    one = fit_ridge(x, x @ true_w + true_b, x_val, x_val @ true_w + true_b, rank=1)
+    explained = lambda f: 1 - float(((x_val @ f.full_weight + f.bias - x_val @ true_w - true_b) ** 2).sum()
+                                    / ((x_val @ true_w - (x_val @ true_w).mean(0)) ** 2).sum())
+    assert explained(one) > 0.8  # the strongest of three directions (scales 10, 3, 1) carries most of the variance
+    full = fit_ridge(x, x @ true_w + true_b, x_val, x_val @ true_w + true_b)
+    assert fit_ridge(x, x @ true_w, x_val, x_val @ true_w, rank=8).up is None and full.up is None
+
+
+def test_a_reduced_rank_map_fits_saves_and_loads_as_two_factors(tmp_path):
+    """linear_rank: the map's K and V each go through `rank` directions (key_down, then key_proj); on a bank whose
+    targets span that many directions it fits them as well as the full map, and the checkpoint is smaller."""
+    source, target = _pair()
+    channels = Channels((2, 3), (2, 3))
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([30, 45, 25, 40, 35, 50, 30, 45, 40, 35])
+    n, h_s, h_t = int(lengths.sum()), source.spec.kv_hidden, target.spec.kv_hidden
+    keys, values = torch.randn(n, 2, h_s, generator=g), torch.randn(n, 2, h_s, generator=g)
+    x = torch.cat([keys.flatten(1), values.flatten(1)], 1)
+    a, b = (torch.randn(x.shape[1], 4, generator=g) @ torch.randn(4, 2 * h_t, generator=g) for _ in range(2))
+    bank = Bank(keys, values, (x @ a).view(n, 2, h_t), (x @ b).view(n, 2, h_t), torch.zeros(n, dtype=torch.long),
+                lengths)
+    full = MoT.build(source.spec, target.spec, channels, variant="linear")
+    low = MoT.build(source.spec, target.spec, channels, variant="linear", linear_rank=4)
+    best = lambda report: min(report["val_mse_k"].values()) + min(report["val_mse_v"].values())
+    full_mse, report = best(fit_linear(full, bank)), fit_linear(low, bank)
+    assert report["rank"] == 4 and best(report) < 1e-3 * float(bank.target_keys.var())
+    linear = low.translator.linear
+    assert linear.key_down.weight.shape == (4, x.shape[1]) and linear.key_proj.weight.shape == (2 * h_t, 4)
+    too_low = MoT.build(source.spec, target.spec, channels, variant="linear", linear_rank=2)
+    assert best(fit_linear(too_low, bank)) > 100 * max(best(report), full_mse)  # 2 of 4 directions: not enough
+    sizes = {name: (save_checkpoint(m, tmp_path / name) / "translator.safetensors").stat().st_size
+             for name, m in (("full", full), ("low", low))}
+    assert sizes["low"] < sizes["full"]
+    loaded, _ = load_checkpoint(tmp_path / "low")
+    sk, sv, tk, tv = bank.context(bank.num_contexts - 1)
+    with torch.no_grad():
+        out = loaded.translator(sk, sv)
+        assert torch.allclose(out.keys, low.translator(sk, sv).keys, atol=1e-5)
+        assert float(((out.values - tv) ** 2).mean()) < 1e-3 * float(tv.var())
+    with pytest.raises(ConfigError, match="linear_rank"):
+        MoT.build(source.spec, target.spec, channels, variant="linear", linear_rank=-1)
+
+
 def _pre_rope_keys(lm, layer: int, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(pre-RoPE keys [1, n_kv, N, d] captured from the layer's own k_proj / k_norm, cached post-RoPE keys)."""
     attn = hf.decoder_layers(lm.model)[layer].self_attn

@@ -174,6 +174,9 @@ def test_resume_drops_a_torn_log_line_and_logs_each_step_once(tmp_path):
     cfg6 = TrainConfig(**{**json.loads((run_dir / "train_config.json").read_text()), "max_steps": 6})
     train(cfg6, resume=True, source=source, target=target, bank=_bank(), progress=False)
     assert [r["step"] for r in runs.read_log(run_dir / "log.jsonl")] == [1, 2, 3, 4, 5, 6]
+    changed = TrainConfig(**{**json.loads((run_dir / "train_config.json").read_text()), "learning_rate": 0.5})
+    with pytest.raises(ConfigError, match=r"other settings \(learning_rate .* -> 0.5\).*--overwrite"):
+        train(changed, resume=True, source=source, target=target, bank=_bank(), progress=False)
 
 
 def test_stale_temporaries_of_dead_processes_are_removed_and_live_ones_kept(tmp_path):

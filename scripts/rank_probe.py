@@ -1,0 +1,101 @@
+"""What does a smaller linear map cost? Reduced-rank ridge fits of a checkpoint's map, scored on held-out bank contexts.
+
+A linear checkpoint's map (mot_viz.translator.LinearKVMap: the inputs it reads, its principal axes) is fitted again
+on its bank (mot_viz.bank.checkpoint_bank) from the training contexts alone: λ chosen per K and V on the last tenth
+of them, then, for every rank asked, its K and V outputs confined to that many principal directions of its own
+fitted values (mot_viz.ridge, `linear_rank`). Each fit is scored per window layer on the bank's held-out contexts
+(raw and centered cosine of K and V, mot_viz.fidelity.window_cosines), beside the fp16 size of the map it makes:
+
+    OMP_NUM_THREADS=2 python scripts/rank_probe.py --checkpoint pretrained/smollm2-to-gemma3-mid-linear \
+        --ranks 128 256 384 512 768 0 --out results/fidelity/rank_probe-mid.md
+
+Rank 0 is the full map. (The shipped map is refitted on every bank context, held-out ones included, so its own
+weights cannot be scored on them: this probe fits its own.) Memory: the map's input rows of the whole bank (~2 GB
+for the mid map's 5,632 features) and its normal equations in float64.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mot_viz.bank import checkpoint_bank  # noqa: E402
+from mot_viz.fidelity import window_cosine_cells, window_cosine_header, window_cosines  # noqa: E402
+from mot_viz.fit import map_inputs  # noqa: E402
+from mot_viz.fsutil import write_lines  # noqa: E402
+from mot_viz.ridge import LAMBDAS, NormalEquations  # noqa: E402
+
+
+def map_megabytes(features: int, outputs: int, rank: int, buffers: int) -> float:
+    """fp16 size of a map's K and V paths (two factors at a rank, one matrix at rank 0) and its projection buffers."""
+    per_path = (features + outputs) * rank + outputs if rank else (features + 1) * outputs
+    return 2 * (2 * per_path + buffers) / 1e6
+
+
+@torch.no_grad()
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", type=Path, required=True, help="a linear checkpoint trained from a bank")
+    parser.add_argument("--ranks", nargs="+", type=int, required=True, help="ranks to score (0: the full map)")
+    parser.add_argument("--out", type=Path, help="markdown table to write (also printed)")
+    args = parser.parse_args(argv)
+    mot, _, _, bank = checkpoint_bank(args.checkpoint)
+    linear = mot.translator.linear
+    if linear is None:
+        parser.error(f"{args.checkpoint} has no linear map")
+    train, val = bank.split()
+    n_lam = max(1, round(len(train) * 0.1))
+    fit_part, lam_part = train[:-n_lam], train[-n_lam:]
+    t0 = time.perf_counter()
+    x = map_inputs(mot, bank, fit_part)
+    x_lam, x_val = (map_inputs(mot, bank, part).double() for part in (lam_part, val))
+    normal = NormalEquations(x)
+    targets = {"k": bank.target_keys.flatten(1), "v": bank.target_values.flatten(1)}
+    projected, lam = {}, {}
+    for kv, y in targets.items():  # λ of the full map on the λ contexts, as fit_linear chooses it
+        projected[kv] = normal.project(y[bank.rows(fit_part)])
+        y_lam = y[bank.rows(lam_part)].double()
+
+        def lam_mse(penalty: float) -> float:
+            weight, bias, _ = normal.solve(*projected[kv], penalty)
+            return float(((x_lam @ weight + bias - y_lam) ** 2).mean())
+
+        lam[kv] = min(LAMBDAS, key=lam_mse)
+    buffers = sum(b.numel() for b in linear.buffers())
+    outputs = targets["k"].shape[1]
+    lines = [f"Map of `{args.checkpoint}` ({x.shape[1]} features -> {outputs} per K and V) refitted on bank "
+             f"`{bank.folder.name}`: {len(fit_part)} training contexts ({len(x)} tokens), λ K {lam['k']:g} / V "
+             f"{lam['v']:g} chosen on the next {n_lam}, scored on {len(val)} held-out contexts ({len(x_val)} tokens). "
+             f"Normal equations: {time.perf_counter() - t0:.0f} s.", "",
+             f"| rank | map size (fp16) | {window_cosine_header(list(mot.channels.target_layers))} |",
+             "|---|---:|" + "---:|" * (2 * len(mot.channels.target_layers) + 4)]
+    print("\n".join(lines), flush=True)
+    for rank in args.ranks:
+        pred = {}
+        for kv in targets:
+            weight, bias, up = normal.solve(*projected[kv], lam[kv], rank)
+            pred[kv] = (x_val @ weight if up is None else (x_val @ weight) @ up) + bias
+        items, offset = [], 0
+        for i in val:
+            n, rows = int(bank.lengths[i]), bank.rows([i])
+            items.append((pred["k"][offset:offset + n].float().view(n, linear.window, -1),
+                          pred["v"][offset:offset + n].float().view(n, linear.window, -1),
+                          bank.target_keys[rows], bank.target_values[rows]))
+            offset += n
+        kept = rank if 0 < rank < outputs else 0
+        line = (f"| {kept or 'full'} | {map_megabytes(x.shape[1], outputs, kept, buffers):.1f} MB | "
+                f"{window_cosine_cells(window_cosines(items))} |")
+        lines.append(line)
+        print(line, flush=True)
+    write_lines(args.out, lines)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
