@@ -283,7 +283,15 @@ class LinearKVMap(nn.Module):
 
 
 def linear_inputs_text(cfg: TranslatorConfig) -> str:
-    """What the linear map reads, in words (the app's explanations)."""
+    """What the linear map reads (and, for a reduced-rank map, its rank), in words (the app's explanations)."""
+    text = _linear_reads(cfg)
+    if 0 < cfg.linear_rank < cfg.window * cfg.target_kv_hidden:
+        text += (f" (its K and its V output each of rank {cfg.linear_rank}: reduced-rank ridge, the directions its "
+                 "fit varies most in)")
+    return text
+
+
+def _linear_reads(cfg: TranslatorConfig) -> str:
     extra = cfg.linear_extra_layers
     projected = (f", the latter projected on {cfg.linear_extra_dims} principal axes of the bank"
                  if cfg.linear_extra_dims else "")
