@@ -17,7 +17,7 @@ import torch
 from .bank import Bank
 from .errors import ConfigError
 from .mot import MoT
-from .ridge import LAMBDAS, fit_ridge_many
+from .ridge import LAMBDAS, cross_fitted, fit_ridge_many
 from .train_config import LAYER_WEIGHTINGS
 from .translator import Routing, features
 
@@ -145,6 +145,27 @@ def linear_path_rows(mot: MoT, bank: Bank) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat([k[0] for k, _ in parts]), torch.cat([v[0] for _, v in parts])
 
 
+@torch.no_grad()
+def cross_fitted_rows(mot: MoT, bank: Bank, folds: int, lambdas: dict[str, float]
+                      ) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """The fixed map's output over every bank context as `linear_path_rows` gives it, except that each context's rows
+    come from the same map (its inputs, λ per K/V, rank) refitted without that context's fold (contexts i with
+    i % folds == f): out-of-sample rows, so the experts learn the residual the map leaves on new text (its in-sample
+    residual is smaller). Returns (K rows, V rows, report: folds, seconds, the in-sample and out-of-fold MSE)."""
+    t0 = time.perf_counter()
+    x = map_inputs(mot, bank, list(range(bank.num_contexts)))
+    groups = [torch.cat([bank.rows([i]) for i in range(f, bank.num_contexts, folds)]) for f in range(folds)]
+    targets = {"k": bank.target_keys.flatten(1), "v": bank.target_values.flatten(1)}
+    out = cross_fitted(x, targets, groups, lambdas, mot.translator.config.linear_rank)
+    inside = linear_path_rows(mot, bank)
+    shape = (len(x), mot.translator.linear.window, -1)
+    report = {"folds": folds, "seconds": round(time.perf_counter() - t0, 1)}
+    for (name, t), own in zip(targets.items(), inside):
+        report[f"in_sample_mse_{name}"] = float(((own.flatten(1) - t) ** 2).mean())
+        report[f"out_of_fold_mse_{name}"] = float(((out[name] - t) ** 2).mean())
+    return out["k"].view(shape), out["v"].view(shape), report
+
+
 def bank_loss(mot: MoT, sk, sv, tk, tv, lin_k=None, lin_v=None, balance_weight: float = 0.0,
               layer_weights: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Translation term on bank blocks: MSE(translated K, native K) + MSE(V) (+ balance), and its parts.
@@ -176,12 +197,20 @@ def _context_layer_mse(mot: MoT, bank: Bank, contexts: list[int]):
         yield (sk.shape[1], *layer_mse(out.keys, out.values, tk, tv))
 
 
-def map_residual_weights(mot: MoT, bank: Bank, contexts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def map_residual_weights(mot: MoT, bank: Bank, contexts: list[int],
+                         linear_rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(K, V) weights [W]: mean over layers of the translator's per-layer mean squared error on `contexts`, divided
     by each layer's own (bank_layer_weighting "map_residual": taken before the bank stage, when a linear-initialised
-    translator is exactly its map, so every layer weighs by its error relative to the map's on it)."""
+    translator is exactly its map, so every layer weighs by its error relative to the map's on it). With the fixed
+    map's rows (linear_path_rows or cross_fitted_rows) the error is theirs."""
     sums = [0.0, 0.0]
-    for _, per_k, per_v in _context_layer_mse(mot, bank, contexts):
+    if linear_rows is None:
+        parts = ((k, v) for _, k, v in _context_layer_mse(mot, bank, contexts))
+    else:
+        parts = (layer_mse(*(r[bank.rows([i])][None] for r in linear_rows), *(t[bank.rows([i])][None] for t in
+                                                                              (bank.target_keys, bank.target_values)))
+                 for i in contexts)
+    for per_k, per_v in parts:
         sums = [sums[0] + per_k, sums[1] + per_v]
     return tuple(s.mean() / s for s in sums)
 
@@ -216,7 +245,8 @@ def bank_stage(mot: MoT, bank: Bank, steps: int, lr: float, batch: int = 8, crop
                seed: int = 0, log_every: int = 100, rank: int = 0, world: int = 1,
                parallel: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
                log: Callable[[dict], None] | None = None, progress: bool = True,
-               params: list[torch.nn.Parameter] | None = None, layer_weighting: str = "none") -> list[dict]:
+               params: list[torch.nn.Parameter] | None = None, layer_weighting: str = "none",
+               linear_rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[dict]:
     """Train every translator parameter on the bank's translation term for `steps` AdamW steps.
 
     Each step takes `batch` random training contexts (a rank takes its own share under torchrun) and a
@@ -224,6 +254,7 @@ def bank_stage(mot: MoT, bank: Bank, steps: int, lr: float, batch: int = 8, crop
     `params` (default: every translator parameter) are the ones updated; `parallel` wraps the loss module
     (DistributedDataParallel across the ranks of a torchrun). layer_weighting "map_residual" weighs each window
     layer's error by :func:`map_residual_weights` of up to 40 training contexts (every log row records them).
+    linear_rows: a fixed map's output rows to train on (cross_fitted_rows; default: linear_path_rows).
     """
     from tqdm import tqdm
 
@@ -234,12 +265,15 @@ def bank_stage(mot: MoT, bank: Bank, steps: int, lr: float, batch: int = 8, crop
     rows, window, t0 = [], [], time.perf_counter()
     if layer_weighting not in LAYER_WEIGHTINGS:
         raise ValueError(f"layer_weighting must be one of {LAYER_WEIGHTINGS}, not {layer_weighting!r}")
-    weights = map_residual_weights(mot, bank, train[:40]) if layer_weighting == "map_residual" else None
     linear = mot.translator.linear
     fixed = linear is not None and mot.translator.config.variant != "linear" and not any(
         p.requires_grad and any(p is q for q in params) for p in linear.parameters())
+    if linear_rows is not None and not fixed:
+        raise ValueError("linear_rows are a fixed map's output: this stage trains the map (or has none)")
     # a fixed map's output does not change between steps: computed once over whole contexts, each crop takes its rows
-    linear_rows = linear_path_rows(mot, bank) if fixed else None
+    if fixed and linear_rows is None:
+        linear_rows = linear_path_rows(mot, bank)
+    weights = map_residual_weights(mot, bank, train[:40], linear_rows) if layer_weighting == "map_residual" else None
     loss_fn = BankLoss(mot, balance_weight, weights)
     loss_fn = parallel(loss_fn) if parallel is not None else loss_fn
     mot.train()

@@ -114,3 +114,66 @@ def fit_ridge_many(x: torch.Tensor, ys: dict[str, torch.Tensor], x_val: torch.Te
         fits[name] = RidgeFit(weight.float(), bias.float(), best[name], val_mse[name],
                               None if up is None else up.float())
     return fits
+
+
+def cross_fitted(x: torch.Tensor, ys: dict[str, torch.Tensor], folds: Sequence[torch.Tensor],
+                 lams: dict[str, float], rank: int = 0) -> dict[str, torch.Tensor]:
+    """Out-of-fold predictions: the rows of each fold (row indices) predicted by the ridge fit of every other fold's
+    rows, with relative penalty lams[name] (and `rank`, as NormalEquations.solve). Returns {name: [n, O]} in x's row
+    order, float32.
+
+    What a model stacked on the fit sees on new text: its residuals out of sample, not the smaller in-sample ones.
+    One pass sums each fold's statistics in float64; each fold's fit subtracts its own from the totals and solves by
+    Cholesky (same solution as fit_ridge's eigendecomposition).
+    """
+    stats = [_fold_sums(x, ys, rows) for rows in folds]
+    total = _FoldSums(sum(f.n for f in stats), sum(f.sx for f in stats), sum(f.gram for f in stats),
+                      {k: sum(f.sy[k] for f in stats) for k in ys}, {k: sum(f.xty[k] for f in stats) for k in ys})
+    out = {k: torch.zeros(x.shape[0], y.shape[1]) for k, y in ys.items()}
+    for rows, fold in zip(folds, stats):
+        m = total.n - fold.n
+        x_mean = (total.sx - fold.sx) / m
+        g = (total.gram - fold.gram) - m * torch.outer(x_mean, x_mean)  # the other folds' centred gram
+        scale = float(g.diagonal().mean().clamp(min=1e-12))
+        for k in ys:
+            y_mean = (total.sy[k] - fold.sy[k]) / m
+            rhs = (total.xty[k] - fold.xty[k]) - m * torch.outer(x_mean, y_mean)
+            chol = torch.linalg.cholesky(g + lams[k] * scale * torch.eye(len(g), dtype=g.dtype))
+            weight = torch.cholesky_solve(rhs, chol)
+            if 0 < rank < weight.shape[1]:
+                values, vectors = torch.linalg.eigh(weight.T @ g @ weight)  # fitted-value covariance
+                up = vectors[:, values.argsort(descending=True)[:rank]]
+                weight = weight @ up @ up.T
+            bias = y_mean - x_mean @ weight
+            for i in range(0, len(rows), NormalEquations.CHUNK):
+                idx = rows[i:i + NormalEquations.CHUNK]
+                out[k][idx] = (x[idx].double() @ weight + bias).float()
+    return out
+
+
+@dataclass
+class _FoldSums:
+    """Uncentred float64 sums of one fold's rows: count, Σx, Σxxᵀ, and per target Σy, Σxyᵀ."""
+
+    n: int
+    sx: torch.Tensor
+    gram: torch.Tensor
+    sy: dict[str, torch.Tensor]
+    xty: dict[str, torch.Tensor]
+
+
+def _fold_sums(x: torch.Tensor, ys: dict[str, torch.Tensor], rows: torch.Tensor) -> _FoldSums:
+    f = x.shape[1]
+    sums = _FoldSums(len(rows), torch.zeros(f, dtype=torch.float64), torch.zeros(f, f, dtype=torch.float64),
+                     {k: torch.zeros(y.shape[1], dtype=torch.float64) for k, y in ys.items()},
+                     {k: torch.zeros(f, y.shape[1], dtype=torch.float64) for k, y in ys.items()})
+    for i in range(0, len(rows), NormalEquations.CHUNK):
+        idx = rows[i:i + NormalEquations.CHUNK]
+        c = x[idx].double()
+        sums.sx += c.sum(0)
+        sums.gram.addmm_(c.T, c)
+        for k, y in ys.items():
+            t = y[idx].double()
+            sums.sy[k] += t.sum(0)
+            sums.xty[k].addmm_(c.T, t)
+    return sums

@@ -30,8 +30,9 @@ from .channels import (Channels, depth_ratio_candidates, depth_ratio_window, inj
                        window_size_range)
 from .checkpoint import copy_linear_path
 from .cli import run_cli
+from .errors import ConfigError
 from .corpus import split_sequence, training_sequences
-from .fit import balance_loss, bank_stage, cosine_lr, fit_linear, trainable_parameters
+from .fit import balance_loss, bank_stage, cosine_lr, cross_fitted_rows, fit_linear, trainable_parameters
 from .layout import window_blocks
 from .models import LoadedModel, load_model
 from .mot import MoT, ReplayConfig, native_cache, prepare_source, replay, sparse_indices, translate_window
@@ -211,11 +212,20 @@ def _bank_stages(cfg: TrainConfig, mot: MoT, source: LoadedModel, target: Loaded
                 with open(log_path, "a") as f:
                     f.write(json.dumps(row) + "\n")
 
+        linear_rows = None
+        if cfg.bank_cross_fit:  # the experts learn the residual the map leaves out of sample
+            lambdas = {kv: summary["linear_fit"].get(f"lambda_{kv}") for kv in "kv"}
+            if None in lambdas.values():
+                raise ConfigError("bank_cross_fit refits the map with its λ, which this map's record lacks: fit the "
+                                  "map again (leave linear_from empty) or set bank_cross_fit to 0")
+            lin_k, lin_v, summary["cross_fit"] = cross_fitted_rows(mot, bank, cfg.bank_cross_fit, lambdas)
+            linear_rows = (lin_k, lin_v)
+            log(f"cross-fitted map rows: {cfg.bank_cross_fit} folds, {summary['cross_fit']['seconds']} s")
         rows = bank_stage(mot, bank, cfg.bank_steps, cfg.bank_learning_rate, batch=cfg.bank_batch, crop=cfg.bank_crop,
                           weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip_norm,
                           balance_weight=cfg.balance_weight, seed=cfg.seed, rank=rank, world=world,
                           parallel=data_parallel, log=write, progress=progress,
-                          params=params, layer_weighting=cfg.bank_layer_weighting)
+                          params=params, layer_weighting=cfg.bank_layer_weighting, linear_rows=linear_rows)
         summary["bank_stage"] = rows[-1]
     if rank == 0:
         (run_dir / "bank_stage.json").write_text(json.dumps(summary, indent=2))

@@ -56,6 +56,7 @@ class TrainConfig:
     bank_crop: int = 128  # tokens per context crop in a bank step
     bank_learning_rate: float = 1e-3  # peak learning rate of stage 1
     bank_layer_weighting: str = "none"  # stage 1 per window layer: none (plain MSE) | map_residual (÷ the map's MSE on it)
+    bank_cross_fit: int = 0  # stage 1 on a fixed map: train on its output refitted without each context's fold (0: its own)
     train_linear_path: bool = False  # init=linear: also update the fitted linear path (default: kept fixed)
     linear_from: str = ""  # init=linear: copy the linear path from this linear checkpoint instead of fitting it again
     linear_previous: int = 0  # the linear map also reads this many tokens before each token (0: the token alone)
@@ -96,6 +97,12 @@ class TrainConfig:
         if self.linear_from and (self.init != "linear" or self.variant == "linear"):
             raise ConfigError("linear_from is for a mixture or single translator with init 'linear' (it copies that "
                               "checkpoint's linear path as the fixed residual path)")
+        if not (isinstance(self.bank_cross_fit, int) and (self.bank_cross_fit == 0 or 2 <= self.bank_cross_fit <= 64)):
+            raise ConfigError(f"bank_cross_fit is a number of folds, 0 (off) or 2 to 64; got {self.bank_cross_fit!r}")
+        if self.bank_cross_fit and (self.init != "linear" or self.variant == "linear" or self.train_linear_path
+                                    or not self.bank_steps):
+            raise ConfigError("bank_cross_fit is for the bank stage (bank_steps > 0) of a mixture or single translator "
+                              "on a fixed linear map (init 'linear', train_linear_path false)")
         if self.bank_steps < 0 or self.translation_weight < 0 or self.balance_weight < 0:
             raise ConfigError("bank_steps, translation_weight and balance_weight must be >= 0")
         for name in ("learning_rate", "bank_learning_rate", "grad_clip_norm"):

@@ -99,6 +99,43 @@ def test_a_reduced_rank_map_fits_saves_and_loads_as_two_factors(tmp_path):
         MoT.build(source.spec, target.spec, channels, variant="linear", linear_rank=-1)
 
 
+@pytest.mark.parametrize("rank", [0, 2])
+def test_cross_fitted_predictions_are_each_folds_fit_of_the_others(rank):
+    """Each fold's rows are predicted by the ridge fit (same λ, same rank) of the other folds' rows alone."""
+    from mot_viz.ridge import cross_fitted
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(90, 6, generator=g) + 3.0  # uncentred features: the fold sums must centre them
+    ys = {"k": x @ torch.randn(6, 4, generator=g) + torch.randn(90, 4, generator=g),
+          "v": x @ torch.randn(6, 3, generator=g) + 1.0}
+    folds = [torch.arange(f, 90, 3) for f in range(3)]
+    out = cross_fitted(x, ys, folds, {"k": 0.1, "v": 1e-4}, rank)
+    for rows in folds:
+        rest = torch.tensor([i for i in range(90) if i not in set(rows.tolist())])
+        for name, lam in (("k", 0.1), ("v", 1e-4)):
+            fit = fit_ridge(x[rest], ys[name][rest], x[rows], ys[name][rows], lambdas=(lam,), refit_all=False,
+                            rank=rank)
+            assert torch.allclose(out[name][rows], x[rows] @ fit.full_weight + fit.bias, atol=1e-4)
+
+
+def test_a_bank_stage_on_cross_fitted_map_rows(tmp_path, monkeypatch):
+    """bank_cross_fit: the experts train on the map's out-of-fold output (larger error than in sample), the run
+    records both errors, and the setting is refused where there is no fixed map to refit."""
+    monkeypatch.setenv("MOT_VIZ_CACHE", str(tmp_path / "cache"))
+    source, target = _pair()
+    run = train(_cfg(tmp_path, bank_cross_fit=3, max_steps=1, bank_layer_weighting="map_residual"), source=source,
+                target=target, bank=torch.zeros(2, 24, dtype=torch.long), progress=False)
+    report = json.loads((run / "bank_stage.json").read_text())["cross_fit"]
+    assert report["folds"] == 3
+    assert report["out_of_fold_mse_k"] > report["in_sample_mse_k"] and report["out_of_fold_mse_v"] > report[
+        "in_sample_mse_v"]
+    for bad, match in ((dict(bank_cross_fit=1), "0 \\(off\\) or 2 to 64"),
+                       (dict(bank_cross_fit=3, variant="linear"), "fixed linear map"),
+                       (dict(bank_cross_fit=3, train_linear_path=True), "fixed linear map")):
+        with pytest.raises(ConfigError, match=match):
+            _cfg(tmp_path, **bad)
+
+
 def _pre_rope_keys(lm, layer: int, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(pre-RoPE keys [1, n_kv, N, d] captured from the layer's own k_proj / k_norm, cached post-RoPE keys)."""
     attn = hf.decoder_layers(lm.model)[layer].self_attn
