@@ -61,18 +61,20 @@ class NormalEquations:
             xty.addmm_((c.double() - self.x_mean).T, t.double() - y_mean)
         return self.eigvecs.T @ xty, y_mean  # (F, O), (O,)
 
-    def solve(self, projected: torch.Tensor, y_mean: torch.Tensor, lam: float, rank: int = 0
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def solve(self, projected: torch.Tensor, y_mean: torch.Tensor, lam: float, rank: int = 0,
+              out_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(weight, bias, up): the ridge solution for λ; with 0 < rank < O, weight [F, rank] and up [rank, O] are its
-        projection on the `rank` principal directions of its fitted values on these rows (up None otherwise)."""
+        projection on the `rank` principal directions of its fitted values on these rows (up None otherwise), each
+        output column scaled by out_weight [O] first if given (the directions that matter once outputs are weighed)."""
         weight = self.eigvecs @ (projected / (self.eigvals.clamp(min=0) + lam * self.scale)[:, None])
         up = None
         if 0 < rank < weight.shape[1]:
-            rotated = self.eigvecs.T @ weight  # fitted-value covariance = rotatedᵀ · diag(eigvals) · rotated
+            w = torch.ones(weight.shape[1], dtype=weight.dtype) if out_weight is None else out_weight.double()
+            rotated = self.eigvecs.T @ weight * w  # fitted-value covariance = rotatedᵀ · diag(eigvals) · rotated
             cov = rotated.T @ (self.eigvals.clamp(min=0)[:, None] * rotated)
             values, vectors = torch.linalg.eigh(cov)
-            up = vectors[:, values.argsort(descending=True)[:rank]].T  # [rank, O], orthonormal rows
-            weight = weight @ up.T
+            top = vectors[:, values.argsort(descending=True)[:rank]]  # [O, rank], orthonormal columns
+            weight, up = (weight * w) @ top, top.T / w
         full = weight if up is None else weight @ up
         return weight, y_mean - self.x_mean @ full, up
 

@@ -9,7 +9,9 @@ fitted values (mot_viz.ridge, `linear_rank`). Each fit is scored per window laye
     OMP_NUM_THREADS=2 python scripts/rank_probe.py --checkpoint pretrained/smollm2-to-gemma3-mid-linear \
         --ranks 128 256 384 512 768 0 --out results/fidelity/rank_probe-mid.md
 
-Rank 0 is the full map. (The shipped map is refitted on every bank context, held-out ones included, so its own
+Rank 0 is the full map. With --balanced each rank is also fitted with every window layer's outputs weighed
+equally (each layer's target scaled to unit mean square before the principal directions are chosen: the cosines
+are per layer, the plain criterion favours the layers of largest variance). (The shipped map is refitted on every bank context, held-out ones included, so its own
 weights cannot be scored on them: this probe fits its own.) Memory: the map's input rows of the whole bank (~2 GB
 for the mid map's 5,632 features) and its normal equations in float64.
 """
@@ -43,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", type=Path, required=True, help="a linear checkpoint trained from a bank")
     parser.add_argument("--ranks", nargs="+", type=int, required=True, help="ranks to score (0: the full map)")
+    parser.add_argument("--balanced", action="store_true", help="also fit each rank with the window layers weighed equally")
     parser.add_argument("--out", type=Path, help="markdown table to write (also printed)")
     args = parser.parse_args(argv)
     mot, _, _, bank = checkpoint_bank(args.checkpoint)
@@ -76,10 +79,16 @@ def main(argv: list[str] | None = None) -> int:
              f"| rank | map size (fp16) | {window_cosine_header(list(mot.channels.target_layers))} |",
              "|---|---:|" + "---:|" * (2 * len(mot.channels.target_layers) + 4)]
     print("\n".join(lines), flush=True)
-    for rank in args.ranks:
+    layer_weight = {}
+    for kv, y in targets.items():  # 1 / RMS of each window layer's centred target, per output column
+        y_fit = y[bank.rows(fit_part)].double().view(len(x), linear.window, -1)
+        rms = (y_fit - y_fit.mean(0)).pow(2).mean(dim=(0, 2)).sqrt()
+        layer_weight[kv] = (1 / rms)[:, None].expand(-1, y_fit.shape[2]).flatten()
+    runs = [(rank, False) for rank in args.ranks] + [(rank, True) for rank in args.ranks if rank and args.balanced]
+    for rank, balanced in runs:
         pred = {}
         for kv in targets:
-            weight, bias, up = normal.solve(*projected[kv], lam[kv], rank)
+            weight, bias, up = normal.solve(*projected[kv], lam[kv], rank, layer_weight[kv] if balanced else None)
             pred[kv] = (x_val @ weight if up is None else (x_val @ weight) @ up) + bias
         items, offset = [], 0
         for i in val:
@@ -89,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                           bank.target_keys[rows], bank.target_values[rows]))
             offset += n
         kept = rank if 0 < rank < outputs else 0
-        line = (f"| {kept or 'full'} | {map_megabytes(x.shape[1], outputs, kept, buffers):.1f} MB | "
+        line = (f"| {kept or 'full'}{', layers balanced' * balanced} | {map_megabytes(x.shape[1], outputs, kept, buffers):.1f} MB | "
                 f"{window_cosine_cells(window_cosines(items))} |")
         lines.append(line)
         print(line, flush=True)

@@ -64,6 +64,22 @@ def test_reduced_rank_ridge_recovers_a_low_rank_map_and_keeps_the_directions_tha
     assert fit_ridge(x, x @ true_w, x_val, x_val @ true_w, rank=8).up is None and full.up is None
 
 
+def test_weighed_outputs_choose_which_directions_a_reduced_rank_fit_keeps():
+    """Two independent outputs of variance 100 and 1: rank 1 keeps the large one, unless the outputs are weighed."""
+    from mot_viz.ridge import NormalEquations
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(300, 4, generator=g)
+    y = torch.stack([10 * x[:, 0], x[:, 1]], 1)
+    normal = NormalEquations(x)
+    projected, y_mean = normal.project(y)
+    for out_weight, kept in ((None, 0), (torch.tensor([1.0, 100.0]), 1)):
+        weight, bias, up = normal.solve(projected, y_mean, 1e-6, rank=1, out_weight=out_weight)
+        pred = x.double() @ weight @ up + bias
+        rel_err = ((pred - y).pow(2).mean(0) / (y - y.mean(0)).pow(2).mean(0)).sqrt()
+        assert rel_err[kept] < 1e-3 and rel_err[1 - kept] > 0.95  # one output predicted, the other not at all
+
+
 def test_a_reduced_rank_map_fits_saves_and_loads_as_two_factors(tmp_path):
     """linear_rank: the map's K and V each go through `rank` directions (key_down, then key_proj); on a bank whose
     targets span that many directions it fits them as well as the full map, and the checkpoint is smaller."""
