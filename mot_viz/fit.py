@@ -50,13 +50,21 @@ def principal_axes(x_rows, dims: int) -> torch.Tensor:
     return eigvecs[:, eigvals.argsort(descending=True)[:dims]].float()
 
 
+def layer_balance_weights(target: torch.Tensor) -> torch.Tensor:
+    """Target rows [n, W, H] -> output weights [W·H]: 1 / RMS of each window layer's centred target, so a reduced-rank
+    fit weighed by them treats every window layer alike (the cosines are per layer)."""
+    rms = (target - target.mean(0)).double().pow(2).mean(dim=(0, 2)).sqrt()
+    return (1 / rms)[:, None].expand(-1, target.shape[2]).flatten()
+
+
 @torch.no_grad()
-def fit_linear(mot: MoT, bank: Bank, lambdas=LAMBDAS, val_fraction: float = 0.1) -> dict:
+def fit_linear(mot: MoT, bank: Bank, lambdas=LAMBDAS, val_fraction: float = 0.1, balanced: bool = False) -> dict:
     """Fit the translator's linear path on the bank in closed form; λ per K/V chosen on held-out contexts.
 
     Projections are fitted first, on the training contexts: the extra layers' principal axes (linear_extra_dims),
     then those of the token features for the earlier tokens (linear_previous_dims). With linear_rank the fit is
-    reduced-rank ridge (mot_viz.ridge). Returns a report: chosen λ, held-out MSE per λ, tokens used and seconds.
+    reduced-rank ridge (mot_viz.ridge), every window layer weighed alike if `balanced` (layer_balance_weights).
+    Returns a report: chosen λ, held-out MSE per λ, tokens used and seconds.
     """
     linear = mot.translator.linear
     if linear is None:
@@ -76,10 +84,12 @@ def fit_linear(mot: MoT, bank: Bank, lambdas=LAMBDAS, val_fraction: float = 0.1)
     report = {"train_tokens": len(tr), "val_tokens": len(va), "val_contexts": len(val), "features": x.shape[1]}
     targets = {"k": bank.target_keys, "v": bank.target_values}
     rank = mot.translator.config.linear_rank if linear.key_down is not None else 0
+    weights = {n: layer_balance_weights(t[tr]) for n, t in targets.items()} if rank and balanced else None
     fits = fit_ridge_many(x, {n: t[tr].flatten(1) for n, t in targets.items()}, x_val,
-                          {n: t[va].flatten(1) for n, t in targets.items()}, lambdas, rank=rank)
+                          {n: t[va].flatten(1) for n, t in targets.items()}, lambdas, rank=rank, out_weights=weights)
     if rank:
         report["rank"] = rank
+        report["rank_balanced"] = bool(weights)
     for name, down, proj in (("k", linear.key_down, linear.key_proj), ("v", linear.value_down, linear.value_proj)):
         fit = fits[name]
         if down is None:

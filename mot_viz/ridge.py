@@ -86,13 +86,14 @@ def fit_ridge(x: torch.Tensor, y: torch.Tensor, x_val: torch.Tensor, y_val: torc
 
 
 def fit_ridge_many(x: torch.Tensor, ys: dict[str, torch.Tensor], x_val: torch.Tensor, ys_val: dict[str, torch.Tensor],
-                   lambdas: Sequence[float] = LAMBDAS, refit_all: bool = True, rank: int = 0
-                   ) -> dict[str, RidgeFit]:
+                   lambdas: Sequence[float] = LAMBDAS, refit_all: bool = True, rank: int = 0,
+                   out_weights: dict[str, torch.Tensor] | None = None) -> dict[str, RidgeFit]:
     """`fit_ridge` for several targets of the same features (one decomposition), λ chosen per target.
 
     With refit_all the chosen λ is refitted on train and held-out rows together (the returned weights);
     val_mse always reports the train-only fits, so the choice stays honest. rank > 0: reduced-rank fits (the
-    held-out MSE that chooses λ is the reduced fit's).
+    held-out MSE that chooses λ is the reduced fit's); out_weights: per target, the output weights of its reduced fit
+    (NormalEquations.solve's out_weight).
     """
     if any(y.shape[0] != x.shape[0] for y in ys.values()) or any(y.shape[0] != x_val.shape[0] for y in ys_val.values()):
         raise ValueError("features and targets need the same number of rows")
@@ -103,7 +104,7 @@ def fit_ridge_many(x: torch.Tensor, ys: dict[str, torch.Tensor], x_val: torch.Te
         yv = ys_val[name].double()
         val_mse[name] = {}
         for lam in lambdas:
-            weight, bias, up = normal.solve(projected, y_mean, lam, rank)
+            weight, bias, up = normal.solve(projected, y_mean, lam, rank, (out_weights or {}).get(name))
             pred = xv @ weight if up is None else (xv @ weight) @ up
             val_mse[name][lam] = float(((pred + bias - yv) ** 2).mean())
         best[name] = min(val_mse[name], key=val_mse[name].get)
@@ -112,7 +113,7 @@ def fit_ridge_many(x: torch.Tensor, ys: dict[str, torch.Tensor], x_val: torch.Te
     fits = {}
     for name, y in ys.items():
         y_all = torch.cat([y, ys_val[name]]) if refit_all else y
-        weight, bias, up = normal.solve(*normal.project(y_all), best[name], rank)
+        weight, bias, up = normal.solve(*normal.project(y_all), best[name], rank, (out_weights or {}).get(name))
         fits[name] = RidgeFit(weight.float(), bias.float(), best[name], val_mse[name],
                               None if up is None else up.float())
     return fits

@@ -197,7 +197,7 @@ def _bank_stages(cfg: TrainConfig, mot: MoT, source: LoadedModel, target: Loaded
             summary["linear_fit"] = copy_linear_path(mot, cfg.linear_from)
             log(f"linear path: copied from {cfg.linear_from}")
         else:
-            summary["linear_fit"] = fit_linear(mot, bank)
+            summary["linear_fit"] = fit_linear(mot, bank, balanced=cfg.linear_rank_balanced)
             log(f"linear fit: λ_K {summary['linear_fit']['lambda_k']}, λ_V {summary['linear_fit']['lambda_v']} "
                 f"in {summary['linear_fit']['seconds']} s")
         if cfg.variant != "linear":

@@ -64,6 +64,7 @@ class TrainConfig:
     linear_extra_layers: list[int] = dataclasses.field(default_factory=list)  # source layers only the map also reads
     linear_extra_dims: int = 0  # the extra layers' K and V projected on this many principal axes of the bank (0: not)
     linear_rank: int = 0  # the map's K and V outputs each on this many principal directions (reduced-rank ridge; 0: full)
+    linear_rank_balanced: bool = False  # reduced-rank fit: every window layer weighed alike (1 / RMS of its target)
     log_every: int = 5  # optimiser steps per log line
     save_every: int = 25  # optimiser steps per checkpoint
     seed: int = 42  # seeds the bank, the translator's init and the row order

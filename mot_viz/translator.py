@@ -286,8 +286,7 @@ def linear_inputs_text(cfg: TranslatorConfig) -> str:
     """What the linear map reads (and, for a reduced-rank map, its rank), in words (the app's explanations)."""
     text = _linear_reads(cfg)
     if 0 < cfg.linear_rank < cfg.window * cfg.target_kv_hidden:
-        text += (f" (its K and its V output each of rank {cfg.linear_rank}: reduced-rank ridge, the directions its "
-                 "fit varies most in)")
+        text += f" (its K and its V output each of rank {cfg.linear_rank}: reduced-rank ridge)"
     return text
 
 

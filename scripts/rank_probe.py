@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mot_viz.bank import checkpoint_bank  # noqa: E402
 from mot_viz.fidelity import window_cosine_cells, window_cosine_header, window_cosines  # noqa: E402
-from mot_viz.fit import map_inputs  # noqa: E402
+from mot_viz.fit import layer_balance_weights, map_inputs  # noqa: E402
 from mot_viz.fsutil import write_lines  # noqa: E402
 from mot_viz.ridge import LAMBDAS, NormalEquations  # noqa: E402
 
@@ -79,11 +79,8 @@ def main(argv: list[str] | None = None) -> int:
              f"| rank | map size (fp16) | {window_cosine_header(list(mot.channels.target_layers))} |",
              "|---|---:|" + "---:|" * (2 * len(mot.channels.target_layers) + 4)]
     print("\n".join(lines), flush=True)
-    layer_weight = {}
-    for kv, y in targets.items():  # 1 / RMS of each window layer's centred target, per output column
-        y_fit = y[bank.rows(fit_part)].double().view(len(x), linear.window, -1)
-        rms = (y_fit - y_fit.mean(0)).pow(2).mean(dim=(0, 2)).sqrt()
-        layer_weight[kv] = (1 / rms)[:, None].expand(-1, y_fit.shape[2]).flatten()
+    layer_weight = {kv: layer_balance_weights(y[bank.rows(fit_part)].view(len(x), linear.window, -1))
+                    for kv, y in targets.items()}
     runs = [(rank, False) for rank in args.ranks] + [(rank, True) for rank in args.ranks if rank and args.balanced]
     for rank, balanced in runs:
         pred = {}

@@ -115,6 +115,31 @@ def test_a_reduced_rank_map_fits_saves_and_loads_as_two_factors(tmp_path):
         MoT.build(source.spec, target.spec, channels, variant="linear", linear_rank=-1)
 
 
+def test_a_balanced_reduced_rank_fit_keeps_a_small_window_layer():
+    """Layer 0's target is 100× smaller than layer 1's: at rank 2 the plain fit spends both directions on layer 1 and
+    predicts nothing of layer 0; weighed per layer (linear_rank_balanced) it keeps layer 0's one direction."""
+    source, target = _pair()
+    channels = Channels((2, 3), (2, 3))
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([30, 45, 25, 40, 35, 50, 30, 45, 40, 35])
+    n, h_s, h_t = int(lengths.sum()), source.spec.kv_hidden, target.spec.kv_hidden
+    keys, values = torch.randn(n, 2, h_s, generator=g), torch.randn(n, 2, h_s, generator=g)
+    x = torch.cat([keys.flatten(1), values.flatten(1)], 1)
+    small = 0.01 * x @ torch.randn(x.shape[1], 1, generator=g) @ torch.randn(1, h_t, generator=g)
+    large = x @ torch.randn(x.shape[1], 2, generator=g) @ torch.randn(2, h_t, generator=g)
+    y = torch.stack([small, large], 1)
+    bank = Bank(keys, values, y, y.clone(), torch.zeros(n, dtype=torch.long), lengths)
+    rel_err = {}
+    for balanced in (False, True):
+        mot = MoT.build(source.spec, target.spec, channels, variant="linear", linear_rank=2)
+        report = fit_linear(mot, bank, balanced=balanced)
+        assert report["rank_balanced"] == balanced
+        with torch.no_grad():
+            pred = mot.translator.linear(keys[None], values[None])[0][0]
+        rel_err[balanced] = float((pred[:, 0] - y[:, 0]).pow(2).mean() / y[:, 0].pow(2).mean())
+    assert rel_err[False] > 0.9 and rel_err[True] < 1e-3
+
+
 @pytest.mark.parametrize("rank", [0, 2])
 def test_cross_fitted_predictions_are_each_folds_fit_of_the_others(rank):
     """Each fold's rows are predicted by the ridge fit (same λ, same rank) of the other folds' rows alone."""

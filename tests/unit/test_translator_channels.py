@@ -150,6 +150,6 @@ def test_the_linear_map_inputs_are_described_as_configured():
         "each token's aligned source K and V and the previous token's, projected on 256 principal axes of the bank")
     assert "the 2 previous tokens'" in linear_inputs_text(_cfg(linear_previous=2))
     assert linear_inputs_text(_cfg(linear_rank=3)).endswith("(its K and its V output each of rank 3: reduced-rank "
-                                                            "ridge, the directions its fit varies most in)")
+                                                            "ridge)")
     with pytest.raises(ConfigError, match="linear_previous"):
         _cfg(linear_previous=-1)
