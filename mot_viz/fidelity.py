@@ -72,6 +72,20 @@ def window_cosines(contexts) -> dict[str, torch.Tensor]:
     return scores
 
 
+def held_out_items(bank, contexts: list[int], keys: torch.Tensor, values: torch.Tensor) -> list[tuple]:
+    """Predicted K and V rows [n, W·H] of bank `contexts` (their rows concatenated in that order) -> window_cosines'
+    items: per context (K, V, native K, native V) blocks [N, W, H]."""
+    items, offset = [], 0
+    window = bank.target_keys.shape[1]
+    for i in contexts:
+        n, rows = int(bank.lengths[i]), bank.rows([i])
+        items.append((keys[offset:offset + n].float().view(n, window, -1),
+                      values[offset:offset + n].float().view(n, window, -1),
+                      bank.target_keys[rows], bank.target_values[rows]))
+        offset += n
+    return items
+
+
 def window_cosine_cells(scores: dict[str, torch.Tensor]) -> str:
     """window_cosines as markdown cells: raw V and centered V per layer, then the window means of raw K, centered K,
     raw V and centered V (the columns of window_cosine_header)."""

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mot_viz.alignment import apply_alignment  # noqa: E402
 from mot_viz.bank import checkpoint_bank  # noqa: E402
-from mot_viz.fidelity import window_cosine_cells, window_cosine_header, window_cosines  # noqa: E402
+from mot_viz.fidelity import held_out_items, window_cosine_cells, window_cosine_header, window_cosines  # noqa: E402
 from mot_viz.fit import principal_axes  # noqa: E402
 from mot_viz.fsutil import write_lines  # noqa: E402
 from mot_viz.layout import window_blocks  # noqa: E402
@@ -114,14 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                               design(lam_part), {kv: t[bank.rows(lam_part)] for kv, t in targets.items()})
         x_val = design(val)
         pred = {kv: (x_val @ fit.weight + fit.bias) for kv, fit in fits.items()}
-        items, offset = [], 0
-        for i in val:
-            n = int(bank.lengths[i])
-            rows = bank.rows([i])
-            items.append((pred["k"][offset:offset + n].view(n, len(window), -1),
-                          pred["v"][offset:offset + n].view(n, len(window), -1),
-                          bank.target_keys[rows], bank.target_values[rows]))
-            offset += n
+        items = held_out_items(bank, val, pred["k"], pred["v"])
         what = f"{len(extra)} extra layers" + (f" on {dims} axes" if basis is not None else "") if extra else "window"
         line = (f"| {name} ({what}; λ K {fits['k'].lam:g}, V {fits['v'].lam:g}; {time.perf_counter() - t1:.0f} s) | "
                 f"{x_val.shape[1]} | {window_cosine_cells(window_cosines(items))} |")

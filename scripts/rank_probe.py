@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mot_viz.bank import checkpoint_bank  # noqa: E402
-from mot_viz.fidelity import window_cosine_cells, window_cosine_header, window_cosines  # noqa: E402
+from mot_viz.fidelity import held_out_items, window_cosine_cells, window_cosine_header, window_cosines  # noqa: E402
 from mot_viz.fit import layer_balance_weights, map_inputs  # noqa: E402
 from mot_viz.fsutil import write_lines  # noqa: E402
 from mot_viz.ridge import LAMBDAS, NormalEquations  # noqa: E402
@@ -87,15 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         for kv in targets:
             weight, bias, up = normal.solve(*projected[kv], lam[kv], rank, layer_weight[kv] if balanced else None)
             pred[kv] = (x_val @ weight if up is None else (x_val @ weight) @ up) + bias
-        items, offset = [], 0
-        for i in val:
-            n, rows = int(bank.lengths[i]), bank.rows([i])
-            items.append((pred["k"][offset:offset + n].float().view(n, linear.window, -1),
-                          pred["v"][offset:offset + n].float().view(n, linear.window, -1),
-                          bank.target_keys[rows], bank.target_values[rows]))
-            offset += n
+        items = held_out_items(bank, val, pred["k"], pred["v"])
         kept = rank if 0 < rank < outputs else 0
-        line = (f"| {kept or 'full'}{', layers balanced' * balanced} | {map_megabytes(x.shape[1], outputs, kept, buffers):.1f} MB | "
+        size = map_megabytes(x.shape[1], outputs, kept, buffers)
+        line = (f"| {kept or 'full'}{', layers balanced' * balanced} | {size:.1f} MB | "
                 f"{window_cosine_cells(window_cosines(items))} |")
         lines.append(line)
         print(line, flush=True)

@@ -80,16 +80,22 @@ def test_weighed_outputs_choose_which_directions_a_reduced_rank_fit_keeps():
         assert rel_err[kept] < 1e-3 and rel_err[1 - kept] > 0.95  # one output predicted, the other not at all
 
 
+def _two_layer_source(source):
+    """(generator, context lengths, random aligned source K and V [n, 2, H_S] of a 2-layer window, their features)."""
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([30, 45, 25, 40, 35, 50, 30, 45, 40, 35])
+    n = int(lengths.sum())
+    keys, values = (torch.randn(n, 2, source.spec.kv_hidden, generator=g) for _ in range(2))
+    return g, lengths, keys, values, torch.cat([keys.flatten(1), values.flatten(1)], 1)
+
+
 def test_a_reduced_rank_map_fits_saves_and_loads_as_two_factors(tmp_path):
     """linear_rank: the map's K and V each go through `rank` directions (key_down, then key_proj); on a bank whose
     targets span that many directions it fits them as well as the full map, and the checkpoint is smaller."""
     source, target = _pair()
     channels = Channels((2, 3), (2, 3))
-    g = torch.Generator().manual_seed(0)
-    lengths = torch.tensor([30, 45, 25, 40, 35, 50, 30, 45, 40, 35])
-    n, h_s, h_t = int(lengths.sum()), source.spec.kv_hidden, target.spec.kv_hidden
-    keys, values = torch.randn(n, 2, h_s, generator=g), torch.randn(n, 2, h_s, generator=g)
-    x = torch.cat([keys.flatten(1), values.flatten(1)], 1)
+    g, lengths, keys, values, x = _two_layer_source(source)
+    n, h_t = len(x), target.spec.kv_hidden
     a, b = (torch.randn(x.shape[1], 4, generator=g) @ torch.randn(4, 2 * h_t, generator=g) for _ in range(2))
     bank = Bank(keys, values, (x @ a).view(n, 2, h_t), (x @ b).view(n, 2, h_t), torch.zeros(n, dtype=torch.long),
                 lengths)
@@ -120,11 +126,8 @@ def test_a_balanced_reduced_rank_fit_keeps_a_small_window_layer():
     predicts nothing of layer 0; weighed per layer (linear_rank_balanced) it keeps layer 0's one direction."""
     source, target = _pair()
     channels = Channels((2, 3), (2, 3))
-    g = torch.Generator().manual_seed(0)
-    lengths = torch.tensor([30, 45, 25, 40, 35, 50, 30, 45, 40, 35])
-    n, h_s, h_t = int(lengths.sum()), source.spec.kv_hidden, target.spec.kv_hidden
-    keys, values = torch.randn(n, 2, h_s, generator=g), torch.randn(n, 2, h_s, generator=g)
-    x = torch.cat([keys.flatten(1), values.flatten(1)], 1)
+    g, lengths, keys, values, x = _two_layer_source(source)
+    n, h_t = len(x), target.spec.kv_hidden
     small = 0.01 * x @ torch.randn(x.shape[1], 1, generator=g) @ torch.randn(1, h_t, generator=g)
     large = x @ torch.randn(x.shape[1], 2, generator=g) @ torch.randn(2, h_t, generator=g)
     y = torch.stack([small, large], 1)
@@ -478,6 +481,16 @@ def test_window_cosines_average_each_layer_over_contexts():
     cells = window_cosine_cells(scores).split(" | ")
     assert len(cells) == len(window_cosine_header([3, 4]).split(" | ")) == 2 * 2 + 4
     assert cells[-4] == f"{float(scores['raw_k'].mean()):.3f}"
+    # held_out_items cuts concatenated prediction rows back into the bank's contexts, beside their native blocks
+    from mot_viz.fidelity import held_out_items
+
+    keys, values = torch.cat([k for k, _ in native]), torch.cat([v for _, v in native])
+    bank = Bank(torch.zeros(14, 2, 3), torch.zeros(14, 2, 3), keys, values, torch.zeros(14, dtype=torch.long),
+                torch.tensor([5, 9]))
+    items = held_out_items(bank, [1, 0], torch.cat([values[5:], values[:5]]).flatten(1),
+                           torch.cat([keys[5:], keys[:5]]).flatten(1))
+    assert [len(item[0]) for item in items] == [9, 5]
+    assert all(torch.equal(p_k, n_v) and torch.equal(p_v, n_k) for p_k, p_v, n_k, n_v in items)
 
 
 def test_context_fidelity_scores_a_perfect_translator_as_perfect():
