@@ -30,8 +30,8 @@ from .channels import (Channels, depth_ratio_candidates, depth_ratio_window, inj
                        window_size_range)
 from .checkpoint import copy_linear_path
 from .cli import run_cli
-from .errors import ConfigError
 from .corpus import split_sequence, training_sequences
+from .errors import ConfigError
 from .fit import balance_loss, bank_stage, cosine_lr, cross_fitted_rows, fit_linear, trainable_parameters
 from .layout import window_blocks
 from .models import LoadedModel, load_model

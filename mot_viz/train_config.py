@@ -104,6 +104,9 @@ class TrainConfig:
                                     or not self.bank_steps):
             raise ConfigError("bank_cross_fit is for the bank stage (bank_steps > 0) of a mixture or single translator "
                               "on a fixed linear map (init 'linear', train_linear_path false)")
+        if self.linear_rank_balanced and (not self.linear_rank or self.linear_from):
+            raise ConfigError("linear_rank_balanced weighs the window layers in a reduced-rank fit: set linear_rank too, "
+                              "and fit the map here (a map copied with linear_from is fitted already)")
         if self.bank_steps < 0 or self.translation_weight < 0 or self.balance_weight < 0:
             raise ConfigError("bank_steps, translation_weight and balance_weight must be >= 0")
         for name in ("learning_rate", "bank_learning_rate", "grad_clip_norm"):

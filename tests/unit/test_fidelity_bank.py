@@ -175,7 +175,8 @@ def test_a_bank_stage_on_cross_fitted_map_rows(tmp_path, monkeypatch):
         "in_sample_mse_v"]
     for bad, match in ((dict(bank_cross_fit=1), "0 \\(off\\) or 2 to 64"),
                        (dict(bank_cross_fit=3, variant="linear"), "fixed linear map"),
-                       (dict(bank_cross_fit=3, train_linear_path=True), "fixed linear map")):
+                       (dict(bank_cross_fit=3, train_linear_path=True), "fixed linear map"),
+                       (dict(linear_rank_balanced=True), "set linear_rank too")):
         with pytest.raises(ConfigError, match=match):
             _cfg(tmp_path, **bad)
 
