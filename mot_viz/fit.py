@@ -83,7 +83,7 @@ def fit_linear(mot: MoT, bank: Bank, lambdas=LAMBDAS, val_fraction: float = 0.1,
     x, x_val = map_inputs(mot, bank, train), map_inputs(mot, bank, val)
     report = {"train_tokens": len(tr), "val_tokens": len(va), "val_contexts": len(val), "features": x.shape[1]}
     targets = {"k": bank.target_keys, "v": bank.target_values}
-    rank = mot.translator.config.linear_rank if linear.key_down is not None else 0
+    rank = mot.translator.config.factored_rank
     weights = {n: layer_balance_weights(t[tr]) for n, t in targets.items()} if rank and balanced else None
     fits = fit_ridge_many(x, {n: t[tr].flatten(1) for n, t in targets.items()}, x_val,
                           {n: t[va].flatten(1) for n, t in targets.items()}, lambdas, rank=rank, out_weights=weights)
@@ -213,13 +213,14 @@ def map_residual_weights(mot: MoT, bank: Bank, contexts: list[int],
     by each layer's own (bank_layer_weighting "map_residual": taken before the bank stage, when a linear-initialised
     translator is exactly its map, so every layer weighs by its error relative to the map's on it). With the fixed
     map's rows (linear_path_rows or cross_fitted_rows) the error is theirs."""
+    def rows_mse(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = bank.rows([i])
+        lin_k, lin_v = (r[rows][None] for r in linear_rows)
+        return layer_mse(lin_k, lin_v, bank.target_keys[rows][None], bank.target_values[rows][None])
+
     sums = [0.0, 0.0]
-    if linear_rows is None:
-        parts = ((k, v) for _, k, v in _context_layer_mse(mot, bank, contexts))
-    else:
-        parts = (layer_mse(*(r[bank.rows([i])][None] for r in linear_rows), *(t[bank.rows([i])][None] for t in
-                                                                              (bank.target_keys, bank.target_values)))
-                 for i in contexts)
+    parts = (((k, v) for _, k, v in _context_layer_mse(mot, bank, contexts)) if linear_rows is None
+             else map(rows_mse, contexts))
     for per_k, per_v in parts:
         sums = [sums[0] + per_k, sums[1] + per_v]
     return tuple(s.mean() / s for s in sums)

@@ -67,16 +67,41 @@ class NormalEquations:
         projection on the `rank` principal directions of its fitted values on these rows (up None otherwise), each
         output column scaled by out_weight [O] first if given (the directions that matter once outputs are weighed)."""
         weight = self.eigvecs @ (projected / (self.eigvals.clamp(min=0) + lam * self.scale)[:, None])
-        up = None
-        if 0 < rank < weight.shape[1]:
-            w = torch.ones(weight.shape[1], dtype=weight.dtype) if out_weight is None else out_weight.double()
-            rotated = self.eigvecs.T @ weight * w  # fitted-value covariance = rotatedᵀ · diag(eigvals) · rotated
-            cov = rotated.T @ (self.eigvals.clamp(min=0)[:, None] * rotated)
-            values, vectors = torch.linalg.eigh(cov)
-            top = vectors[:, values.argsort(descending=True)[:rank]]  # [O, rank], orthonormal columns
-            weight, up = (weight * w) @ top, top.T / w
-        full = weight if up is None else weight @ up
-        return weight, y_mean - self.x_mean @ full, up
+
+        def fitted_cov(w: torch.Tensor) -> torch.Tensor:  # wᵀ·gram·w through the eigendecomposition
+            rotated = self.eigvecs.T @ w
+            return rotated.T @ (self.eigvals.clamp(min=0)[:, None] * rotated)
+
+        weight, up = reduce_rank(weight, fitted_cov, rank, out_weight)
+        return weight, y_mean - self.x_mean @ (weight if up is None else weight @ up), up
+
+    def choose_lambda(self, projected: torch.Tensor, y_mean: torch.Tensor, x_val: torch.Tensor, y_val: torch.Tensor,
+                      lambdas: Sequence[float], rank: int = 0, out_weight: torch.Tensor | None = None
+                      ) -> tuple[float, dict[float, float]]:
+        """(the λ with the lowest MSE on (x_val, y_val), that MSE per λ) of the fits solve gives."""
+        xv, yv = x_val.double(), y_val.double()
+        val_mse = {lam: float(((predict(xv, *self.solve(projected, y_mean, lam, rank, out_weight)) - yv) ** 2).mean())
+                   for lam in lambdas}
+        return min(val_mse, key=val_mse.get), val_mse
+
+
+def reduce_rank(weight: torch.Tensor, fitted_cov, rank: int, out_weight: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Reduced-rank ridge: weight [F, O] -> (weight [F, rank], up [rank, O]) spanning the `rank` principal directions
+    of the fitted values (fitted_cov(w) = wᵀ·gram·w), outputs scaled by out_weight [O] first if given; (weight, None)
+    unchanged unless 0 < rank < O."""
+    if not 0 < rank < weight.shape[1]:
+        return weight, None
+    w = torch.ones(weight.shape[1], dtype=weight.dtype) if out_weight is None else out_weight.to(weight.dtype)
+    values, vectors = torch.linalg.eigh(fitted_cov(weight * w))
+    top = vectors[:, values.argsort(descending=True)[:rank]]  # [O, rank], orthonormal columns
+    return (weight * w) @ top, top.T / w
+
+
+def predict(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight (@ up for a reduced-rank fit) + bias."""
+    out = x @ weight
+    return (out if up is None else out @ up) + bias
 
 
 def fit_ridge(x: torch.Tensor, y: torch.Tensor, x_val: torch.Tensor, y_val: torch.Tensor,
@@ -97,17 +122,10 @@ def fit_ridge_many(x: torch.Tensor, ys: dict[str, torch.Tensor], x_val: torch.Te
     """
     if any(y.shape[0] != x.shape[0] for y in ys.values()) or any(y.shape[0] != x_val.shape[0] for y in ys_val.values()):
         raise ValueError("features and targets need the same number of rows")
-    normal, xv = NormalEquations(x), x_val.double()
-    best, val_mse = {}, {}
+    normal, xv, best, val_mse = NormalEquations(x), x_val.double(), {}, {}
     for name, y in ys.items():
-        projected, y_mean = normal.project(y)
-        yv = ys_val[name].double()
-        val_mse[name] = {}
-        for lam in lambdas:
-            weight, bias, up = normal.solve(projected, y_mean, lam, rank, (out_weights or {}).get(name))
-            pred = xv @ weight if up is None else (xv @ weight) @ up
-            val_mse[name][lam] = float(((pred + bias - yv) ** 2).mean())
-        best[name] = min(val_mse[name], key=val_mse[name].get)
+        best[name], val_mse[name] = normal.choose_lambda(*normal.project(y), xv, ys_val[name], lambdas, rank,
+                                                         (out_weights or {}).get(name))
     if refit_all:
         normal = NormalEquations(torch.cat([x, x_val]))
     fits = {}
@@ -142,15 +160,11 @@ def cross_fitted(x: torch.Tensor, ys: dict[str, torch.Tensor], folds: Sequence[t
             y_mean = (total.sy[k] - fold.sy[k]) / m
             rhs = (total.xty[k] - fold.xty[k]) - m * torch.outer(x_mean, y_mean)
             chol = torch.linalg.cholesky(g + lams[k] * scale * torch.eye(len(g), dtype=g.dtype))
-            weight = torch.cholesky_solve(rhs, chol)
-            if 0 < rank < weight.shape[1]:
-                values, vectors = torch.linalg.eigh(weight.T @ g @ weight)  # fitted-value covariance
-                up = vectors[:, values.argsort(descending=True)[:rank]]
-                weight = weight @ up @ up.T
-            bias = y_mean - x_mean @ weight
+            weight, up = reduce_rank(torch.cholesky_solve(rhs, chol), lambda w: w.T @ g @ w, rank)
+            bias = y_mean - x_mean @ (weight if up is None else weight @ up)
             for i in range(0, len(rows), NormalEquations.CHUNK):
                 idx = rows[i:i + NormalEquations.CHUNK]
-                out[k][idx] = (x[idx].double() @ weight + bias).float()
+                out[k][idx] = predict(x[idx].double(), weight, bias, up).float()
     return out
 
 

@@ -76,6 +76,12 @@ class TranslatorConfig:
             raise ConfigError("linear_extra_layers are read by the linear map only: use variant 'linear' or "
                               "linear_residual=True (init 'linear'), or leave them empty")
 
+    @property
+    def factored_rank(self) -> int:
+        """The rank the linear map's weights are factored at: linear_rank where it is below the map's outputs
+        (window · target K/V width), else 0 (one full matrix per K/V path)."""
+        return self.linear_rank if 0 < self.linear_rank < self.window * self.target_kv_hidden else 0
+
     def to_json(self) -> dict:
         return asdict(self)
 
@@ -249,8 +255,7 @@ class LinearKVMap(nn.Module):
             self.register_buffer("previous_basis", torch.zeros(token_features, cfg.linear_previous_dims))
         else:
             self.previous_basis = None
-        out = cfg.window * cfg.target_kv_hidden
-        rank = cfg.linear_rank if 0 < cfg.linear_rank < out else 0
+        out, rank = cfg.window * cfg.target_kv_hidden, cfg.factored_rank
         # reduced rank: features -> rank (key_down) -> window (key_proj); fitted by fit.fit_linear
         self.key_down = nn.Linear(n_features, rank, bias=False) if rank else None
         self.value_down = nn.Linear(n_features, rank, bias=False) if rank else None
@@ -285,8 +290,8 @@ class LinearKVMap(nn.Module):
 def linear_inputs_text(cfg: TranslatorConfig) -> str:
     """What the linear map reads (and, for a reduced-rank map, its rank), in words (the app's explanations)."""
     text = _linear_reads(cfg)
-    if 0 < cfg.linear_rank < cfg.window * cfg.target_kv_hidden:
-        text += f" (its K and its V output each of rank {cfg.linear_rank}: reduced-rank ridge)"
+    if cfg.factored_rank:
+        text += f" (its K and its V output each of rank {cfg.factored_rank}: reduced-rank ridge)"
     return text
 
 

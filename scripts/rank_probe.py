@@ -31,7 +31,7 @@ from mot_viz.bank import checkpoint_bank  # noqa: E402
 from mot_viz.fidelity import held_out_items, window_cosine_cells, window_cosine_header, window_cosines  # noqa: E402
 from mot_viz.fit import layer_balance_weights, map_inputs  # noqa: E402
 from mot_viz.fsutil import write_lines  # noqa: E402
-from mot_viz.ridge import LAMBDAS, NormalEquations  # noqa: E402
+from mot_viz.ridge import LAMBDAS, NormalEquations, predict  # noqa: E402
 
 
 def map_megabytes(features: int, outputs: int, rank: int, buffers: int) -> float:
@@ -63,13 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     projected, lam = {}, {}
     for kv, y in targets.items():  # λ of the full map on the λ contexts, as fit_linear chooses it
         projected[kv] = normal.project(y[bank.rows(fit_part)])
-        y_lam = y[bank.rows(lam_part)].double()
-
-        def lam_mse(penalty: float) -> float:
-            weight, bias, _ = normal.solve(*projected[kv], penalty)
-            return float(((x_lam @ weight + bias - y_lam) ** 2).mean())
-
-        lam[kv] = min(LAMBDAS, key=lam_mse)
+        lam[kv], _ = normal.choose_lambda(*projected[kv], x_lam, y[bank.rows(lam_part)], LAMBDAS)
     buffers = sum(b.numel() for b in linear.buffers())
     outputs = targets["k"].shape[1]
     lines = [f"Map of `{args.checkpoint}` ({x.shape[1]} features -> {outputs} per K and V) refitted on bank "
@@ -85,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     for rank, balanced in runs:
         pred = {}
         for kv in targets:
-            weight, bias, up = normal.solve(*projected[kv], lam[kv], rank, layer_weight[kv] if balanced else None)
-            pred[kv] = (x_val @ weight if up is None else (x_val @ weight) @ up) + bias
+            pred[kv] = predict(x_val, *normal.solve(*projected[kv], lam[kv], rank,
+                                                    layer_weight[kv] if balanced else None))
         items = held_out_items(bank, val, pred["k"], pred["v"])
         kept = rank if 0 < rank < outputs else 0
         size = map_megabytes(x.shape[1], outputs, kept, buffers)
