@@ -69,6 +69,13 @@ class LayerStart:
 
 
 _ACTIVE_PLAN: contextvars.ContextVar[AttentionPlan | None] = contextvars.ContextVar("mot_viz_plan", default=None)
+# the last layer of a cache-only prefill (run with logits_to_keep=None): once its K/V are in the cache, nothing it
+# computes after them (attention output, MLP, the final norm) is read, so its attention stops the forward there
+_STOP_AFTER: contextvars.ContextVar[int | None] = contextvars.ContextVar("mot_viz_stop_after", default=None)
+
+
+class _CacheBuilt(Exception):
+    """Raised by the attention of a cache-only prefill's last layer, after the layer has cached its K/V."""
 
 
 @contextlib.contextmanager
@@ -204,11 +211,15 @@ def mot_attention(module, query, key, value, attention_mask, scaling=None, dropo
                 raise ValueError("record_topk needs a prefill without a cache (queries at every key position)")
             probs = _eager_probs(module, query, key, scaling).mean(dim=1, keepdim=True)[..., offset:, offset:]
             plan.topk[layer] = probs.topk(min(k_top, probs.shape[-1]), dim=-1).indices
-        if layer in plan.sparse:
-            out = sparse_mask_attention(module, query, key, value, plan.sparse[layer], scaling)
-            if out is None:
-                out = sparse_attention(module, query, key, value, plan.sparse[layer], scaling)
-            return out, None
+    stop = _STOP_AFTER.get()
+    if stop is not None and module.layer_idx == stop:  # a cache-only prefill's last layer: its K/V are cached by now
+        raise _CacheBuilt
+    if plan is not None and module.layer_idx in plan.sparse:
+        indices = plan.sparse[module.layer_idx]
+        out = sparse_mask_attention(module, query, key, value, indices, scaling)
+        if out is None:
+            out = sparse_attention(module, query, key, value, indices, scaling)
+        return out, None
     return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
 
 
@@ -343,7 +354,9 @@ def run(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: AttentionPla
     """One forward pass of `ids` [B, N] on top of the (copied, never mutated) cache `kv`, under `plan`.
 
     logits_to_keep: 0 keeps all logits, n > 0 only the last n, a tensor of positions only those (each saves the
-    big output layer's time); None runs no output layer at all (logits None): a prefill that only builds a cache.
+    big output layer's time); None runs no output layer at all (logits None): a prefill that only builds a cache,
+    which also stops once the last layer's K/V are cached (its attention output and MLP would feed only the output
+    layer), except under residual_trace, which records the last layer's output.
     The output layer reads its whole weight even for one position (Gemma-3's 262k × 640 rows: ~0.7 GB, ~40 ms of
     memory traffic on these machines, a tenth of a 128-token prefill), so a cache-only prefill skips it.
     """
@@ -358,9 +371,16 @@ def run(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: AttentionPla
     if plan is not None and plan.start is not None and kv:
         raise ValueError("a forward that starts above layer 0 needs an empty cache (a prefill of the same ids)")
     with active_plan(plan):
-        if keep is None:  # the decoder alone (the model's base model): the same layers, no output layer
-            model.base_model(input_ids=ids, cache=cache, use_cache=True)
+        if keep is None:  # the decoder alone, up to the last layer's K/V: no later work, no output layer
             logits = None
+            last = None if _ACTIVE_TRACE.get() is not None else len(decoder_layers(model)) - 1  # a trace reads h_L
+            stop = _STOP_AFTER.set(last)
+            try:
+                model.base_model(input_ids=ids, cache=cache, use_cache=True)
+            except _CacheBuilt:
+                pass
+            finally:
+                _STOP_AFTER.reset(stop)
         else:
             logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=keep).logits
     computed = kv_from_cache(cache)

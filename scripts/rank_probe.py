@@ -9,7 +9,13 @@ fitted values (mot_viz.ridge, `linear_rank`). Each fit is scored per window laye
     OMP_NUM_THREADS=2 python scripts/rank_probe.py --checkpoint pretrained/smollm2-to-gemma3-mid-linear \
         --ranks 128 256 384 512 768 0 --out results/fidelity/rank_probe-mid.md
 
-Rank 0 is the full map. With --balanced each rank is also fitted with every window layer's outputs weighed
+Rank 0 is the full map. With --fractions each rank is fitted on a share of the training contexts as well (the first
+ones of the shuffled bank, λ chosen again): the map's learning curve, whether more bank text would help:
+
+    OMP_NUM_THREADS=1 python scripts/rank_probe.py --checkpoint pretrained/smollm2-to-gemma3-linear --ranks 0 \
+        --fractions 0.25 0.5 1 --out results/fidelity/learning_curve-terminal.md
+
+With --balanced each rank is also fitted with every window layer's outputs weighed
 equally (each layer's target scaled to unit mean square before the principal directions are chosen: the cosines
 are per layer, the plain criterion favours the layers of largest variance). (The shipped map is refitted on every bank context, held-out ones included, so its own
 weights cannot be scored on them: this probe fits its own.) Memory: the map's input rows of the whole bank (~2 GB
@@ -46,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", type=Path, required=True, help="a linear checkpoint trained from a bank")
     parser.add_argument("--ranks", nargs="+", type=int, required=True, help="ranks to score (0: the full map)")
     parser.add_argument("--balanced", action="store_true", help="also fit each rank with the window layers weighed equally")
+    parser.add_argument("--fractions", nargs="+", type=float, default=[1.0],
+                        help="shares of the training contexts to fit on (a learning curve: does more bank text help?)")
     parser.add_argument("--out", type=Path, help="markdown table to write (also printed)")
     args = parser.parse_args(argv)
     mot, _, _, bank = checkpoint_bank(args.checkpoint)
@@ -56,38 +64,42 @@ def main(argv: list[str] | None = None) -> int:
     n_lam = max(1, round(len(train) * 0.1))
     fit_part, lam_part = train[:-n_lam], train[-n_lam:]
     t0 = time.perf_counter()
-    x = map_inputs(mot, bank, fit_part)
+    x_all = map_inputs(mot, bank, fit_part)
     x_lam, x_val = (map_inputs(mot, bank, part).double() for part in (lam_part, val))
-    normal = NormalEquations(x)
     targets = {"k": bank.target_keys.flatten(1), "v": bank.target_values.flatten(1)}
-    projected, lam = {}, {}
-    for kv, y in targets.items():  # λ of the full map on the λ contexts, as fit_linear chooses it
-        projected[kv] = normal.project(y[bank.rows(fit_part)])
-        lam[kv], _ = normal.choose_lambda(*projected[kv], x_lam, y[bank.rows(lam_part)], LAMBDAS)
     buffers = sum(b.numel() for b in linear.buffers())
     outputs = targets["k"].shape[1]
-    lines = [f"Map of `{args.checkpoint}` ({x.shape[1]} features -> {outputs} per K and V) refitted on bank "
-             f"`{bank.folder.name}`: {len(fit_part)} training contexts ({len(x)} tokens), λ K {lam['k']:g} / V "
-             f"{lam['v']:g} chosen on the next {n_lam}, scored on {len(val)} held-out contexts ({len(x_val)} tokens). "
-             f"Normal equations: {time.perf_counter() - t0:.0f} s.", "",
-             f"| rank | map size (fp16) | {window_cosine_header(list(mot.channels.target_layers))} |",
-             "|---|---:|" + "---:|" * (2 * len(mot.channels.target_layers) + 4)]
+    lines = [f"Map of `{args.checkpoint}` ({x_all.shape[1]} features -> {outputs} per K and V) refitted on bank "
+             f"`{bank.folder.name}`: up to {len(fit_part)} training contexts ({len(x_all)} tokens), λ per K and V "
+             f"chosen on the next {n_lam}, scored on {len(val)} held-out contexts ({len(x_val)} tokens).", "",
+             f"| rank | training contexts (tokens) | λ K / V | map size (fp16) | "
+             f"{window_cosine_header(list(mot.channels.target_layers))} |",
+             "|---|---:|---:|---:|" + "---:|" * (2 * len(mot.channels.target_layers) + 4)]
     print("\n".join(lines), flush=True)
-    layer_weight = {kv: layer_balance_weights(y[bank.rows(fit_part)].view(len(x), linear.window, -1))
-                    for kv, y in targets.items()}
-    runs = [(rank, False) for rank in args.ranks] + [(rank, True) for rank in args.ranks if rank and args.balanced]
-    for rank, balanced in runs:
-        pred = {}
-        for kv in targets:
-            pred[kv] = predict(x_val, *normal.solve(*projected[kv], lam[kv], rank,
-                                                    layer_weight[kv] if balanced else None))
-        items = held_out_items(bank, val, pred["k"], pred["v"])
-        kept = rank if 0 < rank < outputs else 0
-        size = map_megabytes(x.shape[1], outputs, kept, buffers)
-        line = (f"| {kept or 'full'}{', layers balanced' * balanced} | {size:.1f} MB | "
-                f"{window_cosine_cells(window_cosines(items))} |")
-        lines.append(line)
-        print(line, flush=True)
+    for fraction in args.fractions:  # a prefix of the (shuffled) training contexts: the map's learning curve
+        part = fit_part[:max(1, round(len(fit_part) * fraction))]
+        x = x_all[:len(bank.rows(part))]  # map_inputs keeps the contexts' order
+        normal = NormalEquations(x)
+        projected, lam = {}, {}
+        for kv, y in targets.items():  # λ of the full map on the λ contexts, as fit_linear chooses it
+            projected[kv] = normal.project(y[bank.rows(part)])
+            lam[kv], _ = normal.choose_lambda(*projected[kv], x_lam, y[bank.rows(lam_part)], LAMBDAS)
+        layer_weight = {kv: layer_balance_weights(y[bank.rows(part)].view(len(x), linear.window, -1))
+                        for kv, y in targets.items()}
+        runs = [(rank, False) for rank in args.ranks] + [(rank, True) for rank in args.ranks if rank and args.balanced]
+        for rank, balanced in runs:
+            pred = {}
+            for kv in targets:
+                pred[kv] = predict(x_val, *normal.solve(*projected[kv], lam[kv], rank,
+                                                        layer_weight[kv] if balanced else None))
+            items = held_out_items(bank, val, pred["k"], pred["v"])
+            kept = rank if 0 < rank < outputs else 0
+            size = map_megabytes(x.shape[1], outputs, kept, buffers)
+            line = (f"| {kept or 'full'}{', layers balanced' * balanced} | {len(part)} ({len(x)}) | "
+                    f"{lam['k']:g} / {lam['v']:g} | {size:.1f} MB | {window_cosine_cells(window_cosines(items))} |")
+            lines.append(line)
+            print(line, f"({time.perf_counter() - t0:.0f} s)", flush=True)
+        del normal
     write_lines(args.out, lines)
     return 0
 

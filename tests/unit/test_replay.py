@@ -49,6 +49,29 @@ def test_a_cache_only_prefill_skips_the_output_layer_and_builds_the_same_cache(f
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_a_cache_only_prefill_stops_at_the_last_layers_kv_unless_traced(family):
+    """The last layer's MLP feeds only the output layer: a cache-only prefill runs every MLP but that one; a residual
+    trace (it records the last layer's output) and a forward with logits run them all."""
+    target = tiny_model(family, layers=3)
+    ids = target_context_ids(target, TEXT)
+    calls = []
+    hooks = [hf._block_parts(layer)[2].register_forward_hook(lambda m, a, o, i=i: calls.append(i))
+             for i, layer in enumerate(hf.decoder_layers(target.model))]
+    try:
+        hf.run(target.model, ids, logits_to_keep=None)
+        assert calls == [0, 1]
+        calls.clear()
+        trace = hf.residual_trace(target.model, ids, logits_to_keep=None)
+        assert calls == [0, 1, 2] and trace.residual.shape[0] == 4
+        calls.clear()
+        hf.run(target.model, ids, logits_to_keep=1)
+        assert calls == [0, 1, 2]
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_the_output_layer_gives_the_stock_logits_for_any_number_of_rows(family):
     """A prepared model's output layer multiplies 2–FEW_ROWS positions as weight @ hidden.T (a faster kernel on CPU):
     the logits of a batch of any size, one position or several, are the stock layer's (bias included)."""
