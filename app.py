@@ -106,7 +106,9 @@ def _cost_panel(run) -> None:
         "computes it as dense attention under a mask of those positions, a chunk of queries at a time over only the "
         "keys that chunk may see (faster than gathering k keys per query on two CPU cores), so the replay costs about "
         "what the target's own prefill costs on short contexts and less on long ones (on the bundled pair about 0.95 "
-        "of it at 512 tokens, 0.8 at 2,048: docs/bench_engine.md). Cache sizes count K and V at every layer (a "
+        "of it at 512 tokens, 0.8 at 2,048: docs/bench_engine.md). Every prefill timed here only builds a cache, so "
+        "it stops once the top layer's K/V are stored: the rest of that layer would feed only next-token logits. "
+        "Cache sizes count K and V at every layer (a "
         "sliding-window layer at most its window)."
     )
 

@@ -285,6 +285,14 @@ def _replay(target: LoadedModel, target_ids: torch.Tensor, target_layers: tuple[
     return result
 
 
+def unread_window_layers(target_layers: tuple[int, ...], num_layers: int) -> tuple[int, ...]:
+    """Window layers whose translated K/V reach no entry of the replayed cache: the target's last layer, if the window
+    holds it. Injected K/V change only their layer's attention output, which reaches the cache through the K/V of
+    the layers above (method.md §6, step 3); above the last layer there are none (its output feeds only next-token
+    logits, which a cache-only replay does not compute)."""
+    return tuple(layer for layer in target_layers if layer == num_layers - 1)
+
+
 def per_layer_kv(keys: torch.Tensor, values: torch.Tensor, n_kv: int) -> list[KV]:
     """Window blocks [1, N, W, H] -> per window layer (K, V), each [1, n_kv, N, d_h]."""
     return list(zip(from_block(keys, n_kv), from_block(values, n_kv)))

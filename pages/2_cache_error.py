@@ -10,6 +10,7 @@ from mot_viz.cache_metrics import COMPARISONS, cache_error_grid, cache_error_tab
 from mot_viz.checkpoint import read_config
 from mot_viz.fidelity import fidelity_verdicts
 from mot_viz.figures import FIDELITY_TITLES, METRIC_TITLES, error_heatmap, fidelity_figure, layer_error_figure
+from mot_viz.mot import unread_window_layers
 from mot_viz.translator import TranslatorConfig, linear_inputs_text
 from mot_viz.verdict import VerdictThresholds, reuse_verdict
 
@@ -44,6 +45,11 @@ def main() -> None:
     both = table if second_table is None else pd.concat([table.assign(checkpoint="selected"),
                                                          second_table.assign(checkpoint="second")])
     app.show_figure(layer_error_figure(table, window, second_table), both, "cache_error_per_layer")
+    for layer in unread_window_layers(window, run.target.spec.num_layers):
+        st.info(f"Layer {layer} is the target's last layer. What the translator writes there changes only that "
+                "layer's attention output, which feeds the next-token logits and no cache entry: the replayed cache, "
+                "and every answer read from it, is the same whatever the translator wrote at this layer "
+                "(method.md §6). Its translated error is shown, but it costs nothing downstream.", icon="ℹ️")
 
     _token_heatmap(run)
 

@@ -167,6 +167,8 @@ def test_cache_error_page_matches_the_replay_structure():
     assert names == {"translated", "replayed"}
     translated_k = next(t for t in per_layer["data"] if t["name"] == "translated")
     assert list(translated_k["x"]) == [4, 5]
+    # the window holds the target's last layer (5 of 0-5), whose translation reaches no cache entry
+    assert any(i.value.startswith("Layer 5 is the target's last layer") for i in at.info)
     at.radio(key="pg.error.comparison").set_value("translated").run()
     at.radio(key="pg.error.metric").set_value("cosine").run()
     z = np.array(figures(at)[1]["data"][0]["z"], dtype=float)

@@ -12,7 +12,7 @@ from mot_viz import hf
 from mot_viz.channels import Channels, injection_channels
 from mot_viz.layout import window_blocks
 from mot_viz.mot import (MoT, ReplayConfig, native_cache, prepare_source, replay, replay_window, sparse_indices,
-                         target_context_ids, translate, translate_again, translate_window)
+                         target_context_ids, translate, translate_again, translate_window, unread_window_layers)
 from mot_viz.translator import GateOverride
 
 TEXT = CORPUS[0] + " " + CORPUS[1]
@@ -275,3 +275,26 @@ def test_left_padded_batch_decodes_each_row_as_alone(family, bos):
     assert mask.tolist()[2] == [0] * (n - 12) + [1] * 12 and all(k.shape[2] == n for k, _ in padded[1])
     unmasked = hf.greedy_generate_batch(lm.model, padded[1:3], prompt, 8, stop_ids=set())
     assert unmasked != alone[1:3]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_last_layers_translation_reaches_no_cache_entry(family):
+    """Whatever a window writes at the target's last layer, the replayed cache is the same (bit for bit); at the layer
+    below it the cache changes (method.md §6: injected K/V act only through the layers above)."""
+    target = tiny_model(family, layers=4)
+    ids = target_context_ids(target, TEXT)
+    channels = injection_channels(4, 4, start=2, window=2)  # target layers 2, 3: 3 is the last
+    assert unread_window_layers(channels.target_layers, 4) == (3,)
+    assert unread_window_layers((1, 2), 4) == ()
+    k, v = window_blocks(native_cache(target, ids), channels.target_layers)
+    base = replay(target, ids, channels.target_layers, k, v, sparse=None)
+    g = torch.Generator().manual_seed(0)
+
+    def noisy(layer: int) -> list:
+        k2, v2 = k.clone(), v.clone()
+        k2[:, :, layer] = 5 * torch.randn(k2[:, :, layer].shape, generator=g)
+        v2[:, :, layer] = 5 * torch.randn(v2[:, :, layer].shape, generator=g)
+        return replay(target, ids, channels.target_layers, k2, v2, sparse=None)
+
+    assert all(torch.equal(a, b) for kv_a, kv_b in zip(base, noisy(1)) for a, b in zip(kv_a, kv_b))
+    assert any(not torch.equal(a, b) for kv_a, kv_b in zip(base, noisy(0)) for a, b in zip(kv_a, kv_b))
