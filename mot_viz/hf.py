@@ -72,6 +72,18 @@ _ACTIVE_PLAN: contextvars.ContextVar[AttentionPlan | None] = contextvars.Context
 # the last layer of a cache-only prefill (run with logits_to_keep=None): once its K/V are in the cache, nothing it
 # computes after them (attention output, MLP, the final norm) is read, so its attention stops the forward there
 _STOP_AFTER: contextvars.ContextVar[int | None] = contextvars.ContextVar("mot_viz_stop_after", default=None)
+_CACHE_ONLY_STOP: contextvars.ContextVar[bool] = contextvars.ContextVar("mot_viz_cache_only_stop", default=True)
+
+
+@contextlib.contextmanager
+def whole_last_layer():
+    """Cache-only prefills in this block run their last layer whole (residual_trace records its output; the engine
+    benchmark times what the stop saves)."""
+    token = _CACHE_ONLY_STOP.set(False)
+    try:
+        yield
+    finally:
+        _CACHE_ONLY_STOP.reset(token)
 
 
 class _CacheBuilt(Exception):
@@ -356,7 +368,7 @@ def run(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: AttentionPla
     logits_to_keep: 0 keeps all logits, n > 0 only the last n, a tensor of positions only those (each saves the
     big output layer's time); None runs no output layer at all (logits None): a prefill that only builds a cache,
     which also stops once the last layer's K/V are cached (its attention output and MLP would feed only the output
-    layer), except under residual_trace, which records the last layer's output.
+    layer), except under whole_last_layer (residual_trace records the last layer's output).
     The output layer reads its whole weight even for one position (Gemma-3's 262k × 640 rows: ~0.7 GB, ~40 ms of
     memory traffic on these machines, a tenth of a 128-token prefill), so a cache-only prefill skips it.
     """
@@ -373,8 +385,7 @@ def run(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: AttentionPla
     with active_plan(plan):
         if keep is None:  # the decoder alone, up to the last layer's K/V: no later work, no output layer
             logits = None
-            last = None if _ACTIVE_TRACE.get() is not None else len(decoder_layers(model)) - 1  # a trace reads h_L
-            stop = _STOP_AFTER.set(last)
+            stop = _STOP_AFTER.set(len(decoder_layers(model)) - 1 if _CACHE_ONLY_STOP.get() else None)
             try:
                 model.base_model(input_ids=ids, cache=cache, use_cache=True)
             except _CacheBuilt:
@@ -584,7 +595,7 @@ def residual_trace(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: A
         rec.setdefault("kind", {})[i] = kind
     token = _ACTIVE_TRACE.set(rec)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), whole_last_layer():
             result = run(model, ids, kv, plan, logits_to_keep)
     finally:
         _ACTIVE_TRACE.reset(token)

@@ -13,6 +13,7 @@ The new table goes on top of --out, under --label; earlier tables stay below it 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import platform
@@ -55,6 +56,9 @@ def main() -> int:
     parser.add_argument("--chunks", type=int, nargs="*", default=[],
                         help="also compare the masked sparse replay's query chunk sizes (0: one SDPA call), "
                              "alternating within each repeat: replay ÷ native prefill per length")
+    parser.add_argument("--whole_last_layer", action="store_true",
+                        help="also time each translation with the cache-only prefills running their last layer whole "
+                             "(hf.whole_last_layer, as before session 14), alternating: what stopping at its K/V saves")
     parser.add_argument("--out", default="docs/bench_engine.md",
                         help="markdown file the table is added to (on top; earlier tables are kept)")
     args = parser.parse_args()
@@ -97,6 +101,23 @@ def main() -> int:
                                {c: statistics.median(r) for c, r in ratios.items()}))
             print(f"{chunk_rows[-1][0]} tokens, replay ÷ native by chunk: {chunk_rows[-1][1]}", flush=True)
 
+    stop_rows = []
+    if args.whole_last_layer:  # the same translation with and without the cache-only stop, in turn within each repeat
+        compared = ("source_prefill", "replay", "native_prefill")
+        for n in args.lengths:
+            text = context_of(target, n)
+            runs_by = {False: [], True: []}
+            for _ in range(args.repeats):
+                for whole in (False, True):
+                    with hf.whole_last_layer() if whole else contextlib.nullcontext():
+                        runs_by[whole].append(translate(mot, source, target, text).timings)
+            med = {whole: {s: statistics.median(r[s] for r in runs) for s in stages} for whole, runs in runs_by.items()}
+            engine = {whole: statistics.median((r["translator"] + r["replay"]) / r["native_prefill"] for r in runs)
+                      for whole, runs in runs_by.items()}
+            stop_rows.append((len(encode(target.tokenizer, text)),
+                              [med[False][s] / med[True][s] for s in compared], engine))
+            print(f"{stop_rows[-1][0]} tokens, stopped ÷ whole: {stop_rows[-1][1]}, engine ratio {engine}", flush=True)
+
     threads = torch.get_num_threads()
     title = "# Engine benchmark: SmolLM2-135M → Gemma-3-270m"
     lines = [
@@ -132,6 +153,15 @@ def main() -> int:
                   "| target tokens | " + " | ".join(label(c) for c in args.chunks) + " |",
                   "|---:|" + "---:|" * len(args.chunks)]
         lines += [f"| {n_t} | " + " | ".join(f"{r[c]:.2f}" for c in args.chunks) + " |" for n_t, r in chunk_rows]
+    if stop_rows:
+        lines += ["", f"Cache-only prefills stopped at the last layer's K/V (shipped since session 14) against the same "
+                  f"prefills running that layer whole (`--whole_last_layer`), each the median of {args.repeats} "
+                  "translations that take both in turn:", "",
+                  "| target tokens | source prefill: stopped ÷ whole | replay: stopped ÷ whole | native prefill: "
+                  "stopped ÷ whole | (translator + replay) ÷ native, stopped | the same, whole |",
+                  "|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {n_t} | " + " | ".join(f"{x:.3f}" for x in ratios) + f" | {engine[False]:.2f} | {engine[True]:.2f} |"
+                  for n_t, ratios, engine in stop_rows]
     write_section_on_top(Path(args.out), title, "\n".join(lines[1:]))
     print("\n".join(lines))
     return 0

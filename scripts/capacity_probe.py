@@ -12,6 +12,14 @@ checkpoint's linear path, the checkpoint itself (experts included), and the MLP 
     OMP_NUM_THREADS=1 python scripts/capacity_probe.py --checkpoint pretrained/smollm2-to-gemma3-mid \
         --hidden 1024 --epochs 12 --out results/fidelity/capacity_probe-mid.md
 
+The shipped maps are refitted on every bank context, held-out ones included (docs/DECISIONS.md, session 13), so on
+those contexts the checkpoint's own linear path is scored in sample. With --refit the probe fits its own map instead,
+at full rank on the training contexts alone (mot_viz.ridge.fit_ridge_many, λ per K and V chosen on the last tenth of
+them, not refitted on all), and the MLP refines that map:
+
+    OMP_NUM_THREADS=1 python scripts/capacity_probe.py --checkpoint pretrained/smollm2-to-gemma3-mid-linear --refit \
+        --hidden 1024 --epochs 12 --out results/fidelity/capacity_probe-mid-refit.md
+
 A probe of the translator's capacity, not a translator: the MLP reads one token (and its predecessor) at a time,
 so if it cannot pass the linear path by much, a wider per-token map is not where the missing V cosine is.
 """
@@ -31,6 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mot_viz.bank import checkpoint_bank  # noqa: E402
 from mot_viz.fidelity import window_cosine_cells, window_cosine_header, window_cosines  # noqa: E402
+from mot_viz.fit import map_inputs  # noqa: E402
+from mot_viz.ridge import LAMBDAS, fit_ridge_many, predict  # noqa: E402
 from mot_viz.fsutil import write_lines  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=512, help="tokens per step")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--refit", action="store_true",
+                        help="fit the map on the training contexts alone (full rank) instead of the checkpoint's own")
     parser.add_argument("--out", type=Path, help="markdown table to write (also printed)")
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
@@ -51,14 +63,30 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{args.checkpoint} has no linear path; give a linear checkpoint or a MoT with one")
     train, val = bank.split()
     window = mot.channels.window
+    fits, map_name = None, "linear path of the checkpoint"
+    if args.refit:
+        t0 = time.perf_counter()
+        n_lam = max(1, round(len(train) * 0.1))
+        ys = {kv: lambda part, t=t: t[bank.rows(part)].flatten(1)
+              for kv, t in (("k", bank.target_keys), ("v", bank.target_values))}
+        with torch.no_grad():
+            fits = fit_ridge_many(map_inputs(mot, bank, train[:-n_lam]), {kv: y(train[:-n_lam]) for kv, y in ys.items()},
+                                  map_inputs(mot, bank, train[-n_lam:]), {kv: y(train[-n_lam:]) for kv, y in ys.items()},
+                                  LAMBDAS, refit_all=False)
+        map_name = (f"full-rank map fitted on {len(train) - n_lam} training contexts (λ K {fits['k'].lam:g} / V "
+                    f"{fits['v'].lam:g}; {time.perf_counter() - t0:.0f} s)")
+        print(map_name, flush=True)
 
     @torch.no_grad()
     def context_arrays(i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Context i's map inputs [N, F], linear-path prediction [N, 2·W·H_T] and native target [N, 2·W·H_T]."""
         sk, sv, tk, tv = bank.context(i)
-        lin_k, lin_v = linear(sk, sv)
-        return (linear.inputs(sk, sv)[0], torch.cat([lin_k[0].flatten(1), lin_v[0].flatten(1)], 1),
-                torch.cat([tk[0].flatten(1), tv[0].flatten(1)], 1))
+        x = linear.inputs(sk, sv)[0]
+        if fits is None:
+            lin_k, lin_v = (t[0].flatten(1) for t in linear(sk, sv))
+        else:
+            lin_k, lin_v = (predict(x, fits[kv].weight, fits[kv].bias, fits[kv].up).float() for kv in "kv")
+        return x, torch.cat([lin_k, lin_v], 1), torch.cat([tk[0].flatten(1), tv[0].flatten(1)], 1)
 
     t0 = time.perf_counter()
     parts = [context_arrays(i) for i in train]
@@ -97,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     layers = list(mot.channels.target_layers)
     lines = [f"Bank `{bank.folder.name}`: {len(train)} training contexts ({len(x_train)} tokens), {len(val)} "
              f"held-out ({sum(len(h[0]) for h in held_out)} tokens); window target layers {layers}; inputs: "
-             f"{x_train.shape[1]} features (the checkpoint's linear-path inputs). MLP hidden {args.hidden}, Adam lr "
+             f"{x_train.shape[1]} features (the checkpoint's linear-path inputs); the map: {map_name}. MLP hidden {args.hidden}, Adam lr "
              f"{args.lr}, batch {args.batch} tokens, cosine schedule over {args.epochs} epochs, seed {args.seed}.", "",
              f"| translator | {window_cosine_header(layers)} |", "|---|" + "---:|" * (2 * window + 4)]
 
@@ -107,8 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         print(line, flush=True)
 
     print("\n".join(lines), flush=True)
-    row("linear path of the checkpoint", score(lambda i, x, lin: lin))
-    row("the checkpoint (linear path + experts)", score(mot_prediction))
+    row(map_name, score(lambda i, x, lin: lin))
+    if mot.translator.config.variant != "linear":
+        row("the checkpoint (linear path + experts)" + (", in sample" if fits is not None else ""),
+            score(mot_prediction))
     opt = torch.optim.Adam(mlp.parameters(), lr=args.lr)
     steps_per_epoch = math.ceil(len(x_train) / args.batch)
     total = max(1, steps_per_epoch * args.epochs)

@@ -51,7 +51,8 @@ def test_a_cache_only_prefill_skips_the_output_layer_and_builds_the_same_cache(f
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_cache_only_prefill_stops_at_the_last_layers_kv_unless_traced(family):
     """The last layer's MLP feeds only the output layer: a cache-only prefill runs every MLP but that one; a residual
-    trace (it records the last layer's output) and a forward with logits run them all."""
+    trace (it records the last layer's output), a forward with logits and one under whole_last_layer run them all,
+    and the cache is the same."""
     target = tiny_model(family, layers=3)
     ids = target_context_ids(target, TEXT)
     calls = []
@@ -66,6 +67,12 @@ def test_a_cache_only_prefill_stops_at_the_last_layers_kv_unless_traced(family):
         calls.clear()
         hf.run(target.model, ids, logits_to_keep=1)
         assert calls == [0, 1, 2]
+        calls.clear()
+        with hf.whole_last_layer():
+            whole = hf.run(target.model, ids, logits_to_keep=None)
+        assert calls == [0, 1, 2]
+        assert all(torch.equal(a, b) for kv_a, kv_b in zip(whole.kv, hf.run(target.model, ids, logits_to_keep=None).kv)
+                   for a, b in zip(kv_a, kv_b))
     finally:
         for h in hooks:
             h.remove()
