@@ -18,7 +18,10 @@ at full rank on the training contexts alone (mot_viz.ridge.fit_ridge_many, λ pe
 them, not refitted on all), and the MLP refines that map:
 
     OMP_NUM_THREADS=1 python scripts/capacity_probe.py --checkpoint pretrained/smollm2-to-gemma3-mid-linear --refit \
-        --hidden 1024 --epochs 12 --out results/fidelity/capacity_probe-mid-refit.md
+        --standardize --hidden 1024 --epochs 12 --out results/fidelity/capacity_probe-mid-refit-std.md
+
+(--standardize: the inputs scaled per feature instead of the MLP's LayerNorm; without it, on these 5,632 features
+of very different scales, the MLP barely trained: results/fidelity/capacity_probe-mid-refit.md.)
 
 A probe of the translator's capacity, not a translator: the MLP reads one token (and its predecessor) at a time,
 so if it cannot pass the linear path by much, a wider per-token map is not where the missing V cosine is.
@@ -54,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--refit", action="store_true",
                         help="fit the map on the training contexts alone (full rank) instead of the checkpoint's own")
+    parser.add_argument("--standardize", action="store_true",
+                        help="scale each input feature to zero mean and unit variance on the training tokens instead "
+                             "of the MLP's LayerNorm (which a few large features dominate when a map reads many layers)")
     parser.add_argument("--out", type=Path, help="markdown table to write (also printed)")
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
@@ -93,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     x_train, lin_train, y_train = (torch.cat([p[j] for p in parts]) for j in range(3))
     del parts
     held_out = [context_arrays(i) for i in val]
+    if args.standardize:
+        mean, std = x_train.mean(0), x_train.std(0).clamp(min=1e-6)
+        x_train = (x_train - mean) / std
+        held_out = [((x - mean) / std, lin, y) for x, lin, y in held_out]
     scale = y_train.std(0).clamp(min=1e-6)  # each output dimension's training spread
     half = y_train.shape[1] // 2
     print(f"bank {bank.folder.name}: {len(train)} training contexts ({len(x_train)} tokens), {len(val)} held-out "
@@ -114,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         out = mot.translator(sk, sv)
         return torch.cat([out.keys[0].flatten(1), out.values[0].flatten(1)], 1)
 
-    mlp = nn.Sequential(nn.LayerNorm(x_train.shape[1]), nn.Linear(x_train.shape[1], args.hidden), nn.GELU(),
-                        nn.Linear(args.hidden, y_train.shape[1]))
+    norm = [] if args.standardize else [nn.LayerNorm(x_train.shape[1])]
+    mlp = nn.Sequential(*norm, nn.Linear(x_train.shape[1], args.hidden), nn.GELU(), nn.Linear(args.hidden, y_train.shape[1]))
     nn.init.zeros_(mlp[-1].weight)  # starts as the linear path
     nn.init.zeros_(mlp[-1].bias)
 
@@ -125,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     layers = list(mot.channels.target_layers)
     lines = [f"Bank `{bank.folder.name}`: {len(train)} training contexts ({len(x_train)} tokens), {len(val)} "
              f"held-out ({sum(len(h[0]) for h in held_out)} tokens); window target layers {layers}; inputs: "
-             f"{x_train.shape[1]} features (the checkpoint's linear-path inputs); the map: {map_name}. MLP hidden {args.hidden}, Adam lr "
+             f"{x_train.shape[1]} features (the checkpoint's linear-path inputs"
+             f"{', standardised' if args.standardize else ''}); the map: {map_name}. MLP hidden {args.hidden}, Adam lr "
              f"{args.lr}, batch {args.batch} tokens, cosine schedule over {args.epochs} epochs, seed {args.seed}.", "",
              f"| translator | {window_cosine_header(layers)} |", "|---|" + "---:|" * (2 * window + 4)]
 
