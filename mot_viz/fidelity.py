@@ -72,6 +72,14 @@ def window_cosines(contexts) -> dict[str, torch.Tensor]:
     return scores
 
 
+def probe_split(bank) -> tuple[list[int], list[int], list[int]]:
+    """The probe scripts' bank contexts (fit, λ, held-out): the bank's held-out share (Bank.split) and its training
+    contexts split again, the last tenth (at least one) choosing a map's λ."""
+    train, val = bank.split()
+    n_lam = max(1, round(len(train) * 0.1))
+    return train[:-n_lam], train[-n_lam:], val
+
+
 def held_out_items(bank, contexts: list[int], keys: torch.Tensor, values: torch.Tensor) -> list[tuple]:
     """Predicted K and V rows [n, W·H] of bank `contexts` (their rows concatenated in that order) -> window_cosines'
     items: per context (K, V, native K, native V) blocks [N, W, H]."""

@@ -41,8 +41,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mot_viz.bank import checkpoint_bank  # noqa: E402
-from mot_viz.fidelity import window_cosine_cells, window_cosine_header, window_cosines  # noqa: E402
-from mot_viz.fit import map_inputs  # noqa: E402
+from mot_viz.fidelity import probe_split, window_cosine_cells, window_cosine_header, window_cosines  # noqa: E402
 from mot_viz.ridge import LAMBDAS, fit_ridge_many, predict  # noqa: E402
 from mot_viz.fsutil import write_lines  # noqa: E402
 
@@ -67,47 +66,50 @@ def main(argv: list[str] | None = None) -> int:
     linear = mot.translator.linear
     if linear is None:
         raise SystemExit(f"{args.checkpoint} has no linear path; give a linear checkpoint or a MoT with one")
-    train, val = bank.split()
+    fit_part, lam_part, val = probe_split(bank)
+    train = fit_part + lam_part
     window = mot.channels.window
-    fits, map_name = None, "linear path of the checkpoint"
-    if args.refit:
-        t0 = time.perf_counter()
-        n_lam = max(1, round(len(train) * 0.1))
-        ys = {kv: lambda part, t=t: t[bank.rows(part)].flatten(1)
-              for kv, t in (("k", bank.target_keys), ("v", bank.target_values))}
-        with torch.no_grad():
-            fits = fit_ridge_many(map_inputs(mot, bank, train[:-n_lam]), {kv: y(train[:-n_lam]) for kv, y in ys.items()},
-                                  map_inputs(mot, bank, train[-n_lam:]), {kv: y(train[-n_lam:]) for kv, y in ys.items()},
-                                  LAMBDAS, refit_all=False)
-        map_name = (f"full-rank map fitted on {len(train) - n_lam} training contexts (λ K {fits['k'].lam:g} / V "
-                    f"{fits['v'].lam:g}; {time.perf_counter() - t0:.0f} s)")
-        print(map_name, flush=True)
 
     @torch.no_grad()
-    def context_arrays(i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Context i's map inputs [N, F], linear-path prediction [N, 2·W·H_T] and native target [N, 2·W·H_T]."""
+    def context_arrays(i: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Context i's map inputs [N, F], the checkpoint's linear-path prediction [N, 2·W·H_T] (None with --refit) and
+        native target [N, 2·W·H_T]."""
         sk, sv, tk, tv = bank.context(i)
-        x = linear.inputs(sk, sv)[0]
-        if fits is None:
-            lin_k, lin_v = (t[0].flatten(1) for t in linear(sk, sv))
-        else:
-            lin_k, lin_v = (predict(x, fits[kv].weight, fits[kv].bias, fits[kv].up).float() for kv in "kv")
-        return x, torch.cat([lin_k, lin_v], 1), torch.cat([tk[0].flatten(1), tv[0].flatten(1)], 1)
+        lin = None if args.refit else torch.cat([t[0].flatten(1) for t in linear(sk, sv)], 1)
+        return linear.inputs(sk, sv)[0], lin, torch.cat([tk[0].flatten(1), tv[0].flatten(1)], 1)
 
     t0 = time.perf_counter()
     parts = [context_arrays(i) for i in train]
-    x_train, lin_train, y_train = (torch.cat([p[j] for p in parts]) for j in range(3))
+    x_train, y_train = (torch.cat([p[j] for p in parts]) for j in (0, 2))
+    lin_train = None if args.refit else torch.cat([p[1] for p in parts])
     del parts
     held_out = [context_arrays(i) for i in val]
+    half = y_train.shape[1] // 2
+    print(f"bank {bank.folder.name}: {len(train)} training contexts ({len(x_train)} tokens), {len(val)} held-out "
+          f"({sum(len(h[0]) for h in held_out)} tokens); {x_train.shape[1]} input features; "
+          f"{time.perf_counter() - t0:.0f} s to read", flush=True)
+    map_name = "linear path of the checkpoint"
+    if args.refit:  # the map on the training rows read above: the fit contexts' rows, then the λ contexts'
+        t0 = time.perf_counter()
+        n_fit = len(bank.rows(fit_part))
+        ys = {"k": y_train[:, :half], "v": y_train[:, half:]}
+        with torch.no_grad():
+            fits = fit_ridge_many(x_train[:n_fit], {kv: y[:n_fit] for kv, y in ys.items()}, x_train[n_fit:],
+                                  {kv: y[n_fit:] for kv, y in ys.items()}, LAMBDAS, refit_all=False)
+
+            def mapped(x: torch.Tensor) -> torch.Tensor:
+                return torch.cat([predict(x, f.weight, f.bias, f.up) for f in fits.values()], 1)
+
+            lin_train = mapped(x_train)
+            held_out = [(x, mapped(x), y) for x, _, y in held_out]
+        map_name = (f"full-rank map fitted on {len(fit_part)} training contexts (λ K {fits['k'].lam:g} / V "
+                    f"{fits['v'].lam:g}; {time.perf_counter() - t0:.0f} s)")
+        print(map_name, flush=True)
     if args.standardize:
         mean, std = x_train.mean(0), x_train.std(0).clamp(min=1e-6)
         x_train = (x_train - mean) / std
         held_out = [((x - mean) / std, lin, y) for x, lin, y in held_out]
     scale = y_train.std(0).clamp(min=1e-6)  # each output dimension's training spread
-    half = y_train.shape[1] // 2
-    print(f"bank {bank.folder.name}: {len(train)} training contexts ({len(x_train)} tokens), {len(val)} held-out "
-          f"({sum(len(h[0]) for h in held_out)} tokens); {x_train.shape[1]} input features; "
-          f"{time.perf_counter() - t0:.0f} s to read", flush=True)
 
     def score(predict) -> dict[str, torch.Tensor]:
         def blocks(i: int, x, lin, y) -> tuple[torch.Tensor, ...]:
@@ -148,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines), flush=True)
     row(map_name, score(lambda i, x, lin: lin))
     if mot.translator.config.variant != "linear":
-        row("the checkpoint (linear path + experts)" + (", in sample" if fits is not None else ""),
+        row("the checkpoint (linear path + experts)" + (", in sample" if args.refit else ""),
             score(mot_prediction))
     opt = torch.optim.Adam(mlp.parameters(), lr=args.lr)
     steps_per_epoch = math.ceil(len(x_train) / args.batch)

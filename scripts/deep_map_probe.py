@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mot_viz.alignment import apply_alignment  # noqa: E402
 from mot_viz.bank import checkpoint_bank  # noqa: E402
-from mot_viz.fidelity import held_out_items, window_cosine_cells, window_cosine_header, window_cosines  # noqa: E402
+from mot_viz.fidelity import held_out_items, probe_split, window_cosine_cells, window_cosine_header, window_cosines  # noqa: E402
 from mot_viz.fit import principal_axes  # noqa: E402
 from mot_viz.fsutil import write_lines  # noqa: E402
 from mot_viz.layout import window_blocks  # noqa: E402
@@ -70,9 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="markdown table to write (also printed)")
     args = parser.parse_args(argv)
     mot, source, target, bank = checkpoint_bank(args.checkpoint)
-    train, val = bank.split()
-    n_lam = max(1, round(len(train) * 0.1))
-    fit_part, lam_part = train[:-n_lam], train[-n_lam:]
+    fit_part, lam_part, val = probe_split(bank)
+    train, n_lam = fit_part + lam_part, len(lam_part)
     window = list(mot.channels.source_layers)
     t0 = time.perf_counter()
     every = every_layer(mot, source, target, bank)

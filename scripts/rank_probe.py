@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mot_viz.bank import checkpoint_bank  # noqa: E402
-from mot_viz.fidelity import held_out_items, window_cosine_cells, window_cosine_header, window_cosines  # noqa: E402
+from mot_viz.fidelity import held_out_items, probe_split, window_cosine_cells, window_cosine_header, window_cosines  # noqa: E402
 from mot_viz.fit import layer_balance_weights, map_inputs  # noqa: E402
 from mot_viz.fsutil import write_lines  # noqa: E402
 from mot_viz.ridge import LAMBDAS, NormalEquations, predict  # noqa: E402
@@ -60,9 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     linear = mot.translator.linear
     if linear is None:
         parser.error(f"{args.checkpoint} has no linear map")
-    train, val = bank.split()
-    n_lam = max(1, round(len(train) * 0.1))
-    fit_part, lam_part = train[:-n_lam], train[-n_lam:]
+    fit_part, lam_part, val = probe_split(bank)
+    n_lam = len(lam_part)
     t0 = time.perf_counter()
     x_all = map_inputs(mot, bank, fit_part)
     x_lam, x_val = (map_inputs(mot, bank, part).double() for part in (lam_part, val))

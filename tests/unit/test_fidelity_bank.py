@@ -494,6 +494,18 @@ def test_window_cosines_average_each_layer_over_contexts():
     assert all(torch.equal(p_k, n_v) and torch.equal(p_v, n_k) for p_k, p_v, n_k, n_v in items)
 
 
+def test_probe_split_keeps_the_banks_held_out_share_and_a_tenth_of_the_rest_for_lambda():
+    from mot_viz.fidelity import probe_split
+
+    n = 41
+    blocks = [torch.zeros(n, 2, 3) for _ in range(4)]
+    bank = Bank(*blocks, torch.zeros(n, dtype=torch.long), torch.ones(n, dtype=torch.long))
+    fit, lam, val = probe_split(bank)
+    train, held_out = bank.split()
+    assert val == held_out and fit + lam == train  # λ contexts come last, none is held out
+    assert len(lam) == round(len(train) * 0.1) == 4 and len(fit) == len(train) - 4
+
+
 def test_context_fidelity_scores_a_perfect_translator_as_perfect():
     target = tiny_model("gemma3_text", layers=4, bos=True)
     channels = Channels((1, 2), (1, 2))
