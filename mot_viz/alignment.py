@@ -135,8 +135,11 @@ def remap_sparse_indices(indices: torch.Tensor, alignment: TokenAlignment) -> to
     target_to_source = alignment.target_to_source.to(indices.device)
     rows = indices[:, 0].gather(1, target_to_source[..., None].expand(-1, -1, indices.shape[-1]))
     mapped = alignment.source_to_target.to(indices.device).gather(1, rows.clamp(0, n_s - 1).flatten(1)).view_as(rows)
-    out = mapped.clone()
-    for j in range(1, mapped.shape[-1]):
-        duplicate = (mapped[..., j : j + 1] == mapped[..., :j]).any(-1)
-        out[..., j] = torch.where(duplicate, torch.full_like(mapped[..., j], n_t), mapped[..., j])
-    return out[:, None]
+    # entry j repeats an entry i < j of its row: sorted by (index, rank), such an entry follows an equal index
+    k = mapped.shape[-1]
+    order = (mapped * k + torch.arange(k, device=mapped.device)).argsort(dim=-1)  # distinct keys: a stable order
+    ranked = mapped.gather(-1, order)
+    repeat = torch.zeros_like(ranked, dtype=torch.bool)
+    repeat[..., 1:] = ranked[..., 1:] == ranked[..., :-1]
+    duplicate = torch.zeros_like(repeat).scatter_(-1, order, repeat)
+    return mapped.masked_fill(duplicate, n_t)[:, None]

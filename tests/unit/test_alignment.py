@@ -101,3 +101,8 @@ def test_apply_alignment_and_index_remap():
     idx = torch.tensor([[[[0, 0], [1, 0], [2, 1], [3, 3]]]])  # duplicates within a row
     out = remap_sparse_indices(idx, a)
     assert out.tolist() == [[[[0, 4], [1, 0], [2, 1], [3, 4]]]]  # repeated index -> sentinel N_t = 4
+    # every later repeat of an entry becomes the sentinel, wherever it sits in the row (k = 32, many repeats)
+    idx = torch.randint(0, 6, (1, 1, 4, 32), generator=torch.Generator().manual_seed(0)).clamp(max=3)
+    out = remap_sparse_indices(idx, a)[0, 0].tolist()
+    for row, got in zip(idx[0, 0].tolist(), out):
+        assert got == [4 if v in row[:j] else v for j, v in enumerate(row)]
