@@ -40,12 +40,14 @@ def _overview() -> None:
     st.title("MoT Viz")
     st.markdown(
         "A **Mixture-of-Translators (MoT)** lets a *target* language model reuse a *source* model's key/value (KV) "
-        "cache of a context. The source prefills the text; its KV cache over a window of layers is translated, "
-        "token by token, into the target's KV space by a small mixture of expert translators. The target still "
+        "cache of a context. The source prefills the text; its KV cache over a window of layers is translated into the "
+        "target's KV space by a small mixture of expert translators (a router weighs the experts per token; each "
+        "expert attends across all the context's tokens as it translates). The target still "
         "runs one forward pass over the context tokens (the **replay**; by default with sparse top-k attention from layer "
         "2 up): inside the window its attention reads the translated K/V instead of its own, and every layer caches "
-        "the K/V it computes itself — the window layers' recomputed from their shifted inputs — so the translation "
-        "reaches the cache through the hidden states. The target then answers from that cache."
+        "the K/V it computes itself from its own hidden states (the first window layer's input comes from below the "
+        "window, so its K/V are unchanged by the translation; each window layer above it reads a shifted input), so "
+        "the translation reaches the cache only through the hidden states. The target then answers from that cache."
     )
     app.explain(
         "The sidebar picks the two models, the trained translator (checkpoint) and the context. The defaults open "

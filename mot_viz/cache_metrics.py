@@ -120,7 +120,8 @@ def window_vectors(translation: Translation, channels: Channels, position: int, 
     """The per-token vectors of window channel `position`, each [N_t, H]: aligned source, native, translated, replayed.
 
     The source vectors are the source layer's K/V averaged onto the target grid by the alignment weights
-    (exactly the translator's input); they live in the source's own space (H_S), the other three in the target's (H_T).
+    (the translator's input, its keys as cached: a pre-RoPE checkpoint reads them un-rotated); they live in the source's
+    own space (H_S), the other three in the target's (H_T).
     """
     j = KV_NAMES.index(kv)
     s_layer, t_layer = channels.pairs()[position]

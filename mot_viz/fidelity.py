@@ -4,7 +4,9 @@
 
 For every context and window layer: raw and centered cosine of K and V to the native window, relative
 error, and the cosine between the window layer's attention output with the translated K/V and with the
-native K/V on the same (native) queries. The *mean vector* baseline (every token's K/V replaced by the
+native K/V on the same queries: the native prefill's by default, the replay's own with `--queries replay`
+(method.md §13 names the replay's; docs/DECISIONS.md, session 15, says why the default differs and what it changes).
+The *mean vector* baseline (every token's K/V replaced by the
 mean native K/V of that layer over reference prose) is scored the same way, so every number has its floor
 beside it. All comparisons are in the cache's (post-RoPE) space, whatever the translator's key space.
 """
@@ -27,6 +29,7 @@ from .channels import Channels
 from .mot import MoT, Translation, native_cache, target_context_ids, translate
 
 REFERENCE_PASSAGES = 40  # LAMBADA training passages behind the mean-vector baseline (fidelity CLI, evaluator)
+QUERY_SOURCES = ("native", "replay")  # whose queries the attention-output cosine uses (translation_fidelity)
 METRICS = ("raw_cos_k", "centered_cos_k", "rel_err_k", "raw_cos_v", "centered_cos_v", "rel_err_v", "attn_out_cos")
 _EPS = 1e-12
 
@@ -161,17 +164,28 @@ def reference_means(target: LoadedModel, layers, passages: int = REFERENCE_PASSA
 @torch.no_grad()
 def translation_fidelity(translation: Translation, target: LoadedModel, channels: Channels,
                          means: MeanVectors | None = None, candidate: str = "translator",
-                         others: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None) -> list[dict]:
+                         others: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+                         queries: str = "native") -> list[dict]:
     """One row per (candidate, window layer) of a computed translation; the mean vector too if given.
 
     others: more candidates' window K/V blocks [1, N, W, H] for the same context and window (e.g. a linear map's
     translate_window output on this translation's source context), scored on the same native forward pass.
+    queries: whose queries every candidate's attention output is computed on: "native" (the native prefill's, the
+    project's default) or "replay" (the translation's replay, the ones that read the translated K/V; method.md §13).
     """
+    if queries not in QUERY_SOURCES:
+        raise ValueError(f"queries must be one of {QUERY_SOURCES}, not {queries!r}")
     p, layers = translation.prefix_len, channels.target_layers
-    native, queries = translation.native_kv, translation.native_queries
-    if native is None or queries is None or not set(layers) <= queries.keys():  # one native pass records them
+    native, native_queries = translation.native_kv, translation.native_queries
+    if native is None or native_queries is None or not set(layers) <= native_queries.keys():  # one native pass
         plan = hf.AttentionPlan(record_queries=set(layers))
-        native, queries = native_cache(target, translation.target_ids, plan), plan.queries
+        native, native_queries = native_cache(target, translation.target_ids, plan), plan.queries
+    if queries == "native":
+        queries = native_queries
+    elif translation.replay_queries is None or not set(layers) <= translation.replay_queries.keys():
+        raise ValueError("this translation kept no replay queries of its window layers: translate it again")
+    else:
+        queries = translation.replay_queries
     nk, nv = window_blocks(native, layers, p)  # (1, N, W, H)
     n = nk.shape[1]
     candidates = {candidate: (translation.translated.keys, translation.translated.values)}
@@ -199,9 +213,9 @@ def translation_fidelity(translation: Translation, target: LoadedModel, channels
 
 
 def context_fidelity(mot: MoT, source: LoadedModel, target: LoadedModel, text: str,
-                     means: MeanVectors | None = None) -> list[dict]:
-    """`translation_fidelity` of a fresh translation of `text` (its native prefill records the queries it needs)."""
-    return translation_fidelity(translate(mot, source, target, text), target, mot.channels, means)
+                     means: MeanVectors | None = None, queries: str = "native") -> list[dict]:
+    """`translation_fidelity` of a fresh translation of `text` (its prefills record the queries it needs)."""
+    return translation_fidelity(translate(mot, source, target, text), target, mot.channels, means, queries=queries)
 
 
 def fidelity_verdicts(rows: pd.DataFrame, candidate: str = "translator") -> list[str]:
@@ -231,13 +245,13 @@ def fidelity_verdicts(rows: pd.DataFrame, candidate: str = "translator") -> list
 
 
 def fidelity_table(mot: MoT, source: LoadedModel, target: LoadedModel, texts: list[str],
-                   means: MeanVectors | None = None, progress: bool = True) -> pd.DataFrame:
+                   means: MeanVectors | None = None, progress: bool = True, queries: str = "native") -> pd.DataFrame:
     """Per-context rows (context index added) of `context_fidelity` over `texts`."""
     from tqdm import tqdm
 
     rows = []
     for i, text in enumerate(tqdm(texts, desc="fidelity", disable=not progress, dynamic_ncols=True)):
-        rows += [{"context": i, **r} for r in context_fidelity(mot, source, target, text, means)]
+        rows += [{"context": i, **r} for r in context_fidelity(mot, source, target, text, means, queries)]
     return pd.DataFrame(rows)
 
 
@@ -308,7 +322,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="LAMBADA training passages for the mean vectors")
     parser.add_argument("--record", action="store_true", help="write the summary into each config.json (metrics.fidelity)")
     parser.add_argument("--out", help="folder for the per-context CSVs (one per checkpoint and corpus)")
+    parser.add_argument("--queries", choices=QUERY_SOURCES, default="native",
+                        help="the attention-output cosine's queries: the native prefill's (default) or the replay's "
+                             "own (method.md §13)")
     args = parser.parse_args(argv)
+    if args.record and args.queries != "native":
+        parser.error("--record stores the default measure (native queries); run --queries replay without --record")
 
     def body() -> None:
         configs = [read_config(c) for c in args.checkpoint]
@@ -318,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
             means = reference_means(target, mot.channels.target_layers, args.reference_n)
             recorded = {}
             for corpus in args.corpus:
-                table = fidelity_table(mot, source, target, heldout_texts(target, corpus, args.n), means)
+                table = fidelity_table(mot, source, target, heldout_texts(target, corpus, args.n), means,
+                                       queries=args.queries)
                 recorded[corpus] = fidelity_record(table, corpus, means)
                 summary = summarize_fidelity(table)
                 window = summary[summary.layer == "window"].set_index("candidate")

@@ -359,6 +359,7 @@ class ForwardResult:
     kv: list[KV]  # the cache after the forward pass, per layer
     topk: dict[int, torch.Tensor]  # the plan's record_topk results, layer -> key positions [B, 1, N_q - offset, k]
     start: LayerStart | None = None  # where a later forward of the same ids can start (the plan's keep_start)
+    queries: dict[int, tuple[torch.Tensor, float, int | None]] = field(default_factory=dict)  # plan.record_queries'
 
 
 def run(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: AttentionPlan | None = None,
@@ -402,7 +403,7 @@ def run(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: AttentionPla
     start = None
     if plan.keep_start is not None:
         start = LayerStart(plan.keep_start, plan.start_input, tuple(computed[: plan.keep_start]))
-    return ForwardResult(logits=logits, kv=computed, topk=dict(plan.topk), start=start)
+    return ForwardResult(logits=logits, kv=computed, topk=dict(plan.topk), start=start, queries=dict(plan.queries))
 
 
 def eos_ids(model, tokenizer) -> set[int]:

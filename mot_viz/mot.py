@@ -119,6 +119,8 @@ class Translation:
     # window layer -> (post-RoPE query [1, H, P + N_t, d], scaling, sliding window) of the native prefill, which
     # records them on the way (the attention-output fidelity reads them instead of running the target again)
     native_queries: dict[int, tuple[torch.Tensor, float, int | None]] | None = None
+    # the same, of the replay: the queries that read the translated K/V (method.md §13's attention-output cosine)
+    replay_queries: dict[int, tuple[torch.Tensor, float, int | None]] | None = None
     # the replay's state on entering the window's first layer: another window's replay starts there (replay_window)
     window_start: hf.LayerStart | None = None
 
@@ -275,7 +277,7 @@ def _replay(target: LoadedModel, target_ids: torch.Tensor, target_layers: tuple[
         raise ValueError(f"a replay of the window {target_layers} starts at layer {target_layers[0]}, not {start.layer}")
     injected = per_layer_kv(window_keys, window_values, target.spec.num_kv_heads)
     plan = hf.AttentionPlan(inject=dict(zip(target_layers, injected)), sparse=sparse or {}, start=start,
-                            keep_start=target_layers[0] if keep_start else None)
+                            keep_start=target_layers[0] if keep_start else None, record_queries=set(target_layers))
     result = hf.run(target.model, _with_bos(target, target_ids), plan=plan, logits_to_keep=None)
     if cache_injected_window:
         for layer, (k, v) in zip(target_layers, injected):
@@ -302,8 +304,14 @@ def replay_window(mot: MoT, target: LoadedModel, translation: "Translation", win
                   window_values: torch.Tensor) -> list[KV]:
     """Another window [1, N_t, W, H_T] (a control, a what-if) replayed over a translation's context the way it was
     replayed: its sparse indices, and from the state its own replay had on entering the window."""
-    return replay(target, translation.target_ids, mot.channels.target_layers, window_keys, window_values,
-                  translation.sparse_indices, start=translation.window_start)
+    return _window_replay(mot, target, translation, window_keys, window_values).kv
+
+
+def _window_replay(mot: MoT, target: LoadedModel, translation: "Translation", window_keys: torch.Tensor,
+                   window_values: torch.Tensor) -> hf.ForwardResult:
+    """:func:`replay_window`, as the forward's result (its recorded queries included)."""
+    return _replay(target, translation.target_ids, mot.channels.target_layers, window_keys, window_values,
+                   translation.sparse_indices, start=translation.window_start)
 
 
 def _with_bos(lm: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
@@ -353,7 +361,8 @@ def translate(mot: MoT, source: LoadedModel, target: LoadedModel, text: str, wit
             timings["native_prefill"] = time.perf_counter() - t0
     injected = per_layer_kv(translated.keys, translated.values, mot.target.num_kv_heads)
     return Translation(text, src, translated, injected, mixed, native, sparse, prefix_len=len(target.prefix_ids),
-                       timings=timings, native_queries=native_queries, window_start=replayed.start)
+                       timings=timings, native_queries=native_queries, replay_queries=replayed.queries,
+                       window_start=replayed.start)
 
 
 def translate_again(mot: MoT, source: LoadedModel, target: LoadedModel, base: Translation,
@@ -371,10 +380,11 @@ def translate_again(mot: MoT, source: LoadedModel, target: LoadedModel, base: Tr
         timings["translator"] = time.perf_counter() - t0
         check_finite("translated window", translated.keys, translated.values)
         t0 = time.perf_counter()
-        mixed = replay_window(mot, target, base, translated.keys, translated.values)
+        replayed = _window_replay(mot, target, base, translated.keys, translated.values)
         timings["replay"] = time.perf_counter() - t0
     injected = per_layer_kv(translated.keys, translated.values, mot.target.num_kv_heads)
-    return replace(base, translated=translated, injected_kv=injected, mixed_kv=mixed, timings=timings)
+    return replace(base, translated=translated, injected_kv=injected, mixed_kv=replayed.kv, timings=timings,
+                   replay_queries=replayed.queries)
 
 
 def check_finite(what: str, *tensors: torch.Tensor) -> None:

@@ -1,4 +1,6 @@
-"""Reuse verdict: should the target use the translated cache of this context, or re-prefill it itself?
+"""Reuse verdict: should the target answer from the translated cache of this context, or fall back to its own prefill?
+
+The replay has already run the target over the context (method.md §6): the question is quality, not compute saved.
 
 Measurable signals only (method.md §13): per window layer the attention-output cosine (attention over the
 translated K/V against over the native K/V, same queries; a published ridge-mapping study found it predicts
@@ -51,7 +53,7 @@ class Verdict:
 
     @property
     def decision(self) -> str:
-        return "reuse the translated cache" if self.reuse else "re-prefill (the target reads the text itself)"
+        return "reuse the translated cache" if self.reuse else "re-prefill (answer from the target's own cache of the text)"
 
     def thresholds_table(self) -> pd.DataFrame:
         return pd.DataFrame([{"signal": k, "threshold": v, "meaning": SIGNALS.get(k, "")}

@@ -14,12 +14,14 @@ def main() -> None:
     st.title("Answers")
     app.explain(
         "The target model answers the same question from four caches of the same context:\n\n"
-        "- **Native context** — the target read the text itself (the upper bound).\n"
+        "- **Native context** — the target read the text itself (the reference).\n"
         "- **No context** — only the question (what it knows without the passage).\n"
         "- **MoT-translated cache** — the *source* read the text and its K/V over the window were translated; the "
         "target then ran one forward pass over the same context tokens (the **replay**) in which its attention read "
-        "the translated K/V inside the window instead of its own. Close to native = the translation carried the "
-        "passage's information.\n"
+        "the translated K/V inside the window instead of its own. Close to native alone does not show that the "
+        "translation carried the passage: the replay runs the target's own layers over the context, so even a window "
+        "with no context in it can stay close to native. The translation carries the passage where MoT beats that "
+        "kind of window (the random control below; the mean-vector window in docs/RESULTS.md).\n"
         "- **Random-window control** — the translated window replaced by norm-matched noise: the native window plus a "
         "random vector as long as the translation's error. If MoT beats this, it carries information beyond noise.\n\n"
         "Extractive questions (SQuAD) are scored by token F1 and exact match against the gold answers; closed "

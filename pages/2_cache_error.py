@@ -19,12 +19,12 @@ def main() -> None:
     st.title("Per-layer cache error")
     app.explain(
         "Each target layer keeps a key (K) and a value (V) vector per token. We compare two caches with the one the "
-        "target builds when it reads the text itself (**native**):\n\n"
+        "target builds from the text alone, dense attention and nothing injected (**native**):\n\n"
         "- **translated** — what the translator wrote for the injection-window layers (shaded): its direct output.\n"
         "- **replayed** — the cache the target actually keeps: the replay is the target's own forward pass over the "
         "context with the translation injected, and every layer, the window layers included, stores the K/V it "
-        "computes from its own hidden states (in the window these differ from native because attention read the "
-        "translated K/V). Layers below the window differ from native only through the replay's sparse top-k "
+        "computes from its own hidden states (the first window layer's stay native apart from sparse attention; each "
+        "later window layer's differ because the window layers below it read the translated K/V). Layers below the window differ from native only through the replay's sparse top-k "
         "attention (a checkpoint that replays densely leaves them exactly native); layers above it inherit the "
         "injected information through the hidden states.\n\n"
         "**MSE** is the mean squared difference per number, **relative L2 error** is ‖candidate − native‖ / ‖native‖ "
@@ -64,7 +64,9 @@ def main() -> None:
         "added to every key leaves attention unchanged, so raw K cosine mostly rewards the shared mean; the centered "
         "cosine asks whether the token-to-token structure is right (0 = one shared vector for every token).\n"
         "- **attention-output cosine** — each window layer's attention output computed with the translated K/V versus "
-        "with the native K/V, on the same (native) queries: what attention actually reads from the window.\n"
+        "with the native K/V, on the same queries: what attention reads from the window. The queries are the native "
+        "prefill's (method.md §13 names the replay's own; the project's choice, docs/DECISIONS.md session 15, keeps "
+        "every candidate on identical queries).\n"
         "- **mean vector** — every token's K/V replaced by the mean native K/V of that layer over LAMBADA prose: a "
         "window with no context-specific content.\n"
         "- **linear** — the closed-form ridge map into the same window, when a `linear` checkpoint for this pair and "
@@ -114,14 +116,17 @@ def _fidelity_chart(fidelity) -> None:
 
 @app.fragment
 def _verdict_section(run, fidelity, candidate: str, second) -> None:
-    st.subheader("Reuse verdict: use this translated cache, or re-prefill?")
+    st.subheader("Reuse verdict: use this translated cache, or the target's own prefill?")
     st.markdown(
-        "A verdict from the measurable signals above, per window layer and overall. A layer passes when its "
+        "The replay has already run the target over the context, so this is a question of quality, not of compute "
+        "saved: answer from the MoT cache, or fall back to the target's own (native) prefill of the text, one more "
+        "forward pass. A verdict from the measurable signals above, per window layer and overall. A layer passes when its "
         "attention-output cosine and its K and V centered cosines reach their thresholds and it errs less than the "
         "mean vector; the cache is reused when every window layer passes and the first answer token's distribution "
         "stays within a KL bound of the native one. The defaults are tuned against QA (does MoT keep ≥ 90% of "
-        "native F1?) on SQuAD (docs/RESULTS.md): there the first-token KL was the only signal that separated kept "
-        "from lost answers (held-out balanced accuracy 0.64), so the per-layer thresholds default to 0 and only "
+        "native F1?) on SQuAD (results/verdict/smollm2-to-gemma3-mid/report.md, measured on the session-5 weights of "
+        "the mid-depth checkpoint): there the first-token KL was the only signal that separated kept from lost "
+        "answers (held-out balanced accuracy 0.64), so the per-layer thresholds default to 0 and only "
         "the mean-vector check and the KL bound decide. Raise them below to see what each signal would say."
     )
     defaults = VerdictThresholds()

@@ -44,6 +44,11 @@ def main() -> None:
                 + (" Every token also gets the **linear path** (the closed-form map the experts were initialised to "
                    f"refine; it reads {linear_inputs_text(cfg)}): its translation is that map's output plus the "
                    "gate-weighted experts." if cfg.linear_residual else ""))
+    balance_weight = float((run.config.get("training") or {}).get("balance_weight") or 0.0)
+    if balance_weight > 0:
+        st.markdown(f"This checkpoint's routers were also trained with a Switch-style load-balancing term "
+                    f"(`balance_weight` {balance_weight:g}), which the method does not have (method.md §5: no "
+                    "auxiliary load-balancing loss): the balance below partly reflects that term.")
     routed = {Path(run.selection.checkpoint).name: out}
     second = app.second_run(run, "pg.routing.second")
     if second is not None and second.translation.translated.key_routing is None:

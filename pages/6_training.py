@@ -44,7 +44,8 @@ def main() -> None:
     if config["translator"].get("variant") == "linear":
         st.info("A closed-form linear map: fitted in one solve (ridge regression on the cached bank, λ chosen on held-out "
                 "contexts; metrics.linear_fit below), so there are no training curves. It reads "
-                f"{linear_inputs_text(TranslatorConfig(**config['translator']))}.")
+                f"{linear_inputs_text(TranslatorConfig(**config['translator']))}, and applies no output activation "
+                "(the config's `output_activation` is read by the experts only).")
     elif log is None and bank_log is None:
         st.info("This checkpoint has no log.jsonl, so there are no curves to show.")
     if bank_log is not None:

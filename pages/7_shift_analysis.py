@@ -19,9 +19,10 @@ RESULTS_DIR = Path(os.environ.get("MOT_VIZ_SHIFT_RESULTS", app.REPO_ROOT / "resu
 def main() -> None:
     st.title("Shift analysis")
     app.explain(
-        "The translated window changes the K/V the target attends to, so at every answer token the target's "
-        "**residual stream** (the running sum each layer adds to) ends up somewhere else than when it read the text "
-        "itself. We teacher-force the first answer tokens (the gold answer) on top of each cache and read the residual "
+        "The translated window changes the replay's hidden states from the window up, and through them the cached "
+        "K/V of every layer above the window's first layer, which the answer tokens attend to; so at every answer "
+        "token the target's **residual stream** (the running sum each layer adds to) ends up somewhere else than on "
+        "its native cache. We teacher-force the first answer tokens (the gold answer) on top of each cache and read the residual "
         "state **h_k** at every layer boundary k.\n\n"
         "- **Initial shift ‖s‖** — how far the state has moved just after the injected window (boundary k0).\n"
         "- **ρ_k = ‖Δh_k‖/‖s‖** — the shift trajectory over the layers above the window. Above 1 the upper layers "

@@ -215,6 +215,20 @@ def test_routing_page_shows_top_k_gates_per_token():
     # the default checkpoint's linear path reads the previous token too (as shipped), and the page says so
     assert any("linear path" in m.value and "previous token's, projected on 8 principal axes" in m.value
                for m in at.markdown)
+    assert not any("load-balancing" in m.value for m in at.markdown)  # trained without a balance term
+
+
+def test_routing_page_says_when_a_balance_term_shaped_the_routers(pretrained, tmp_path):
+    """method.md §5 has no load-balancing loss; a checkpoint trained with one (as the shipped mixtures are) says so."""
+    import json
+
+    path = _copy_checkpoint(pretrained, tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    config["training"]["balance_weight"] = 0.01
+    (path / "config.json").write_text(json.dumps(config))
+    at = goto(_choose_checkpoint(path), "3_routing")
+    assert any("load-balancing term (`balance_weight` 0.01)" in m.value and "method.md §5" in m.value
+               for m in at.markdown)
 
 
 def test_routing_page_says_the_single_variant_has_no_router():

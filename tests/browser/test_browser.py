@@ -369,7 +369,7 @@ def test_instrument_screenshots_and_fragment_links(app_url, browser, tmp_path):
         _wait_for_query(page, "error.kv", "K")
         _wait_until_settled(page)
         _assert_no_failure(page)
-        verdict = page.get_by_role("heading", name="Reuse verdict: use this translated cache, or re-prefill?",
+        verdict = page.get_by_role("heading", name="Reuse verdict: use this translated cache, or the target's own prefill?",
                                    exact=True).locator(_BLOCK)
         assert verdict.locator('[data-testid="stAlert"]').filter(has_text="Verdict:").count() == 1
         assert verdict.locator('[data-testid="stDataFrame"]').count() == 2  # per window layer; the thresholds

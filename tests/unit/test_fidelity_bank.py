@@ -523,6 +523,32 @@ def test_context_fidelity_scores_a_perfect_translator_as_perfect():
         assert row["attn_out_cos"] == pytest.approx(1.0, abs=1e-4)
 
 
+def test_attention_output_cosine_on_the_replays_own_queries():
+    """method.md §13: the attention-output cosine "on the same queries (the layer's own queries during the replay)";
+    the project's default reads the native prefill's (docs/DECISIONS.md, session 15). Both are kept per translation."""
+    from mot_viz.fidelity import translation_fidelity
+    from mot_viz.layout import from_block
+    from mot_viz.mot import translate
+
+    source, target = _pair()
+    torch.manual_seed(0)
+    mot = MoT.build(source.spec, target.spec, Channels((2, 3), (2, 3)), ReplayConfig(None), variant="single")
+    tr = translate(mot, source, target, "the quick brown fox jumps over the lazy dog and runs away")
+    assert set(tr.replay_queries) == set(tr.native_queries) == {2, 3}
+    # a dense replay's first window layer sees native inputs; the second reads what the first's translated K/V did
+    assert torch.equal(tr.replay_queries[2][0], tr.native_queries[2][0])
+    assert not torch.allclose(tr.replay_queries[3][0], tr.native_queries[3][0])
+    rows = {q: {r["layer"]: r["attn_out_cos"] for r in translation_fidelity(tr, target, mot.channels, queries=q)}
+            for q in ("native", "replay")}
+    assert rows["native"][2] == pytest.approx(rows["replay"][2], abs=1e-6)
+    k3 = from_block(tr.translated.keys, target.spec.num_kv_heads)[1]
+    v3 = from_block(tr.translated.values, target.spec.num_kv_heads)[1]
+    query, scaling, sliding = tr.replay_queries[3]
+    assert rows["replay"][3] == pytest.approx(attention_output_cosine(query, scaling, sliding, k3, v3, *tr.native_kv[3]))
+    assert rows["replay"][3] != pytest.approx(rows["native"][3])
+    with pytest.raises(ValueError, match="queries must be one of"):
+        translation_fidelity(tr, target, mot.channels, queries="source")
+
 def test_mean_vector_control_replays_one_shared_vector_per_layer():
     from mot_viz.answers import condition_caches
     from mot_viz.fidelity import mean_vectors
