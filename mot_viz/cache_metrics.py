@@ -80,7 +80,7 @@ def cache_error_grid(translation: Translation, channels: Channels, comparison: s
     frames = []
     for layer, (cand, ref) in _compared_caches(translation, channels, comparison).items():
         values = per_token_errors(token_vectors(cand[j]), token_vectors(ref[j]))[metric]
-        frames.append(pd.DataFrame({"layer": layer, "token": np.arange(len(values)), "value": values.numpy()}))
+        frames.append(pd.DataFrame({"layer": layer, "token": np.arange(len(values)), "value": values.cpu().numpy()}))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -197,8 +197,8 @@ def cache_space_table(vectors: dict[str, torch.Tensor], tokens: Sequence[str], m
             continue
         fitted = [k for k in kinds if k in fit_on] or kinds
         rest = [k for k in kinds if k not in fitted]
-        fit_x = torch.cat([vectors[k] for k in fitted]).numpy()
-        rest_x = torch.cat([vectors[k] for k in rest]).numpy() if rest else None
+        fit_x = torch.cat([vectors[k] for k in fitted]).cpu().numpy()
+        rest_x = torch.cat([vectors[k] for k in rest]).cpu().numpy() if rest else None
         on = " + ".join(fitted) if space == "target space" else space
         if method == "pca":
             mean, components, ratio = pca_fit(fit_x)
@@ -225,16 +225,16 @@ def token_annotations(translation: Translation, channels: Channels, position: in
     vectors = window_vectors(translation, channels, position, kv)
     out = pd.DataFrame({"token_index": range(vectors["translated"].shape[0])})
     if "native target" in vectors:
-        out["rel_l2"] = per_token_errors(vectors["translated"], vectors["native target"])["rel_l2"].numpy()
+        out["rel_l2"] = per_token_errors(vectors["translated"], vectors["native target"])["rel_l2"].cpu().numpy()
     routing = translation.translated.key_routing if kv == "K" else translation.translated.value_routing
     if routing is not None:
-        out["expert"] = routing.gates[0].argmax(-1).numpy()
+        out["expert"] = routing.gates[0].argmax(-1).cpu().numpy()
     return out
 
 
 def gate_table(gates: torch.Tensor, tokens: Sequence[str]) -> pd.DataFrame:
     """Long table of one mixture's gates [1, N, E]: token_index, token, expert, gate, kept (survived the top-k)."""
-    g = gates[0].float().numpy()
+    g = gates[0].float().cpu().numpy()
     n, e = g.shape
     return pd.DataFrame({"token_index": np.repeat(np.arange(n), e), "token": np.repeat(list(tokens), e),
                          "expert": np.tile(np.arange(e), n), "gate": g.reshape(-1), "kept": g.reshape(-1) > 0})

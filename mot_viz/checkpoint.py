@@ -209,7 +209,8 @@ def checkpoint_zip(path: Path) -> bytes:
 def load_checkpoint(path: str | Path, source=None, target=None) -> tuple[MoT, dict]:
     """Rebuild the MoT of a checkpoint folder (float32, eval mode) and return it with its config.
 
-    When the loaded source/target models are given, they must be the pair the checkpoint was made for.
+    When the loaded source/target models are given, they must be the pair the checkpoint was made for, and the
+    translator goes to the target's device.
     Nothing is returned on any error: a corrupt, truncated or incomplete weights file raises CheckpointError.
     """
     path = Path(path)
@@ -243,6 +244,8 @@ def load_checkpoint(path: str | Path, source=None, target=None) -> tuple[MoT, di
             "the training run diverged or the file was damaged. Use an earlier checkpoint or retrain."
         )
     mot.translator.load_state_dict({k: v.float() for k, v in state.items()})
+    if target is not None:
+        mot.to(target.device)
     mot.eval()
     return mot, config
 

@@ -22,9 +22,15 @@ def mag_only(native: torch.Tensor, translated: torch.Tensor) -> torch.Tensor:
     return native * _norm(translated) / _norm(native).clamp(min=1e-8)
 
 
+def _draw(native: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """ε ~ N(0, I) shaped like `native`, drawn from a CPU generator and moved to native's device: the same draw on
+    every device (a seeded CPU generator cannot draw on CUDA, and a CUDA one would draw other numbers)."""
+    return torch.randn(native.shape, generator=generator, dtype=native.dtype).to(native.device)
+
+
 def random_window(native: torch.Tensor, translated: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """Norm-matched random control: N + ε/‖ε‖ · ‖Tr − N‖, ε ~ N(0, I), per (token, layer) vector."""
-    eps = torch.randn(native.shape, generator=generator, dtype=native.dtype, device=native.device)
+    eps = _draw(native, generator)
     return native + eps / _norm(eps).clamp(min=1e-6) * _norm(translated - native)
 
 
@@ -38,5 +44,5 @@ def random_control_window(native_k: torch.Tensor, native_v: torch.Tensor, transl
 
 def relative_perturbation(native: torch.Tensor, size: float, generator: torch.Generator | None = None) -> torch.Tensor:
     """N + a random direction scaled to size·‖N‖: the training-free sweep's injected window (method.md §9.1 (b))."""
-    eps = torch.randn(native.shape, generator=generator, dtype=native.dtype, device=native.device)
+    eps = _draw(native, generator)
     return native + eps / _norm(eps).clamp(min=1e-6) * size * _norm(native)

@@ -162,7 +162,7 @@ def lm_losses(mot: MoT, source: LoadedModel, target: LoadedModel, rows: torch.Te
 
     out = []
     for i, row in enumerate(tqdm(rows, desc="lm", disable=not progress, dynamic_ncols=True)):
-        context, prompt, labels = split_sequence(row[None], prefix_tokens)
+        context, prompt, labels = split_sequence(row[None].to(target.device), prefix_tokens)
         text = target.tokenizer.decode(context[0])
         translation = translate(mot, source, target, text)
         if not torch.equal(translation.target_ids, context):  # decode/re-encode changed the tokens: skip, counted

@@ -140,6 +140,7 @@ def sparse_attention(module, query, key, value, indices, scaling) -> torch.Tenso
     """
     b, h, n, d = query.shape
     n_kv, k = key.shape[1], indices.shape[-1]
+    indices = indices.to(query.device)
     idx = indices.expand(b, n_kv, n, k) if indices.shape[1] == 1 else indices[:, :: h // n_kv]
     gather_idx = idx.clamp(0, key.shape[2] - 1).reshape(b, n_kv, n * k, 1).expand(-1, -1, -1, d)
     k_sel = key.gather(2, gather_idx).reshape(b, n_kv, n, k, d)  # (B, n_kv, N, k, d)
@@ -176,6 +177,7 @@ def sparse_mask_attention(module, query, key, value, indices, scaling,
     b, h, n, _ = query.shape
     n_kv, length = key.shape[1], key.shape[2]
     window = getattr(module, "sliding_window", None)
+    indices = indices.to(query.device)  # chosen by the source prefill, which may run elsewhere
     idx = indices if indices.shape[1] == 1 else indices[:, :: h // n_kv]  # per query head group
     keep = torch.zeros(*idx.shape[:3], length + 1, dtype=torch.bool, device=query.device)
     keep.scatter_(-1, idx.clamp(0, length), True)  # the duplicate sentinel lands in the extra column
@@ -213,8 +215,8 @@ def mot_attention(module, query, key, value, attention_mask, scaling=None, dropo
             n = k_inj.shape[2]  # positions before these (a BOS prefix) keep their computed K/V
             if k_inj.shape[:2] + k_inj.shape[3:] != key.shape[:2] + key.shape[3:] or n > key.shape[2]:
                 raise ValueError(f"injected K {tuple(k_inj.shape)} does not fit layer {layer} K {tuple(key.shape)}")
-            key = torch.cat([key[:, :, : key.shape[2] - n], k_inj.to(key.dtype)], dim=2)
-            value = torch.cat([value[:, :, : value.shape[2] - n], v_inj.to(value.dtype)], dim=2)
+            key = torch.cat([key[:, :, : key.shape[2] - n], k_inj.to(key.device, key.dtype)], dim=2)
+            value = torch.cat([value[:, :, : value.shape[2] - n], v_inj.to(value.device, value.dtype)], dim=2)
         if layer in plan.record_queries:
             plan.queries[layer] = (query.detach(), float(scaling), getattr(module, "sliding_window", None))
         if layer in plan.record_topk:

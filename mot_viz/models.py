@@ -300,6 +300,26 @@ def _local_folder(name: str, path: Path, progress: Progress | None) -> Path:
     return converted_folder(key, name, lambda work: path, convert_gguf, progress)
 
 
+DEVICE_VARIABLE = "MOT_VIZ_DEVICE"  # where load_model puts a model when no device is given (default: cpu)
+
+
+def model_device(device: str | torch.device | None = None) -> torch.device:
+    """The device models are loaded on: `device`, else $MOT_VIZ_DEVICE, else the CPU; checked before any loading."""
+    wanted = device if device is not None else os.environ.get(DEVICE_VARIABLE, "").strip() or "cpu"
+    origin = "the device argument" if device is not None else DEVICE_VARIABLE
+    try:
+        chosen = torch.device(wanted)
+    except (RuntimeError, TypeError) as exc:
+        raise ModelLoadError(f"'{wanted}' (from {origin}) is not a torch device: use cpu, cuda or cuda:N.") from exc
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"Device '{wanted}' was asked for (from {origin}), but this torch build sees no CUDA "
+                             "device: leave it unset to run on the CPU, or install a CUDA build of torch on a machine "
+                             "with a GPU.")
+    if chosen.type not in ("cpu", "cuda"):
+        raise ModelLoadError(f"Device '{wanted}': MoT Viz runs on cpu or cuda only.")
+    return chosen
+
+
 def _from_pretrained(name: str, source: str, dtype: torch.dtype, fix: str, **kwargs) -> LoadedModel:
     """transformers' loading, with any failure turned into a ModelLoadError that names the source and the fix."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -316,13 +336,23 @@ def _from_pretrained(name: str, source: str, dtype: torch.dtype, fix: str, **kwa
     return prepare_model(model, tokenizer, name)
 
 
-def load_model(name: str, dtype: torch.dtype = torch.float32, progress: Progress | None = None) -> LoadedModel:
-    """Load a causal LM by bundled name, local folder, local .gguf file or Hub id.
+def load_model(name: str, dtype: torch.dtype = torch.float32, progress: Progress | None = None,
+               device: str | torch.device | None = None) -> LoadedModel:
+    """Load a causal LM by bundled name, local folder, local .gguf file or Hub id, onto `device` (model_device:
+    default $MOT_VIZ_DEVICE, else the CPU). A translator loaded for it follows it (checkpoint.load_checkpoint).
 
     A .gguf file (bundled or not) is converted once into the user cache and loaded from there; progress
     (a callable taking one message; default: stderr) reports conversions. Raises ModelLoadError with the fix
     for anything that cannot be loaded here; local paths are checked before transformers reads them.
     """
+    device = model_device(device)
+    loaded = _load(name, dtype, progress)
+    if device.type != "cpu":
+        loaded.model.to(device)
+    return loaded
+
+
+def _load(name: str, dtype: torch.dtype, progress: Progress | None) -> LoadedModel:
     if not isinstance(name, str) or not name.strip():
         raise ModelLoadError(
             f"No model name given ({name!r}); an empty name never stands for the current folder. Give a bundled name, "

@@ -248,7 +248,10 @@ def translate_window(mot: MoT, src: SourceContext, source: LoadedModel, target: 
 
     override: a what-if on the mixtures' gates (GateOverride); None is the router's own choice.
     """
-    out = mot.translator(*translator_inputs(mot, src, source), override=override)
+    weight = next(mot.translator.parameters())  # the translator may sit on another device or dtype than the models
+    keys, values = (x.to(weight.device, weight.dtype) for x in translator_inputs(mot, src, source))
+    out = mot.translator(keys, values, override=override)
+    out.keys, out.values = out.keys.to(target.device), out.values.to(target.device)
     if mot.translator.config.key_space == "pre_rope":  # the target's own rotary embedding places the keys
         out.keys = rotate_block(target, mot.channels.target_layers, out.keys, src.target_prefix_len, inverse=False)
     return out

@@ -153,8 +153,8 @@ def load_state(run_dir: Path, mot: MoT, optimizer: torch.optim.Optimizer) -> int
         if f"{name}::exp_avg" in tensors:
             optimizer.state[p] = {
                 "step": torch.tensor(state["adam_step"]),
-                "exp_avg": tensors[f"{name}::exp_avg"].clone(),
-                "exp_avg_sq": tensors[f"{name}::exp_avg_sq"].clone(),
+                "exp_avg": tensors[f"{name}::exp_avg"].to(p.device, copy=True),
+                "exp_avg_sq": tensors[f"{name}::exp_avg_sq"].to(p.device, copy=True),
             }
     return int(state["step"])
 

@@ -63,7 +63,7 @@ def row_loss(mot: MoT, source: LoadedModel, target: LoadedModel, row: torch.Tens
     translation_weight adds λ_tr·(MSE(injected K, native K) + MSE(V)) over the window layers: the
     replayed cache alone never compares the translator's output with what it replaces (method.md §6).
     """
-    context, prompt, labels = split_sequence(row[None], prefix_tokens)
+    context, prompt, labels = split_sequence(row[None].to(target.device), prefix_tokens)
     src = prepare_source(mot, source, target, context)
     native = native_cache(target, context)
     out = translate_window(mot, src, source, target)
@@ -92,8 +92,7 @@ def init_distributed() -> tuple[int, int]:
     """(rank, world size); initialises the process group when launched by torchrun / accelerate."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not torch.distributed.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        torch.distributed.init_process_group(backend)
+        torch.distributed.init_process_group("gloo")  # training runs on the CPU (train: models loaded there)
     return int(os.environ.get("RANK", "0")), world
 
 
@@ -264,8 +263,11 @@ def train(cfg: TrainConfig, resume: bool = False, source: LoadedModel | None = N
     resumed = resume and runs.has_state(run_dir)
     log = logging.getLogger(__name__).info if rank == 0 else (lambda msg: None)
     _seed_everything(cfg.seed)
-    source = source or load_model(cfg.source)
-    target = target or load_model(cfg.target)
+    # training runs on the CPU whatever MOT_VIZ_DEVICE says (its bank, its ridge fits and the translator live there)
+    source = source or load_model(cfg.source, device="cpu")
+    target = target or load_model(cfg.target, device="cpu")
+    if source.device.type != "cpu" or target.device.type != "cpu":
+        raise ConfigError("training runs on the CPU: load the models there (load_model(..., device='cpu'))")
     if bank is None:
         bank = training_sequences(target.tokenizer, cfg.total_tokens, n_sequences=cfg.num_sequences, seed=cfg.seed)
     if resumed:
