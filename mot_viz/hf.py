@@ -361,7 +361,8 @@ class ForwardResult:
     kv: list[KV]  # the cache after the forward pass, per layer
     topk: dict[int, torch.Tensor]  # the plan's record_topk results, layer -> key positions [B, 1, N_q - offset, k]
     start: LayerStart | None = None  # where a later forward of the same ids can start (the plan's keep_start)
-    queries: dict[int, tuple[torch.Tensor, float, int | None]] = field(default_factory=dict)  # the plan's record_queries results
+    # the plan's record_queries results, layer -> (query [B, H, N_q, d_h], scaling, sliding window or None)
+    queries: dict[int, tuple[torch.Tensor, float, int | None]] = field(default_factory=dict)
 
 
 def run(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: AttentionPlan | None = None,
