@@ -13,7 +13,8 @@ from mot_viz.prompts import choice_label_texts
 def main() -> None:
     st.title("Answers")
     app.explain(
-        "The target model answers the same question from four caches of the same context:\n\n"
+        "The target model answers the same question from four caches of the same context (five with the "
+        "mean-vector control):\n\n"
         "- **Native context** — the target read the text itself (the reference).\n"
         "- **No context** — only the question (what it knows without the passage).\n"
         "- **MoT-translated cache** — the *source* read the text and its K/V over the window were translated; the "
@@ -23,7 +24,11 @@ def main() -> None:
         "with no context in it can stay close to native. The translation carries the passage where MoT beats that "
         "kind of window (the random control below; the mean-vector window in docs/RESULTS.md).\n"
         "- **Random-window control** — the translated window replaced by norm-matched noise: the native window plus a "
-        "random vector as long as the translation's error. If MoT beats this, it carries information beyond noise.\n\n"
+        "random vector as long as the translation's error. If MoT beats this, it carries information beyond noise.\n"
+        "- **Mean-vector control** (tick *Also answer from the mean-vector window* below) — every window token's K/V "
+        "replaced by that layer's mean native K/V over LAMBADA prose: a window with no context in it. Where MoT "
+        "answers no better than this, the answer comes from the target's own replay of the context, not from the "
+        "translation.\n\n"
         "Extractive questions (SQuAD) are scored by token F1 and exact match against the gold answers; closed "
         "questions (yes/no, multiple choice) by whether the likeliest choice label is the correct one. "
         "*Building the cache* is the time to make that cache; *answering* is the time to generate or score from it."
@@ -50,7 +55,11 @@ def main() -> None:
     max_new = st.slider("Longest generated answer (tokens)", 4, 64, key="pg.answers.max_new",
                         disabled=sel.example.kind == "closed", help="Closed questions score the choice labels instead.")
 
-    jobs = [(None, f"the {len(CONDITIONS)} conditions (one batch)")]
+    app.widget_default("pg.answers.mean", False)
+    with_mean = st.checkbox("Also answer from the mean-vector window", key="pg.answers.mean",
+                            help="One more replay of the context, with the mean native K/V in the window (computed "
+                                 "once per target and window from LAMBADA passages), decoded in the same batch.")
+    jobs = [(None, f"the {len(CONDITIONS) + with_mean} conditions (one batch)")]
     if second is not None:
         jobs.append((second[1], f"the second checkpoint ({second[0]})"))
     rows = []
@@ -58,7 +67,7 @@ def main() -> None:
     for i, (checkpoint, what) in enumerate(jobs):
         progress.progress(i / len(jobs), text=f"Answering: {what} …")
         try:
-            rows += app.answer_rows(sel, max_new, checkpoint)
+            rows += app.answer_rows(sel, max_new, checkpoint, with_mean=with_mean and checkpoint is None)
         except MotVizError as exc:  # e.g. the second checkpoint is for another pair
             app.show_error(exc)
     progress.empty()

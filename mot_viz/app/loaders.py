@@ -9,6 +9,7 @@ browser tab. Cached objects are never mutated.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -19,7 +20,7 @@ import torch
 
 from .. import shift
 from ..answers import (CONDITION_LABELS, CONDITIONS, Answer, ConditionCaches, PromptedCache, answers_from_caches,
-                       condition_caches, first_answer_logprobs, translated_seconds)
+                       condition_caches, first_answer_logprobs, mean_vector_cache, translated_seconds)
 from ..checkpoint import load_checkpoint, read_config
 from ..errors import CheckpointError, ModelLoadError, MotVizError
 from ..fidelity import MeanVectors, reference_means, translation_fidelity
@@ -183,6 +184,17 @@ def _cached_condition_caches(key: TranslationKey) -> ConditionCaches:
     return condition_caches(mot, src, tgt, None, _cached_translation(key), seed=CONTROL_SEED)
 
 
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _cached_mean_cache(key: TranslationKey) -> tuple[list, float]:
+    """The key's translation replayed with the mean-vector window (a window with no context in it, method.md §13),
+    and the seconds that replay took (the mean vectors themselves are computed once per target and window)."""
+    src, tgt, mot = _loaded(key)
+    means = _cached_mean_vectors(key.target, tuple(mot.channels.target_layers), test_mode())
+    start = time.perf_counter()
+    kv = mean_vector_cache(mot, tgt, _cached_translation(key), means)
+    return kv, time.perf_counter() - start
+
+
 @st.cache_resource(show_spinner=False, max_entries=8)  # ~4 MB each on the default pair (3 log-prob rows)
 def _prompted(key: TranslationKey, suffix: str) -> dict[str, PromptedCache]:
     """The question `suffix` appended to the key's native, MoT and random-control caches, with the first answer
@@ -199,7 +211,8 @@ def _cached_answers(key: TranslationKey, conditions: tuple[str, ...], example: Q
     if conditions == ("mot",):  # the replayed cache alone: a second checkpoint needs no control caches
         caches = {"mot": _cached_translation(key).mixed_kv}
     else:
-        caches = {c: _cached_condition_caches(key).kv[c] for c in conditions}
+        caches = {c: _cached_mean_cache(key)[0] if c == "mean" else _cached_condition_caches(key).kv[c]
+                  for c in conditions}
     prompted = {} if suffix is not None and {"native", "mot", "random"} <= set(caches) else None
     answers = answers_from_caches(get_model(key.target), caches, example, max_new_tokens, suffix, prompted=prompted)
     if prompted:
@@ -255,18 +268,22 @@ def _cached_window_fidelity(key: TranslationKey, second: TranslationKey | None) 
     return pd.DataFrame(rows)
 
 
-def answer_rows(sel: Selection, max_new_tokens: int, checkpoint: str | None = None) -> list[dict]:
+def answer_rows(sel: Selection, max_new_tokens: int, checkpoint: str | None = None,
+                with_mean: bool = False) -> list[dict]:
     """Rows of the answers table: each condition's answer, its score vs the gold answers, and its times.
 
-    Every condition of mot_viz.answers.CONDITIONS for the selected checkpoint; with another `checkpoint`, the one
-    row of that (second) checkpoint's MoT-translated cache.
+    Every condition of mot_viz.answers.CONDITIONS for the selected checkpoint (with_mean: and the mean-vector
+    window's, decoded in the same batch); with another `checkpoint`, the one row of that (second) checkpoint's
+    MoT-translated cache.
     """
     second = checkpoint is not None and checkpoint != sel.checkpoint
     key = translation_key(sel, checkpoint)
-    conditions = ("mot",) if second else CONDITIONS
+    conditions = ("mot",) if second else CONDITIONS + (("mean",) if with_mean else ())
     answers = _cached_answers(key, conditions, sel.example, sel.suffix, max_new_tokens)
     seconds = ({"mot": translated_seconds(_cached_translation(key))} if second  # no control caches were built
-               else _cached_condition_caches(key).seconds)
+               else dict(_cached_condition_caches(key).seconds))
+    if "mean" in conditions:
+        seconds["mean"] = _cached_mean_cache(key)[1]
     return [{
         "key": f"{condition} (2nd)" if second else condition,
         "condition": f"MoT-translated cache, second checkpoint ({Path(checkpoint).name})" if second

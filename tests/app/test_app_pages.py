@@ -129,6 +129,29 @@ def test_answers_page_shows_every_condition_scored_against_the_gold_answer():
     assert table["answer"][0] == expected.text
 
 
+def test_answers_page_answers_from_the_mean_vector_window_on_request():
+    """The control with no context in its window (method.md §13): one more row, decoded in the same batch, the
+    library's answer from the same replay; off by default, and in the page's link when ticked."""
+    from mot_viz.answers import mean_vector_cache
+    from mot_viz.app.settings import MEAN_VECTOR_PASSAGES
+    from mot_viz.fidelity import reference_means
+
+    at = goto(start(), "1_answers")
+    assert len(at.dataframe[0].value) == 4
+    at.checkbox(key="pg.answers.mean").check().run()
+    table = at.dataframe[0].value
+    assert list(table["condition"]) == [CONDITION_LABELS[c] for c in ("native", "no_context", "mot", "random", "mean")]
+    assert table["building the cache (s)"][4] > 0
+    example = first_squad()
+    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
+    mot, _ = load_checkpoint(at.session_state["applied"].checkpoint, source, target)
+    translation = translate(mot, source, target, build_prompt(example).context_text)
+    means = reference_means(target, tuple(mot.channels.target_layers), MEAN_VECTOR_PASSAGES)
+    expected = answer_from_cache(target, mean_vector_cache(mot, target, translation, means), example, "mean")
+    assert table["answer"][4] == expected.text
+    assert at.query_params.get("answers.mean") in ("true", ["true"])
+
+
 def test_answers_on_free_text_with_gold_and_a_second_checkpoint(pretrained):
     at = use_free_text(start(), FREE_TEXT, "Who built the tower?", "Gustave Eiffel")
     at = goto(at, "1_answers")
