@@ -140,7 +140,6 @@ def sparse_attention(module, query, key, value, indices, scaling) -> torch.Tenso
     """
     b, h, n, d = query.shape
     n_kv, k = key.shape[1], indices.shape[-1]
-    indices = indices.to(query.device)
     idx = indices.expand(b, n_kv, n, k) if indices.shape[1] == 1 else indices[:, :: h // n_kv]
     gather_idx = idx.clamp(0, key.shape[2] - 1).reshape(b, n_kv, n * k, 1).expand(-1, -1, -1, d)
     k_sel = key.gather(2, gather_idx).reshape(b, n_kv, n, k, d)  # (B, n_kv, N, k, d)
@@ -177,7 +176,6 @@ def sparse_mask_attention(module, query, key, value, indices, scaling,
     b, h, n, _ = query.shape
     n_kv, length = key.shape[1], key.shape[2]
     window = getattr(module, "sliding_window", None)
-    indices = indices.to(query.device)  # chosen by the source prefill, which may run elsewhere
     idx = indices if indices.shape[1] == 1 else indices[:, :: h // n_kv]  # per query head group
     keep = torch.zeros(*idx.shape[:3], length + 1, dtype=torch.bool, device=query.device)
     keep.scatter_(-1, idx.clamp(0, length), True)  # the duplicate sentinel lands in the extra column
@@ -229,7 +227,7 @@ def mot_attention(module, query, key, value, attention_mask, scaling=None, dropo
     if stop is not None and module.layer_idx == stop:  # a cache-only prefill's last layer: its K/V are cached by now
         raise _CacheBuilt
     if plan is not None and module.layer_idx in plan.sparse:
-        indices = plan.sparse[module.layer_idx]
+        indices = plan.sparse[module.layer_idx].to(query.device)  # chosen by the source prefill, maybe elsewhere
         out = sparse_mask_attention(module, query, key, value, indices, scaling)
         if out is None:
             out = sparse_attention(module, query, key, value, indices, scaling)

@@ -274,13 +274,16 @@ def replay(target: LoadedModel, target_ids: torch.Tensor, target_layers: tuple[i
 
 def _replay(target: LoadedModel, target_ids: torch.Tensor, target_layers: tuple[int, ...], window_keys: torch.Tensor,
             window_values: torch.Tensor, sparse: dict[int, torch.Tensor] | None, cache_injected_window: bool = False,
-            start: hf.LayerStart | None = None, keep_start: bool = False) -> hf.ForwardResult:
-    """:func:`replay`, as the forward's result; keep_start keeps the state entering the window (result.start)."""
+            start: hf.LayerStart | None = None, keep_start: bool = False,
+            keep_queries: bool = False) -> hf.ForwardResult:
+    """:func:`replay`, as the forward's result; keep_start keeps the state entering the window (result.start),
+    keep_queries the window layers' queries (result.queries)."""
     if start is not None and start.layer != target_layers[0]:
         raise ValueError(f"a replay of the window {target_layers} starts at layer {target_layers[0]}, not {start.layer}")
     injected = per_layer_kv(window_keys, window_values, target.spec.num_kv_heads)
     plan = hf.AttentionPlan(inject=dict(zip(target_layers, injected)), sparse=sparse or {}, start=start,
-                            keep_start=target_layers[0] if keep_start else None, record_queries=set(target_layers))
+                            keep_start=target_layers[0] if keep_start else None,
+                            record_queries=set(target_layers) if keep_queries else set())
     result = hf.run(target.model, _with_bos(target, target_ids), plan=plan, logits_to_keep=None)
     if cache_injected_window:
         for layer, (k, v) in zip(target_layers, injected):
@@ -311,10 +314,10 @@ def replay_window(mot: MoT, target: LoadedModel, translation: "Translation", win
 
 
 def _window_replay(mot: MoT, target: LoadedModel, translation: "Translation", window_keys: torch.Tensor,
-                   window_values: torch.Tensor) -> hf.ForwardResult:
-    """:func:`replay_window`, as the forward's result (its recorded queries included)."""
+                   window_values: torch.Tensor, keep_queries: bool = False) -> hf.ForwardResult:
+    """:func:`replay_window`, as the forward's result (with keep_queries, the window layers' queries too)."""
     return _replay(target, translation.target_ids, mot.channels.target_layers, window_keys, window_values,
-                   translation.sparse_indices, start=translation.window_start)
+                   translation.sparse_indices, start=translation.window_start, keep_queries=keep_queries)
 
 
 def _with_bos(lm: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
@@ -352,7 +355,7 @@ def translate(mot: MoT, source: LoadedModel, target: LoadedModel, text: str, wit
         t0 = time.perf_counter()
         sparse = sparse_indices(mot, src) if mot.replay.topk_sparse_attn else {}
         replayed = _replay(target, target_ids, mot.channels.target_layers, translated.keys, translated.values, sparse,
-                           keep_start=True)
+                           keep_start=True, keep_queries=True)
         mixed = replayed.kv
         timings["replay"] = time.perf_counter() - t0
         check_finite("replayed cache", *(t for kv in mixed for t in kv))
@@ -383,7 +386,7 @@ def translate_again(mot: MoT, source: LoadedModel, target: LoadedModel, base: Tr
         timings["translator"] = time.perf_counter() - t0
         check_finite("translated window", translated.keys, translated.values)
         t0 = time.perf_counter()
-        replayed = _window_replay(mot, target, base, translated.keys, translated.values)
+        replayed = _window_replay(mot, target, base, translated.keys, translated.values, keep_queries=True)
         timings["replay"] = time.perf_counter() - t0
     injected = per_layer_kv(translated.keys, translated.values, mot.target.num_kv_heads)
     return replace(base, translated=translated, injected_kv=injected, mixed_kv=replayed.kv, timings=timings,
