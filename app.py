@@ -16,7 +16,7 @@ import pandas as pd
 import streamlit as st
 
 from mot_viz import app
-from mot_viz.cache_metrics import cost_table, kv_cache_bytes
+from mot_viz.analysis.cache_metrics import cost_table, kv_cache_bytes
 
 PAGES_DIR = Path(__file__).parent / "pages"
 # file -> title, in the order a reader follows the data: answers first, then why they look like that
@@ -108,7 +108,7 @@ def _cost_panel(run) -> None:
         "computes it as dense attention under a mask of those positions, a chunk of queries at a time over only the "
         "keys that chunk may see (faster than gathering k keys per query on two CPU cores), so the replay costs about "
         "what the target's own prefill costs on short contexts and less on long ones (on the bundled pair 0.95–0.98 "
-        "of it at 512 tokens and 0.76–0.79 at 2,048 in the last three runs of docs/bench_engine.md). Every prefill "
+        "of it at 512 tokens and 0.76–0.79 at 2,048 in the last three runs of benchmarks/engine.md). Every prefill "
         "timed here only builds a cache, so "
         "it stops once the top layer's K/V are stored: the rest of that layer would feed only next-token logits. "
         "Cache sizes count K and V at every layer (a "

@@ -62,16 +62,3 @@ def write_text_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
     tmp.write_text(text)
     os.replace(tmp, path)
-
-
-def write_lines(path: Path | None, lines: list[str]) -> None:
-    """A script's report (markdown lines) written to `path`, its folder made first; no path: nothing written."""
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, "\n".join(lines) + "\n")
-
-
-def write_section_on_top(path: Path, title: str, section: str) -> None:
-    """Markdown file `path` becomes `title`, then `section`, then every section it held before (a benchmark's record)."""
-    earlier = path.read_text().removeprefix(title).strip() if path.exists() else ""
-    write_text_atomic(path, f"{title}\n\n{section.strip()}\n" + (f"\n{earlier}\n" if earlier else ""))

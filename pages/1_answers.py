@@ -4,10 +4,10 @@ import pandas as pd
 import streamlit as st
 
 from mot_viz import app
-from mot_viz.answers import CONDITIONS
+from mot_viz.analysis.figures import answers_figure
+from mot_viz.engine.prompts import choice_label_texts
 from mot_viz.errors import MotVizError
-from mot_viz.figures import answers_figure
-from mot_viz.prompts import choice_label_texts
+from mot_viz.eval.answers import CONDITIONS
 
 
 def main() -> None:

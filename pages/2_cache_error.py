@@ -6,13 +6,13 @@ import pandas as pd
 import streamlit as st
 
 from mot_viz import app
-from mot_viz.cache_metrics import COMPARISONS, cache_error_grid, cache_error_table
-from mot_viz.checkpoint import read_config
-from mot_viz.fidelity import fidelity_verdicts
-from mot_viz.figures import FIDELITY_TITLES, METRIC_TITLES, error_heatmap, fidelity_figure, layer_error_figure
-from mot_viz.mot import unread_window_layers
-from mot_viz.translator import TranslatorConfig, linear_inputs_text
-from mot_viz.verdict import VerdictThresholds, reuse_verdict
+from mot_viz.analysis.cache_metrics import COMPARISONS, cache_error_grid, cache_error_table
+from mot_viz.analysis.figures import FIDELITY_TITLES, METRIC_TITLES, error_heatmap, fidelity_figure, layer_error_figure
+from mot_viz.engine.checkpoint import read_config
+from mot_viz.engine.mot import unread_window_layers
+from mot_viz.engine.translator import TranslatorConfig, linear_inputs_text
+from mot_viz.eval.fidelity import fidelity_verdicts
+from mot_viz.eval.verdict import VerdictThresholds, reuse_verdict
 
 
 def main() -> None:
@@ -66,7 +66,7 @@ def main() -> None:
         "cosine asks whether the token-to-token structure is right (0 = one shared vector for every token).\n"
         "- **attention-output cosine** — each window layer's attention output computed with the translated K/V versus "
         "with the native K/V, on the same queries: what attention reads from the window. The queries are the native "
-        "prefill's (method.md §13 names the replay's own; the project's choice, docs/DECISIONS.md session 15, keeps "
+        "prefill's (method.md §13 names the replay's own; the project's choice, recorded in docs/decisions.md, keeps "
         "every candidate on identical queries).\n"
         "- **mean vector** — every token's K/V replaced by the mean native K/V of that layer over LAMBADA prose: a "
         "window with no context-specific content.\n"
@@ -125,8 +125,8 @@ def _verdict_section(run, fidelity, candidate: str, second) -> None:
         "attention-output cosine and its K and V centered cosines reach their thresholds and it errs less than the "
         "mean vector; the cache is reused when every window layer passes and the first answer token's distribution "
         "stays within a KL bound of the native one. The defaults are tuned against QA (does MoT keep ≥ 90% of "
-        "native F1?) on SQuAD (results/verdict/smollm2-to-gemma3-mid/report.md, measured on the session-5 weights of "
-        "the mid-depth checkpoint): there the first-token KL was the only signal that separated kept from lost "
+        "native F1?) on SQuAD (results/verdict/smollm2-to-gemma3-mid/report.md, measured on earlier weights of the "
+        "mid-depth checkpoint, commit 6265cda, not the ones shipped now): there the first-token KL was the only signal that separated kept from lost "
         "answers (held-out balanced accuracy 0.64), so the per-layer thresholds default to 0 and only "
         "the mean-vector check and the KL bound decide. Raise them below to see what each signal would say."
     )

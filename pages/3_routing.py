@@ -6,10 +6,10 @@ import pandas as pd
 import streamlit as st
 
 from mot_viz import app
-from mot_viz.cache_metrics import expert_usage, gate_table, token_routing_table
-from mot_viz.figures import entropy_figure, expert_usage_figure, gates_heatmap, what_if_figure
-from mot_viz.translator import gate_balance, linear_inputs_text
-from mot_viz.whatif import expert_error_table
+from mot_viz.analysis.cache_metrics import expert_usage, gate_table, token_routing_table
+from mot_viz.analysis.figures import entropy_figure, expert_usage_figure, gates_heatmap, what_if_figure
+from mot_viz.analysis.whatif import expert_error_table
+from mot_viz.engine.translator import gate_balance, linear_inputs_text
 
 WHAT_IF_MODES = {"force one expert": "force", "drop one expert": "drop", "uniform gates": "uniform"}
 

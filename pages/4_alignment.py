@@ -3,7 +3,7 @@
 import streamlit as st
 
 from mot_viz import app
-from mot_viz.figures import alignment_heatmap, alignment_table
+from mot_viz.analysis.figures import alignment_heatmap, alignment_table
 
 
 def main() -> None:

@@ -3,8 +3,8 @@
 import streamlit as st
 
 from mot_viz import app
-from mot_viz.cache_metrics import FIT_ON, cache_space_table, token_annotations, window_vectors
-from mot_viz.figures import cache_space_figure
+from mot_viz.analysis.cache_metrics import FIT_ON, cache_space_table, token_annotations, window_vectors
+from mot_viz.analysis.figures import cache_space_figure
 
 
 def main() -> None:

@@ -6,13 +6,13 @@ import pandas as pd
 import streamlit as st
 
 from mot_viz import app
-from mot_viz.checkpoint import read_config
+from mot_viz.analysis.figures import training_figure
+from mot_viz.engine.checkpoint import read_config
+from mot_viz.engine.translator import TranslatorConfig, linear_inputs_text
 from mot_viz.errors import MotVizError
-from mot_viz.eval_report import evaluation_table
-from mot_viz.fidelity import recorded_fidelity_table
-from mot_viz.figures import training_figure
-from mot_viz.runs import read_training_log
-from mot_viz.translator import TranslatorConfig, linear_inputs_text
+from mot_viz.eval.fidelity import recorded_fidelity_table
+from mot_viz.eval.report import evaluation_table
+from mot_viz.train.runs import read_training_log
 
 
 def main() -> None:
@@ -66,13 +66,13 @@ def main() -> None:
     if evaluation is not None:
         st.subheader("Measured quality")
         st.caption("QA results recorded in config.json (metrics.evaluation): greedy SQuAD F1 or closed-set accuracy per "
-                   "condition on the same examples, with 95% bootstrap intervals; the commands are in docs/RESULTS.md.")
+                   "condition on the same examples, with 95% bootstrap intervals; the commands are in docs/results.md.")
         st.dataframe(evaluation, hide_index=True, width="stretch")
 
     fidelity = recorded_fidelity_table(config)
     if fidelity is not None:
         st.subheader("Window fidelity on held-out text")
-        st.caption("Recorded in config.json (metrics.fidelity) by `python -m mot_viz.fidelity --record`: the mean over "
+        st.caption("Recorded in config.json (metrics.fidelity) by `python -m mot_viz.eval.fidelity --record`: the mean over "
                    "held-out passages and window layers of each metric (cosines to the native window, relative error, "
                    "attention-output cosine), beside the mean-vector baseline. Per layer: Per-layer cache error page.")
         st.dataframe(fidelity, hide_index=True, width="stretch")

@@ -7,10 +7,12 @@ from pathlib import Path
 
 import streamlit as st
 
-from mot_viz import app, shift
+from mot_viz import app
+from mot_viz.analysis import shift
+from mot_viz.analysis.shift.figures import (correction_split_figure, correction_trajectory_figure,
+                                            correction_vs_start_figure, metric_kl_figure, rho_trajectory_figure,
+                                            shift_vs_start_figure)
 from mot_viz.errors import MotVizError
-from mot_viz.shift.figures import (correction_split_figure, correction_trajectory_figure, correction_vs_start_figure,
-                                   metric_kl_figure, rho_trajectory_figure, shift_vs_start_figure)
 
 # saved sweeps (scripts/shift_sweep.py); $MOT_VIZ_SHIFT_RESULTS points elsewhere (tests)
 RESULTS_DIR = Path(os.environ.get("MOT_VIZ_SHIFT_RESULTS", app.REPO_ROOT / "results" / "shift"))

@@ -6,7 +6,7 @@
 
 Each input is FOLDER:CONDITION=LABEL (a condition of that folder's examples.csv, renamed LABEL); every
 pair A:B is the mean of A − B over the examples both ran, with a 95% bootstrap interval and the number of
-examples each side wins (mot_viz.eval_report.paired_differences), printed as a markdown table.
+examples each side wins (mot_viz.eval.report.paired_differences), printed as a markdown table.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 
-from mot_viz.eval_report import paired_differences, paired_markdown
+from mot_viz.eval.report import paired_differences, paired_markdown
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,10 +1,10 @@
-"""Assemble docs/RESULTS.md's tables from results/eval/*/ and pretrained/*/config.json.
+"""Assemble docs/results.md's tables from results/eval/*/ and pretrained/*/config.json.
 
     .venv/bin/python scripts/results_md.py > /tmp/tables.md
     .venv/bin/python scripts/results_md.py --record   # also write each checkpoint's results into its config.json
 
 Prints one section per evaluation folder (its command, date and table) and one table of how each
-shipped checkpoint was trained. The prose around the tables in docs/RESULTS.md is written by hand.
+shipped checkpoint was trained. The prose around the tables in docs/results.md is written by hand.
 ``--record`` stores every condition's metric, interval and retained share, with the folder and command
 that measured it, under ``metrics.evaluation`` of each evaluated ``pretrained/*/config.json`` (the
 app's Training page shows it).
@@ -21,11 +21,11 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from mot_viz.eval_report import markdown_table, measured_these_weights, paired_differences, paired_markdown
-from mot_viz.evaluate import EvalSettings
+from mot_viz.eval.evaluate import EvalSettings
+from mot_viz.eval.report import markdown_table, measured_these_weights, paired_differences, paired_markdown
 
 # (first checkpoint, second checkpoint): paired over the examples both were evaluated on, first − second
-COMPARISONS = [("pretrained/smollm2-to-gemma3-v1", "pretrained/smollm2-to-gemma3-single-v1")]
+COMPARISONS = [("pretrained/smollm2-to-gemma3-mid", "pretrained/smollm2-to-gemma3-mid-single")]
 
 
 def training_table() -> str:
@@ -112,7 +112,7 @@ def record_in_configs() -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Print docs/RESULTS.md's tables from results/eval/ and pretrained/.")
+    parser = argparse.ArgumentParser(description="Print docs/results.md's tables from results/eval/ and pretrained/.")
     parser.add_argument("--record", action="store_true",
                         help="also write each checkpoint's results into its config.json (metrics.evaluation)")
     if parser.parse_args(argv).record:

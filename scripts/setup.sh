@@ -28,4 +28,4 @@ if [ "$mode" = "--test" ] && ! command -v chromium >/dev/null 2>&1; then
 fi
 
 # Converts the bundled GGUF models to float32 folders in the user cache, once (progress on stderr).
-.venv/bin/python -m mot_viz.models prepare
+.venv/bin/python -m mot_viz.engine.models prepare

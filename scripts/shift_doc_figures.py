@@ -1,4 +1,4 @@
-"""Render a saved shift sweep's figures to PNG for docs/SHIFT.md (the same plotly figures as the app page).
+"""Render a saved shift sweep's figures to PNG for docs/shift.md (the same plotly figures as the app page).
 
     .venv/bin/python scripts/shift_doc_figures.py results/shift/<sweep> [--out docs/figures/shift]
 
@@ -17,9 +17,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-from mot_viz.shift import SweepResult
-from mot_viz.shift.figures import (correction_vs_start_figure, metric_kl_figure, rho_trajectory_figure,
-                                   shift_vs_start_figure)
+from mot_viz.analysis.shift import SweepResult
+from mot_viz.analysis.shift.figures import (correction_vs_start_figure, metric_kl_figure, rho_trajectory_figure,
+                                            shift_vs_start_figure)
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 

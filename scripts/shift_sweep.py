@@ -27,12 +27,13 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from mot_viz import runs, shift
-from mot_viz.answers import answer_from_cache
-from mot_viz.checkpoint import load_checkpoint
-from mot_viz.eval_data import load_dataset
-from mot_viz.models import load_model
-from mot_viz.mot import native_cache
+from mot_viz.analysis import shift
+from mot_viz.data.eval_data import load_dataset
+from mot_viz.engine.checkpoint import load_checkpoint
+from mot_viz.engine.models import load_model
+from mot_viz.engine.mot import native_cache
+from mot_viz.eval.answers import answer_from_cache
+from mot_viz.train import runs
 
 
 def log(msg: str) -> None:
@@ -44,7 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mode", choices=shift.MODES, default="perturbation", help="what is injected at each start (method.md §9.1)")
     p.add_argument("--source", default="smollm2-135m", help="source model: bundled name, Hub id, folder or .gguf")
     p.add_argument("--target", default="gemma3-270m", help="target model: bundled name, Hub id, folder or .gguf")
-    p.add_argument("--dataset", default="squad", help="evaluation dataset the contexts come from (mot_viz.eval_data)")
+    p.add_argument("--dataset", default="squad", help="evaluation dataset the contexts come from (mot_viz.data.eval_data)")
     p.add_argument("--split", default=None, help="dataset split (default: its evaluation split)")
     p.add_argument("--n", type=int, default=20, help="examples")
     p.add_argument("--data_seed", type=int, default=0, help="which n examples (load_dataset shuffle seed)")
@@ -69,8 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def trained_mot_factory(args, source, target):
     """A function start -> MoT that trains (or reuses) one translator per injection start."""
-    from mot_viz.corpus import training_sequences
-    from mot_viz.train import train
+    from mot_viz.data.corpus import training_sequences
+    from mot_viz.train.train import train
 
     base = json.loads(Path(args.base_config).read_text())
     tag = f"{args.source}-to-{args.target}-w{args.window}-{'sparse' if args.sparse else 'dense'}-{args.train_steps}steps"
@@ -96,7 +97,7 @@ def trained_mot_factory(args, source, target):
 
 
 def shift_train_config(base: dict, args, start: int, out_dir: Path):
-    from mot_viz.train import TrainConfig
+    from mot_viz.train.train import TrainConfig
 
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     data = {k: v for k, v in base.items() if k in fields}

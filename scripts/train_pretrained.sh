@@ -3,24 +3,22 @@
 # finished run into pretrained/<name> as fp16. Logs: runs/<name>/train.log. Rerun to resume unfinished runs.
 # One thread per run: on two shared cores, two-thread torch processes slow each other down many times over.
 # Each -linear run builds the pair's bank (cached in ~/.cache/mot_viz/banks); the MoT of the same window reuses it.
-# The -v1 checkpoints are the session-1-3 recipe (random init, Context Correction Loss only), kept for comparison.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 default="smollm2-to-gemma3-linear smollm2-to-gemma3 smollm2-to-gemma3-mid-linear smollm2-to-gemma3-mid
-smollm2-to-gemma3-mid-single gemma3-to-smollm2-linear smollm2-to-smollm2-linear gemma3-to-smollm2 smollm2-to-smollm2
-smollm2-to-gemma3-v1 smollm2-to-gemma3-mid-v1 smollm2-to-gemma3-single-v1 gemma3-to-smollm2-v1 smollm2-to-smollm2-v1"
+smollm2-to-gemma3-mid-single gemma3-to-smollm2-linear smollm2-to-smollm2-linear gemma3-to-smollm2 smollm2-to-smollm2"
 for name in ${@:-$default}; do
   mkdir -p "runs/$name"
   resume=""; [ -f "runs/$name/train_config.json" ] && resume="--resume"  # continue an unfinished run
-  OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" .venv/bin/python -m mot_viz.train --config "configs/$name.json" $resume >> "runs/$name/train.log" 2>&1 || { echo "$name failed"; continue; }
+  OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" .venv/bin/python -m mot_viz.train.train --config "configs/$name.json" $resume >> "runs/$name/train.log" 2>&1 || { echo "$name failed"; continue; }
   # Gemma-3 -> SmolLM2 replays densely: there the source-chosen sparse pattern costs half of native F1
-  # (docs/RESULTS.md, docs/DECISIONS.md); the others keep the replay they trained with (the method's sparse one)
+  # (docs/results.md, docs/decisions.md); the others keep the replay they trained with (the method's sparse one)
   replay="checkpoint"; [[ "$name" == gemma3-to-smollm2 || "$name" == gemma3-to-smollm2-linear ]] && replay="dense"
   # a linear-initialised mixture stores its fixed linear path once, in the -linear checkpoint of its window
   linear="pretrained/${name%-single}-linear"
   if [[ "$name" != *-linear ]] && grep -q '"init": "linear"' "configs/$name.json" && [ -d "$linear" ]; then
-    .venv/bin/python -m mot_viz.export "runs/$name" "pretrained/$name" --shared_linear "$linear" --replay "$replay" && continue
+    .venv/bin/python -m mot_viz.train.export "runs/$name" "pretrained/$name" --shared_linear "$linear" --replay "$replay" && continue
     echo "$name: its linear path differs from $linear; exported in full"
   fi
-  .venv/bin/python -m mot_viz.export "runs/$name" "pretrained/$name" --replay "$replay"
+  .venv/bin/python -m mot_viz.train.export "runs/$name" "pretrained/$name" --replay "$replay"
 done

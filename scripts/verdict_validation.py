@@ -1,11 +1,11 @@
-"""Validate the reuse verdict (mot_viz.verdict) against QA: does "reuse" agree with "MoT keeps >= 90% of the
-native answer's F1" on the SQuAD examples of docs/RESULTS.md? Thresholds are tuned on the first half of the
+"""Validate the reuse verdict (mot_viz.eval.verdict) against QA: does "reuse" agree with "MoT keeps >= 90% of the
+native answer's F1" on the SQuAD examples of docs/results.md? Thresholds are tuned on the first half of the
 examples and the agreement is reported on the second half.
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/verdict_validation.py signals \\
         --checkpoint pretrained/smollm2-to-gemma3-mid --n 300 --out results/verdict/smollm2-to-gemma3-mid
     .venv/bin/python scripts/verdict_validation.py report --out results/verdict/smollm2-to-gemma3-mid \\
-        --eval results/eval/smollm2-to-gemma3-mid-v2-squad300
+        --eval results/eval/smollm2-to-gemma3-mid-6265cda-squad300
 
 `signals` computes each example's verdict signals exactly as the app does (same truncation as the evaluator)
 and appends them to signals.csv (resumable); `report` joins them with the evaluator's per-example F1.
@@ -22,16 +22,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mot_viz.answers import first_answer_logprobs
-from mot_viz.checkpoint import load_checkpoint, read_config
-from mot_viz.eval_data import load_dataset
-from mot_viz.evaluate import truncate_context
-from mot_viz.fidelity import reference_means, translation_fidelity
-from mot_viz.models import load_model
-from mot_viz.mot import translate
-from mot_viz.prompts import build_prompt
-from mot_viz.shift.metrics import kl_divergence
-from mot_viz.verdict import VerdictThresholds, layer_signals, reuse_verdict
+from mot_viz.analysis.shift.metrics import kl_divergence
+from mot_viz.data.eval_data import load_dataset
+from mot_viz.engine.checkpoint import load_checkpoint, read_config
+from mot_viz.engine.models import load_model
+from mot_viz.engine.mot import translate
+from mot_viz.engine.prompts import build_prompt
+from mot_viz.eval.answers import first_answer_logprobs
+from mot_viz.eval.evaluate import truncate_context
+from mot_viz.eval.fidelity import translation_fidelity
+from mot_viz.eval.mean_vector import reference_means
+from mot_viz.eval.verdict import VerdictThresholds, layer_signals, reuse_verdict
 
 GRID = {"attn_out_cos": [0.0, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95],
         "centered_cos_k": [0.0, 0.3, 0.5, 0.6, 0.7, 0.8],
@@ -86,7 +87,7 @@ def _verdicts(weakest: pd.DataFrame, t: VerdictThresholds) -> np.ndarray:
 
 
 def _library_verdicts(table: pd.DataFrame, t: VerdictThresholds) -> np.ndarray:
-    """The same verdicts from mot_viz.verdict itself (checks that _verdicts is its vectorised twin)."""
+    """The same verdicts from mot_viz.eval.verdict itself (checks that _verdicts is its vectorised twin)."""
     return np.array([reuse_verdict(_fidelity_rows(r), r.first_token_kl, thresholds=t).reuse
                      for r in table.itertuples()])
 

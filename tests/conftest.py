@@ -1,12 +1,15 @@
-"""Shared fixtures. Tiny randomly initialised models of every supported family come from mot_viz.testing
+"""Shared fixtures. Tiny randomly initialised models of every supported family come from mot_viz.engine.testing
 (the app's tests use the same builders); the real bundled pair is loaded once per session."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from mot_viz.models import LoadedModel, load_model
-from mot_viz.testing import CORPUS, FAMILIES, tiny_config, tiny_model, tiny_tokenizer  # noqa: F401  (re-exported)
+from mot_viz.engine.models import LoadedModel, load_model
+from mot_viz.engine.testing import (CORPUS, FAMILIES, tiny_config, tiny_model,  # noqa: F401  (re-exported)
+                                    tiny_tokenizer)
 
 
 @pytest.fixture(scope="session")
@@ -23,3 +26,18 @@ def real_target() -> LoadedModel:
 def app_cache(tmp_path_factory):
     """A user cache folder (MOT_VIZ_CACHE) of the app tests' own: what they fit or save never reaches ~/.cache."""
     return tmp_path_factory.mktemp("mot_viz_cache")
+
+
+def pytest_collection_modifyitems(items):
+    """Each test carries its tier's marker, named by its folder (unit, integration, app, browser): `-m "unit or app"`
+    selects the quick loop."""
+    for item in items:
+        item.add_marker(Path(item.fspath).parent.name)
+
+
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch) -> Path:
+    """A model cache of the test's own (MOT_VIZ_CACHE), so the user's is never written."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("MOT_VIZ_CACHE", str(cache))
+    return cache

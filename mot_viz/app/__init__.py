@@ -4,31 +4,35 @@ The only part of mot_viz that imports Streamlit. Every page reads the *applied* 
 last "Translate" — or the first visit — chose) through :func:`current_run`; the translation of one
 (source, target, checkpoint, context) is computed once and shared by every page and every browser tab.
 Cached objects are never mutated. The applied selection and every page option (``pg.*`` widget key) live in the
-URL's query parameters (mot_viz.permalink), so a reload or a copied link opens the same view.
+URL's query parameters (mot_viz.app.permalink), so a reload or a copied link opens the same view.
 
 Pages read ``from mot_viz import app`` and call ``app.run_page(main)``, ``app.current_run()``, … The modules,
 each importing only those above it:
 
+* ``permalink`` — the pure part of links: a view as query parameters and back, checked value by value;
 * ``settings`` — where the checkpoints live, test mode (``MOT_VIZ_TEST_MODELS=1``), limits and defaults;
+* ``state`` — ``Selection`` (the inputs of one translation) and ``Run`` (what a page shows for it);
 * ``loaders`` — the cached loaders: checkpoints on offer, models, checkpoints, translations, answers, fidelity;
-* ``links`` — the applied view in ``st.query_params`` and back (the pure part is mot_viz.permalink);
+* ``links`` — the applied view in ``st.query_params`` and back (the pure part is mot_viz.app.permalink);
 * ``page`` — what a page draws with (``explain``, ``run_caption``, ``show_figure``, ``show_error``) and keyed
   widgets' first values (``widget_default``);
-* ``sidebar`` — the model, checkpoint and context pickers, the quick-fit control, ``Selection``;
-* ``frame`` — every page run's frame: ``run_page``, ``navigation_frame``, ``current_run`` → ``Run``.
+* ``sidebar`` — the model, checkpoint and context pickers, the quick-fit control;
+* ``frame`` — every page run's frame: ``run_page``, ``navigation_frame``, ``current_run`` → ``Run``;
+* ``server`` — starts the app in a subprocess (benchmarks and the browser test).
 """
 
-from .frame import Run, applied_selection, current_run, fragment, navigation_frame, page_setup, run_page
+from .frame import applied_selection, current_run, fragment, navigation_frame, page_setup, run_page
 from .links import link_params, python_code
-from .loaders import (CONTROL_SEED, FIT_PREFIX, answer_rows, available_checkpoints, checkpoint_stamp, checkpoints_for_pair,
-                      dataset_examples, default_checkpoint, first_token_kl, get_checkpoint, get_model, get_translation,
-                      linear_baseline_for, live_sweep, second_translation, translation_key, what_if_pair, window_analysis,
-                      window_fidelity)
+from .loaders import (CONTROL_SEED, FIT_PREFIX, answer_rows, available_checkpoints, checkpoint_stamp,
+                      checkpoints_for_pair, dataset_examples, default_checkpoint, first_token_kl, get_checkpoint,
+                      get_model, get_translation, linear_baseline_for, live_sweep, second_translation, translation_key,
+                      what_if_pair, window_analysis, window_fidelity)
 from .page import (NO_SECOND, SecondRun, explain, keep_widget_state, run_caption, second_checkpoint, second_run,
                    show_error, show_figure, widget_default)
 from .settings import (DEFAULT_CHECKPOINT, DEFAULT_MAX_NEW_TOKENS, EXAMPLES_PER_DATASET, MAX_CONTEXT_TOKENS, REPO_ROOT,
                        pretrained_dir, test_mode)
-from .sidebar import Selection, quickfit_config, sidebar
+from .sidebar import quickfit_config, sidebar
+from .state import Run, Selection
 
 __all__ = [
     "CONTROL_SEED", "DEFAULT_CHECKPOINT", "DEFAULT_MAX_NEW_TOKENS", "EXAMPLES_PER_DATASET", "FIT_PREFIX", "MAX_CONTEXT_TOKENS",

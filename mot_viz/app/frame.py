@@ -11,32 +11,16 @@ import contextlib
 import contextvars
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import streamlit as st
 
+from ..analysis.figures import token_labels
 from ..errors import MotVizError
-from ..figures import token_labels
-from ..models import LoadedModel
-from ..mot import MoT, Translation
 from .links import LINK_DROP, LINK_NOTES, drop_linked_page_options, restore_link, sync_link
 from .loaders import get_checkpoint, get_model, get_translation
 from .page import keep_widget_state, show_error
-from .sidebar import Selection, sidebar
-
-
-@dataclass
-class Run:
-    """Everything a page shows for the applied selection (all cached; never mutate)."""
-
-    selection: Selection
-    source: LoadedModel
-    target: LoadedModel
-    mot: MoT
-    config: dict
-    translation: Translation
-    target_tokens: list[str]  # each target token decoded on its own, whitespace visible
-    source_tokens: list[str]
+from .sidebar import sidebar
+from .state import Run, Selection
 
 
 def current_run() -> Run:

@@ -1,4 +1,4 @@
-"""Permalinks: the applied view in the URL's query parameters (the pure part is mot_viz.permalink).
+"""Permalinks: the applied view in the URL's query parameters (the pure part is mot_viz.app.permalink).
 
 The applied selection and every page option (``pg.*`` widget key) live in ``st.query_params``, so a reload or a
 copied link opens the same view: a fresh session's widgets are seeded from the URL before any is drawn, a page
@@ -12,19 +12,16 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import streamlit as st
 
-from ..eval_data import BUILTIN_DATASETS
-from ..models import BUNDLED_MODELS, DEFAULT_SOURCE, DEFAULT_TARGET
-from ..permalink import (MAX_TEXT_IN_LINK, PAGE_PREFIX, SidebarLink, check_value, page_params, parse_link,
-                         python_snippet, query_string, sidebar_params, text_digest)
+from ..data.eval_data import BUILTIN_DATASETS
+from ..engine.models import BUNDLED_MODELS, DEFAULT_SOURCE, DEFAULT_TARGET
 from .loaders import available_checkpoints
+from .permalink import (MAX_TEXT_IN_LINK, PAGE_PREFIX, SidebarLink, check_value, page_params, parse_link,
+                        python_snippet, query_string, sidebar_params, text_digest)
 from .settings import DATASET_MODE, EXAMPLES_PER_DATASET, FREE_TEXT_MODE, MAX_CONTEXT_TOKENS, OTHER, REPO_ROOT
-
-if TYPE_CHECKING:
-    from .sidebar import Selection
+from .state import Selection
 
 LINK = "link.applied"  # the applied selection as a permalink.SidebarLink
 LINK_NOTES = "link.ignored"  # what an opened link held that was ignored: one warning, until a page run completes

@@ -12,33 +12,31 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import pandas as pd
 import streamlit as st
 import torch
 
-from .. import shift
-from ..answers import (CONDITION_LABELS, CONDITIONS, Answer, ConditionCaches, PromptedCache, answers_from_caches,
-                       condition_caches, first_answer_logprobs, mean_vector_cache, translated_seconds)
-from ..checkpoint import load_checkpoint, read_config
+from ..analysis import shift
+from ..analysis.shift.metrics import kl_divergence
+from ..analysis.whatif import WhatIf, what_if
+from ..engine.checkpoint import load_checkpoint, read_config
+from ..engine.models import DEFAULT_SOURCE, DEFAULT_TARGET, LoadedModel, load_model
+from ..engine.mot import MoT, Translation, check_pair, translate, translate_window
+from ..engine.prompts import QAExample
+from ..engine.translator import GateOverride
 from ..errors import CheckpointError, ModelLoadError, MotVizError
-from ..fidelity import MeanVectors, reference_means, translation_fidelity
-from ..models import DEFAULT_SOURCE, DEFAULT_TARGET, LoadedModel, load_model
-from ..mot import MoT, Translation, check_pair, translate, translate_window
-from ..prompts import QAExample
-from ..quickfit import fits_dir
-from ..shift.metrics import kl_divergence
-from ..translator import GateOverride
-from ..whatif import WhatIf, what_if
+from ..eval.answers import (CONDITION_LABELS, CONDITIONS, Answer, ConditionCaches, PromptedCache, answers_from_caches,
+                            condition_caches, first_answer_logprobs, mean_vector_cache, translated_seconds)
+from ..eval.fidelity import translation_fidelity
+from ..eval.mean_vector import MeanVectors, reference_means
+from ..train.quickfit import fits_dir
 from .settings import (DEFAULT_CHECKPOINT, EXAMPLES_PER_DATASET, MAX_CONTEXT_TOKENS, MEAN_VECTOR_PASSAGES,
                        pretrained_dir, test_mode)
+from .state import Run, Selection
 
-if TYPE_CHECKING:
-    from .frame import Run
-    from .sidebar import Selection
-
-FIT_PREFIX = "fit: "  # checkpoints fitted in the app (mot_viz.quickfit), listed after the shipped ones
+FIT_PREFIX = "fit: "  # checkpoints fitted in the app (mot_viz.train.quickfit), listed after the shipped ones
 CONTROL_SEED = 0  # the Answers page's random control; the Shift page reuses its cache at this seed
 
 
@@ -81,7 +79,7 @@ def default_checkpoint(source: str, target: str, checkpoints: dict[str, str]) ->
 @st.cache_data(show_spinner=False)
 def dataset_examples(name: str) -> list[QAExample]:
     """The examples offered for a built-in dataset (the same ones every session)."""
-    from ..eval_data import load_dataset
+    from ..data.eval_data import load_dataset
 
     return load_dataset(name, n=EXAMPLES_PER_DATASET, seed=0)
 
@@ -91,7 +89,7 @@ def dataset_examples(name: str) -> list[QAExample]:
 
 def _model_loader() -> Callable[[str], LoadedModel]:
     if test_mode():
-        from ..testing import load_test_model
+        from ..engine.testing import load_test_model
 
         return load_test_model
     return load_model
@@ -179,7 +177,7 @@ def get_translation(sel: Selection, checkpoint: str | None = None) -> Translatio
 
 @st.cache_resource(show_spinner=False, max_entries=4)
 def _cached_condition_caches(key: TranslationKey) -> ConditionCaches:
-    """Every answer condition's cache of the key's translation, with its build time (mot_viz.answers)."""
+    """Every answer condition's cache of the key's translation, with its build time (mot_viz.eval.answers)."""
     src, tgt, mot = _loaded(key)
     return condition_caches(mot, src, tgt, None, _cached_translation(key), seed=CONTROL_SEED)
 
@@ -207,7 +205,7 @@ def _prompted(key: TranslationKey, suffix: str) -> dict[str, PromptedCache]:
 @st.cache_resource(show_spinner=False, max_entries=32)
 def _cached_answers(key: TranslationKey, conditions: tuple[str, ...], example: QAExample, suffix: str | None,
                     max_new_tokens: int) -> dict[str, Answer]:
-    """The answers under `conditions`, decoded as one batch (mot_viz.answers: the no-context cache left-padded)."""
+    """The answers under `conditions`, decoded as one batch (mot_viz.eval.answers: the no-context cache left-padded)."""
     if conditions == ("mot",):  # the replayed cache alone: a second checkpoint needs no control caches
         caches = {"mot": _cached_translation(key).mixed_kv}
     else:
@@ -242,7 +240,7 @@ def linear_baseline_for(checkpoint: str, mot: MoT) -> str | None:
     return None
 
 
-def window_fidelity(run: "Run", second: str | None = None) -> pd.DataFrame:
+def window_fidelity(run: Run, second: str | None = None) -> pd.DataFrame:
     """Window fidelity of the run's translation on its own context, with the mean-vector and linear baselines,
     and (candidate "second") that of a second checkpoint on the same context."""
     return _cached_window_fidelity(translation_key(run.selection),
@@ -272,7 +270,7 @@ def answer_rows(sel: Selection, max_new_tokens: int, checkpoint: str | None = No
                 with_mean: bool = False) -> list[dict]:
     """Rows of the answers table: each condition's answer, its score vs the gold answers, and its times.
 
-    Every condition of mot_viz.answers.CONDITIONS for the selected checkpoint (with_mean: and the mean-vector
+    Every condition of mot_viz.eval.answers.CONDITIONS for the selected checkpoint (with_mean: and the mean-vector
     window's, decoded in the same batch); with another `checkpoint`, the one row of that (second) checkpoint's
     MoT-translated cache.
     """
@@ -326,7 +324,7 @@ def _cached_what_if(key: TranslationKey, example: QAExample | None, suffix: str 
 
 
 def what_if_pair(sel: Selection, mode: str, expert: int | None, max_new_tokens: int) -> list[WhatIf]:
-    """The router's own choice and the overridden gates (mot_viz.whatif), in that order."""
+    """The router's own choice and the overridden gates (mot_viz.analysis.whatif), in that order."""
     return _cached_what_if(translation_key(sel), sel.example, sel.suffix, mode, expert, max_new_tokens)
 
 
@@ -363,7 +361,7 @@ def _cached_live_sweep(key: TranslationKey, suffix: str, example: QAExample | No
 
 def live_sweep(sel: Selection, mode: str, window: int, size: float, controls: bool, seed: int,
                progress: shift.ProgressFn | None = None) -> shift.SweepResult:
-    """§9.1 start sweep on the selection's context alone (mot_viz.shift.sweep, no task metric)."""
+    """§9.1 start sweep on the selection's context alone (mot_viz.analysis.shift.sweep, no task metric)."""
     return _cached_live_sweep(translation_key(sel), sel.suffix, sel.example, mode, window, size, controls, seed,
                               _progress=progress)
 

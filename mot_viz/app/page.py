@@ -5,21 +5,20 @@ from __future__ import annotations
 
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
+from ..engine.models import DEFAULT_SOURCE, DEFAULT_TARGET
+from ..engine.mot import MoT, Translation
 from ..errors import MotVizError
-from ..models import DEFAULT_SOURCE, DEFAULT_TARGET
-from ..mot import MoT, Translation
-from ..permalink import PAGE_PREFIX
 from .links import LINK_UNCHECKED, check_linked_value
+from .loaders import available_checkpoints, second_translation
+from .permalink import PAGE_PREFIX
 from .settings import DATASET_MODE, DEFAULT_FREE_TEXT
-
-if TYPE_CHECKING:
-    from .frame import Run
+from .state import Run
 
 # Widget keys that outlive the page that shows them (see keep_widget_state); buttons are never listed.
 _DEFAULTS: dict[str, object] = {
@@ -93,8 +92,6 @@ NO_SECOND = "(none)"
 
 def second_checkpoint(run: Run, key: str) -> tuple[str, str] | None:
     """"Compare with a second checkpoint": (name, path) of the one chosen for this page (keyed, so linked), or None."""
-    from .loaders import available_checkpoints
-
     others = {name: path for name, path in available_checkpoints().items() if path != run.selection.checkpoint}
     widget_default(key, NO_SECOND, [NO_SECOND, *others])
     choice = st.selectbox("Compare with a second checkpoint (optional)", [NO_SECOND, *others], key=key,
@@ -113,8 +110,6 @@ class SecondRun(NamedTuple):
 
 def second_run(run: Run, key: str) -> SecondRun | None:
     """second_checkpoint, loaded: None when none is chosen, or when it does not fit the pair (the page says why)."""
-    from .loaders import second_translation
-
     chosen = second_checkpoint(run, key)
     if chosen is None:
         return None

@@ -35,8 +35,9 @@ def serve_app(env: dict[str, str], log: Path | None = None, timeout_s: float = 6
     port = free_port()
     streamlit = REPO_ROOT / ".venv" / "bin" / "streamlit"
     cmd = [str(streamlit), "run", "app.py"] if streamlit.is_file() else [sys.executable, "-m", "streamlit", "run", "app.py"]
-    cmd += ["--server.headless", "true", "--server.port", str(port), "--server.address", "127.0.0.1",
-            "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
+    # headless on a free local port; every other setting (no file watcher, no usage statistics) comes from
+    # .streamlit/config.toml, as it does for the README's command
+    cmd += ["--server.headless", "true", "--server.port", str(port), "--server.address", "127.0.0.1"]
     out = open(log, "w") if log is not None else subprocess.DEVNULL
     server = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

@@ -1,7 +1,7 @@
 """The app's settings: where the checkpoints live, test mode, limits and defaults, and the sidebar's choices.
 
 Test mode: with ``MOT_VIZ_TEST_MODELS=1`` the bundled model names load tiny random stand-ins
-(mot_viz.testing), and ``MOT_VIZ_PRETRAINED`` may point the checkpoint list at another folder.
+(mot_viz.engine.testing), and ``MOT_VIZ_PRETRAINED`` may point the checkpoint list at another folder.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..answers import MAX_NEW_TOKENS
+from ..eval.answers import MAX_NEW_TOKENS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CHECKPOINT = "smollm2-to-gemma3"

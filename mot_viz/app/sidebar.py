@@ -3,34 +3,21 @@ Translate press (or the first visit) applies."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import streamlit as st
 
-from ..checkpoint import checkpoint_zip
+from ..data.eval_data import BUILTIN_DATASETS
+from ..engine.checkpoint import checkpoint_zip
+from ..engine.models import BUNDLED_MODELS
+from ..engine.prompts import ChatFrame, QAExample, build_prompt, choice_label_texts, free_text_selection
 from ..errors import MotVizError
-from ..eval_data import BUILTIN_DATASETS
-from ..models import BUNDLED_MODELS
-from ..prompts import ChatFrame, QAExample, build_prompt, choice_label_texts, free_text_selection
-from ..quickfit import QuickFitConfig, fit_pair, fits_dir
+from ..train.quickfit import QuickFitConfig, fit_pair, fits_dir
 from .links import LINK, link_of_widgets, share
 from .loaders import (FIT_PREFIX, available_checkpoints, checkpoints_for_pair, dataset_examples, default_checkpoint,
                       get_model)
 from .page import show_error, widget_default
 from .settings import DATASET_LABELS, DATASET_MODE, FREE_TEXT_MODE, OTHER, pretrained_dir, test_mode
-
-
-@dataclass(frozen=True)
-class Selection:
-    """The inputs of one translation; hashable, so it keys every cache."""
-
-    source: str  # model name as typed or chosen
-    target: str
-    checkpoint: str  # checkpoint folder path ("" when none was found)
-    text: str  # the context that is translated
-    example: QAExample | None  # the question and gold answers; None for free text without a question
-    suffix: str | None  # the target's native suffix after the context (the question part of the prompt)
-    label: str  # where the context came from, for captions
+from .state import Selection
 
 
 def _model_picker(role: str) -> str:
@@ -68,7 +55,7 @@ def quickfit_config() -> QuickFitConfig:
 
 
 def _fit_control(source: str, target: str, checkpoints: dict[str, str]) -> str | None:
-    """"Fit a linear translator for this pair" (mot_viz.quickfit); returns the checkpoint path it just fitted."""
+    """"Fit a linear translator for this pair" (mot_viz.train.quickfit); returns the checkpoint path it just fitted."""
     made_for = checkpoints_for_pair(source, target, checkpoints)
     title = "Fit a linear translator for this pair" if made_for else "No checkpoint for this pair? Fit one"
     with st.expander(title, expanded=not made_for and bool(source.strip() and target.strip())):

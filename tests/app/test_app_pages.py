@@ -1,6 +1,6 @@
 """Every page of the app driven by Streamlit's AppTest, on tiny random models (MOT_VIZ_TEST_MODELS=1).
 
-The bundled names map to a tiny Llama source and a tiny Gemma 3 target (mot_viz.testing); the checkpoints
+The bundled names map to a tiny Llama source and a tiny Gemma 3 target (mot_viz.engine.testing); the checkpoints
 are randomly initialised and written to a temporary pretrained/ folder. The assertions check what a page
 shows against the library computed directly, and the messages of the errors a user can cause.
 """
@@ -17,14 +17,14 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from mot_viz.alignment import encode
-from mot_viz.answers import CONDITION_LABELS, answer_from_cache
-from mot_viz.checkpoint import load_checkpoint
-from mot_viz.eval_data import load_dataset
-from mot_viz.fidelity import translation_fidelity
-from mot_viz.mot import translate
-from mot_viz.prompts import build_prompt
-from mot_viz.testing import load_test_model, write_test_checkpoints
+from mot_viz.data.eval_data import load_dataset
+from mot_viz.engine.alignment import encode
+from mot_viz.engine.checkpoint import load_checkpoint
+from mot_viz.engine.mot import translate
+from mot_viz.engine.prompts import build_prompt
+from mot_viz.engine.testing import load_test_model, write_test_checkpoints
+from mot_viz.eval.answers import CONDITION_LABELS, answer_from_cache
+from mot_viz.eval.fidelity import translation_fidelity
 from plotly_figures import figures
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
@@ -37,7 +37,7 @@ LOG_ROWS = [
     {"step": 10, "lr": 0.001, "ce": 4.5, "mse_k": 1.5, "mse_v": 2.0, "loss": 8.0, "gate_importance_cv2": 0.5,
      "gate_load_cv2": 0.25, "gate_importance_entropy": 1.0},
 ]
-EVALUATION = {"squad/validation": {"results": "results/eval/x", "command": "python -m mot_viz.evaluate …",
+EVALUATION = {"squad/validation": {"results": "results/eval/x", "command": "python -m mot_viz.eval.evaluate …",
                                    "date": "2026-11-30", "prompts": "plain", "conditions": {
     "native": {"n": 300, "F1": 0.357, "ci95": [0.31, 0.405], "retained": 1.0},
     "mot": {"n": 300, "F1": 0.378, "ci95": [0.331, 0.425], "retained": 1.0591}}}}
@@ -132,9 +132,9 @@ def test_answers_page_shows_every_condition_scored_against_the_gold_answer():
 def test_answers_page_answers_from_the_mean_vector_window_on_request():
     """The control with no context in its window (method.md §13): one more row, decoded in the same batch, the
     library's answer from the same replay; off by default, and in the page's link when ticked."""
-    from mot_viz.answers import mean_vector_cache
     from mot_viz.app.settings import MEAN_VECTOR_PASSAGES
-    from mot_viz.fidelity import reference_means
+    from mot_viz.eval.answers import mean_vector_cache
+    from mot_viz.eval.mean_vector import reference_means
 
     at = goto(start(), "1_answers")
     assert len(at.dataframe[0].value) == 4
@@ -300,7 +300,7 @@ def test_cache_space_page_projects_each_kind(method):
 
 
 def test_cache_space_page_paired_options_follow_the_library():
-    from mot_viz.cache_metrics import per_token_errors, window_vectors
+    from mot_viz.analysis.cache_metrics import per_token_errors, window_vectors
 
     at = goto(use_free_text(start(), FREE_TEXT), "5_cache_space")
     at.multiselect(key="pg.space.kinds").set_value(["native target", "translated", "replayed target", "linear map"]).run()
@@ -462,8 +462,9 @@ def test_every_page_works_on_a_linear_checkpoint():
 
 
 def test_training_page_shows_the_recorded_held_out_fidelity(pretrained):
-    from mot_viz.checkpoint import record_metrics
-    from mot_viz.fidelity import fidelity_record, fidelity_table, mean_vectors
+    from mot_viz.engine.checkpoint import record_metrics
+    from mot_viz.eval.fidelity import fidelity_record, fidelity_table
+    from mot_viz.eval.mean_vector import mean_vectors
 
     source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
     path = pretrained["smollm2-to-gemma3"]
@@ -542,12 +543,12 @@ def test_training_page_survives_a_torn_log_line_and_a_malformed_evaluation(pretr
 def test_an_unexpected_error_in_a_page_is_a_message_with_details(monkeypatch):
     at = goto(start(), "4_alignment")
     assert not errors(at)
-    import mot_viz.figures
+    import mot_viz.analysis.figures
 
     def broken(*args, **kwargs):
         raise ZeroDivisionError("injected")
 
-    monkeypatch.setattr(mot_viz.figures, "alignment_heatmap", broken)
+    monkeypatch.setattr(mot_viz.analysis.figures, "alignment_heatmap", broken)
     at.switch_page("pages/4_alignment.py").run()
     assert not at.exception
     assert any("Unexpected error" in e and "ZeroDivisionError: injected" in e for e in errors(at))
@@ -573,7 +574,7 @@ def test_each_explanation_says_the_replay_is_a_target_forward_pass(page):
 
 
 def test_overview_cost_panel_is_the_shown_translation_beside_native_prefill():
-    from mot_viz.cache_metrics import kv_cache_bytes
+    from mot_viz.analysis.cache_metrics import kv_cache_bytes
 
     at = start()
     costs, sizes = [d.value for d in at.dataframe if "stage" in d.value.columns or "model" in d.value.columns][:2]
@@ -588,8 +589,8 @@ def test_overview_cost_panel_is_the_shown_translation_beside_native_prefill():
 
 
 def test_routing_what_if_matches_the_library_and_reacts_to_the_choice():
-    from mot_viz.translator import GateOverride
-    from mot_viz.whatif import what_if
+    from mot_viz.analysis.whatif import what_if
+    from mot_viz.engine.translator import GateOverride
 
     at = goto(start(), "3_routing")
     summary = next(d.value for d in at.dataframe if "gates" in d.value.columns)
@@ -610,7 +611,7 @@ def test_routing_what_if_matches_the_library_and_reacts_to_the_choice():
 
 
 def test_cache_error_page_reuse_verdict_is_the_library_verdict_and_follows_the_thresholds():
-    from mot_viz.verdict import VerdictThresholds
+    from mot_viz.eval.verdict import VerdictThresholds
 
     at = goto(start(), "2_cache_error")
     layers = next(d.value for d in at.dataframe if "layer verdict" in d.value.columns)
@@ -633,7 +634,7 @@ def test_cache_error_page_reuse_verdict_is_the_library_verdict_and_follows_the_t
 
 
 def test_fit_a_linear_translator_for_a_pair_without_a_checkpoint(app_cache):
-    from mot_viz.quickfit import fits_dir
+    from mot_viz.train.quickfit import fits_dir
 
     at = start()
     at.selectbox(key="sb.target").set_value("smollm2-135m").run()  # smollm2 → smollm2: no checkpoint ships for it
@@ -665,7 +666,7 @@ def _second_translation(name: str, text: str = FREE_TEXT):
 
 
 def test_cache_error_page_overlays_a_second_checkpoint_with_its_own_verdict():
-    from mot_viz.cache_metrics import cache_error_table
+    from mot_viz.analysis.cache_metrics import cache_error_table
 
     at = goto(use_free_text(start(), FREE_TEXT, "Who designed the tower?", "Gustave Eiffel"), "2_cache_error")
     at.selectbox(key="pg.error.second").set_value("smollm2-to-gemma3-single").run()
@@ -690,11 +691,11 @@ def test_cache_error_page_overlays_a_second_checkpoint_with_its_own_verdict():
 
 
 def test_routing_and_cache_space_pages_show_a_second_checkpoint():
-    from mot_viz.cache_metrics import expert_usage
-    from mot_viz.channels import terminal_channels
-    from mot_viz.checkpoint import save_checkpoint
-    from mot_viz.mot import MoT
-    from mot_viz.quickfit import fits_dir
+    from mot_viz.analysis.cache_metrics import expert_usage
+    from mot_viz.engine.channels import terminal_channels
+    from mot_viz.engine.checkpoint import save_checkpoint
+    from mot_viz.engine.mot import MoT
+    from mot_viz.train.quickfit import fits_dir
 
     # another mixture for the same pair and window, among the user's fits (listed as "fit: …")
     source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")

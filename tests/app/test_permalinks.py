@@ -1,4 +1,4 @@
-"""Permalinks: the applied view in the URL and back (mot_viz.permalink), driven through AppTest on tiny models.
+"""Permalinks: the applied view in the URL and back (mot_viz.app.permalink), driven through AppTest on tiny models.
 
 The pure encode/decode functions are tested on their own first; then the app: a non-default selection and page
 option reach ``st.query_params``, a fresh session opened on those parameters shows the same view, free text
@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-import mot_viz.models
+import mot_viz.engine.models
 from mot_viz import app
-from mot_viz.permalink import (MAX_TEXT_IN_LINK, SidebarLink, check_value, decode_value, encode_value, page_params,
-                               parse_link, sidebar_params, text_digest)
-from mot_viz.testing import load_test_model, write_test_checkpoints
+from mot_viz.app.permalink import (MAX_TEXT_IN_LINK, SidebarLink, check_value, decode_value, encode_value, page_params,
+                                   parse_link, sidebar_params, text_digest)
+from mot_viz.engine.testing import load_test_model, write_test_checkpoints
 from plotly_figures import figures
 from test_app_pages import APP, TIMEOUT, goto, translate_button
 
@@ -280,7 +280,7 @@ def run_snippet(code: str) -> tuple[dict, str]:
 
 @pytest.fixture
 def test_models(monkeypatch):
-    monkeypatch.setattr(mot_viz.models, "load_model", load_test_model)  # what MOT_VIZ_TEST_MODELS=1 serves the app
+    monkeypatch.setattr(mot_viz.engine.models, "load_model", load_test_model)  # what MOT_VIZ_TEST_MODELS=1 serves the app
 
 
 def test_copy_as_python_translates_the_same_text_and_prints_the_page_numbers(test_models):

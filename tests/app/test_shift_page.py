@@ -1,6 +1,6 @@
 """The Shift analysis page driven by AppTest on the tiny test pair (MOT_VIZ_TEST_MODELS=1), like tests/app/test_app_pages.py.
 
-What the page plots is checked against mot_viz.shift computed directly; the shipped sweep is a tiny one
+What the page plots is checked against mot_viz.analysis.shift computed directly; the shipped sweep is a tiny one
 written to a temporary results folder.
 """
 
@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from mot_viz import shift
-from mot_viz.checkpoint import load_checkpoint
-from mot_viz.eval_data import load_dataset
-from mot_viz.mot import translate
-from mot_viz.prompts import build_prompt
-from mot_viz.testing import load_test_model, write_test_checkpoints
+from mot_viz.analysis import shift
+from mot_viz.data.eval_data import load_dataset
+from mot_viz.engine.checkpoint import load_checkpoint
+from mot_viz.engine.mot import translate
+from mot_viz.engine.prompts import build_prompt
+from mot_viz.engine.testing import load_test_model, write_test_checkpoints
 from plotly_figures import figures
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
@@ -132,9 +132,9 @@ def test_page_runs_on_a_linear_checkpoint():
 def test_after_the_answers_page_the_shift_and_per_layer_pages_reuse_its_question_states(pretrained):
     """Answers first: its batch's prompt step (the question over the native, MoT and random caches) feeds the Shift
     page's trace and the Per-layer page's first-token KL, and both still show the numbers computed on their own."""
-    from mot_viz.answers import first_answer_logprobs
+    from mot_viz.analysis.shift.metrics import kl_divergence
     from mot_viz.app import loaders
-    from mot_viz.shift.metrics import kl_divergence
+    from mot_viz.eval.answers import first_answer_logprobs
 
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
     at.run()

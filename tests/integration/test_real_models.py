@@ -5,13 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mot_viz import hf
-from mot_viz.alignment import encode
-from mot_viz.channels import injection_channels, terminal_channels
-from mot_viz.layout import window_blocks
-from mot_viz.mot import MoT, ReplayConfig, native_cache, prepare_source, replay, sparse_indices, target_context_ids, translate, translate_window
-
-pytestmark = pytest.mark.integration
+from mot_viz.engine import hf
+from mot_viz.engine.alignment import encode
+from mot_viz.engine.channels import injection_channels, terminal_channels
+from mot_viz.engine.layout import window_blocks
+from mot_viz.engine.mot import (MoT, ReplayConfig, native_cache, prepare_source, replay, sparse_indices,
+                                target_context_ids, translate, translate_window)
 
 PASSAGE = (
     "The Amazon rainforest covers much of the Amazon basin of South America. This basin encompasses seven "

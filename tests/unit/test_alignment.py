@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from mot_viz.alignment import (align_ids, apply_alignment, char_spans, decode, encode, identity_alignment,
-                               overlap_matrix, remap_sparse_indices)
-from mot_viz.models import bundled_model_dir
+from mot_viz.engine.alignment import (align_ids, apply_alignment, char_spans, decode, encode, identity_alignment,
+                                      overlap_matrix, remap_sparse_indices)
+from mot_viz.engine.models import bundled_model_dir
 
 TEXTS = {
     "plain": "The quick brown fox jumps over the lazy dog.",

@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 import torch
 
-from mot_viz import cache_metrics as cm
-from mot_viz import figures
-from mot_viz.mot import translate
-from mot_viz.testing import load_test_model, write_test_checkpoints
+from mot_viz.analysis import cache_metrics as cm
+from mot_viz.analysis import figures
+from mot_viz.engine.mot import translate
+from mot_viz.engine.testing import load_test_model, write_test_checkpoints
 
 TEXT = "The Eiffel Tower is in Paris. It was built by Gustave Eiffel, whose company designed it.\n"
 
@@ -90,7 +90,7 @@ def test_whitespace_is_visible_and_axis_labels_unique():
 def tiny_translation(tmp_path_factory):
     source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
     paths = write_test_checkpoints(tmp_path_factory.mktemp("ckpt"))
-    from mot_viz.checkpoint import load_checkpoint
+    from mot_viz.engine.checkpoint import load_checkpoint
 
     mot, _ = load_checkpoint(paths["smollm2-to-gemma3"], source, target)
     return mot, translate(mot, source, target, TEXT), target
@@ -146,7 +146,7 @@ def test_figures_mark_the_window_and_keep_exact_values():
 def test_pca_matches_scikit_learn_up_to_sign():
     from sklearn.decomposition import PCA
 
-    from mot_viz.cache_metrics import pca_project
+    from mot_viz.analysis.cache_metrics import pca_project
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(60, 8)) * np.array([5, 3, 1, 1, 1, 1, 1, 1.0])  # two dominant directions
@@ -164,8 +164,8 @@ def test_pca_matches_scikit_learn_up_to_sign():
 
 
 def test_kv_cache_bytes_counts_k_and_v_at_every_layer_and_caps_sliding_layers():
-    from mot_viz.cache_metrics import cost_table, kv_cache_bytes
-    from mot_viz.models import ModelSpec
+    from mot_viz.analysis.cache_metrics import cost_table, kv_cache_bytes
+    from mot_viz.engine.models import ModelSpec
 
     dense = ModelSpec("s", "llama", 30, 9, 3, 64, 576, 100, 8192, None, (), "x")
     assert kv_cache_bytes(dense, 1000) == 2 * 30 * 192 * 2 * 1000  # 23.04 MB, SmolLM2-135M in fp16

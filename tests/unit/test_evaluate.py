@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from conftest import CORPUS, tiny_model
-from mot_viz.answers import answer_all, condition_caches
-from mot_viz.channels import Channels
+from mot_viz.engine.channels import Channels
+from mot_viz.engine.mot import MoT
+from mot_viz.engine.prompts import QAExample
 from mot_viz.errors import ConfigError
-from mot_viz.eval_report import summarize
-from mot_viz.evaluate import EvalSettings, evaluate_examples, kv_cosine, truncate_context
-from mot_viz.mot import MoT
-from mot_viz.prompts import QAExample
+from mot_viz.eval.answers import answer_all, condition_caches
+from mot_viz.eval.evaluate import EvalSettings, evaluate_examples, kv_cosine, truncate_context
+from mot_viz.eval.report import summarize
 
 EXTRACTIVE = QAExample(id="e1", dataset="toy", context=CORPUS[0] + " " + CORPUS[1], question="Who built it?",
                        answers=("Gustave Eiffel",))
@@ -87,8 +87,8 @@ def test_kv_cosine_and_truncation(setup):
     assert kv_cosine(a, a) == pytest.approx(1.0) and kv_cosine(a, b) == pytest.approx(0.0)
     long = QAExample(id="l", dataset="toy", context=" ".join(CORPUS * 5), question="?", answers=("x",))
     short = truncate_context(target, long, budget=150)
-    from mot_viz.alignment import encode
-    from mot_viz.prompts import build_prompt
+    from mot_viz.engine.alignment import encode
+    from mot_viz.engine.prompts import build_prompt
 
     assert len(encode(target.tokenizer, build_prompt(short).context_text)) <= 152  # decode/re-encode may shift by a token
     assert short.context and long.context.startswith(short.context[:20])
@@ -96,8 +96,8 @@ def test_kv_cosine_and_truncation(setup):
 
 
 def test_lm_losses_per_condition(setup):
-    from mot_viz.alignment import encode
-    from mot_viz.evaluate import lm_losses
+    from mot_viz.engine.alignment import encode
+    from mot_viz.eval.evaluate import lm_losses
 
     mot, source, target = setup
     ids = encode(target.tokenizer, " ".join(CORPUS))[:40]
@@ -111,7 +111,7 @@ def test_lm_losses_per_condition(setup):
 def test_paired_differences_on_known_scores():
     import pandas as pd
 
-    from mot_viz.eval_report import paired_differences, paired_markdown
+    from mot_viz.eval.report import paired_differences, paired_markdown
 
     rows = [("d", str(i), c, s) for i, (m, r) in enumerate([(1, 0), (1, 0), (0, 0), (0, 1)])
             for c, s in (("mot", m), ("random", r), ("native", 1))]
@@ -130,9 +130,9 @@ def test_paired_differences_on_known_scores():
 def test_batched_answers_equal_one_by_one(family):
     """Every condition's cache (native, MoT, random, and the shorter no-context one left-padded) decoded as one batch
     gives exactly the answers decoded alone."""
-    from mot_viz.answers import answer_from_cache, answers_from_caches, condition_caches, translated_seconds
-    from mot_viz.channels import Channels
-    from mot_viz.mot import MoT
+    from mot_viz.engine.channels import Channels
+    from mot_viz.engine.mot import MoT
+    from mot_viz.eval.answers import answer_from_cache, answers_from_caches, condition_caches, translated_seconds
 
     source, target = tiny_model("llama", vocab_size=280, layers=4, seed=1), tiny_model(family, layers=4)
     torch.manual_seed(0)
@@ -157,10 +157,10 @@ def test_batched_answers_equal_one_by_one(family):
 
 
 def test_replay_mode_overrides_the_checkpoints_replay_and_is_in_the_command(setup, tmp_path):
-    from mot_viz.checkpoint import save_checkpoint
-    from mot_viz.evaluate import load_evaluated
-    from mot_viz.export import export_run
-    from mot_viz.mot import ReplayConfig, replay_mode
+    from mot_viz.engine.checkpoint import save_checkpoint
+    from mot_viz.engine.mot import ReplayConfig, replay_mode
+    from mot_viz.eval.evaluate import load_evaluated
+    from mot_viz.train.export import export_run
 
     mot, source, target = setup
     assert replay_mode(ReplayConfig(topk_sparse_attn=8), "checkpoint") == ReplayConfig(topk_sparse_attn=8)
@@ -186,9 +186,9 @@ def test_results_are_recorded_only_for_the_weights_they_measured(setup, tmp_path
     """summary.json names the digest of each evaluated checkpoint's weights; a config.json takes a folder's results
     only if the digest is its weights' (retrained weights do not inherit them), or, for a folder from before digests,
     if the config already cites it."""
-    from mot_viz.checkpoint import save_checkpoint
-    from mot_viz.eval_report import measured_these_weights
-    from mot_viz.evaluate import evaluated_weights
+    from mot_viz.engine.checkpoint import save_checkpoint
+    from mot_viz.eval.evaluate import evaluated_weights
+    from mot_viz.eval.report import measured_these_weights
 
     import copy
 

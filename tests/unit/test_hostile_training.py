@@ -12,15 +12,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import tiny_model
-from mot_viz import checkpoint as checkpoint_mod
-from mot_viz import runs
-from mot_viz import train as train_mod
-from mot_viz.channels import terminal_channels
-from mot_viz.checkpoint import load_checkpoint, save_checkpoint
+from mot_viz.engine import checkpoint as checkpoint_mod
+from mot_viz.engine.channels import terminal_channels
+from mot_viz.engine.checkpoint import load_checkpoint, save_checkpoint
+from mot_viz.engine.mot import MoT, translate
 from mot_viz.errors import CheckpointError, ConfigError, TranslationError
 from mot_viz.fsutil import remove_stale_temporaries
-from mot_viz.mot import MoT, translate
-from mot_viz.train import TrainConfig, train
+from mot_viz.train import runs
+from mot_viz.train import train as train_mod
+from mot_viz.train.train import TrainConfig, train
 
 
 def _pair():
@@ -275,7 +275,7 @@ def test_train_cli_refuses_a_finished_run_without_touching_it(finished_run, caps
 def test_every_train_flag_has_its_config_fields_comment_as_help(capsys):
     import dataclasses
 
-    from mot_viz.train_config import TrainConfig, field_help, parse_args
+    from mot_viz.train.config import TrainConfig, field_help, parse_args
 
     helps = field_help()
     assert all(helps[f.name] != f.name.replace("_", " ") for f in dataclasses.fields(TrainConfig))  # every field

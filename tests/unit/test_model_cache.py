@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKER = """
 import os, sys, time
 sys.path.insert(0, {root!r})
-import mot_viz.models as m
+import mot_viz.engine.models as m
 
 def slow_convert(gguf_path, out_dir):
     with open(os.path.join(os.environ['MOT_VIZ_CACHE'], 'conversions.log'), 'a') as f:

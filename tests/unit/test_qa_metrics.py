@@ -5,14 +5,14 @@ import math
 import numpy as np
 import pytest
 
-from mot_viz.qa_metrics import (
-    bootstrap_ci,
-    exact_match,
-    normalize_answer,
-    postprocess_generation,
-    retained,
-    squad_f1,
-)
+from mot_viz.eval.qa_metrics import (
+                                     bootstrap_ci,
+                                     exact_match,
+                                     normalize_answer,
+                                     postprocess_generation,
+                                     retained,
+                                     squad_f1,
+                                     )
 
 
 def test_normalize_answer_drops_case_punctuation_articles_and_extra_space():
@@ -98,7 +98,7 @@ def test_retained():
     ["\n", "\n", " "],                                                   # nothing but blank lines
 ])
 def test_stopping_at_a_complete_answer_never_changes_the_scored_text(pieces):
-    from mot_viz.answers import answer_is_complete
+    from mot_viz.eval.answers import answer_is_complete
 
     full = postprocess_generation("".join(pieces))
     stop = next((k for k in range(1, len(pieces) + 1) if answer_is_complete("".join(pieces[:k]))), len(pieces))

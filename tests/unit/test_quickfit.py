@@ -1,4 +1,4 @@
-"""Any pair in seconds (mot_viz.quickfit): a linear translator fitted on a small bank, saved once, reused."""
+"""Any pair in seconds (mot_viz.train.quickfit): a linear translator fitted on a small bank, saved once, reused."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from mot_viz import quickfit
-from mot_viz.checkpoint import load_checkpoint
+from mot_viz.engine.checkpoint import load_checkpoint
+from mot_viz.engine.mot import translate
 from mot_viz.errors import ConfigError
-from mot_viz.mot import translate
-from mot_viz.quickfit import QuickFitConfig, fit_pair, quickfit_channels
+from mot_viz.train import quickfit
+from mot_viz.train.quickfit import QuickFitConfig, fit_pair, quickfit_channels
 
 SMALL = QuickFitConfig(tokens=256, min_context_tokens=16, max_context_tokens=48, window_ratio=0.5)
 TEXT = "the cat sat on the mat and looked at the dog, who was asleep by the door of the old house"

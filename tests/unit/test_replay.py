@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from conftest import CORPUS, FAMILIES, tiny_model
-from mot_viz import hf
-from mot_viz.channels import Channels, injection_channels
-from mot_viz.layout import window_blocks
-from mot_viz.mot import (MoT, ReplayConfig, native_cache, prepare_source, replay, replay_window, sparse_indices,
-                         target_context_ids, translate, translate_again, translate_window, unread_window_layers)
-from mot_viz.translator import GateOverride
+from mot_viz.engine import hf
+from mot_viz.engine.channels import Channels, injection_channels
+from mot_viz.engine.layout import window_blocks
+from mot_viz.engine.mot import (MoT, ReplayConfig, native_cache, prepare_source, replay, replay_window, sparse_indices,
+                                target_context_ids, translate, translate_again, translate_window, unread_window_layers)
+from mot_viz.engine.translator import GateOverride
 
 TEXT = CORPUS[0] + " " + CORPUS[1]
 
@@ -56,7 +56,7 @@ def test_a_cache_only_prefill_stops_at_the_last_layers_kv_unless_traced(family):
     target = tiny_model(family, layers=3)
     ids = target_context_ids(target, TEXT)
     calls = []
-    hooks = [hf._block_parts(layer)[2].register_forward_hook(lambda m, a, o, i=i: calls.append(i))
+    hooks = [hf.forward._block_parts(layer)[2].register_forward_hook(lambda m, a, o, i=i: calls.append(i))
              for i, layer in enumerate(hf.decoder_layers(target.model))]
     try:
         hf.run(target.model, ids, logits_to_keep=None)
@@ -94,7 +94,7 @@ def test_the_output_layer_gives_the_stock_logits_for_any_number_of_rows(family):
     if head.bias is None:  # no family here has an output bias: check it on a copy that has one
         biased = torch.nn.Linear(head.in_features, 7)
         x = torch.randn(3, 1, head.in_features, generator=g)
-        assert torch.allclose(hf._output_layer_forward(biased, x), biased(x), atol=1e-5)
+        assert torch.allclose(hf.forward._output_layer_forward(biased, x), biased(x), atol=1e-5)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -9,13 +9,14 @@ import torch
 from transformers import OPTConfig, OPTForCausalLM
 
 from conftest import CORPUS, FAMILIES, tiny_model, tiny_tokenizer
-from mot_viz import hf, shift
-from mot_viz.answers import random_control_cache
-from mot_viz.channels import Channels, injection_channels
+from mot_viz.analysis import shift
+from mot_viz.engine import hf
+from mot_viz.engine.channels import Channels, injection_channels
+from mot_viz.engine.models import prepare_model
+from mot_viz.engine.mot import MoT, ReplayConfig, replay, translate
+from mot_viz.engine.prompts import QAExample
 from mot_viz.errors import ConfigError
-from mot_viz.models import prepare_model
-from mot_viz.mot import MoT, ReplayConfig, replay, translate
-from mot_viz.prompts import QAExample
+from mot_viz.eval.answers import random_control_cache
 
 EXAMPLE = QAExample(id="t", dataset="tiny/test", context=CORPUS[0] + " " + CORPUS[1], question="Where is the tower?",
                     answers=("in Paris, France",))
@@ -264,7 +265,7 @@ def test_trained_mode_uses_each_start_translator():
 def test_find_sweeps_lists_a_pairs_trained_sweep_first(tmp_path):
     import json
 
-    from mot_viz.shift import find_sweeps
+    from mot_viz.analysis.shift import find_sweeps
 
     for name, mode, target in [("a-perturbation", "perturbation", "t"), ("b-trained", "trained", "t"),
                                ("c-profile", "checkpoint-error-profile", "t"), ("d-other", "trained", "other")]:
@@ -281,7 +282,7 @@ def test_the_answers_batch_prompt_step_feeds_the_trace_and_the_first_token_kl(fa
     """The answers batch's rows after their prompt step (answers.PromptedCache) give the Shift analysis and the
     first-token log-probs of a separate run: the same shifts, KL and log-probs up to float rounding, where the
     batch's padded no-context row is left out and rows of other conditions (a noise cache) are not mixed up."""
-    from mot_viz.answers import answers_from_caches, condition_caches, first_answer_logprobs
+    from mot_viz.eval.answers import answers_from_caches, condition_caches, first_answer_logprobs
 
     source = tiny_model("gpt2", vocab_size=280, layers=4, seed=1)
     target = tiny_model(family, layers=4, bos=True)

@@ -15,11 +15,11 @@ from safetensors.torch import load_file
 from transformers import DynamicCache
 
 from conftest import tiny_model
-from mot_viz import train as train_mod
-from mot_viz.checkpoint import load_checkpoint
-from mot_viz.mot import MoT, ReplayConfig, native_cache, prepare_source, replay, sparse_indices, translate_window
-from mot_viz.channels import Channels
-from mot_viz.train import TrainConfig, lr_at, row_loss, train
+from mot_viz.engine.channels import Channels
+from mot_viz.engine.checkpoint import load_checkpoint
+from mot_viz.engine.mot import MoT, ReplayConfig, native_cache, prepare_source, replay, sparse_indices, translate_window
+from mot_viz.train import train as train_mod
+from mot_viz.train.train import TrainConfig, lr_at, row_loss, train
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -145,9 +145,9 @@ def test_two_processes_keep_identical_translators(tmp_path, extra):
 import os, sys, torch
 sys.path.insert(0, {str(ROOT)!r})
 from safetensors.torch import load_file, save_file
-from mot_viz.models import load_model
-from mot_viz.train import TrainConfig, train
-import mot_viz.train as t
+from mot_viz.engine.models import load_model
+from mot_viz.train.train import TrainConfig, train
+import mot_viz.train.train as t
 cfg = TrainConfig(source={str(tmp_path / 'src')!r}, target={str(tmp_path / 'tgt')!r}, output_dir={str(tmp_path / 'run')!r},
                   max_steps=3, batch_size=1, grad_accum_steps=1, total_tokens=24, prefix_tokens=12, learning_rate=1e-2,
                   warmup_steps=1, translator_dim=16, translator_heads=2, mot_num_translators=2, mot_top_k=1,

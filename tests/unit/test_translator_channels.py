@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mot_viz.channels import (Channels, depth_candidates, depth_ratio_candidates, injection_channels,
-                              sparse_source_layer, terminal_channels, window_size_range)
+from mot_viz.engine.channels import (Channels, depth_candidates, depth_ratio_candidates, injection_channels,
+                                     sparse_source_layer, terminal_channels, window_size_range)
+from mot_viz.engine.layout import from_block, to_block
+from mot_viz.engine.translator import (CrossLayerWindowTranslator, GateOverride, KVTranslator, MixtureOfTranslators,
+                                       TranslatorConfig, gate_balance)
 from mot_viz.errors import ConfigError
-from mot_viz.layout import from_block, to_block
-from mot_viz.translator import (CrossLayerWindowTranslator, GateOverride, KVTranslator, MixtureOfTranslators,
-                                TranslatorConfig, gate_balance)
 
 
 def test_injection_channels_align_by_depth_from_the_top():
@@ -143,7 +143,7 @@ def test_gate_balance_metrics():
 
 
 def test_the_linear_map_inputs_are_described_as_configured():
-    from mot_viz.translator import linear_inputs_text
+    from mot_viz.engine.translator import linear_inputs_text
 
     assert linear_inputs_text(_cfg()) == "each token's aligned source K and V"
     assert linear_inputs_text(_cfg(linear_previous=1, linear_previous_dims=256)) == (

@@ -1,10 +1,10 @@
-"""Reuse verdict (mot_viz.verdict): each signal moves the decision the way its threshold says."""
+"""Reuse verdict (mot_viz.eval.verdict): each signal moves the decision the way its threshold says."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from mot_viz.verdict import VerdictThresholds, layer_signals, reuse_verdict
+from mot_viz.eval.verdict import VerdictThresholds, layer_signals, reuse_verdict
 
 
 def _rows(attn=(0.9, 0.9), ck=(0.8, 0.8), cv=(0.6, 0.6), err=(0.3, 0.3), mean_err=(1.0, 1.0)):

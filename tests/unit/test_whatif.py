@@ -1,4 +1,4 @@
-"""Expert what-if (mot_viz.whatif, GateOverride): overridden gates do what they say, and the router's own
+"""Expert what-if (mot_viz.analysis.whatif, GateOverride): overridden gates do what they say, and the router's own
 choice reproduces the shown translation."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from mot_viz.channels import Channels
+from mot_viz.analysis.whatif import expert_error_table, what_if
+from mot_viz.engine.channels import Channels
+from mot_viz.engine.mot import MoT, translate
+from mot_viz.engine.prompts import QAExample, build_prompt
+from mot_viz.engine.translator import GateOverride, top_k_gates
 from mot_viz.errors import ConfigError
-from mot_viz.mot import MoT, translate
-from mot_viz.prompts import QAExample, build_prompt
-from mot_viz.translator import GateOverride, top_k_gates
-from mot_viz.whatif import expert_error_table, what_if
 
 TEXT = "the cat sat on the mat and looked at the dog, who was asleep by the door"
 

@@ -1,0 +1,171 @@
+"""Benchmark of the MoT engine on the bundled pair (a measurement, not a test).
+
+    .venv/bin/python benchmarks/engine.py [--lengths 64 128 256 512] [--repeats 3] [--checkpoint pretrained/smollm2-to-gemma3]
+        [--label "what changed"] [--chunks 0 32 64 128 256] [--out benchmarks/engine.md]
+
+For each context length (target tokens) it times, on the machine it runs on: source prefill, token
+alignment, translator, replay into the target, and the target's own (native) prefill; it reports the
+ratios translator ÷ native prefill and (translate + replay) ÷ native prefill, measured in the same run,
+and the process's peak resident memory after each length. Medians over --repeats runs after one warm-up.
+The table goes to --out under --label (git keeps earlier runs; an A/B is measured in one run, e.g. --chunks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import platform
+import resource
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+
+from mot_viz.engine import hf
+from mot_viz.engine.alignment import encode
+from mot_viz.engine.checkpoint import load_checkpoint
+from mot_viz.engine.models import DEFAULT_SOURCE, DEFAULT_TARGET, load_model
+from mot_viz.engine.mot import translate
+from mot_viz.fsutil import write_text_atomic
+
+PASSAGE = (
+    "The Normans were the people who in the 10th and 11th centuries gave their name to Normandy, a region in "
+    "France. They were descended from Norse raiders and pirates from Denmark, Iceland and Norway who, under "
+    "their leader Rollo, agreed to swear fealty to King Charles III of West Francia. Through generations of "
+    "assimilation and mixing with the native Frankish and Roman-Gaulish populations, their descendants would "
+    "gradually merge with the Carolingian-based cultures of West Francia. "
+)
+
+
+def context_of(target, n_tokens: int) -> str:
+    ids = encode(target.tokenizer, PASSAGE * (n_tokens // 60 + 2))[:n_tokens]
+    return target.tokenizer.decode(ids)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 256, 512],
+                        help="context lengths in target tokens")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per length (the median is reported)")
+    parser.add_argument("--checkpoint", default="pretrained/smollm2-to-gemma3", help="the MoT checkpoint timed")
+    parser.add_argument("--label", default="the engine as it is", help="heading of the new table (what changed)")
+    parser.add_argument("--chunks", type=int, nargs="*", default=[],
+                        help="also compare the masked sparse replay's query chunk sizes (0: one SDPA call), "
+                             "alternating within each repeat: replay ÷ native prefill per length")
+    parser.add_argument("--whole_last_layer", action="store_true",
+                        help="also time each translation with the cache-only prefills running their last layer whole "
+                             "(hf.whole_last_layer, as the engine did before stopping at its K/V), alternating: what stopping at its K/V saves")
+    parser.add_argument("--out", default="benchmarks/engine.md",
+                        help="markdown file the table is written to (the current table; git keeps earlier ones)")
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    source, target = load_model(DEFAULT_SOURCE), load_model(DEFAULT_TARGET)
+    mot, config = load_checkpoint(args.checkpoint, source, target)
+    mot.eval()
+    channels, cfg = mot.channels, mot.translator.config
+    paths = f"{cfg.num_experts} experts top-{cfg.top_k}" if cfg.variant == "mot" else cfg.variant
+    if cfg.variant != "linear" and cfg.linear_residual:
+        paths += " on a linear path"
+    replay_kind = (f"sparse replay top-{mot.replay.topk_sparse_attn} from layer {mot.replay.num_bottom_full_attn} up"
+                   if mot.replay.topk_sparse_attn else "dense replay")
+    stages = ["source_prefill", "alignment", "translator", "replay", "native_prefill"]
+    rows = []
+    for n in args.lengths:
+        text = context_of(target, n)
+        translate(mot, source, target, text)  # warm-up
+        runs = [translate(mot, source, target, text).timings for _ in range(args.repeats)]
+        med = {s: statistics.median(r[s] for r in runs) for s in stages}
+        n_t = len(encode(target.tokenizer, text))
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        rows.append((n_t, med, peak_mb))
+        print(f"{n_t} tokens: " + ", ".join(f"{s} {med[s]*1000:.0f} ms" for s in stages), flush=True)
+
+    chunk_rows = []
+    if args.chunks:  # the same translation replayed under each chunk size, in turn within each repeat
+        shipped = hf.attention.SPARSE_QUERY_CHUNK
+        for n in args.lengths:
+            text = context_of(target, n)
+            ratios: dict[int, list[float]] = {c: [] for c in args.chunks}
+            for _ in range(args.repeats):
+                for c in args.chunks:
+                    hf.attention.SPARSE_QUERY_CHUNK = c
+                    t = translate(mot, source, target, text).timings
+                    ratios[c].append(t["replay"] / t["native_prefill"])
+            hf.attention.SPARSE_QUERY_CHUNK = shipped
+            chunk_rows.append((len(encode(target.tokenizer, text)),
+                               {c: statistics.median(r) for c, r in ratios.items()}))
+            print(f"{chunk_rows[-1][0]} tokens, replay ÷ native by chunk: {chunk_rows[-1][1]}", flush=True)
+
+    stop_rows = []
+    if args.whole_last_layer:  # the same translation with and without the cache-only stop, in turn within each repeat
+        compared = ("source_prefill", "replay", "native_prefill")
+        for n in args.lengths:
+            text = context_of(target, n)
+            runs_by = {False: [], True: []}
+            for _ in range(args.repeats):
+                for whole in (False, True):
+                    with hf.whole_last_layer() if whole else contextlib.nullcontext():
+                        runs_by[whole].append(translate(mot, source, target, text).timings)
+            med = {whole: {s: statistics.median(r[s] for r in runs) for s in stages} for whole, runs in runs_by.items()}
+            engine = {whole: statistics.median((r["translator"] + r["replay"]) / r["native_prefill"] for r in runs)
+                      for whole, runs in runs_by.items()}
+            stop_rows.append((len(encode(target.tokenizer, text)),
+                              [med[False][s] / med[True][s] for s in compared], engine))
+            print(f"{stop_rows[-1][0]} tokens, stopped ÷ whole: {stop_rows[-1][1]}, engine ratio {engine}", flush=True)
+
+    threads = torch.get_num_threads()
+    title = "# Engine benchmark: SmolLM2-135M → Gemma-3-270m"
+    lines = [
+        title,
+        "",
+        f"## {datetime.date.today()}: {args.label}",
+        "",
+        f"Measured on {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} with {threads} "
+        f"thread(s), float32; `python benchmarks/engine.py --checkpoint {args.checkpoint}` "
+        f"(window {list(channels.target_layers)}, W={channels.window}, {cfg.key_space.replace('_', '-')} keys, "
+        f"dim {cfg.dim}, {paths}; {replay_kind}). The source prefill chooses the top-k source positions of the "
+        "sparse replay as it runs (its column includes that); the replay column includes mapping them to the target "
+        f"grid. Median of {args.repeats} runs after a warm-up. Timings on shared "
+        "2-core machines are noisy: read the ratios, which come from the same run.",
+        "",
+        "| target tokens | source prefill (ms) | alignment (ms) | translator (ms) | replay (ms) | native prefill (ms) "
+        "| translator ÷ native | (translator + replay) ÷ native | peak RSS (MB) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for n_t, med, peak in rows:
+        native = med["native_prefill"]
+        lines.append(
+            f"| {n_t} | {med['source_prefill']*1e3:.0f} | {med['alignment']*1e3:.0f} | {med['translator']*1e3:.0f} "
+            f"| {med['replay']*1e3:.0f} | {native*1e3:.0f} | {med['translator']/native:.2f} "
+            f"| {(med['translator'] + med['replay'])/native:.2f} | {peak:.0f} |"
+        )
+    lines += ["", "Peak RSS is the whole process (both models loaded) after that length, so it only grows down the table."]
+    if chunk_rows:
+        label = lambda c: "one SDPA call" if c <= 0 else f"chunks of {c}"
+        lines += ["", f"Replay ÷ native prefill by the masked sparse replay's query chunk size (`--chunks "
+                  f"{' '.join(map(str, args.chunks))}`; shipped: {hf.attention.SPARSE_QUERY_CHUNK}), each the median of "
+                  f"{args.repeats} translations that take the chunk sizes in turn:", "",
+                  "| target tokens | " + " | ".join(label(c) for c in args.chunks) + " |",
+                  "|---:|" + "---:|" * len(args.chunks)]
+        lines += [f"| {n_t} | " + " | ".join(f"{r[c]:.2f}" for c in args.chunks) + " |" for n_t, r in chunk_rows]
+    if stop_rows:
+        lines += ["", f"Cache-only prefills stopped at the last layer's K/V (the shipped engine) against the same "
+                  f"prefills running that layer whole (`--whole_last_layer`), each the median of {args.repeats} "
+                  "translations that take both in turn:", "",
+                  "| target tokens | source prefill: stopped ÷ whole | replay: stopped ÷ whole | native prefill: "
+                  "stopped ÷ whole | (translator + replay) ÷ native, stopped | the same, whole |",
+                  "|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {n_t} | " + " | ".join(f"{x:.3f}" for x in ratios) + f" | {engine[False]:.2f} | {engine[True]:.2f} |"
+                  for n_t, ratios, engine in stop_rows]
+    write_text_atomic(Path(args.out), title + "\n\n" + "\n".join(lines[1:]).strip() + "\n")  # git keeps earlier runs
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,280 @@
+"""Permalinks: the app's applied selection and page options as URL query parameters, and back; "Copy as Python".
+
+Pure functions (no Streamlit): mot_viz.app.links reads and writes ``st.query_params`` through them.
+
+A link holds the *applied* sidebar choice under short keys — ``src``, ``tgt``, ``ckpt``, then either a dataset
+example (``ds``, ``ex``) or free text (``text``, or ``th`` = its sha256 prefix when longer than
+:data:`MAX_TEXT_IN_LINK` characters; ``q``, ``gold``) — and every page option (a widget key ``pg.<page>.<name>``)
+under ``<page>.<name>``. Page option values keep their type: a string is written as is unless it would read
+back as a number, a boolean or a list (then JSON-quoted); numbers, booleans and lists are JSON.
+
+A link never makes the app load something a user did not choose from its lists: a model name that is not bundled
+or a checkpoint that is not in pretrained/ is reported (and offered under "other"), not loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from urllib.parse import urlencode
+
+MAX_TEXT_IN_LINK = 1000  # longer free text is linked by its sha256 prefix (URLs stay short enough to paste)
+DIGEST_CHARS = 16  # hex characters of the sha256 prefix: 64 bits, never guessed
+PAGE_PREFIX = "pg."  # page widget keys; in a link without the prefix
+SIDEBAR_KEYS = ("src", "tgt", "ckpt", "ds", "ex", "text", "th", "q", "gold")
+_PAGE_KEY = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+$")  # "error.metric"
+_INDEX = re.compile(r"^[0-9]{1,9}$")
+
+Scalar = str | int | float | bool
+PageValue = Scalar | list
+
+
+@dataclass(frozen=True)
+class SidebarLink:
+    """The applied sidebar choice a link carries; None where the link says nothing (the app's default applies)."""
+
+    source: str | None = None  # model name
+    target: str | None = None
+    checkpoint: str | None = None  # a checkpoint folder name in pretrained/ (a typed path is not restored)
+    dataset: str | None = None  # dataset context: the dataset and the example index
+    example: int | None = None
+    text: str | None = None  # free-text context (the typed text, before any chat header)
+    question: str | None = None
+    gold: str | None = None
+
+
+@dataclass
+class ParsedLink:
+    """What a link's query parameters restore, and what of it was ignored (one line each, for the warning)."""
+
+    sidebar: SidebarLink
+    page: dict[str, PageValue] = field(default_factory=dict)  # widget key ("pg.error.metric") -> value
+    typed: dict[str, str] = field(default_factory=dict)  # "source"/"target"/"checkpoint" -> a name not restored
+    ignored: list[str] = field(default_factory=list)
+
+
+def text_digest(text: str) -> str:
+    """The sha256 prefix a link holds for a free text too long to carry."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:DIGEST_CHARS]
+
+
+# ----- values ----------------------------------------------------------------------------------------
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(name)  # NaN / Infinity are not values any widget holds
+
+
+def _json_value(raw: str) -> tuple[bool, object]:
+    try:
+        value = json.loads(raw, parse_constant=_reject_constant)
+    except ValueError:
+        return False, None
+    return True, value
+
+
+def _is_scalar(value: object) -> bool:
+    return isinstance(value, (str, bool, int)) or (isinstance(value, float) and math.isfinite(value))
+
+
+def encode_value(value: object) -> str | None:
+    """A page option's value as a query parameter (None for a value a link cannot carry, e.g. a tuple)."""
+    if isinstance(value, str):
+        parses, _ = _json_value(value)
+        return json.dumps(value) if parses else value  # "1" stays a string: '"1"'
+    if _is_scalar(value) or (isinstance(value, list) and all(_is_scalar(v) for v in value)):
+        return json.dumps(value)
+    return None
+
+
+def decode_value(raw: str) -> PageValue:
+    """The inverse of :func:`encode_value`; anything not read as a number, boolean, list or quoted string is text."""
+    parses, value = _json_value(raw)
+    if parses and (_is_scalar(value) or (isinstance(value, list) and all(_is_scalar(v) for v in value))):
+        return value
+    return raw
+
+
+def _same_kind(value: object, default: object) -> bool:
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float))
+    return isinstance(value, type(default))
+
+
+def check_value(value: object, default: object, options: Collection | None = None) -> tuple[bool, object]:
+    """Whether a linked value fits a widget whose default is `default` (and whose choices are `options`).
+
+    Returns (fits, value): an int given for a float widget comes back as a float.
+    """
+    if default is None:
+        return True, value
+    if not _same_kind(value, default):
+        return False, None
+    if isinstance(default, float):
+        value = float(value)
+    if isinstance(default, list):
+        if default and not all(_same_kind(v, default[0]) for v in value):
+            return False, None
+        if options is not None and not all(v in options for v in value):
+            return False, None
+    elif options is not None and value not in options:
+        return False, None
+    return True, value
+
+
+# ----- links -----------------------------------------------------------------------------------------
+
+
+def sidebar_params(link: SidebarLink) -> dict[str, str]:
+    """The query parameters of an applied sidebar choice (free text longer than the limit by its digest)."""
+    params = {}
+    for key, value in (("src", link.source), ("tgt", link.target), ("ckpt", link.checkpoint)):
+        if value:
+            params[key] = value
+    if link.text is not None:
+        if len(link.text) <= MAX_TEXT_IN_LINK:
+            params["text"] = link.text
+        else:
+            params["th"] = text_digest(link.text)
+        for key, value in (("q", link.question), ("gold", link.gold)):
+            if value:
+                params[key] = value
+    elif link.dataset is not None:
+        params["ds"] = link.dataset
+        if link.example is not None:
+            params["ex"] = str(link.example)
+    return params
+
+
+def page_params(values: Mapping[str, object]) -> dict[str, str]:
+    """The query parameters of every page option (``pg.*`` key) in `values` that a link can carry."""
+    params = {}
+    for key in sorted(values):
+        if isinstance(key, str) and key.startswith(PAGE_PREFIX) and _PAGE_KEY.match(key[len(PAGE_PREFIX):]):
+            encoded = encode_value(values[key])
+            if encoded is not None:
+                params[key[len(PAGE_PREFIX):]] = encoded
+    return params
+
+
+def query_string(params: Mapping[str, str]) -> str:
+    """``?key=value&…`` (what to append to the app's address), or "" without parameters."""
+    return "?" + urlencode(params) if params else ""
+
+
+def _short(value: str, limit: int = 60) -> str:
+    return repr(value if len(value) <= limit else value[:limit] + "…")
+
+
+def parse_link(params: Mapping[str, str], *, models: Collection[str], checkpoints: Collection[str],
+               datasets: Collection[str], examples: int,
+               recall_text: Callable[[str], str | None] = lambda digest: None) -> ParsedLink:
+    """What a link restores: validated sidebar values and decoded page options; the rest is named in `ignored`.
+
+    `models`: the names a link may load (the bundled ones; a typed Hub id or path is never loaded from a link,
+    only offered in `typed`); `checkpoints`: the checkpoint folder names; `examples`: how many examples each
+    dataset offers; `recall_text`: the text of a digest this process has seen, if any.
+    """
+    ignored: list[str] = []
+    typed: dict[str, str] = {}
+    found: dict[str, object] = {}
+    for key, role in (("src", "source"), ("tgt", "target")):
+        if key in params:
+            if params[key] in models:
+                found[role] = params[key]
+            else:
+                typed[role] = params[key]
+                ignored.append(f"{role} model {_short(params[key])} (a link loads only the bundled models "
+                               f"{', '.join(models)}: choose “other” in the sidebar to load it)")
+    if "ckpt" in params:
+        if params["ckpt"] in checkpoints:
+            found["checkpoint"] = params["ckpt"]
+        else:
+            typed["checkpoint"] = params["ckpt"]
+            ignored.append(f"checkpoint {_short(params['ckpt'])} (not among the checkpoints here; a link loads no "
+                           "other folder: choose “other” in the sidebar to load it)")
+
+    free = "text" in params or "th" in params
+    text = params.get("text")
+    if text is None and "th" in params:
+        text = recall_text(params["th"])
+        if text is None:
+            ignored.append(f"the context text (longer than {MAX_TEXT_IN_LINK:,} characters, so the link holds only "
+                           f"its fingerprint sha256:{params['th'][:DIGEST_CHARS]}, and this app has not seen it "
+                           "since it started): paste the text under Free text in the sidebar")
+    if text is not None:
+        found.update(text=text, question=params.get("q", ""), gold=params.get("gold", ""))
+    if free and ("ds" in params or "ex" in params):
+        ignored.append("the dataset example (the link also holds free text)")
+    elif not free:
+        if "ds" in params and params["ds"] not in datasets:
+            ignored.append(f"dataset {_short(params['ds'])} (built-in: {', '.join(datasets)})")
+        elif "ds" in params or "ex" in params:
+            found["dataset"] = params.get("ds")
+            if "ex" in params:
+                raw = params["ex"]
+                if _INDEX.match(raw) and int(raw) < examples:
+                    found["example"] = int(raw)
+                else:
+                    ignored.append(f"example index {_short(raw)} (a whole number from 0 to {examples - 1})")
+        for key in ("q", "gold"):
+            if key in params:
+                ignored.append(f"{key} (a question and gold answer go with free text only)")
+
+    page: dict[str, PageValue] = {}
+    for key, raw in params.items():
+        if key in SIDEBAR_KEYS:
+            continue
+        if _PAGE_KEY.match(key):
+            page[PAGE_PREFIX + key] = decode_value(raw)
+        else:
+            ignored.append(f"unknown parameter {_short(key, 30)}")
+    return ParsedLink(SidebarLink(**found), page, typed, ignored)
+
+
+# ----- the translation as library code ---------------------------------------------------------------
+
+
+def python_snippet(source: str, target: str, checkpoint: str, *, dataset: str | None = None,
+                   example: int | None = None, text: str | None = None, examples_per_dataset: int,
+                   max_context_tokens: int) -> str:
+    """Library code that translates exactly the app's context for this selection and prints per-layer numbers.
+
+    The context is the app's: a dataset example's ``build_prompt(example, target.chat_frame).context_text`` from
+    ``load_dataset(name, n=examples_per_dataset, seed=0)``, or the typed text after a chat-tuned target's chat
+    header; the numbers are the Per-layer cache error page's (``cache_error_table``), for the replayed cache
+    (``translation.mixed_kv``) against the target's native cache (``translation.native_kv``).
+    """
+    lines = [
+        "from mot_viz.analysis.cache_metrics import cache_error_table",
+        "from mot_viz.engine.checkpoint import load_checkpoint",
+        *(["from mot_viz.data.eval_data import load_dataset"] if dataset is not None else []),
+        "from mot_viz.engine.models import load_model",
+        "from mot_viz.engine.mot import translate",
+        "from mot_viz.engine.prompts import build_prompt" if dataset is not None else "from mot_viz.engine.prompts import PLAIN",
+        "",
+        f"source, target = load_model({source!r}), load_model({target!r})",
+        f"mot, config = load_checkpoint({checkpoint!r}, source, target)",
+    ]
+    if dataset is not None:
+        lines += [f"example = load_dataset({dataset!r}, n={examples_per_dataset}, seed=0)[{example or 0}]",
+                  "text = build_prompt(example, target.chat_frame).context_text  # a chat-tuned target: its template"]
+    else:
+        lines += [f"context = {text or ''!r}",
+                  "text = (target.chat_frame or PLAIN).head + context  # a chat-tuned target: its chat header first"]
+    lines += [
+        f"translation = translate(mot, source, target, text, max_tokens=min({max_context_tokens}, "
+        "target.spec.max_positions))",
+        "table = cache_error_table(translation, mot.channels)  # the Per-layer cache error page's numbers",
+        "# per target layer: the replayed cache (translation.mixed_kv) against the native one (translation.native_kv)",
+        'replayed = table[table["comparison"] == "replayed"].pivot(index="layer", columns="kv", '
+        'values=["cosine", "rel_l2"])',
+        "print(replayed.to_string(float_format=lambda x: f\"{x:.6f}\"))",
+    ]
+    return "\n".join(lines) + "\n"

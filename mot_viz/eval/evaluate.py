@@ -1,0 +1,400 @@
+"""Evaluate a MoT checkpoint on QA (method.md §8, §9.2 control).
+
+    python -m mot_viz.eval.evaluate --checkpoint pretrained/smollm2-to-gemma3 --datasets squad boolq --n 300 \
+        [--second pretrained/smollm2-to-gemma3-single] --out results/eval/smollm2-to-gemma3
+
+For the same examples, the target answers with the context natively, with no context, from the
+MoT-translated cache, from the norm-matched random-window control, and (optionally) from a second
+checkpoint of the same pair. Closed-set datasets are scored by length-normalised log-likelihood of each
+choice label (rule a), extractive ones by greedy generation with SQuAD F1 and exact match. Writes
+per-example CSV, a JSON summary and a Markdown table with 95% bootstrap intervals, the retained share
+of native quality (translated ÷ native), the mean KV cosine to the native cache and time per example.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..cli import run_cli
+from ..data.corpus import split_sequence, training_sequences
+from ..data.eval_data import BUILTIN_DATASETS, load_dataset
+from ..engine.alignment import encode
+from ..engine.checkpoint import WEIGHTS_FILE, load_checkpoint, read_config, weights_sha256
+from ..engine.models import LoadedModel, load_model
+from ..engine.mot import REPLAY_MODES, MoT, replay_mode, translate
+from ..engine.prompts import QAExample, build_prompt
+from ..errors import CheckpointError, ConfigError, MotVizError
+from .answers import (CONDITIONS, EXTRA_CONDITIONS, MAX_NEW_TOKENS, answers_from_caches, condition_caches,
+                      translated_seconds)
+from .qa_metrics import bootstrap_ci
+from .report import markdown_table, paired_differences, paired_markdown, summarize
+
+
+def kv_cosine(a: list, b: list) -> float:
+    """Cosine between two caches, all layers' K and V flattened together (method.md §8 'Cosine')."""
+    flat_a = torch.cat([t.flatten().float() for kv in a for t in kv])
+    flat_b = torch.cat([t.flatten().float() for kv in b for t in kv])
+    return float(torch.nn.functional.cosine_similarity(flat_a, flat_b, dim=0))
+
+
+MIN_CONTEXT_TOKENS = 16  # truncate_context keeps at least this many passage tokens
+
+
+def truncate_context(target: LoadedModel, example: QAExample, budget: int) -> QAExample:
+    """Right-truncate the example's passage so the context part fits `budget` target tokens."""
+    prompt = build_prompt(example, target.chat_frame)
+    if len(encode(target.tokenizer, prompt.context_text)) <= budget:
+        return example
+    overhead = len(encode(target.tokenizer, prompt.context_text.replace(example.context, "")))
+    ids = encode(target.tokenizer, example.context)[: max(MIN_CONTEXT_TOKENS, budget - overhead)]
+    return replace(example, context=target.tokenizer.decode(ids))
+
+
+@dataclass
+class EvalSettings:
+    """How one evaluation run was made; written beside its results."""
+
+    checkpoint: str
+    second: str | None
+    datasets: tuple[str, ...]
+    n: int
+    seed: int
+    max_new_tokens: int
+    max_context_tokens: int
+    bootstrap: int
+    conditions: tuple[str, ...] = CONDITIONS  # native is always among them: retained shares divide by it
+    prompt: str = "plain"  # "chat template" when the target is chat-tuned (data.build_prompt); set by run()
+    replay: str = "checkpoint"  # each checkpoint's own replay, or "dense" / "sparse" for both (mot.replay_mode)
+
+    @classmethod
+    def from_json(cls, data: dict) -> EvalSettings:
+        """The settings as summary.json stores them (lists for tuples; older runs lack the later fields)."""
+        return cls(**{**data, "datasets": tuple(data["datasets"]),
+                      "conditions": tuple(data.get("conditions") or CONDITIONS)})
+
+    def command(self, out_dir: Path | None = None) -> str:
+        """The command line that runs this evaluation (writing to `out_dir` when given)."""
+        return ("python -m mot_viz.eval.evaluate --checkpoint " + self.checkpoint
+                + (f" --second {self.second}" if self.second else "")
+                + f" --datasets {' '.join(self.datasets)} --n {self.n} --seed {self.seed}"
+                + ("" if self.conditions == CONDITIONS else f" --conditions {' '.join(self.conditions)}")
+                + ("" if self.replay == "checkpoint" else f" --replay {self.replay}")
+                + f" --max_new_tokens {self.max_new_tokens} --max_context_tokens {self.max_context_tokens}"
+                + (f" --out {out_dir}" if out_dir is not None else ""))
+
+
+# one column per field of a row; "error" (type and message) is set on skipped rows only
+ROW_COLUMNS = ("dataset", "id", "condition", "score", "exact_match", "answer", "gold", "kv_cosine", "seconds",
+               "context_tokens", "error")
+
+
+def example_rows(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample, settings: EvalSettings,
+                 second: MoT | None = None, means=None) -> list[dict]:
+    """One row per condition of one example: score, exact match, answer text, KV cosine to native, seconds."""
+    example = truncate_context(target, example, settings.max_context_tokens)
+    built = condition_caches(mot, source, target, example, seed=settings.seed, conditions=settings.conditions,
+                             means=means)
+    translation, caches, build = built.translation, built.kv, built.seconds
+    if second is not None:
+        other = translate(second, source, target, translation.text, with_native=False)
+        caches["second"], build["second"] = other.mixed_kv, translated_seconds(other)
+    rows = []
+    answers = answers_from_caches(target, caches, example, settings.max_new_tokens)  # one batch (the no-context cache left-padded)
+    for condition, kv in caches.items():
+        ans = answers[condition]
+        rows.append({
+            "dataset": example.dataset, "id": example.id, "condition": condition, "score": ans.score,
+            "exact_match": ans.exact_match, "answer": ans.text,
+            "gold": " | ".join(example.answers) if example.kind == "extractive" else example.choices[example.label],
+            "kv_cosine": kv_cosine(kv, translation.native_kv) if kv is not None and condition != "no_context" else np.nan,
+            "seconds": build[condition] + ans.seconds,
+            "context_tokens": int(translation.target_ids.shape[1]),
+        })
+    return rows
+
+
+def evaluate_examples(mot: MoT, source: LoadedModel, target: LoadedModel, examples: list[QAExample],
+                      settings: EvalSettings, second: MoT | None = None, progress: bool = True,
+                      checkpoint_every: int = 0, on_checkpoint=None, means=None) -> pd.DataFrame:
+    """example_rows of every example (ROW_COLUMNS); an example that fails for any reason is one "skipped" row.
+
+    on_checkpoint(rows so far as a DataFrame) is called every checkpoint_every examples (partial results),
+    and before an interruption or an error between examples is re-raised.
+    means (mot_viz.eval.mean_vector.MeanVectors) is needed for the "mean" condition.
+    """
+    from tqdm import tqdm
+
+    rows = []
+    try:
+        for i, example in enumerate(tqdm(examples, desc="evaluate", disable=not progress, dynamic_ncols=True)):
+            if on_checkpoint is not None and checkpoint_every and i and i % checkpoint_every == 0:
+                on_checkpoint(pd.DataFrame(rows, columns=ROW_COLUMNS))
+            try:
+                rows += example_rows(mot, source, target, example, settings, second, means)
+            except Exception as exc:  # e.g. a lone surrogate the tokenizer rejects: counted with its reason, never silent
+                rows.append({"dataset": example.dataset, "id": example.id, "condition": "skipped",
+                             "error": f"{type(exc).__name__}: {exc}"})
+    except BaseException:  # Ctrl-C or a failure outside one example: what was computed is written first
+        if on_checkpoint is not None and rows:
+            on_checkpoint(pd.DataFrame(rows, columns=ROW_COLUMNS))
+        raise
+    return pd.DataFrame(rows, columns=ROW_COLUMNS)
+
+
+@torch.no_grad()
+def lm_losses(mot: MoT, source: LoadedModel, target: LoadedModel, rows: torch.Tensor, prefix_tokens: int = 64,
+              seed: int = 0, progress: bool = True) -> pd.DataFrame:
+    """Held-out language-modelling check (method.md §8, 'OpenWebText validation'): per row, the target's
+    cross-entropy on the prompt tokens given each condition's cache of the context (nats per token)."""
+    from tqdm import tqdm
+
+    from ..engine import hf
+
+    out = []
+    for i, row in enumerate(tqdm(rows, desc="lm", disable=not progress, dynamic_ncols=True)):
+        context, prompt, labels = split_sequence(row[None].to(target.device), prefix_tokens)
+        text = target.tokenizer.decode(context[0])
+        translation = translate(mot, source, target, text)
+        if not torch.equal(translation.target_ids, context):  # decode/re-encode changed the tokens: skip, counted
+            out.append({"row": i, "condition": "skipped"})
+            continue
+        caches = condition_caches(mot, source, target, None, translation, seed).kv  # the context is translated
+        for condition, kv in caches.items():
+            logits = hf.run(target.model, prompt, kv).logits[0].float()
+            ce = float(torch.nn.functional.cross_entropy(logits, labels[0]))
+            out.append({"row": i, "condition": condition, "ce": ce,
+                        "kv_cosine": kv_cosine(kv, translation.native_kv) if condition in ("mot", "random") else np.nan})
+    return pd.DataFrame(out)
+
+
+# settings a --resume must share with the run it continues (n may grow or shrink)
+RESUME_KEYS = ("checkpoint", "second", "datasets", "seed", "max_new_tokens", "max_context_tokens", "conditions",
+               "replay")
+TEXT_COLUMNS = ("dataset", "id", "condition", "answer", "gold", "error")
+
+
+def checked_config(flag: str, path: str) -> dict:
+    """read_config of the checkpoint passed as `flag`, any failure raised as CheckpointError naming the flag."""
+    try:
+        return read_config(path)
+    except (MotVizError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{flag} {path}: {exc} Pass a checkpoint folder written by MoT Viz "
+                              "(config.json + translator.safetensors), e.g. pretrained/smollm2-to-gemma3.") from exc
+
+
+def check_settings(settings: EvalSettings) -> None:
+    """Raise ConfigError/CheckpointError for settings no run can use, before any model is loaded."""
+    for flag, value, least in (("--n", settings.n, 1), ("--bootstrap", settings.bootstrap, 1),
+                               ("--max_new_tokens", settings.max_new_tokens, 1),
+                               ("--max_context_tokens", settings.max_context_tokens, MIN_CONTEXT_TOKENS)):
+        if value < least:
+            raise ConfigError(f"{flag} must be at least {least}, got {value}. Pass {flag} {least} or more.")
+    config = checked_config("--checkpoint", settings.checkpoint)
+    second = checked_config("--second", settings.second) if settings.second else config
+    if any(second[k].get("fingerprint") != config[k].get("fingerprint") for k in ("source", "target")):
+        raise CheckpointError(f"--second {settings.second} was made for another model pair than --checkpoint "
+                              f"{settings.checkpoint}. Pass a second checkpoint of the same pair.")
+    limit = config["target"].get("max_positions")
+    if limit and settings.max_context_tokens >= limit:
+        raise ConfigError(f"--max_context_tokens {settings.max_context_tokens} leaves no room for the question: the "
+                          f"target model '{config['target']['name']}' allows {limit} tokens. Pass a smaller value.")
+
+
+def check_out(out_dir: Path) -> None:
+    """Raise ConfigError unless out_dir is a folder this process can create and write into."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir} is a file. Pass a folder (it is created when missing).")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out_dir).close()
+    except OSError as exc:
+        raise ConfigError(f"Cannot write into --out {out_dir} ({exc.strerror}). Pass a folder you can write to.") from exc
+
+
+def previous_rows(out_dir: Path, settings: EvalSettings, resume: bool) -> pd.DataFrame | None:
+    """The rows of an earlier run of these settings in out_dir, to keep (--resume); results of others are refused."""
+    csv, meta = out_dir / "examples.csv", out_dir / "summary.json"
+    if not (csv.is_file() and meta.is_file()):
+        return None
+    try:
+        before = EvalSettings.from_json(json.loads(meta.read_text())["settings"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"--out {out_dir} holds an unreadable {meta.name} ({exc}). Pass another --out folder.") from exc
+    changed = [k for k in RESUME_KEYS if getattr(before, k) != getattr(settings, k)]
+    if changed:
+        raise ConfigError(f"--out {out_dir} holds results of other settings ({', '.join(changed)} differ), which "
+                          "--resume cannot continue. Pass another --out folder.")
+    if not resume:
+        raise ConfigError(f"--out {out_dir} already holds results of these settings. Add --resume to keep them and "
+                          "compute only the missing examples, or pass another --out folder.")
+    # texts stay texts ("None", "1.50"), floats round-trip exactly: kept rows are written back unchanged
+    return pd.read_csv(csv, dtype=dict.fromkeys(TEXT_COLUMNS, str), keep_default_na=False, na_values=[""],
+                       float_precision="round_trip")
+
+
+def check_run(settings: EvalSettings, out_dir: Path, resume: bool = False):
+    """Everything checked before a model is loaded. Returns the examples of each dataset and the rows to keep."""
+    check_settings(settings)
+    examples = {name: load_dataset(name, n=settings.n, seed=settings.seed) for name in settings.datasets}
+    check_out(out_dir)
+    return examples, previous_rows(out_dir, settings, resume) if settings.datasets else None
+
+
+def load_evaluated(path: str, settings: EvalSettings, source: LoadedModel, target: LoadedModel) -> MoT:
+    """One evaluated checkpoint (--checkpoint or --second), replaying as settings.replay says."""
+    mot = load_checkpoint(path, source, target)[0]
+    mot.replay = replay_mode(mot.replay, settings.replay)
+    return mot
+
+
+def run(settings: EvalSettings, out_dir: Path, progress: bool = True, resume: bool = False,
+        checked=None) -> pd.DataFrame:
+    """Evaluate and write the results; with resume, examples out_dir already has rows for are not recomputed.
+
+    checked: what check_run returned for these arguments (it is called when not given).
+    """
+    examples, previous = checked or check_run(settings, out_dir, resume)
+    config = read_config(settings.checkpoint)
+    source = load_model(config["source"]["name"])
+    target = load_model(config["target"]["name"])
+    mot = load_evaluated(settings.checkpoint, settings, source, target)
+    second = load_evaluated(settings.second, settings, source, target) if settings.second else None
+    settings.prompt = "plain" if target.chat_frame is None else f"chat template of {target.spec.name}"
+    means = None
+    if "mean" in settings.conditions:
+        from .mean_vector import reference_means
+
+        means = reference_means(target, mot.channels.target_layers)
+    done = set() if previous is None else set(zip(previous["dataset"], previous["id"]))
+    frames = []
+    for part in examples.values():
+        wanted = {(e.dataset, e.id) for e in part}
+        if previous is not None:  # earlier rows of this run's examples, in the order they were computed
+            frames.append(previous[[key in wanted for key in zip(previous["dataset"], previous["id"])]])
+        todo = [e for e in part if (e.dataset, e.id) not in done]
+        # partial results (every 25 examples, after each dataset, and on an interruption) survive a stopped run
+        partial = lambda df: _write(out_dir, frames + [df], settings)  # noqa: E731
+        frames.append(evaluate_examples(mot, source, target, todo, settings, second, progress, 25, partial, means))
+        _write(out_dir, frames, settings)
+    return _write(out_dir, frames, settings)
+
+
+def evaluated_weights(settings: EvalSettings) -> dict[str, str]:
+    """SHA-256 of the weights of each evaluated checkpoint ({path as given: digest}): what a record of the results in
+    that checkpoint's config.json is checked against (scripts/results_md.py --record), so retrained weights do not
+    inherit the results of the ones they replaced."""
+    out = {}
+    for path in (settings.checkpoint, settings.second):
+        if path and (Path(path) / WEIGHTS_FILE).is_file():
+            out[str(path)] = weights_sha256(Path(path))
+    return out
+
+
+def _write(out_dir: Path, frames: list[pd.DataFrame], settings: EvalSettings) -> pd.DataFrame:
+    df = pd.concat([f for f in frames if len(f)] or [pd.DataFrame(columns=ROW_COLUMNS)])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = summarize(df, settings.bootstrap, settings.seed)
+    df.to_csv(out_dir / "examples.csv", index=False)
+    summary.to_csv(out_dir / "summary.csv", index=False)
+    paired = paired_differences(df, n_boot=settings.bootstrap, seed=settings.seed)
+    paired.to_csv(out_dir / "paired.csv", index=False)
+    skipped = df.loc[df["condition"] == "skipped", ["dataset", "id", "error"]].to_dict(orient="records")
+    meta = {"settings": settings.__dict__, "date": str(datetime.date.today()), "skipped": len(skipped),
+            "skipped_examples": skipped, "summary": summary.to_dict(orient="records"),
+            "weights_sha256": evaluated_weights(settings)}
+    (out_dir / "summary.json").write_text(json.dumps(meta, indent=2, default=str))
+    (out_dir / "summary.md").write_text(
+        f"Command: `{settings.command()}`\n\nDate: {meta['date']}. Prompts: {settings.prompt}. Skipped examples: {len(skipped)}.\n\n"
+        + "".join(f"* skipped {r['dataset']} {r['id']}: {r['error']}\n" for r in skipped) + ("\n" if skipped else "")
+        + markdown_table(summary)
+        + ("\n\nPaired differences over the same examples:\n\n" + paired_markdown(paired) if len(paired) else "") + "\n"
+    )
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", required=True, help="the MoT checkpoint folder to evaluate")
+    parser.add_argument("--second", help="a second checkpoint of the same pair, e.g. the single variant")
+    parser.add_argument("--datasets", nargs="*", default=["squad", "boolq"],
+                        help="built-in dataset names (" + ", ".join(BUILTIN_DATASETS) + ", mmlu:<subject>) "
+                             "or paths of .jsonl files")
+    parser.add_argument("--n", type=int, default=300, help="examples per dataset (at least 1)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the example sample and the random control")
+    parser.add_argument("--max_new_tokens", type=int, default=MAX_NEW_TOKENS,
+                        help="longest generated answer, in target tokens")
+    parser.add_argument("--max_context_tokens", type=int, default=448,
+                        help=f"passages are cut to this many target tokens (at least {MIN_CONTEXT_TOKENS})")
+    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of each interval (at least 1)")
+    parser.add_argument("--lm_sequences", type=int, default=0,
+                        help="also measure the target's cross-entropy on this many held-out LAMBADA sequences "
+                             "(rows after the training bank of the checkpoint's stream)")
+    parser.add_argument("--conditions", nargs="+", choices=CONDITIONS + EXTRA_CONDITIONS, default=list(CONDITIONS),
+                        help="which conditions to answer under (native is always added); e.g. "
+                             "'--conditions native mot' to evaluate a variant on examples a full run already covered; "
+                             "'mean' adds the mean-vector control (window = mean native K/V over LAMBADA prose)")
+    parser.add_argument("--replay", choices=REPLAY_MODES, default="checkpoint",
+                        help="replay as each checkpoint says (checkpoint), densely everywhere (dense), or with the "
+                             "method's sparse top-32 attention from layer 2 up (sparse)")
+    parser.add_argument("--out", required=True, help="folder of the results (created when missing)")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the rows --out already holds from a run of the same settings (any --n) and "
+                             "compute only the missing examples")
+    args = parser.parse_args(argv)
+    conditions = tuple(c for c in CONDITIONS + EXTRA_CONDITIONS if c in {"native", *args.conditions})
+    settings = EvalSettings(args.checkpoint, args.second, tuple(args.datasets), args.n, args.seed,
+                            args.max_new_tokens, args.max_context_tokens, args.bootstrap, conditions,
+                            replay=args.replay)
+    out_dir = Path(args.out)
+
+    def body() -> None:
+        if args.lm_sequences < 0:
+            raise ConfigError(f"--lm_sequences must be at least 0, got {args.lm_sequences}. Pass 0 to skip the LM check.")
+        checked = check_run(settings, out_dir, args.resume)  # before any model is loaded
+        if args.lm_sequences:
+            run_lm(settings, out_dir, args.lm_sequences)
+        if args.datasets:
+            print(markdown_table(run(settings, out_dir, resume=args.resume, checked=checked)))
+
+    return run_cli(body)
+
+
+def run_lm(settings: EvalSettings, out_dir: Path, n: int) -> pd.DataFrame:
+    """The held-out LM check for a checkpoint; writes lm.csv and lm.md into out_dir."""
+    config = read_config(settings.checkpoint)
+    train_cfg = config.get("training", {})
+    source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
+    mot = load_evaluated(settings.checkpoint, settings, source, target)
+    bank = train_cfg.get("num_sequences", 2048)
+    # the same deterministic stream the translator trained on, continued past its bank: held out
+    rows = training_sequences(target.tokenizer, train_cfg.get("total_tokens", 128), n_sequences=bank + n,
+                              seed=train_cfg.get("seed", 42))[bank:]
+    df = lm_losses(mot, source, target, rows, train_cfg.get("prefix_tokens", 64), settings.seed)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out_dir / "lm.csv", index=False)
+    scored = df[df["condition"] != "skipped"]
+    lines = [f"Held-out LM check: {scored['row'].nunique()} LAMBADA sequences after the training bank "
+             f"(skipped {int((df['condition'] == 'skipped').sum())}); target cross-entropy on the 64 prompt tokens, nats/token.", "",
+             "| condition | CE mean [95% CI] | KV cosine to native |", "|---|---|---:|"]
+    for condition in ("native", "no_context", "mot", "random"):
+        part = scored[scored["condition"] == condition]
+        ci = bootstrap_ci(part["ce"].to_numpy(), n_boot=settings.bootstrap, seed=settings.seed)
+        cos = part["kv_cosine"].mean()
+        lines.append(f"| {condition} | {ci.mean:.3f} [{ci.lo:.3f}, {ci.hi:.3f}] | {'' if np.isnan(cos) else f'{cos:.3f}'} |")
+    (out_dir / "lm.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return df
+
+
+if __name__ == "__main__":
+    sys.exit(main())

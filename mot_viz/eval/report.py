@@ -1,0 +1,120 @@
+"""The evaluator's reports (method.md §8, §12): per-condition means with bootstrap intervals and the share of
+native kept, paired differences over the same examples, their markdown tables, and the QA results a checkpoint's
+config.json records (shown on the app's Training page)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..errors import CheckpointError
+from .answers import CONDITION_LABELS
+from .qa_metrics import bootstrap_ci, retained
+
+
+def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Per dataset and condition: mean metric with a 95% bootstrap interval, retained share, cosine, time."""
+    scored = df[df["condition"] != "skipped"]
+    out = []
+    for dataset, part in scored.groupby("dataset", sort=False):
+        wide = part.pivot_table(index="id", columns="condition", values="score")
+        native = wide["native"].to_numpy()
+        rng = np.random.default_rng(seed)
+        boots = rng.integers(0, len(wide), size=(n_boot, len(wide)))
+        for condition in [c for c in ("native", "no_context", "mot", "random", "mean", "second") if c in wide]:
+            values = wide[condition].to_numpy()
+            ci = bootstrap_ci(values, n_boot=n_boot, seed=seed)
+            ratios = values[boots].mean(1) / np.maximum(native[boots].mean(1), 1e-12)
+            cond_rows = part[part["condition"] == condition]
+            em = cond_rows["exact_match"].dropna()
+            out.append({
+                "dataset": dataset, "condition": condition, "n": len(values),
+                "metric": "F1" if em.size else "accuracy", "mean": ci.mean, "ci_low": ci.lo, "ci_high": ci.hi,
+                "exact_match": float(em.mean()) if em.size else np.nan,
+                "retained": retained(values.mean(), native.mean()),
+                "retained_ci_low": float(np.quantile(ratios, 0.025)),
+                "retained_ci_high": float(np.quantile(ratios, 0.975)),
+                "kv_cosine": float(cond_rows["kv_cosine"].mean()),
+                "seconds_per_example": float(cond_rows["seconds"].mean()),
+            })
+    return pd.DataFrame(out)
+
+
+PAIRS = (("mot", "random"), ("mot", "no_context"), ("mot", "mean"), ("mot", "native"), ("mot", "second"),
+         ("second", "mean"), ("second", "no_context"))
+
+
+def paired_differences(df: pd.DataFrame, pairs=PAIRS, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Per dataset, for each (a, b) pair of conditions present: mean of a − b over the same examples, with a 95%
+    bootstrap interval and how many examples each side wins. This is the test of 'beats the control'."""
+    scored = df[df["condition"] != "skipped"]
+    out = []
+    for dataset, part in scored.groupby("dataset", sort=False):
+        wide = part.pivot_table(index="id", columns="condition", values="score")
+        for a, b in pairs:
+            if a not in wide or b not in wide:
+                continue
+            diff = (wide[a] - wide[b]).dropna().to_numpy()
+            ci = bootstrap_ci(diff, n_boot=n_boot, seed=seed)
+            out.append({"dataset": dataset, "a": a, "b": b, "n": len(diff), "diff": ci.mean, "ci_low": ci.lo,
+                        "ci_high": ci.hi, "a_better": int((diff > 0).sum()), "b_better": int((diff < 0).sum())})
+    return pd.DataFrame(out)
+
+
+def paired_markdown(paired: pd.DataFrame) -> str:
+    lines = ["| dataset | difference | n | mean [95% CI] | a better / b better |", "|---|---|---:|---|---|"]
+    for r in paired.itertuples():
+        lines.append(f"| {r.dataset} | {r.a} − {r.b} | {r.n} | {r.diff:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}] "
+                     f"| {r.a_better} / {r.b_better} |")
+    return "\n".join(lines)
+
+
+def markdown_table(summary: pd.DataFrame) -> str:
+    lines = ["| dataset | condition | n | metric | mean [95% CI] | EM | retained [95% CI] | KV cosine | s / example |",
+             "|---|---|---:|---|---|---:|---|---:|---:|"]
+    for r in summary.itertuples():
+        em = "" if np.isnan(r.exact_match) else f"{r.exact_match:.3f}"
+        cos = "" if np.isnan(r.kv_cosine) else f"{r.kv_cosine:.3f}"
+        lines.append(
+            f"| {r.dataset} | {r.condition} | {r.n} | {r.metric} | {r.mean:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] | {em} "
+            f"| {r.retained:.1%} [{r.retained_ci_low:.1%}, {r.retained_ci_high:.1%}] | {cos} | {r.seconds_per_example:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def evaluation_table(config: dict) -> pd.DataFrame | None:
+    """The QA results recorded in a checkpoint's config.json (metrics.evaluation; scripts/results_md.py --record):
+    one row per dataset and condition with n, the metric, its 95% interval and the share of native kept."""
+    evaluation = (config.get("metrics") or {}).get("evaluation")
+    if not evaluation:
+        return None
+    rows = []
+    try:
+        for dataset, record in evaluation.items():
+            for condition, values in record["conditions"].items():
+                metric = next(k for k in values if k not in ("n", "ci95", "retained"))
+                low, high = values["ci95"]
+                rows.append({"dataset": dataset, "condition": CONDITION_LABELS.get(condition, condition),
+                             "n": values["n"], "metric": metric, "mean": round(values[metric], 3),
+                             "95% CI": f"[{low:.3f}, {high:.3f}]", "retained": f"{values['retained']:.1%}",
+                             "prompts": record.get("prompts", "plain"), "results": record["results"]})
+    except (AttributeError, KeyError, TypeError, ValueError, StopIteration) as exc:
+        raise CheckpointError(f"metrics.evaluation in the checkpoint's config.json is malformed ({type(exc).__name__}: "
+                              f"{exc}). Record it again with scripts/results_md.py --record.") from exc
+    return pd.DataFrame(rows)
+
+
+def measured_these_weights(results: str, meta: dict, checkpoint: str, config: Path) -> bool:
+    """Whether the evaluation folder `results` (its summary.json: meta) measured the current weights of `checkpoint`
+    (whose config.json is `config`): its recorded weights digest matches, or, for folders from before digests were
+    recorded, the checkpoint's config already cites the folder (scripts/results_md.py --record keeps those)."""
+    from ..engine.checkpoint import weights_sha256
+
+    recorded = (meta.get("weights_sha256") or {}).get(checkpoint)
+    if recorded is not None:
+        return recorded == weights_sha256(config.parent)
+    cited = (json.loads(config.read_text()).get("metrics") or {}).get("evaluation") or {}
+    return any(isinstance(r, dict) and r.get("results") == results for r in cited.values())
