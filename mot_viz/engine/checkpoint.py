@@ -57,7 +57,11 @@ def _share_linear(state: dict[str, torch.Tensor], final: Path, linear: Path) -> 
     own = {k: v for k, v in state.items() if k.startswith(LINEAR_PREFIX)}
     if not own:
         raise CheckpointError("shared_linear was given, but this translator has no linear path to share.")
-    theirs = {k: v for k, v in read_weights(linear).items() if k.startswith(LINEAR_PREFIX)}
+    if Path(linear).resolve() == Path(final).resolve():
+        raise CheckpointError(f"shared_linear names '{linear}', the checkpoint being saved: a checkpoint cannot store "
+                              "its linear path in itself by reference. Name the linear checkpoint it was initialised "
+                              "from, or save it in full (no shared_linear).")
+    theirs = _linear_weights(Path(linear), Path(final))
     if set(own) != set(theirs) or any(v.dtype != theirs[k].dtype or v.shape != theirs[k].shape
                                       or not _within_one_ulp(v, theirs[k]) for k, v in own.items()):
         raise CheckpointError(f"the linear path is not the one stored in '{linear}' (other weights or dtype): "
@@ -152,6 +156,33 @@ def record_metrics(path: str | Path, key: str, value: dict) -> None:
     write_text_atomic(Path(path) / CONFIG_FILE, json.dumps(config, indent=2))
 
 
+def _linear_weights(linear: Path, named_by: Path, sha256: str | None = None) -> dict[str, torch.Tensor]:
+    """The linear.* weights of the checkpoint `linear`, which `named_by` names as its shared linear path (checked
+    against the SHA-256 recorded for them, when given).
+
+    They must be stored there in full: a shared path that is itself shared makes a chain, and one that leads back
+    (a checkpoint naming itself, or two naming each other) would be followed forever.
+    """
+    onward = read_config(linear).get(SHARED_LINEAR)
+    if onward is not None:
+        here = Path(named_by).resolve()
+        if Path(linear).resolve() == here:
+            what = "itself: a cycle"
+        elif isinstance(onward, dict) and (Path(linear) / str(onward.get("checkpoint"))).resolve() == here:
+            what = "which names it back: a cycle"
+        else:
+            what = "which stores its own linear path by reference too: a chain"
+        raise CheckpointError(
+            f"'{named_by}' names '{linear}' as the checkpoint holding its linear path ('{SHARED_LINEAR}' in "
+            f"{CONFIG_FILE}), {what}. A shared linear path must be stored in full where it is named: point "
+            f"'{SHARED_LINEAR}' at the linear checkpoint it was initialised from (with its SHA-256), or download the "
+            "checkpoint as a zip from the app (self-contained).")
+    if sha256 is not None and weights_sha256(linear) != sha256:
+        raise CheckpointError(f"the linear checkpoint '{linear}' changed since '{named_by}' was saved (SHA-256 "
+                              "differs): restore it, or re-export this checkpoint in full.")
+    return {k: v for k, v in read_weights(linear).items() if k.startswith(LINEAR_PREFIX)}
+
+
 def read_weights(path: str | Path, config: dict | None = None) -> dict[str, torch.Tensor]:
     """The checkpoint's stored tensors (their stored dtype), a shared linear path read from its own checkpoint."""
     path = Path(path)
@@ -175,10 +206,7 @@ def read_weights(path: str | Path, config: dict | None = None) -> dict[str, torc
         raise CheckpointError(f"'{path}' stores its linear path in the checkpoint '{linear}', which is missing. Keep "
                               "the two folders side by side as shipped, or download the checkpoint as a zip from "
                               "the app (self-contained).")
-    if weights_sha256(linear) != expected:
-        raise CheckpointError(f"the linear checkpoint '{linear}' changed since '{path}' was saved (SHA-256 differs): "
-                              "restore it, or re-export this checkpoint in full.")
-    shared_state = {k: v for k, v in read_weights(linear).items() if k.startswith(LINEAR_PREFIX)}
+    shared_state = _linear_weights(linear, path, expected)
     clash = sorted(set(shared_state) & set(state))
     if clash:
         raise CheckpointError(f"{weights} stores {clash[:3]} itself and also names a shared linear path.")

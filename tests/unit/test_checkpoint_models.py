@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import os
+import time
 import json
 import pickle
 
@@ -215,3 +217,39 @@ def test_a_missing_changed_or_different_shared_linear_path_is_refused(pair, tmp_
     (tmp_path / "lin").rename(tmp_path / "elsewhere")
     with pytest.raises(CheckpointError, match="missing. Keep the two folders side by side"):
         load_checkpoint(tmp_path / "mix")
+
+
+def _point_shared_linear(folder, at):
+    """Edit folder's config.json so its shared linear path names the checkpoint `at` (with at's true SHA-256), as a
+    hand edit or a copy between machines can."""
+    from mot_viz.engine.checkpoint import weights_sha256
+
+    config = read_config(folder)
+    config["shared_linear"] = {"checkpoint": os.path.relpath(at, folder), "sha256": weights_sha256(at)}
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("case", ["itself", "each other", "chain"])
+def test_a_shared_linear_path_that_loops_or_chains_is_refused_at_once(pair, tmp_path, case):
+    mix = _mixture_on_linear(pair, tmp_path)
+    a = save_checkpoint(mix, tmp_path / "a", shared_linear=tmp_path / "lin")
+    b = save_checkpoint(mix, tmp_path / "b", shared_linear=tmp_path / "lin")
+    if case == "itself":
+        _point_shared_linear(a, a)
+    elif case == "each other":
+        _point_shared_linear(a, b)
+        _point_shared_linear(b, a)
+    else:  # a -> b -> lin: b is loadable, but a's linear path is not stored where a names it
+        _point_shared_linear(a, b)
+    started = time.perf_counter()
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(a, *pair)
+    assert time.perf_counter() - started < 5  # not a RecursionError after following the loop for ~20 s
+    message = str(err.value)
+    expected = {"itself": "itself: a cycle", "each other": "names it back: a cycle", "chain": "a chain"}[case]
+    assert expected in message and "must be stored in full" in message and "linear checkpoint it was initialised from" in message
+    if case == "chain":
+        load_checkpoint(b, *pair)  # the checkpoint it names is sound on its own
+    with pytest.raises(CheckpointError, match="cannot store its linear path in itself"):  # never written either
+        save_checkpoint(mix, tmp_path / "lin", shared_linear=tmp_path / "lin")
+    load_checkpoint(tmp_path / "lin")  # the refused save left the linear checkpoint whole
