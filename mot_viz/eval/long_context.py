@@ -1,0 +1,353 @@
+"""Long-context cache-augmented generation from a translated cache, against the target reading the document itself.
+
+    python -m mot_viz.eval.long_context --checkpoint pretrained/smollm2-to-gemma3-mid --source stacks \
+        --budgets 512 1024 2048 4096 --n 48 --out results/long/smollm2-to-gemma3-mid-stacks [--resume]
+
+Per budget and document (mot_viz.data.long_context), the target answers from five caches of the same text:
+*native* (the target prefills the whole document: the ceiling), *no context*, *mot* (the checkpoint's
+translation of the source's cache, replayed), *linear* (the pair's closed-form map on the same source context,
+replayed the same way) and *mean* (the window filled with mean native vectors: no context in the window).
+Reported per budget: score with bootstrap intervals, retention = score ÷ native and gap closed =
+(score − no context) ÷ (native − no context), both with paired bootstrap intervals over the same documents; time to
+the first answer token by stage (the target side's alignment + translator + replay + first token, beside the
+target's own prefill + first token; the source's prefill in its own column, since in the use case the source
+holds its cache already); the process's peak memory; and the bytes of both caches beside the bytes of the text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import io
+import json
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..analysis.cache_metrics import kv_cache_bytes
+from ..cli import run_cli
+from ..data.long_context import BUDGETS, SOURCES, LongExample, long_examples
+from ..engine import hf
+from ..engine.alignment import encode
+from ..engine.checkpoint import load_checkpoint, read_config
+from ..engine.models import LoadedModel, load_model
+from ..engine.mot import MoT, replay_window, translate_window
+from ..engine.prompts import build_prompt
+from ..errors import ConfigError, MotVizError
+from ..fsutil import write_text_atomic
+from .answers import MAX_NEW_TOKENS, answers_from_caches, condition_caches
+from .mean_vector import reference_means
+from .qa_metrics import bootstrap_ci
+
+CONDITIONS = ("native", "no_context", "mot", "linear", "mean")
+QUESTION_ROOM = 96  # target tokens kept free after a budget for the prompt's frame and the question
+ROW_COLUMNS = ("budget", "source", "id", "depth", "evidence_fraction", "condition", "score", "exact_match", "answer",
+               "gold", "context_tokens", "text_bytes", "build_seconds", "first_token_seconds", "source_prefill",
+               "alignment", "translator", "replay", "native_prefill", "peak_rss_mb", "error")
+TEXT_COLUMNS = ("source", "id", "depth", "condition", "answer", "gold", "error")
+RESUME_KEYS = ("checkpoint", "linear", "source", "seed", "max_new_tokens", "conditions")
+
+
+@dataclass
+class LongSettings:
+    """How one long-context run was made; written beside its results."""
+
+    checkpoint: str
+    linear: str | None  # the closed-form map of the same window (default: "<checkpoint>-linear" when it exists)
+    source: str  # "stacks", "qasper" or a .jsonl path (mot_viz.data.long_context)
+    budgets: tuple[int, ...]
+    n: int  # documents per budget
+    seed: int
+    max_new_tokens: int = MAX_NEW_TOKENS
+    bootstrap: int = 1000
+    conditions: tuple[str, ...] = CONDITIONS
+
+    @classmethod
+    def from_json(cls, data: dict) -> LongSettings:
+        return cls(**{**data, "budgets": tuple(data["budgets"]), "conditions": tuple(data["conditions"])})
+
+    def command(self, out_dir: Path | None = None) -> str:
+        """The command line that runs this evaluation (writing to `out_dir` when given)."""
+        return ("python -m mot_viz.eval.long_context --checkpoint " + self.checkpoint
+                + (f" --linear {self.linear}" if self.linear else "") + f" --source {self.source}"
+                + f" --budgets {' '.join(map(str, self.budgets))} --n {self.n} --seed {self.seed}"
+                + ("" if self.conditions == CONDITIONS else f" --conditions {' '.join(self.conditions)}")
+                + f" --max_new_tokens {self.max_new_tokens}" + (f" --out {out_dir}" if out_dir is not None else ""))
+
+
+def default_linear(checkpoint: str) -> str | None:
+    """The `-linear` checkpoint beside a MoT (pretrained/x-mid → pretrained/x-mid-linear), when there is one."""
+    path = Path(str(checkpoint).rstrip("/").removesuffix("-single") + "-linear")
+    return str(path) if path != Path(checkpoint) and (path / "config.json").is_file() else None
+
+
+def check_settings(settings: LongSettings) -> dict:
+    """Raise a MotVizError for settings no run can use, before any model is loaded; returns the checkpoint's config."""
+    if settings.n < 1 or settings.bootstrap < 1 or settings.max_new_tokens < 1:
+        raise ConfigError("--n, --bootstrap and --max_new_tokens must each be at least 1.")
+    if not settings.budgets:
+        raise ConfigError(f"give at least one budget, e.g. --budgets {' '.join(map(str, BUDGETS))}")
+    if settings.source not in SOURCES and not settings.source.endswith(".jsonl"):
+        raise ConfigError(f"--source {settings.source!r}: use one of {SOURCES} or a .jsonl file path.")
+    unknown = set(settings.conditions) - set(CONDITIONS)
+    if unknown or "native" not in settings.conditions:
+        raise ConfigError(f"--conditions must be taken from {CONDITIONS} and include native (every ratio divides "
+                          f"by it); got {settings.conditions}.")
+    config = read_config(settings.checkpoint)
+    if "linear" in settings.conditions and not settings.linear:
+        raise ConfigError(f"the linear condition needs the pair's closed-form map: pass --linear <checkpoint>, or "
+                          f"--conditions without linear (no '-linear' checkpoint beside {settings.checkpoint}).")
+    if settings.linear:
+        other = read_config(settings.linear)
+        if any(other[k].get("fingerprint") != config[k].get("fingerprint") for k in ("source", "target")):
+            raise ConfigError(f"--linear {settings.linear} was made for another model pair than {settings.checkpoint}.")
+    for role in ("source", "target"):
+        limit = config[role].get("max_positions")
+        room = QUESTION_ROOM + settings.max_new_tokens
+        if limit and max(settings.budgets) + room > limit:
+            raise ConfigError(f"budget {max(settings.budgets)} does not fit the {role} model "
+                              f"'{config[role]['name']}': it allows {limit} positions and the question and answer "
+                              f"need about {room} more. Choose budgets of at most {limit - room}.")
+    return config
+
+
+def linear_cache(mot: MoT, linear: MoT, source: LoadedModel, target: LoadedModel, translation) -> list[hf.KV]:
+    """The closed-form map's window on the translation's own source context, replayed as the MoT's was."""
+    with torch.no_grad():
+        out = translate_window(linear, translation.source, source, target)
+        return replay_window(mot, target, translation, out.keys, out.values)
+
+
+def first_token_seconds(target: LoadedModel, kv: list[hf.KV] | None, suffix_ids: torch.Tensor) -> float:
+    """Seconds for the target to read the question over a cache and give its first answer token's logits."""
+    start = time.perf_counter()
+    with torch.no_grad():
+        hf.run(target.model, suffix_ids, kv)
+    return time.perf_counter() - start
+
+
+def document_rows(mot: MoT, linear: MoT | None, source: LoadedModel, target: LoadedModel, doc: LongExample,
+                  settings: LongSettings, means=None) -> list[dict]:
+    """One row per condition of one document: score, answer, time by stage, peak memory."""
+    example = doc.example
+    built = condition_caches(mot, source, target, example, seed=settings.seed, means=means,
+                             conditions=tuple(c for c in settings.conditions if c != "linear"))
+    translation, caches, build = built.translation, built.kv, built.seconds
+    timings = translation.timings
+    if "linear" in settings.conditions:
+        start = time.perf_counter()
+        caches["linear"] = linear_cache(mot, linear, source, target, translation)
+        build["linear"] = timings["source_prefill"] + timings["alignment"] + time.perf_counter() - start
+    suffix_ids = target.ids_tensor(encode(target.tokenizer, build_prompt(example, target.chat_frame).suffix_text))
+    first = {c: first_token_seconds(target, kv, suffix_ids) for c, kv in caches.items()}
+    answers = answers_from_caches(target, caches, example, settings.max_new_tokens)
+    gold = " | ".join(example.answers) if example.kind == "extractive" else example.choices[example.label]
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    return [{"budget": doc.budget, "source": doc.source, "id": example.id, "depth": doc.depth,
+             "evidence_fraction": doc.evidence_fraction, "condition": c, "score": answers[c].score,
+             "exact_match": answers[c].exact_match, "answer": answers[c].text, "gold": gold,
+             "context_tokens": int(translation.target_ids.shape[1]), "text_bytes": len(example.context.encode()),
+             "build_seconds": build[c], "first_token_seconds": first[c],
+             **{stage: timings.get(stage, np.nan) for stage in ("source_prefill", "alignment", "translator", "replay",
+                                                                 "native_prefill")},
+             "peak_rss_mb": peak} for c in caches]
+
+
+def _paired(wide: pd.DataFrame, condition: str, n_boot: int, seed: int) -> dict:
+    """Retention and gap closed of one condition, with paired bootstrap intervals over the same documents."""
+    native, none, value = (wide[c].to_numpy() for c in ("native", "no_context", condition)) if "no_context" in wide \
+        else (wide["native"].to_numpy(), np.full(len(wide), np.nan), wide[condition].to_numpy())
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(wide), size=(n_boot, len(wide)))  # (n_boot, n): the same resamples for every ratio
+    m_native, m_none, m_value = native[idx].mean(1), none[idx].mean(1), value[idx].mean(1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        retention = m_value / m_native
+        gap = (m_value - m_none) / (m_native - m_none)
+        point_r = value.mean() / native.mean() if native.mean() else np.nan
+        point_g = (value.mean() - none.mean()) / (native.mean() - none.mean()) if native.mean() != none.mean() \
+            else np.nan
+    out = {"retention": point_r, "gap_closed": point_g}
+    for name, boots in (("retention", retention), ("gap_closed", gap)):
+        finite = boots[np.isfinite(boots)]
+        lo, hi = np.quantile(finite, [0.025, 0.975]) if finite.size else (np.nan, np.nan)
+        out[f"{name}_ci_low"], out[f"{name}_ci_high"] = float(lo), float(hi)
+    return out
+
+
+def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Per source, budget and condition: score with its interval, retention and gap closed against native with
+    paired intervals, median time to the first answer token, cache and text megabytes."""
+    scored = df[df["condition"] != "skipped"]
+    out = []
+    for (src, budget), part in scored.groupby(["source", "budget"], sort=True):
+        wide = part.pivot_table(index="id", columns="condition", values="score").dropna()
+        stages = part.drop_duplicates("id").median(numeric_only=True)
+        for condition in [c for c in CONDITIONS if c in wide]:
+            rows = part[part["condition"] == condition]
+            ci = bootstrap_ci(wide[condition].to_numpy(), n_boot=n_boot, seed=seed)
+            target_side = stages["alignment"] + stages["translator"] + stages["replay"]
+            ttft = {"native": stages["native_prefill"], "no_context": 0.0, "mot": target_side,
+                    "linear": np.nan, "mean": np.nan}[condition] + rows["first_token_seconds"].median()
+            out.append({"source": src, "budget": int(budget), "condition": condition, "n": len(wide),
+                        "metric": "F1" if rows["exact_match"].notna().any() else "accuracy",
+                        "mean": ci.mean, "ci_low": ci.lo, "ci_high": ci.hi,
+                        **(_paired(wide, condition, n_boot, seed) if condition not in ("native", "no_context") else {}),
+                        "first_token_seconds": float(ttft),
+                        "build_seconds": float(rows["build_seconds"].median()),
+                        "context_tokens": float(rows["context_tokens"].median()),
+                        "text_mb": float(rows["text_bytes"].median()) / 1e6})
+    return pd.DataFrame(out)
+
+
+def stage_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Median seconds of each stage per source and budget, and the target side's ratio to its own prefill."""
+    docs = df[df["condition"] == "native"]
+    rows = []
+    for (src, budget), part in docs.groupby(["source", "budget"], sort=True):
+        m = part.median(numeric_only=True)
+        target_side = m["alignment"] + m["translator"] + m["replay"]
+        rows.append({"source": src, "budget": int(budget), "n": len(part), "source prefill": m["source_prefill"],
+                     "alignment": m["alignment"], "translator": m["translator"], "replay": m["replay"],
+                     "target side (alignment + translator + replay)": target_side,
+                     "native prefill": m["native_prefill"], "target side ÷ native": target_side / m["native_prefill"],
+                     "peak RSS (MB)": part["peak_rss_mb"].max()})
+    return pd.DataFrame(rows)
+
+
+def markdown(summary: pd.DataFrame, stages: pd.DataFrame, cache_mb: dict[str, float]) -> str:
+    """The run's tables: one per source and budget, then the stages."""
+    lines = []
+    for (src, budget), part in summary.groupby(["source", "budget"], sort=True):
+        metric = part["metric"].iloc[0]
+        lines += ["", f"### {src}, {budget} target tokens ({int(part['n'].iloc[0])} documents, {metric})", "",
+                  f"| condition | {metric} [95% CI] | retention [95% CI] | gap closed [95% CI] | first token (s) |",
+                  "|---|---|---|---|---:|"]
+        for r in part.itertuples():
+            paired = (f"{r.retention:.1%} [{r.retention_ci_low:.1%}, {r.retention_ci_high:.1%}] | "
+                      f"{r.gap_closed:+.2f} [{r.gap_closed_ci_low:+.2f}, {r.gap_closed_ci_high:+.2f}]"
+                      if r.condition not in ("native", "no_context") else "| ")
+            ttft = "" if np.isnan(r.first_token_seconds) else f"{r.first_token_seconds:.2f}"
+            lines.append(f"| {r.condition} | {r.mean:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] | {paired} | {ttft} |")
+    if len(stages):
+        lines += ["", "Median seconds per document (one run, this machine); peak RSS is the process's:", "",
+                  "| " + " | ".join(stages.columns) + " |", "|" + "---|" * len(stages.columns)]
+        lines += ["| " + " | ".join(f"{v:.2f}" if isinstance(v, float) else str(v) for v in row) + " |"
+                  for row in stages.itertuples(index=False)]
+    if cache_mb:
+        lines += ["", "KV cache per 1,000 tokens (fp16, every layer): "
+                  + ", ".join(f"{name} {mb:.1f} MB" for name, mb in cache_mb.items()) + "."]
+    return "\n".join(lines).strip() + "\n"
+
+
+def previous_rows(out_dir: Path, settings: LongSettings, resume: bool) -> pd.DataFrame | None:
+    """The rows of an earlier run of these settings in out_dir (--resume); results of other settings are refused."""
+    csv, meta = out_dir / "examples.csv", out_dir / "summary.json"
+    if not (csv.is_file() and meta.is_file()):
+        return None
+    try:
+        before = LongSettings.from_json(json.loads(meta.read_text())["settings"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"--out {out_dir} holds an unreadable {meta.name} ({exc}). Pass another --out folder.") from exc
+    changed = [k for k in RESUME_KEYS if getattr(before, k) != getattr(settings, k)]
+    if changed:
+        raise ConfigError(f"--out {out_dir} holds results of other settings ({', '.join(changed)} differ), which "
+                          "--resume cannot continue. Pass another --out folder.")
+    if not resume:
+        raise ConfigError(f"--out {out_dir} already holds results of these settings. Add --resume to keep them and "
+                          "compute only the missing documents, or pass another --out folder.")
+    try:
+        rows = pd.read_csv(csv, dtype=dict.fromkeys(TEXT_COLUMNS, str), keep_default_na=False, na_values=[""],
+                           float_precision="round_trip")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{csv} cannot be read as results ({exc}). Delete it to start again, or pass another "
+                          "--out folder.") from exc
+    if tuple(rows.columns) != ROW_COLUMNS:
+        raise ConfigError(f"{csv} does not hold this evaluation's columns. Delete it to start again, or pass another "
+                          "--out folder.")
+    return rows
+
+
+def write(out_dir: Path, rows: pd.DataFrame, settings: LongSettings, cache_mb: dict[str, float]) -> pd.DataFrame:
+    """Every result file of the run, each written whole (a kill never leaves a torn file)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = summarize(rows, settings.bootstrap, settings.seed)
+    stages = stage_table(rows)
+    for name, frame in (("examples.csv", rows), ("summary.csv", summary), ("stages.csv", stages)):
+        buffer = io.StringIO()
+        frame.to_csv(buffer, index=False)
+        write_text_atomic(out_dir / name, buffer.getvalue())
+    skipped = rows.loc[rows["condition"] == "skipped", ["budget", "id", "error"]].to_dict(orient="records")
+    meta = {"settings": asdict(settings), "date": str(datetime.date.today()), "skipped": skipped,
+            "summary": summary.to_dict(orient="records"), "stages": stages.to_dict(orient="records"),
+            "cache_mb_per_1000_tokens": cache_mb}
+    write_text_atomic(out_dir / "summary.json", json.dumps(meta, indent=2, default=str))
+    write_text_atomic(out_dir / "summary.md", f"Command: `{settings.command(out_dir)}`\n\nDate: {meta['date']}. "
+                      f"Skipped documents: {len(skipped)}.\n" + markdown(summary, stages, cache_mb))
+    return summary
+
+
+def run(settings: LongSettings, out_dir: Path, resume: bool = False, progress: bool = True) -> pd.DataFrame:
+    """Evaluate every budget's documents (those out_dir already holds are kept with --resume) and write the results;
+    partial results are written after every document and on an interruption."""
+    from tqdm import tqdm
+
+    config = check_settings(settings)
+    previous = previous_rows(out_dir, settings, resume)
+    source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
+    docs = [d for b in settings.budgets for d in long_examples(settings.source, target.tokenizer, b, settings.n,
+                                                                settings.seed)]
+    mot = load_checkpoint(settings.checkpoint, source, target)[0]
+    linear = load_checkpoint(settings.linear, source, target)[0] if "linear" in settings.conditions else None
+    means = reference_means(target, mot.channels.target_layers) if "mean" in settings.conditions else None
+    cache_mb = {f"source {source.spec.name}": kv_cache_bytes(source.spec) / 1e6,
+                f"target {target.spec.name}": kv_cache_bytes(target.spec) / 1e6}
+    rows = [] if previous is None else previous.to_dict(orient="records")
+    done = {(int(r["budget"]), r["id"]) for r in rows}
+    frame = lambda: pd.DataFrame(rows, columns=ROW_COLUMNS)  # noqa: E731
+    try:
+        for doc in tqdm(docs, desc="long context", disable=not progress, dynamic_ncols=True):
+            if (doc.budget, doc.example.id) in done:
+                continue
+            try:
+                rows += document_rows(mot, linear, source, target, doc, settings, means)
+            except MotVizError as exc:  # e.g. a document the source cannot hold: counted with its reason
+                rows.append({"budget": doc.budget, "source": doc.source, "id": doc.example.id, "condition": "skipped",
+                             "error": f"{type(exc).__name__}: {exc}"})
+            write(out_dir, frame(), settings, cache_mb)
+    except BaseException:  # Ctrl-C or a failure: what was computed is written first
+        if rows:
+            write(out_dir, frame(), settings, cache_mb)
+        raise
+    return write(out_dir, frame(), settings, cache_mb)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", required=True, help="the MoT checkpoint folder to evaluate")
+    parser.add_argument("--linear", help="the pair's closed-form map of the same window (default: <checkpoint>-linear)")
+    parser.add_argument("--source", default="stacks", help=f"{' | '.join(SOURCES)} | a .jsonl file of long contexts")
+    parser.add_argument("--budgets", type=int, nargs="+", default=list(BUDGETS), help="target tokens per document")
+    parser.add_argument("--n", type=int, default=48, help="documents per budget (stacks balance three depths)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the document sample")
+    parser.add_argument("--conditions", nargs="+", choices=CONDITIONS, default=list(CONDITIONS),
+                        help="caches to answer from (native is always needed)")
+    parser.add_argument("--max_new_tokens", type=int, default=MAX_NEW_TOKENS, help="longest generated answer")
+    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of each interval")
+    parser.add_argument("--out", required=True, help="folder of the results (created when missing)")
+    parser.add_argument("--resume", action="store_true", help="keep the documents --out already holds")
+    args = parser.parse_args(argv)
+    conditions = tuple(c for c in CONDITIONS if c in {"native", *args.conditions})
+    linear = args.linear or (default_linear(args.checkpoint) if "linear" in conditions else None)
+    settings = LongSettings(args.checkpoint, linear, args.source, tuple(args.budgets), args.n, args.seed,
+                            args.max_new_tokens, args.bootstrap, conditions)
+    return run_cli(lambda: print(markdown(run(settings, Path(args.out), args.resume), pd.DataFrame(), {})))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
