@@ -14,8 +14,12 @@ of native quality (translated ÷ native), the mean KV cosine to the native cache
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime
+import io
 import json
+import logging
+import math
 import sys
 import tempfile
 from dataclasses import dataclass, replace
@@ -30,14 +34,17 @@ from ..data.corpus import split_sequence, training_sequences
 from ..data.eval_data import BUILTIN_DATASETS, load_dataset
 from ..engine.alignment import encode
 from ..engine.checkpoint import WEIGHTS_FILE, load_checkpoint, read_config, weights_sha256
-from ..engine.models import LoadedModel, load_model
+from ..engine.models import LoadedModel, load_model, model_device
 from ..engine.mot import REPLAY_MODES, MoT, replay_mode, translate
 from ..engine.prompts import QAExample, build_prompt
 from ..errors import CheckpointError, ConfigError, MotVizError
+from ..fsutil import remove_stale_temporaries, write_text_atomic
 from .answers import (CONDITIONS, EXTRA_CONDITIONS, MAX_NEW_TOKENS, answers_from_caches, condition_caches,
                       translated_seconds)
 from .qa_metrics import bootstrap_ci
 from .report import markdown_table, paired_differences, paired_markdown, summarize
+
+log = logging.getLogger(__name__)
 
 
 def kv_cosine(a: list, b: list) -> float:
@@ -211,20 +218,24 @@ def check_settings(settings: EvalSettings) -> None:
 
 
 def check_out(out_dir: Path) -> None:
-    """Raise ConfigError unless out_dir is a folder this process can create and write into."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ConfigError(f"--out {out_dir} is a file. Pass a folder (it is created when missing).")
+    """Raise ConfigError unless out_dir is a folder this process can create and write into.
+
+    Nothing is created here (the folder appears with the first results): a run refused later leaves no empty folder.
+    """
+    existing = next(p for p in (out_dir, *out_dir.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        what = "is a file" if existing == out_dir else f"lies inside the file {existing}"
+        raise ConfigError(f"--out {out_dir} {what}. Pass a folder (it is created when missing).")
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=out_dir).close()
+        tempfile.TemporaryFile(dir=existing).close()
     except OSError as exc:
         raise ConfigError(f"Cannot write into --out {out_dir} ({exc.strerror}). Pass a folder you can write to.") from exc
 
 
 def previous_rows(out_dir: Path, settings: EvalSettings, resume: bool) -> pd.DataFrame | None:
     """The rows of an earlier run of these settings in out_dir, to keep (--resume); results of others are refused."""
-    csv, meta = out_dir / "examples.csv", out_dir / "summary.json"
-    if not (csv.is_file() and meta.is_file()):
+    table, meta = out_dir / "examples.csv", out_dir / "summary.json"
+    if not (table.is_file() and meta.is_file()):
         return None
     try:
         before = EvalSettings.from_json(json.loads(meta.read_text())["settings"])
@@ -237,16 +248,71 @@ def previous_rows(out_dir: Path, settings: EvalSettings, resume: bool) -> pd.Dat
     if not resume:
         raise ConfigError(f"--out {out_dir} already holds results of these settings. Add --resume to keep them and "
                           "compute only the missing examples, or pass another --out folder.")
+    return complete_rows(table, settings)
+
+
+def _whole(row: dict) -> bool:
+    """Whether a row of examples.csv parses completely: its keys set, and a scored row's numbers numbers."""
+    if not (row.get("dataset") and row.get("id") and row.get("condition")):
+        return False
+    if row["condition"] == "skipped":
+        return True
+    try:
+        numbers = [float(row[k]) for k in ("score", "seconds", "context_tokens")]
+        [float(row[k]) for k in ("exact_match", "kv_cosine") if row[k]]  # empty where a condition has none
+    except (KeyError, ValueError):
+        return False
+    return all(map(math.isfinite, numbers))
+
+
+def complete_rows(path: Path, settings: EvalSettings) -> pd.DataFrame:
+    """The rows of an earlier examples.csv that --resume keeps: those of every example with a whole row for each
+    condition (or its one "skipped" row). An example with a row cut short or damaged (a run killed while writing it,
+    by versions that wrote in place) is computed again, and a log line says so; a file that is not such a table at
+    all is refused with ConfigError."""
+    fix = "Move it away (or pass another --out folder) and run again without --resume."
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path} cannot be read ({exc.strerror}). {fix}") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is None or "\x00" in text:
+        raise ConfigError(f"{path} holds binary data, not the CSV table MoT Viz writes. {fix}")
+    # a file cut inside its header holds no row yet
+    header, *body = list(csv.reader(io.StringIO(text, newline=""))) if "\n" in text else [list(ROW_COLUMNS)]
+    if header not in (list(ROW_COLUMNS), list(ROW_COLUMNS[:-1])):  # runs before skipped rows had an "error"
+        raise ConfigError(f"{path} has the columns {', '.join(header[:12])}, not those of an examples.csv MoT Viz "
+                          f"writes ({', '.join(ROW_COLUMNS)}). {fix}")
+    if body and not text.endswith("\n"):  # every row ends with a newline: the last one was cut short
+        body.pop()
+    whole = [fields for fields in body if len(fields) == len(header) and _whole(dict(zip(header, fields)))]
+    conditions = {}
+    for fields in whole:
+        conditions.setdefault(tuple(fields[:2]), set()).add(fields[2])
+    wanted = set(settings.conditions) | ({"second"} if settings.second else set())
+    done = {key for key, found in conditions.items() if found in (wanted, {"skipped"})}
+    redo = {tuple(fields[:2]) for fields in body} - done
+    if redo or len(whole) < len(body) or not text.endswith("\n"):
+        log.warning(f"{path} was cut short or damaged (a run killed while writing it): {len(redo)} example(s) "
+                    "without a whole row per condition are computed again")
+    kept = io.StringIO()
+    csv.writer(kept, lineterminator="\n").writerows([header] + [f for f in whole if tuple(f[:2]) in done])
+    kept.seek(0)
     # texts stay texts ("None", "1.50"), floats round-trip exactly: kept rows are written back unchanged
-    return pd.read_csv(csv, dtype=dict.fromkeys(TEXT_COLUMNS, str), keep_default_na=False, na_values=[""],
+    return pd.read_csv(kept, dtype=dict.fromkeys(TEXT_COLUMNS, str), keep_default_na=False, na_values=[""],
                        float_precision="round_trip")
 
 
 def check_run(settings: EvalSettings, out_dir: Path, resume: bool = False):
     """Everything checked before a model is loaded. Returns the examples of each dataset and the rows to keep."""
     check_settings(settings)
+    model_device()  # an unavailable device ($MOT_VIZ_DEVICE) is refused before anything is read or written
     examples = {name: load_dataset(name, n=settings.n, seed=settings.seed) for name in settings.datasets}
     check_out(out_dir)
+    remove_stale_temporaries(out_dir)  # results files of runs killed while writing them
     return examples, previous_rows(out_dir, settings, resume) if settings.datasets else None
 
 
@@ -304,16 +370,17 @@ def _write(out_dir: Path, frames: list[pd.DataFrame], settings: EvalSettings) ->
     df = pd.concat([f for f in frames if len(f)] or [pd.DataFrame(columns=ROW_COLUMNS)])
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(df, settings.bootstrap, settings.seed)
-    df.to_csv(out_dir / "examples.csv", index=False)
-    summary.to_csv(out_dir / "summary.csv", index=False)
+    # each file is whole or absent, whenever the run is killed (a torn examples.csv would be resumed)
+    write_text_atomic(out_dir / "examples.csv", df.to_csv(index=False))
+    write_text_atomic(out_dir / "summary.csv", summary.to_csv(index=False))
     paired = paired_differences(df, n_boot=settings.bootstrap, seed=settings.seed)
-    paired.to_csv(out_dir / "paired.csv", index=False)
+    write_text_atomic(out_dir / "paired.csv", paired.to_csv(index=False))
     skipped = df.loc[df["condition"] == "skipped", ["dataset", "id", "error"]].to_dict(orient="records")
     meta = {"settings": settings.__dict__, "date": str(datetime.date.today()), "skipped": len(skipped),
             "skipped_examples": skipped, "summary": summary.to_dict(orient="records"),
             "weights_sha256": evaluated_weights(settings)}
-    (out_dir / "summary.json").write_text(json.dumps(meta, indent=2, default=str))
-    (out_dir / "summary.md").write_text(
+    write_text_atomic(out_dir / "summary.json", json.dumps(meta, indent=2, default=str))
+    write_text_atomic(out_dir / "summary.md",
         f"Command: `{settings.command()}`\n\nDate: {meta['date']}. Prompts: {settings.prompt}. Skipped examples: {len(skipped)}.\n\n"
         + "".join(f"* skipped {r['dataset']} {r['id']}: {r['error']}\n" for r in skipped) + ("\n" if skipped else "")
         + markdown_table(summary)
@@ -381,7 +448,7 @@ def run_lm(settings: EvalSettings, out_dir: Path, n: int) -> pd.DataFrame:
                               seed=train_cfg.get("seed", 42))[bank:]
     df = lm_losses(mot, source, target, rows, train_cfg.get("prefix_tokens", 64), settings.seed)
     out_dir.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out_dir / "lm.csv", index=False)
+    write_text_atomic(out_dir / "lm.csv", df.to_csv(index=False))
     scored = df[df["condition"] != "skipped"]
     lines = [f"Held-out LM check: {scored['row'].nunique()} LAMBADA sequences after the training bank "
              f"(skipped {int((df['condition'] == 'skipped').sum())}); target cross-entropy on the 64 prompt tokens, nats/token.", "",
@@ -391,7 +458,7 @@ def run_lm(settings: EvalSettings, out_dir: Path, n: int) -> pd.DataFrame:
         ci = bootstrap_ci(part["ce"].to_numpy(), n_boot=settings.bootstrap, seed=settings.seed)
         cos = part["kv_cosine"].mean()
         lines.append(f"| {condition} | {ci.mean:.3f} [{ci.lo:.3f}, {ci.hi:.3f}] | {'' if np.isnan(cos) else f'{cos:.3f}'} |")
-    (out_dir / "lm.md").write_text("\n".join(lines) + "\n")
+    write_text_atomic(out_dir / "lm.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
     return df
 

@@ -4,10 +4,17 @@ skip, an interrupted or shorter run resumes to the same rows, and contexts too l
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from conftest import CORPUS, tiny_model
 from mot_viz.data.eval_data import load_dataset, load_jsonl
@@ -202,3 +209,143 @@ def test_question_past_the_target_limit_names_the_target():
             answer_from_cache(target, cache, example, "native", max_new_tokens=4)
     short = QAExample("short", "toy", example.context, "Where?", ("x",))
     assert answer_from_cache(target, kv, short, "native", max_new_tokens=4).text is not None
+
+
+# --- torn results, refused runs ----------------------------------------------------------------------------------
+
+def sorted_rows(out) -> pd.DataFrame:
+    """rows(out) in one order: an example computed again comes last in the file."""
+    return rows(out).sort_values(["dataset", "id", "condition"]).reset_index(drop=True)
+
+
+@pytest.fixture()
+def warnings():
+    """What mot_viz.eval.evaluate logs (the mot_viz logger prints on stderr and does not propagate)."""
+    messages = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger(evaluate.__name__)
+    logger.addHandler(handler)
+    yield messages
+    logger.removeHandler(handler)
+
+
+def _cut_last_row(text: str) -> str:
+    return text[: text.rstrip("\n").rindex("\n") + 30]  # the header and rows before it whole, the last row cut
+
+
+def _drop_fields(text: str) -> str:
+    lines = text.split("\n")
+    lines[3] = lines[3].rsplit(",", 4)[0]  # a row in the middle missing its last fields
+    return "\n".join(lines)
+
+
+def _garble_score(text: str) -> str:
+    lines = text.split("\n")
+    fields = lines[5].split(",")
+    fields[3] = "0.9x"  # a non-numeric metric
+    lines[5] = ",".join(fields)
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("damage", [_cut_last_row, _drop_fields, _garble_score, lambda text: text[:20], lambda text: ""])
+def test_resume_computes_again_the_examples_of_a_torn_results_file(checkpoints, data, tmp_path, test_models, warnings,
+                                                                    damage):
+    assert evaluate.main(eval_argv(checkpoints, data, tmp_path / "whole", 3)) == 0
+    assert evaluate.main(eval_argv(checkpoints, data, tmp_path / "part", 3)) == 0
+    table = tmp_path / "part" / "examples.csv"
+    table.write_text(damage(table.read_text()))  # as a run killed while writing it in place left it
+    assert evaluate.main(eval_argv(checkpoints, data, tmp_path / "part", 3, "--resume")) == 0
+    pd.testing.assert_frame_equal(sorted_rows(tmp_path / "part"), sorted_rows(tmp_path / "whole"))
+    means = [json.loads((tmp_path / out / "summary.json").read_text())["summary"] for out in ("whole", "part")]
+    assert [r["mean"] for r in means[0]] == [r["mean"] for r in means[1]]
+    assert len(warnings) == 1 and f"{table} was cut short or damaged" in warnings[0]
+    assert "computed again" in warnings[0]
+
+
+@pytest.mark.parametrize("content, problem", [(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\xff", "binary data"),
+                                               (b"\xff\xfe\xfa garbage\n", "binary data"),
+                                               (b"name,value\nx,1\n", "has the columns name, value")])
+def test_resume_refuses_a_results_file_that_is_not_a_results_table(capsys, checkpoints, data, tmp_path, test_models,
+                                                                   content, problem):
+    out = tmp_path / "out"
+    assert evaluate.main(eval_argv(checkpoints, data, out, 1)) == 0
+    (out / "examples.csv").write_bytes(content)
+    capsys.readouterr()
+    err = cli_error(capsys, checkpoints, data, out, "--n", "2", "--max_new_tokens", "2", "--bootstrap", "20", "--resume")
+    assert err.startswith(f"error: ConfigError: {out / 'examples.csv'} ") and problem in err
+    assert "Move it away (or pass another --out folder) and run again without --resume." in err
+    assert (out / "examples.csv").read_bytes() == content  # never overwritten by a refused run
+
+
+KILLED_WHILE_WRITING = """
+import builtins, io, os, signal, sys
+from mot_viz.engine.testing import load_test_model
+from mot_viz.eval import evaluate
+
+evaluate.load_model = load_test_model
+real_open, opened = io.open, []
+
+class Dying:  # writes half of what it is given, then the process is killed (SIGKILL: no cleanup runs)
+    def __init__(self, file):
+        self.file = file
+    def write(self, data):
+        self.file.write(data[: len(data) // 2])
+        self.file.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+    def __enter__(self):
+        return self
+    def __exit__(self, *exc):
+        self.file.close()
+
+def dying_open(file, mode="r", *args, **kwargs):
+    handle = real_open(file, mode, *args, **kwargs)
+    if "w" in mode and os.path.basename(str(file)).startswith("examples.csv"):
+        opened.append(file)
+        if len(opened) == 2:  # the second write of the results: the first one is whole on disk
+            return Dying(handle)
+    return handle
+
+builtins.open = io.open = dying_open
+sys.exit(evaluate.main(sys.argv[1:]))
+"""
+
+
+def test_a_run_killed_while_writing_its_results_resumes_to_the_same_rows(checkpoints, data, tmp_path, test_models):
+    assert evaluate.main(eval_argv(checkpoints, data, tmp_path / "whole", 3)) == 0
+    out = tmp_path / "part"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(evaluate.__file__).parents[2])}
+    killed = subprocess.run([sys.executable, "-c", KILLED_WHILE_WRITING, *eval_argv(checkpoints, data, out, 3)],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert len(rows(out)) == 12  # the results written before the kill, whole: 3 examples x 4 conditions
+    assert evaluate.main(eval_argv(checkpoints, data, out, 3, "--resume")) == 0
+    pd.testing.assert_frame_equal(rows(out), rows(tmp_path / "whole"))
+    assert not list(out.glob("*.tmp-*"))  # the killed writer's half-written file was removed
+
+
+@pytest.mark.parametrize("device", ["cuda", "mps"])
+def test_a_run_refused_for_its_device_creates_nothing(capsys, checkpoints, data, tmp_path, no_models, monkeypatch,
+                                                      device):
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has the CUDA device")
+    monkeypatch.setenv("MOT_VIZ_DEVICE", device)
+    out = tmp_path / "results" / "out"
+    err = cli_error(capsys, checkpoints, data, out)
+    assert err.startswith(f"error: ModelLoadError: Device '{device}'")
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_run_refused_for_a_model_that_does_not_load_creates_nothing(capsys, checkpoints, data, tmp_path,
+                                                                      test_models):
+    moved = tmp_path / "checkpoint"
+    shutil.copytree(checkpoints["smollm2-to-gemma3"], moved)
+    config = json.loads((moved / "config.json").read_text())
+    config["source"]["name"] = "no-such-model"
+    (moved / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "out"
+    err = cli_error(capsys, {"smollm2-to-gemma3": moved}, data, out)
+    assert err.startswith("error: ModelLoadError: Cannot load model 'no-such-model'")
+    assert not out.exists()
