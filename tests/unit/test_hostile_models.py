@@ -247,3 +247,57 @@ def test_stale_temporaries_of_dead_processes_are_removed_when_converting(monkeyp
     models.bundled_model_dir("smollm2-135m")
     assert not dead_dir.exists() and not dead_file.exists()
     assert ours.exists()  # this process is alive: its temporary may be in use
+
+
+def _gguf(path: Path, architecture: str) -> Path:
+    """A small, well-formed GGUF file of `architecture`: its header and one tensor (gguf's own writer)."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_gguf_of_an_unsupported_architecture_is_refused_from_its_header_before_any_conversion(tmp_path,
+                                                                                                private_cache,
+                                                                                                monkeypatch):
+    from mot_viz.engine.model_cache import gguf_architecture
+
+    mamba = _gguf(tmp_path / "mamba.gguf", "mamba")
+    monkeypatch.setattr(models, "convert_gguf", lambda *a: pytest.fail("an unsupported GGUF was converted"))
+    _refused(str(mamba), "GGUF model of the 'mamba' architecture", "does not support", "nothing was converted",
+             "GGUF architectures it loads: gpt2, qwen2, llama, gemma3", "Supported families")
+    assert not private_cache.exists()  # not even hashed: nothing in the cache
+    assert gguf_architecture(_gguf(tmp_path / "llama.gguf", "llama")) == "llama"  # a supported one passes the header
+
+
+def test_a_supported_folder_with_auto_map_is_told_to_delete_it_and_then_loads(tiny_folder, tmp_path):
+    folder = tmp_path / "remote-llama"
+    folder.mkdir()
+    for f in tiny_folder.iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    config = json.loads((folder / "config.json").read_text())
+    sentinel = tmp_path / "ran"
+    (folder / "evil.py").write_text(f"open({str(sentinel)!r}, 'w').write('x')\n")
+    (folder / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoConfig": "evil.EvilConfig"}}))
+    error = _refused(str(folder), "auto_map", "never enables trust_remote_code", "family 'llama'",
+                     "delete the 'auto_map' entry from config.json", "transformers' own class is then used")
+    assert "use a model of a family" not in str(error).lower()
+    (folder / "config.json").write_text(json.dumps(config))  # the fix the message names
+    assert models.load_model(str(folder)).spec.model_type == "llama"
+    assert not sentinel.exists()
+
+
+def test_an_unsupported_folder_with_auto_map_is_told_to_use_a_supported_family(tmp_path):
+    folder = tmp_path / "remote-mamba"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "mamba", "auto_map": {"AutoConfig": "m.C"}}))
+    error = _refused(str(folder), "never enables trust_remote_code", "Use a model of a family transformers implements "
+                     "itself", "Supported families")
+    assert "delete the 'auto_map' entry" not in str(error)
