@@ -48,7 +48,7 @@ def layer_errors(candidate: torch.Tensor, reference: torch.Tensor) -> dict[str, 
     }
 
 
-def _compared_caches(translation: Translation, channels: Channels, comparison: str) -> dict[int, tuple]:
+def compared_caches(translation: Translation, channels: Channels, comparison: str) -> dict[int, tuple]:
     """Target layer -> (candidate K/V, native K/V) over the N_t context positions, for one comparison."""
     if translation.native_kv is None:
         raise ValueError("this translation was computed without the native cache")
@@ -66,7 +66,7 @@ def cache_error_table(translation: Translation, channels: Channels) -> pd.DataFr
     rows = []
     window = set(channels.target_layers)
     for comparison in COMPARISONS:
-        for layer, (cand, ref) in _compared_caches(translation, channels, comparison).items():
+        for layer, (cand, ref) in compared_caches(translation, channels, comparison).items():
             for j, kv in enumerate(KV_NAMES):
                 rows.append({"comparison": comparison, "kv": kv, "layer": layer, "in_window": layer in window,
                              **layer_errors(token_vectors(cand[j]), token_vectors(ref[j]))})
@@ -78,7 +78,7 @@ def cache_error_grid(translation: Translation, channels: Channels, comparison: s
     """Per-token `metric` of one comparison as a long table: layer, token, value (one row per cell)."""
     j = KV_NAMES.index(kv)
     frames = []
-    for layer, (cand, ref) in _compared_caches(translation, channels, comparison).items():
+    for layer, (cand, ref) in compared_caches(translation, channels, comparison).items():
         values = per_token_errors(token_vectors(cand[j]), token_vectors(ref[j]))[metric]
         frames.append(pd.DataFrame({"layer": layer, "token": np.arange(len(values)), "value": values.cpu().numpy()}))
     return pd.concat(frames, ignore_index=True)

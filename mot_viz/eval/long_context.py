@@ -220,20 +220,27 @@ def stage_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _fmt(value: float, spec: str, missing: str = "n/a") -> str:
+    """A number for a table; NaN (a ratio over a zero native score, a time not measured) as `missing`."""
+    return missing if value is None or np.isnan(value) else format(value, spec)
+
+
 def markdown(summary: pd.DataFrame, stages: pd.DataFrame, cache_mb: dict[str, float]) -> str:
     """The run's tables: one per source and budget, then the stages."""
     lines = []
     for (src, budget), part in summary.groupby(["source", "budget"], sort=True):
         metric = part["metric"].iloc[0]
-        lines += ["", f"### {src}, {budget} target tokens ({int(part['n'].iloc[0])} documents, {metric})", "",
+        n = int(part["n"].iloc[0])
+        lines += ["", f"### {src}, {budget} target tokens ({n} document{'s' * (n != 1)}, {metric})", "",
                   f"| condition | {metric} [95% CI] | retention [95% CI] | gap closed [95% CI] | first token (s) |",
                   "|---|---|---|---|---:|"]
         for r in part.itertuples():
-            paired = (f"{r.retention:.1%} [{r.retention_ci_low:.1%}, {r.retention_ci_high:.1%}] | "
-                      f"{r.gap_closed:+.2f} [{r.gap_closed_ci_low:+.2f}, {r.gap_closed_ci_high:+.2f}]"
+            paired = (f"{_fmt(r.retention, '.1%')} [{_fmt(r.retention_ci_low, '.1%')}, "
+                      f"{_fmt(r.retention_ci_high, '.1%')}] | {_fmt(r.gap_closed, '+.2f')} "
+                      f"[{_fmt(r.gap_closed_ci_low, '+.2f')}, {_fmt(r.gap_closed_ci_high, '+.2f')}]"
                       if r.condition not in ("native", "no_context") else "| ")
-            ttft = "" if np.isnan(r.first_token_seconds) else f"{r.first_token_seconds:.2f}"
-            lines.append(f"| {r.condition} | {r.mean:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] | {paired} | {ttft} |")
+            lines.append(f"| {r.condition} | {r.mean:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] | {paired} | "
+                         f"{_fmt(r.first_token_seconds, '.2f', '')} |")
     if len(stages):
         lines += ["", "Median seconds per document (one run, this machine); peak RSS is the process's:", "",
                   "| " + " | ".join(stages.columns) + " |", "|" + "---|" * len(stages.columns)]

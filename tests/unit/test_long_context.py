@@ -143,3 +143,61 @@ def test_the_evaluation_writes_every_condition_and_resumes_only_the_missing_docu
     assert meta["settings"]["budgets"] == [900] and "retention" in (out / "summary.md").read_text()
     with pytest.raises(ConfigError, match="other settings"):
         long_context.run(settings_for(checkpoints, seed=1), out, resume=True, progress=False)
+
+
+# ----- the analysis behind the Long context page -------------------------------------------------------------------
+
+
+def test_position_errors_are_the_per_token_errors_binned_along_the_document(checkpoints):
+    from mot_viz.analysis.cache_metrics import cache_error_grid
+    from mot_viz.analysis.long_context import evidence_token_range, layer_attention, position_error_table
+    from mot_viz.engine.checkpoint import load_checkpoint
+    from mot_viz.engine.mot import translate
+
+    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
+    mot, _ = load_checkpoint(checkpoints["smollm2-to-gemma3"], source, target)
+    doc = distractor_stacks(target.tokenizer, 900, 2, seed=0)[1]
+    text = "Read this. " + doc.example.context  # the document sits inside a longer translated text
+    translation = translate(mot, source, target, text)
+    table = position_error_table(translation, mot.channels, target.spec, bin_tokens=50)
+    assert set(table["layer"]) == set(mot.channels.target_layers)
+    grid = cache_error_grid(translation, mot.channels, "replayed", "K", "rel_l2")
+    for layer in mot.channels.target_layers:
+        per_token = grid[grid["layer"] == layer]["value"].to_numpy()
+        rows = table[(table["layer"] == layer) & (table["comparison"] == "replayed") & (table["kv"] == "K")]
+        assert rows["position"].tolist() == list(range(0, len(per_token), 50))
+        assert rows["value"].to_numpy() == pytest.approx([per_token[i:i + 50].mean() for i in rows["position"]],
+                                                        rel=1e-5)
+        assert (rows["attention"] == layer_attention(target.spec, layer)).all()
+    first, last = evidence_token_range(translation, doc.example.context, doc.evidence)
+    spans = translation.source.alignment.target_spans
+    offset = text.index(doc.example.context)
+    evidence = text[offset + doc.evidence[0]:offset + doc.evidence[1]]
+    covered = text[spans[first][0]:spans[last - 1][1]]
+    assert evidence.strip() in covered and len(covered) < len(evidence) + 40  # the evidence's tokens, no more
+    assert evidence_token_range(translation, doc.example.context, None) is None
+
+
+def test_gemma3_sliding_layers_are_named_with_their_window():
+    from mot_viz.analysis.long_context import layer_attention
+
+    spec = load_test_model("gemma3-270m").spec
+    kinds = {layer_attention(spec, i) for i in range(spec.num_layers)}
+    assert "global" in kinds and any(k.startswith("sliding (") for k in kinds) == bool(spec.sliding_layers)
+
+
+def test_retention_curve_marks_this_documents_point():
+    from mot_viz.analysis.long_context import first_token_figure, first_token_table, retention_curve_figure
+
+    summary = pd.DataFrame([{"condition": c, "budget": b, "retention": r, "retention_ci_low": r - 0.1,
+                             "retention_ci_high": r + 0.1, "n": 12}
+                            for b, r in ((512, 0.9), (1024, 0.8)) for c in ("mot", "linear", "mean", "native")])
+    fig = retention_curve_figure(summary, {"mot": 0.5}, 1024)
+    names = [t.name for t in fig.data]
+    assert names == ["MoT", "MoT: this document", "linear map", "mean-vector window"]
+    assert list(fig.data[0].y) == [0.9, 0.8] and list(fig.data[1].x) == [1024] and list(fig.data[1].y) == [0.5]
+    table = first_token_table({"alignment": 0.1, "translator": 0.2, "replay": 1.0, "native_prefill": 1.5,
+                               "source_prefill": 2.0}, {"mot": 0.3, "native": 0.3})
+    paths = table.groupby("path", sort=False)["seconds"].sum()
+    assert paths["translated cache"] == pytest.approx(1.6) and paths["target reads the text"] == pytest.approx(1.8)
+    assert len(first_token_figure(table).data) == table["stage"].nunique()
