@@ -37,7 +37,7 @@ from ..engine import hf
 from ..engine.alignment import encode
 from ..engine.checkpoint import load_checkpoint, read_config
 from ..engine.models import LoadedModel, load_model
-from ..engine.mot import MoT, replay_window, translate_window
+from ..engine.mot import MoT, Translation, replay_window, translate_window
 from ..engine.prompts import build_prompt
 from ..errors import ConfigError, MotVizError
 from ..fsutil import write_text_atomic
@@ -132,9 +132,17 @@ def first_token_seconds(target: LoadedModel, kv: list[hf.KV] | None, suffix_ids:
     return time.perf_counter() - start
 
 
-def document_rows(mot: MoT, linear: MoT | None, source: LoadedModel, target: LoadedModel, doc: LongExample,
-                  settings: LongSettings, means=None) -> list[dict]:
-    """One row per condition of one document: score, answer, time by stage, peak memory."""
+@dataclass
+class DocumentResult:
+    """One document evaluated: a row per condition (document_rows) and the translation they came from."""
+
+    rows: list[dict]
+    translation: Translation
+
+
+def evaluate_document(mot: MoT, linear: MoT | None, source: LoadedModel, target: LoadedModel, doc: LongExample,
+                      settings: LongSettings, means=None) -> DocumentResult:
+    """Every condition's cache of one document, its answer, the time to its first answer token, and the stages."""
     example = doc.example
     built = condition_caches(mot, source, target, example, seed=settings.seed, means=means,
                              conditions=tuple(c for c in settings.conditions if c != "linear"))
@@ -149,7 +157,7 @@ def document_rows(mot: MoT, linear: MoT | None, source: LoadedModel, target: Loa
     answers = answers_from_caches(target, caches, example, settings.max_new_tokens)
     gold = " | ".join(example.answers) if example.kind == "extractive" else example.choices[example.label]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    return [{"budget": doc.budget, "source": doc.source, "id": example.id, "depth": doc.depth,
+    rows = [{"budget": doc.budget, "source": doc.source, "id": example.id, "depth": doc.depth,
              "evidence_fraction": doc.evidence_fraction, "condition": c, "score": answers[c].score,
              "exact_match": answers[c].exact_match, "answer": answers[c].text, "gold": gold,
              "context_tokens": int(translation.target_ids.shape[1]), "text_bytes": len(example.context.encode()),
@@ -157,6 +165,13 @@ def document_rows(mot: MoT, linear: MoT | None, source: LoadedModel, target: Loa
              **{stage: timings.get(stage, np.nan) for stage in ("source_prefill", "alignment", "translator", "replay",
                                                                  "native_prefill")},
              "peak_rss_mb": peak} for c in caches]
+    return DocumentResult(rows, translation)
+
+
+def document_rows(mot: MoT, linear: MoT | None, source: LoadedModel, target: LoadedModel, doc: LongExample,
+                  settings: LongSettings, means=None) -> list[dict]:
+    """One row per condition of one document: score, answer, time by stage, peak memory."""
+    return evaluate_document(mot, linear, source, target, doc, settings, means).rows
 
 
 def _paired(wide: pd.DataFrame, condition: str, n_boot: int, seed: int) -> dict:
