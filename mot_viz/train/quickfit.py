@@ -4,7 +4,8 @@ checkpoint folder in the user cache (method.md §13, "Linear"), so every page wo
     python -m mot_viz.train.quickfit --source smollm2-135m --target gemma3-270m --tokens 4096
 
 The bank (mot_viz.train.bank) and the fit (mot_viz.train.fit.fit_linear) are the ones training uses; a second request
-for the same (pair, window, bank) loads the saved checkpoint instead of fitting again.
+for the same (pair, window, bank) loads the saved checkpoint instead of fitting again; concurrent requests (two
+browser tabs, two processes) fit it once, the others wait for it under a file lock.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 
 from ..cli import run_cli
 from ..engine.channels import Channels, terminal_channels
@@ -26,7 +28,8 @@ from ..engine.checkpoint import CONFIG_FILE, save_checkpoint
 from ..engine.model_cache import cache_dir
 from ..engine.models import LoadedModel, load_model
 from ..engine.mot import MoT
-from ..errors import ConfigError
+from ..errors import ConfigError, ContextError
+from ..fsutil import remove_stale_temporaries
 from .bank import BankConfig, build_bank
 from .fit import fit_linear
 
@@ -85,12 +88,40 @@ def fit_pair(source: LoadedModel, target: LoadedModel, cfg: QuickFitConfig = Qui
              on_progress: Callable[[str, float], None] | None = None, progress: bool = False) -> Path:
     """Fit (or find) the linear translator of the pair and return its checkpoint folder.
 
-    on_progress(message, fraction done) reports the bank build and the fit (the app's progress bar).
+    on_progress(message, fraction done) reports the bank build and the fit (the app's progress bar). A request made
+    while another thread or process fits the same (pair, cfg) waits for it and returns its checkpoint.
     """
     out = quickfit_dir(source, target, cfg)
     if (out / CONFIG_FILE).is_file():
         return out
-    report = on_progress or (lambda message, fraction: None)
+    reads = _reads(source, target)
+    shorter = min(reads, key=reads.get)
+    if cfg.max_context_tokens > reads[shorter]:  # refused before anything is written
+        raise _too_long(cfg, reads, f"the model '{shorter}' reads at most {reads[shorter]}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out.with_name(out.name + ".lock"))):
+        if (out / CONFIG_FILE).is_file():  # fitted by whoever held the lock before us
+            return out
+        remove_stale_temporaries(out.parent)  # folders of fits whose process died while saving
+        return _fit(source, target, cfg, out, on_progress or (lambda message, fraction: None), progress)
+
+
+def _reads(*models: LoadedModel) -> dict[str, int]:
+    """The longest context each model reads, in its own tokens (after its BOS), by model name."""
+    return {m.spec.name: m.spec.max_positions - len(m.prefix_ids) for m in models}
+
+
+def _too_long(cfg: QuickFitConfig, reads: dict[str, int], problem: str) -> ContextError:
+    """The error of a bank whose contexts one of the models cannot read, with this command's fix."""
+    return ContextError(
+        f"The quick fit's bank holds contexts of up to {cfg.max_context_tokens} target tokens, but {problem}. Pass a "
+        f"smaller --max_context_tokens to python -m mot_viz.train.quickfit (at most {min(reads.values())}, less when "
+        "the source's tokenizer splits text finer than the target's).")
+
+
+def _fit(source: LoadedModel, target: LoadedModel, cfg: QuickFitConfig, out: Path,
+         report: Callable[[str, float], None], progress: bool) -> Path:
+    """Build the bank, fit the ridge map and save the checkpoint at out (fit_pair holds the lock)."""
     t0 = time.perf_counter()
     channels = quickfit_channels(source, target, cfg)
     torch.manual_seed(cfg.seed)
@@ -98,8 +129,14 @@ def fit_pair(source: LoadedModel, target: LoadedModel, cfg: QuickFitConfig = Qui
     bank_cfg = BankConfig(corpus=cfg.corpus, num_tokens=cfg.tokens, min_tokens=cfg.min_context_tokens,
                           max_tokens=cfg.max_context_tokens, seed=cfg.seed)
     report("building the bank: source prefill, alignment and the target's own window K/V", 0.0)
-    bank = build_bank(mot, source, target, bank_cfg, progress=progress,
-                      on_progress=lambda done, total: report(f"bank: {done:,} of {total:,} tokens", 0.9 * done / total))
+    try:
+        bank = build_bank(mot, source, target, bank_cfg, progress=progress,
+                          on_progress=lambda done, total: report(f"bank: {done:,} of {total:,} tokens",
+                                                                 0.9 * done / total))
+    except ContextError as exc:  # its message names the evaluator's flag; this command has its own
+        reads = _reads(source, target)
+        raise _too_long(cfg, reads, f"one of them is longer in source tokens than the source model "
+                                    f"'{source.spec.name}' reads ({reads[source.spec.name]})") from exc
     bank_seconds = time.perf_counter() - t0
     report("fitting the ridge map in closed form", 0.9)
     fit = fit_linear(mot, bank)
@@ -123,13 +160,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="first target layer of the window (default: the terminal window)")
     parser.add_argument("--window_size", type=int, default=QuickFitConfig.window_size,
                         help="layers in the window when --window_start is given")
+    parser.add_argument("--max_context_tokens", type=int, default=QuickFitConfig.max_context_tokens,
+                        help="longest bank context, in target tokens (lower it for a model with a short context)")
     parser.add_argument("--key_space", choices=("pre_rope", "post_rope"), default=QuickFitConfig.key_space,
                         help="translate keys before rotation (pre_rope) or as cached (post_rope)")
     args = parser.parse_args(argv)
 
     def body() -> None:
         cfg = QuickFitConfig(tokens=args.tokens, window_start=args.window_start, window_size=args.window_size,
-                             key_space=args.key_space)
+                             key_space=args.key_space, max_context_tokens=args.max_context_tokens,
+                             min_context_tokens=min(QuickFitConfig.min_context_tokens, args.max_context_tokens))
         source, target = load_model(args.source), load_model(args.target)
         print(fit_pair(source, target, cfg, progress=True))
 

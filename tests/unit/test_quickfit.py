@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import threading
+from pathlib import Path
+
 import pytest
 import torch
 
 from conftest import tiny_model
 from mot_viz.engine.checkpoint import load_checkpoint
 from mot_viz.engine.mot import translate
-from mot_viz.errors import ConfigError
+from mot_viz.errors import ConfigError, ContextError
 from mot_viz.train import quickfit
 from mot_viz.train.quickfit import QuickFitConfig, fit_pair, quickfit_channels
 
@@ -67,3 +71,64 @@ def test_the_cli_reports_a_bad_request_in_one_line(capsys):
     assert quickfit.main(["--source", "", "--target", "gemma3-270m"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "Traceback" not in err
+
+
+def test_two_tabs_fitting_the_same_pair_at_once_fit_it_once_and_both_get_it(cache, monkeypatch):
+    source, target = _pair()
+    builds, results, errors = [], [], []
+    build_bank = quickfit.build_bank
+    monkeypatch.setattr(quickfit, "build_bank", lambda *a, **k: builds.append(1) or build_bank(*a, **k))
+    start = threading.Barrier(2)
+
+    def tab():
+        start.wait()
+        try:
+            results.append(fit_pair(source, target, SMALL))
+        except Exception as exc:  # what a tab would show raw
+            errors.append(exc)
+
+    threads = [threading.Thread(target=tab) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert errors == [] and len(results) == 2 and results[0] == results[1]
+    assert len(builds) == 1  # the second waited for the first's checkpoint instead of fitting into the same folder
+    load_checkpoint(results[0], source, target)
+    assert not list((cache / "fits").glob("*.tmp-*"))
+
+
+def _save(lm, folder):
+    lm.model.save_pretrained(folder)
+    lm.tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def test_a_short_context_model_is_told_the_flag_quickfit_has(cache, tmp_path, capsys):
+    short = _save(tiny_model("gpt2", vocab_size=280, layers=4, seed=1, max_positions=40), tmp_path / "short-gpt2")
+    target = _save(tiny_model("llama", layers=6), tmp_path / "llama")
+    argv = ["--source", short, "--target", target, "--tokens", "256"]
+    capsys.readouterr()
+    assert quickfit.main(argv) == 2
+    err = capsys.readouterr().err.splitlines()[-1]  # after transformers' loading bars
+    assert err.startswith("error: ContextError: The quick fit's bank holds contexts of up to 256 target tokens, but "
+                          f"the model '{short}' reads at most 40. Pass a smaller --max_context_tokens to "
+                          "python -m mot_viz.train.quickfit (at most 40")
+    assert "mot_viz.eval.evaluate" not in err and not (cache / "fits").exists()
+    assert quickfit.main(argv + ["--max_context_tokens", "24"]) == 0  # the fix named works
+    fitted = Path(capsys.readouterr().out.strip())
+    assert json.loads((fitted / "config.json").read_text())["training"]["max_context_tokens"] == 24
+
+
+def test_a_bank_context_too_long_in_source_tokens_names_the_quickfit_flag(cache):
+    # the source reads 40 tokens, the bank's contexts are 36-40 target tokens: the source's finer tokenizer
+    # (a smaller vocabulary) makes some of them longer than 40 source tokens
+    source = tiny_model("gpt2", vocab_size=260, layers=4, seed=1, max_positions=40, name="short-gpt2")
+    target = tiny_model("llama", vocab_size=400, layers=6)
+    cfg = QuickFitConfig(tokens=256, min_context_tokens=36, max_context_tokens=40, window_ratio=0.5)
+    with pytest.raises(ContextError) as err:
+        fit_pair(source, target, cfg)
+    message = str(err.value)
+    assert "longer in source tokens than the source model 'short-gpt2' reads (40)" in message
+    assert "Pass a smaller --max_context_tokens to python -m mot_viz.train.quickfit" in message
+    assert "mot_viz.eval.evaluate" not in message
