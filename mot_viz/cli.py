@@ -1,6 +1,6 @@
 """One convention for every command line and every progress message.
 
-Progress goes through the ``mot_viz`` logger (``logging.getLogger("mot_viz.<module>")``), which prints
+Progress goes through the ``mot_viz`` logger (``cli.logger(__name__)``, i.e. ``mot_viz.<module>``), which prints
 ``[mot_viz.<module>] message`` on stderr at INFO unless the application configures logging itself. A
 command's ``main`` runs under ``run_cli``: a user error (MotVizError) is one line, ``error: <Type>: <message
 with its fix>``, and exit status 2; Ctrl-C is status 130. Flags use underscores and every flag has help.
@@ -27,6 +27,18 @@ def _default_handler() -> None:
 
 
 _default_handler()
+
+
+def logger(name: str) -> logging.Logger:
+    """The logger of module `name` (pass ``__name__``), under the ``mot_viz`` logger and its handler.
+
+    ``python -m mot_viz.train.train`` runs the module as ``__main__``, whose logger has no handler: its
+    spec still holds the real name, so a command logs as ``mot_viz.train.train`` however it was started.
+    """
+    if name == "__main__":
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
+        name = spec.name if spec is not None else LOGGER.name
+    return logging.getLogger(name)
 
 
 def error_line(exc: MotVizError) -> str:

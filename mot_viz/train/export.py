@@ -5,12 +5,15 @@
 
 ``--shared_linear`` stores a linear-initialised mixture's fixed linear path once, in the linear checkpoint it
 equals (mot_viz.engine.checkpoint); the source may also be a checkpoint folder, rewritten in place when it is the output.
+An output folder that already holds files is replaced only with ``--overwrite``; a run's folder or state unit,
+a folder inside the source and one holding it never are.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -18,6 +21,8 @@ import torch
 
 from ..engine.checkpoint import CONFIG_FILE, SHARED_LINEAR, load_checkpoint, save_checkpoint
 from ..engine.mot import REPLAY_MODES, mot_config_json, replay_mode
+from ..errors import ConfigError
+from .runs import CONFIG_FILE as RUN_CONFIG_FILE, STATE_FILE
 
 LOG_FILES = ("log.jsonl", "bank_log.jsonl")  # training curves kept beside the weights (the Training page reads them)
 
@@ -38,15 +43,39 @@ def _from_run(config: dict, log_rows: list[dict]) -> dict:
     return training
 
 
+def check_output(source: Path, out: Path, overwrite: bool) -> None:
+    """Refuse an output whose replacement would delete what the user did not ask to lose, before anything is written.
+
+    A checkpoint folder may be re-saved onto itself (its config and logs are carried over); a run's folder, its
+    state unit, and anything inside the source or holding it never are replaced.
+    """
+    src, dst = source.resolve(), out.resolve()  # symlinks too: a link to the run is the run
+    if (dst / RUN_CONFIG_FILE).is_file() or (dst / STATE_FILE).is_file():
+        raise ConfigError(f"'{out}' holds a training run or its resumable state, which the export would delete. "
+                          "Choose an output folder outside the source and any run, e.g. pretrained/<name>.")
+    in_place = dst == src and (src / CONFIG_FILE).is_file()
+    if not in_place and (dst == src or src in dst.parents or dst in src.parents):
+        raise ConfigError(f"'{out}' is the source '{source}', lies inside it or holds it, so the export would replace "
+                          "the source's own files. Choose an output folder outside the source and any run, e.g. "
+                          "pretrained/<name>.")
+    if dst.exists() and not dst.is_dir():
+        raise ConfigError(f"'{out}' is a file. Choose a folder for the exported checkpoint.")
+    if not in_place and not overwrite and dst.is_dir() and any(dst.iterdir()):
+        raise ConfigError(f"'{out}' already holds files, which the export would replace. Choose a new or empty "
+                          "folder, or pass --overwrite to replace it.")
+
+
 def export_run(run_dir: str | Path, out_dir: str | Path, shared_linear: str | Path | None = None,
-               replay: str = "checkpoint") -> Path:
+               replay: str = "checkpoint", overwrite: bool = False) -> Path:
     """Write a run's checkpoint (run_dir/checkpoint) or a checkpoint folder to out_dir as fp16, with its logs.
 
     From a run: how it was trained and its final log row are added to config.json. From a checkpoint folder:
     its config is kept as it is (every key but the weights' storage), so this re-saves it, e.g. with a shared
     linear path. replay: how the exported checkpoint replays (mot.replay_mode; "checkpoint" keeps the run's).
+    overwrite: replace an out_dir that already holds files (check_output says what is never replaced).
     """
     src = Path(run_dir)
+    check_output(src, Path(out_dir), overwrite)
     is_checkpoint = (src / CONFIG_FILE).is_file()
     mot, config = load_checkpoint(src if is_checkpoint else src / "checkpoint")
     mot.replay = replay_mode(mot.replay, replay)
@@ -59,8 +88,15 @@ def export_run(run_dir: str | Path, out_dir: str | Path, shared_linear: str | Pa
         metrics = {**config.get("metrics", {}), "final_log": log_rows[-1] if log_rows else None}
     own = {"format_version", "training", "metrics", SHARED_LINEAR, *mot_config_json(mot)}
     extra = {k: v for k, v in config.items() if k not in own}
-    out = save_checkpoint(mot, out_dir, dtype=torch.float16, training=training, metrics=metrics, extra=extra,
-                          shared_linear=shared_linear)
+    absolute = Path(out_dir).absolute()
+    made = next((p for p in reversed([absolute, *absolute.parents]) if not p.exists()), None)
+    try:
+        out = save_checkpoint(mot, out_dir, dtype=torch.float16, training=training, metrics=metrics, extra=extra,
+                              shared_linear=shared_linear)
+    except BaseException:
+        if made is not None:  # folders this export created for its output: a refused export leaves none
+            shutil.rmtree(made, ignore_errors=True)
+        raise
     for name, text in logs.items():
         (Path(out) / name).write_text(text)
     return out
@@ -70,7 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Export a training run (or re-save a checkpoint) as an fp16 "
                                                  "checkpoint folder.")
     parser.add_argument("source", help="a run folder (holding checkpoint/ and log.jsonl) or a checkpoint folder")
-    parser.add_argument("out", help="the checkpoint folder to write (replaced atomically; may be the source)")
+    parser.add_argument("out", help="the checkpoint folder to write (replaced atomically; may be a checkpoint source "
+                                    "itself, never a run's folder or anything inside or around the source)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an output folder that already holds files (e.g. an earlier export)")
     parser.add_argument("--shared_linear", default=None, metavar="CHECKPOINT",
                         help="a linear checkpoint whose weights equal this mixture's fixed linear path: store them "
                              "there only (saves ~9 MB per shipped mixture)")
@@ -80,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from ..cli import run_cli
 
-    return run_cli(lambda: print(export_run(args.source, args.out, args.shared_linear, args.replay)))
+    return run_cli(lambda: print(export_run(args.source, args.out, args.shared_linear, args.replay, args.overwrite)))
 
 
 if __name__ == "__main__":

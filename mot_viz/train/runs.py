@@ -1,8 +1,9 @@
 """A training run's folder on disk: what may be overwritten, and the resumable state as one atomic unit.
 
-``run_dir/checkpoint/`` is a MoT checkpoint folder that also holds the optimiser moments
-(``optimizer.safetensors``) and the step counter (``train_state.json``, written last). It is written
-whole to ``checkpoint.tmp-PID`` and swapped into place, so a kill at any moment leaves either the
+``run_dir/checkpoint/`` is a MoT checkpoint folder that also holds the optimiser's full state
+(``optimizer.safetensors``: every parameter's own tensors — its Adam step, which lags for an expert the
+router skipped, and its moments) and the step counter with the optimiser's other values (``train_state.json``,
+written last). It is written whole to ``checkpoint.tmp-PID`` and swapped into place, so a kill at any moment leaves either the
 previous unit or the new one; ``recover_checkpoint`` finds the newest complete unit after a kill
 between the two renames. Only safetensors and JSON are read.
 """
@@ -19,6 +20,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from ..cli import logger
 from ..engine.checkpoint import load_checkpoint, swap_into_place, write_checkpoint
 from ..engine.mot import MoT
 from ..errors import CheckpointError, ConfigError
@@ -80,23 +82,54 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
     return False
 
 
+def _parameter_names(mot: MoT, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The translator's names of the optimiser's parameters, in the order its state_dict numbers them."""
+    names = {id(p): n for n, p in mot.translator.named_parameters()}
+    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def _optimizer_state(mot: MoT, optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    """The optimiser's full state_dict keyed by parameter name: its tensors ("<name>::<key>") and the rest as JSON."""
+    order = _parameter_names(mot, optimizer)
+    saved = optimizer.state_dict()
+    tensors, values = {}, {}
+    for index, state in saved["state"].items():
+        for key, value in state.items():
+            if torch.is_tensor(value):
+                tensors[f"{order[index]}::{key}"] = value.contiguous()
+            else:
+                values.setdefault(order[index], {})[key] = value
+    groups = [{**group, "params": [order[i] for i in group["params"]]} for group in saved["param_groups"]]
+    return tensors, {"param_groups": groups, "values": values}
+
+
+def _load_optimizer_state(unit: Path, mot: MoT, optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
+                          saved: dict) -> None:
+    """Give the optimiser back what _optimizer_state wrote, every parameter its own step and moments."""
+    index = {name: i for i, name in enumerate(_parameter_names(mot, optimizer))}
+    try:
+        state: dict[int, dict] = {}
+        for key, tensor in tensors.items():
+            name, _, field = key.rpartition("::")
+            state.setdefault(index[name], {})[field] = tensor.clone()  # owned, not backed by the file
+        for name, fields in saved["values"].items():
+            state.setdefault(index[name], {}).update(fields)
+        groups = [{**group, "params": [index[n] for n in group["params"]]} for group in saved["param_groups"]]
+        optimizer.load_state_dict({"state": state, "param_groups": groups})
+    except (KeyError, ValueError, TypeError) as exc:
+        raise CheckpointError(f"the optimiser state in '{unit}' does not fit this run's translator ({exc}). "
+                              "Start the run again with --overwrite.") from exc
+
+
 def save_state(run_dir: Path, mot: MoT, optimizer: torch.optim.Optimizer, step: int, training: dict,
                metrics: dict) -> Path:
-    """Write checkpoint + optimiser moments + step as one unit, atomically."""
-    names = {id(p): n for n, p in mot.translator.named_parameters()}
-    tensors = {}
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            state = optimizer.state.get(p, {})
-            for key in ("exp_avg", "exp_avg_sq"):
-                if key in state:
-                    tensors[f"{names[id(p)]}::{key}"] = state[key].contiguous()
-    adam_step = next((float(s["step"]) for s in optimizer.state.values() if "step" in s), 0.0)
+    """Write checkpoint + the optimiser's full state + step as one unit, atomically."""
+    tensors, values = _optimizer_state(mot, optimizer)
     final = run_dir / CHECKPOINT
     tmp = final.with_name(final.name + f".tmp-{os.getpid()}")
     write_checkpoint(mot, tmp, training={**training, "steps_done": step}, metrics=metrics)
     save_file(tensors, str(tmp / OPTIMIZER_FILE))
-    (tmp / STATE_FILE).write_text(json.dumps({"step": step, "adam_step": adam_step}))
+    write_text_atomic(tmp / STATE_FILE, json.dumps({"step": step, "optimizer": values}))
     return swap_into_place(tmp, final)
 
 
@@ -138,7 +171,7 @@ def recover_checkpoint(run_dir: Path) -> Path | None:
 
 
 def load_state(run_dir: Path, mot: MoT, optimizer: torch.optim.Optimizer) -> int:
-    """Restore translator weights and optimiser moments from the run's state unit; returns its step."""
+    """Restore translator weights and the optimiser's full state from the run's state unit; returns its step."""
     unit = recover_checkpoint(run_dir)
     if unit is None:
         raise CheckpointError(f"'{run_dir}' has no complete checkpoint to resume from. Start it again with --overwrite.")
@@ -149,14 +182,27 @@ def load_state(run_dir: Path, mot: MoT, optimizer: torch.optim.Optimizer) -> int
         tensors = load_file(str(unit / OPTIMIZER_FILE))
     except (SafetensorError, OSError) as exc:
         raise CheckpointError(f"{unit / OPTIMIZER_FILE} is damaged ({exc}). Start the run again with --overwrite.") from exc
+    if "optimizer" in state:
+        _load_optimizer_state(unit, mot, optimizer, tensors, state["optimizer"])
+    else:
+        _load_moments_only(unit, mot, optimizer, tensors, state["adam_step"])
+    return int(state["step"])
+
+
+def _load_moments_only(unit: Path, mot: MoT, optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
+                       adam_step: float) -> None:
+    """A unit written before the full optimiser state: its moments, and one Adam step for every parameter."""
+    logger(__name__).warning(
+        f"'{unit}' holds one Adam step for all parameters (an older MoT Viz): experts the router skipped resume with "
+        "too high a step, so this run continues close to, not exactly as, an uninterrupted one. For an exact run, "
+        "start it again with --overwrite.")
     for name, p in mot.translator.named_parameters():
         if f"{name}::exp_avg" in tensors:
             optimizer.state[p] = {
-                "step": torch.tensor(state["adam_step"]),
+                "step": torch.tensor(adam_step),
                 "exp_avg": tensors[f"{name}::exp_avg"].to(p.device, copy=True),
                 "exp_avg_sq": tensors[f"{name}::exp_avg_sq"].to(p.device, copy=True),
             }
-    return int(state["step"])
 
 
 def has_state(run_dir: Path) -> bool:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import random
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..cli import run_cli
+from ..cli import logger, run_cli
 from ..data.corpus import split_sequence, training_sequences
 from ..engine import hf
 from ..engine.channels import (Channels, depth_ratio_candidates, depth_ratio_window, injection_channels,
@@ -256,13 +255,12 @@ def train(cfg: TrainConfig, resume: bool = False, source: LoadedModel | None = N
         if resume:
             runs.check_same_config(run_dir, json.loads(json.dumps(asdict(cfg))),
                                    json.loads(json.dumps(asdict(TrainConfig()))))
-        run_dir.mkdir(parents=True, exist_ok=True)
         runs.clean_run_dir(run_dir)
     dist = _dist()
     if dist is not None:
         dist.barrier()  # the other ranks read the folder only once rank 0 has checked and recovered it
     resumed = resume and runs.has_state(run_dir)
-    log = logging.getLogger(__name__).info if rank == 0 else (lambda msg: None)
+    log = logger(__name__).info if rank == 0 else (lambda msg: None)
     _seed_everything(cfg.seed)
     # training runs on the CPU whatever MOT_VIZ_DEVICE says (its bank, its ridge fits and the translator live there)
     source = source or load_model(cfg.source, device="cpu")
@@ -276,6 +274,8 @@ def train(cfg: TrainConfig, resume: bool = False, source: LoadedModel | None = N
         channel_profile = json.loads((run_dir / "channel_profile.json").read_text()) if (run_dir / "channel_profile.json").exists() else {}
     else:
         channels, channel_profile = resolve_channels(cfg, source, target, bank, log)
+    if rank == 0:  # made only now: a refused run (a missing model, no data) leaves no empty folder
+        run_dir.mkdir(parents=True, exist_ok=True)
     _seed_everything(cfg.seed)  # the translator's init does not depend on whether a search ran
     mot = MoT.build(source.spec, target.spec, channels, ReplayConfig(cfg.topk_sparse_attn, cfg.num_bottom_full_attn),
                     **cfg.translator_kwargs())

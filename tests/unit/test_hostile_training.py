@@ -4,6 +4,7 @@ non-finite gets through, and every mistake gives one typed error whose message n
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from mot_viz.engine.checkpoint import load_checkpoint, save_checkpoint
 from mot_viz.engine.mot import MoT, translate
 from mot_viz.errors import CheckpointError, ConfigError, TranslationError
 from mot_viz.fsutil import remove_stale_temporaries
+from mot_viz.train import export as export_mod
 from mot_viz.train import runs
 from mot_viz.train import train as train_mod
 from mot_viz.train.train import TrainConfig, train
@@ -97,25 +99,37 @@ def test_output_dir_that_is_a_file_is_refused(tmp_path):
         train(_cfg(tmp_path), source=source, target=target, bank=_bank(), progress=False)
 
 
-# ----- a kill at every step of a checkpoint save --------------------------------------------------------
+# ----- a kill at every step of a checkpoint save, and Ctrl-C ---------------------------------------------
+
+# top-1 of 4 experts: the router leaves some experts without a gradient on some steps, so their Adam step lags
+SKIPPING = dict(max_steps=6, mot_num_translators=4, mot_top_k=1)
+
+
+def _state(run_dir: Path) -> tuple[dict, dict, dict]:
+    """The final unit, bit for bit: translator weights, the optimiser's tensors, its train_state.json."""
+    unit = Path(run_dir) / "checkpoint"
+    return _weights(run_dir), load_file(str(unit / "optimizer.safetensors")), json.loads((unit / "train_state.json").read_text())
+
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     source, target = _pair()
-    run_dir = train(_cfg(tmp_path_factory.mktemp("full"), max_steps=6), source=source, target=target, bank=_bank(),
+    run_dir = train(_cfg(tmp_path_factory.mktemp("full"), **SKIPPING), source=source, target=target, bank=_bank(),
                     progress=False)
-    return _weights(run_dir), runs.read_log(run_dir / "log.jsonl")
+    return _state(run_dir), runs.read_log(run_dir / "log.jsonl")
 
 
 # runs.save_state's disk operations, in order: rmtree(tmp), save_file(weights), save_file(optimizer),
-# rmtree(stale .old), replace(checkpoint -> .old), replace(tmp -> checkpoint), rmtree(.old); a kill before each
-@pytest.mark.parametrize("kill_at", range(1, 8))
+# replace(train_state.json's temporary), rmtree(stale .old), replace(checkpoint -> .old), replace(tmp -> checkpoint),
+# rmtree(.old); a kill before each. "ctrl-c": a Ctrl-C in the middle of step 4, saved by the handler as step 3.
+@pytest.mark.parametrize("kill_at", [*range(1, 9), "ctrl-c"])
 def test_a_kill_at_any_point_of_a_save_resumes_exactly(tmp_path, monkeypatch, uninterrupted, kill_at):
-    """Kill during the second save (step 4), at each of its disk operations; --resume must end where an
-    uninterrupted run ends, with each step logged once."""
+    """Kill during the second save (step 4), at each of its disk operations, or press Ctrl-C; --resume must end
+    where an uninterrupted run ends, bit for bit (weights and optimiser state), with each step logged once."""
     source, target = _pair()
-    cfg = _cfg(tmp_path, max_steps=6)
+    cfg = _cfg(tmp_path, **SKIPPING)
     counter = {"armed": False, "n": 0}
+    lagging = {}  # step of each save -> whether some parameter's own Adam step is behind it
 
     def tick():
         if counter["armed"]:
@@ -132,6 +146,7 @@ def test_a_kill_at_any_point_of_a_save_resumes_exactly(tmp_path, monkeypatch, un
     real_save_state = runs.save_state
 
     def save_state(run_dir, mot, optimizer, step, *a, **k):
+        lagging[step] = min(float(s["step"]) for s in optimizer.state.values()) < step
         counter["armed"] = step == 4
         try:
             return real_save_state(run_dir, mot, optimizer, step, *a, **k)
@@ -139,19 +154,56 @@ def test_a_kill_at_any_point_of_a_save_resumes_exactly(tmp_path, monkeypatch, un
             counter["armed"] = False
 
     monkeypatch.setattr(runs, "save_state", save_state)
-    monkeypatch.setattr(runs, "save_file", wrap(runs.save_file))
-    monkeypatch.setattr(checkpoint_mod, "save_file", wrap(checkpoint_mod.save_file))
-    monkeypatch.setattr(checkpoint_mod.os, "replace", wrap(os.replace))
-    monkeypatch.setattr(checkpoint_mod.shutil, "rmtree", wrap(checkpoint_mod.shutil.rmtree))
-    with pytest.raises(_Kill):
+    if kill_at == "ctrl-c":
+        real_row_loss, calls = train_mod.row_loss, {"n": 0}
+
+        def row_loss(*a, **k):  # each step has 2 rows: the 7th is step 4's first
+            calls["n"] += 1
+            if calls["n"] == 7:
+                raise KeyboardInterrupt
+            return real_row_loss(*a, **k)
+
+        monkeypatch.setattr(train_mod, "row_loss", row_loss)
+    else:
+        monkeypatch.setattr(runs, "save_file", wrap(runs.save_file))
+        monkeypatch.setattr(checkpoint_mod, "save_file", wrap(checkpoint_mod.save_file))
+        monkeypatch.setattr(checkpoint_mod.os, "replace", wrap(os.replace))
+        monkeypatch.setattr(checkpoint_mod.shutil, "rmtree", wrap(checkpoint_mod.shutil.rmtree))
+    with pytest.raises(KeyboardInterrupt if kill_at == "ctrl-c" else _Kill):
         train(cfg, source=source, target=target, bank=_bank(), progress=False)
     monkeypatch.undo()
+    assert lagging == ({2: True, 3: True} if kill_at == "ctrl-c" else {2: True, 4: True})  # what resume must restore
     run_dir = train(cfg, resume=True, source=source, target=target, bank=_bank(), progress=False)
-    weights, log = uninterrupted
-    resumed = _weights(run_dir)
-    assert all(torch.equal(weights[k], resumed[k]) for k in weights)
+    (weights, moments, state), log = uninterrupted
+    resumed_weights, resumed_moments, resumed_state = _state(run_dir)
+    assert weights.keys() == resumed_weights.keys() and moments.keys() == resumed_moments.keys()
+    assert all(torch.equal(weights[k], resumed_weights[k]) for k in weights)
+    assert all(torch.equal(moments[k], resumed_moments[k]) for k in moments)
+    assert resumed_state == state
     assert [r["step"] for r in runs.read_log(run_dir / "log.jsonl")] == [r["step"] for r in log]
     assert not [p.name for p in run_dir.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+
+
+def test_a_unit_with_one_adam_step_for_all_parameters_still_resumes(tmp_path, caplog):
+    """A state unit written before the full optimiser state (moments + one shared step) resumes, and says it is
+    not exact for a mixture, naming the fix."""
+    source, target = _pair()
+    cfg = _cfg(tmp_path, max_steps=2)
+    run_dir = train(cfg, source=source, target=target, bank=_bank(), progress=False)
+    unit = run_dir / "checkpoint"
+    tensors = load_file(str(unit / "optimizer.safetensors"))
+    save_file({k: v for k, v in tensors.items() if k.endswith(("::exp_avg", "::exp_avg_sq"))},
+              str(unit / "optimizer.safetensors"))
+    (unit / "train_state.json").write_text(json.dumps({"step": 2, "adam_step": 2.0}))
+    mot_viz_logger = logging.getLogger("mot_viz")  # prints on stderr and does not propagate to caplog's root handler
+    mot_viz_logger.addHandler(caplog.handler)
+    try:
+        train(TrainConfig(**{**json.loads((run_dir / "train_config.json").read_text()), "max_steps": 3}),
+              resume=True, source=source, target=target, bank=_bank(), progress=False)
+    finally:
+        mot_viz_logger.removeHandler(caplog.handler)
+    assert "one Adam step for all parameters" in caplog.text and "--overwrite" in caplog.text
+    assert [r["step"] for r in runs.read_log(run_dir / "log.jsonl")] == [1, 2, 3]
 
 
 def test_a_checkpoint_unit_without_its_step_counter_is_never_used(tmp_path):
@@ -272,6 +324,13 @@ def test_train_cli_refuses_a_finished_run_without_touching_it(finished_run, caps
     assert (run_dir / "log.jsonl").read_bytes() == before["log.jsonl"]
 
 
+def test_train_with_a_missing_source_model_leaves_no_run_folder(tmp_path, capsys):
+    out = tmp_path / "runs" / "x"
+    assert train_mod.main(["--source", str(tmp_path / "missing"), "--output_dir", str(out), "--max_steps", "2"]) == 2
+    assert "ModelLoadError" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
 def test_every_train_flag_has_its_config_fields_comment_as_help(capsys):
     import dataclasses
 
@@ -283,3 +342,58 @@ def test_every_train_flag_has_its_config_fields_comment_as_help(capsys):
         parse_args(["--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "experts per K/V path (mot) (default 4)" in out and "override" not in out
+
+
+# ----- export: never deletes what it was not asked to replace -------------------------------------------
+
+
+@pytest.fixture
+def small_run(tmp_path):
+    source, target = _pair()
+    run_dir = train(_cfg(tmp_path, max_steps=2), source=source, target=target, bank=_bank(), progress=False)
+    return run_dir, {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+
+
+def test_export_into_a_folder_with_files_needs_overwrite_which_replaces_an_earlier_export(small_run, tmp_path, capsys):
+    run_dir, _ = small_run
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    assert export_mod.main([str(run_dir), str(mine)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ConfigError: ") and "already holds files" in err and "--overwrite" in err
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"] and (mine / "notes.txt").read_text() == "keep me"
+    out = tmp_path / "shipped"
+    assert export_mod.main([str(run_dir), str(out)]) == 0
+    (out / "stale.txt").write_text("from the earlier export")
+    assert export_mod.main([str(run_dir), str(out)]) == 2
+    assert (out / "stale.txt").exists()
+    assert export_mod.main([str(run_dir), str(out), "--overwrite"]) == 0
+    assert not (out / "stale.txt").exists() and load_checkpoint(out)[1]["training"]["steps_done"] == 2
+
+
+@pytest.mark.parametrize("out", ["{run}", "{run}/checkpoint", "{run}/export", "{tmp}", "{link}", "{run}/checkpoint:src"])
+@pytest.mark.parametrize("overwrite", [False, True], ids=["", "overwrite"])
+def test_export_never_writes_the_run_itself_inside_it_or_around_it(small_run, tmp_path, capsys, out, overwrite):
+    """The run, a folder inside it, one holding it, a symlink to it, and its state unit re-saved onto itself."""
+    run_dir, before = small_run
+    (tmp_path / "link").symlink_to(run_dir, target_is_directory=True)
+    out, _, as_source = out.partition(":")
+    out = out.format(run=run_dir, tmp=tmp_path, link=tmp_path / "link")
+    source = run_dir / "checkpoint" if as_source else run_dir
+    assert export_mod.main([str(source), out, *(["--overwrite"] if overwrite else [])]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ConfigError: ") and "Choose an output folder outside the source and any run" in err
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before  # config, optimiser state, all
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "run"]
+
+
+def test_a_refused_export_leaves_no_output_folder(tmp_path, capsys):
+    source, target = _pair()
+    mot = _mot(source, target)
+    with torch.no_grad():
+        next(mot.translator.parameters()).view(-1)[0] = 1e6  # finite in float32, Inf in the export's fp16
+    ckpt = save_checkpoint(mot, tmp_path / "ckpt")
+    assert export_mod.main([str(ckpt), str(tmp_path / "new" / "deep" / "out")]) == 2
+    assert "NaN/Inf" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -103,30 +106,42 @@ def test_training_lowers_the_loss_and_writes_logs_and_checkpoints(tmp_path):
     assert config["training"]["steps_done"] == 8 and mot.channels.target_layers == (2, 3)
 
 
-def test_resume_after_an_interrupt_matches_an_uninterrupted_run(tmp_path, monkeypatch):
+def test_the_train_command_run_with_dash_m_prints_its_status_lines(tmp_path):
+    """`python -m` runs the module as __main__; its lines must still reach stderr: Ctrl-C (a real SIGINT) names
+    --resume, and the resumed run says where it resumed and that it is done."""
     source, target = _pair()
-    full = train(_cfg(tmp_path / "a"), source=source, target=target, bank=_bank(), progress=False)
-    calls = {"n": 0}
-    real_row_loss = train_mod.row_loss
-
-    def interrupted(*args, **kwargs):  # Ctrl-C in the middle of step 3 (each step has 2 rows)
-        calls["n"] += 1
-        if calls["n"] == 6:
-            raise KeyboardInterrupt
-        return real_row_loss(*args, **kwargs)
-
-    monkeypatch.setattr(train_mod, "row_loss", interrupted)
-    cfg = _cfg(tmp_path / "b", save_every=100)  # no periodic save: the Ctrl-C handler must leave one
-    with pytest.raises(KeyboardInterrupt):
-        train(cfg, source=source, target=target, bank=_bank(), progress=False)
-    state = json.loads((Path(cfg.output_dir) / "checkpoint" / "train_state.json").read_text())
-    assert state["step"] == 2
-    monkeypatch.setattr(train_mod, "row_loss", real_row_loss)
-    train(cfg, resume=True, source=source, target=target, bank=_bank(), progress=False)
-    a = load_file(str(full / "checkpoint" / "translator.safetensors"))
-    b = load_file(str(Path(cfg.output_dir) / "checkpoint" / "translator.safetensors"))
-    assert a.keys() == b.keys()
-    assert all(torch.allclose(a[k], b[k], atol=1e-6, rtol=0) for k in a)
+    for lm, name in ((source, "src"), (target, "tgt")):
+        lm.model.save_pretrained(tmp_path / name)
+        lm.tokenizer.save_pretrained(tmp_path / name)
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "mot_viz.train.train", "--source", str(tmp_path / "src"), "--target",
+               str(tmp_path / "tgt"), "--output_dir", str(run_dir), "--batch_size", "1", "--grad_accum_steps", "1",
+               "--total_tokens", "24", "--prefix_tokens", "12", "--num_sequences", "4", "--translator_dim", "16",
+               "--translator_heads", "2", "--mot_num_translators", "2", "--mot_top_k", "1",
+               "--max_window_size_ratio", "0.5", "--topk_sparse_attn", "4", "--num_bottom_full_attn", "1",
+               "--log_every", "1", "--save_every", "1000"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([*command, "--max_steps", "100000"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 300
+        while not ((run_dir / "log.jsonl").is_file() and (run_dir / "log.jsonl").read_text()):  # a step is done
+            assert proc.poll() is None and time.monotonic() < deadline, "training ended or stalled before its first step"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        err = proc.communicate(timeout=300)[1]
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    saved = re.search(r"\[mot_viz\.train\.train\] interrupted: checkpoint of step (\d+) saved in .*"
+                      r"\(continue with --resume\)", err)
+    assert saved, err[-3000:]
+    step = int(saved[1])
+    resumed = subprocess.run([*command, "--max_steps", str(step + 1), "--resume"], env=env, capture_output=True,
+                             text=True, timeout=300, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"[mot_viz.train.train] resumed from step {step}\n" in resumed.stderr
+    assert f"[mot_viz.train.train] done: {step + 1} steps in " in resumed.stderr
 
 
 @pytest.mark.parametrize("extra", ["", ", init='linear', bank_steps=3, bank_batch=2, bank_crop=12, bank_tokens=160, "
