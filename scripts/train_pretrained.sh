@@ -17,8 +17,8 @@ for name in ${@:-$default}; do
   # a linear-initialised mixture stores its fixed linear path once, in the -linear checkpoint of its window
   linear="pretrained/${name%-single}-linear"
   if [[ "$name" != *-linear ]] && grep -q '"init": "linear"' "configs/$name.json" && [ -d "$linear" ]; then
-    .venv/bin/python -m mot_viz.train.export "runs/$name" "pretrained/$name" --shared_linear "$linear" --replay "$replay" && continue
+    .venv/bin/python -m mot_viz.train.export "runs/$name" "pretrained/$name" --shared_linear "$linear" --replay "$replay" --overwrite && continue
     echo "$name: its linear path differs from $linear; exported in full"
   fi
-  .venv/bin/python -m mot_viz.train.export "runs/$name" "pretrained/$name" --replay "$replay"
+  .venv/bin/python -m mot_viz.train.export "runs/$name" "pretrained/$name" --replay "$replay" --overwrite
 done
