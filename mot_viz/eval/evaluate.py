@@ -18,7 +18,6 @@ import csv
 import datetime
 import io
 import json
-import logging
 import math
 import sys
 import tempfile
@@ -29,7 +28,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..cli import run_cli
+from ..cli import logger, run_cli
 from ..data.corpus import split_sequence, training_sequences
 from ..data.eval_data import BUILTIN_DATASETS, load_dataset
 from ..engine.alignment import encode
@@ -44,7 +43,7 @@ from .answers import (CONDITIONS, EXTRA_CONDITIONS, MAX_NEW_TOKENS, answers_from
 from .qa_metrics import bootstrap_ci
 from .report import markdown_table, paired_differences, paired_markdown, summarize
 
-log = logging.getLogger(__name__)
+log = logger(__name__)  # mot_viz.eval.evaluate under python -m too
 
 
 def kv_cosine(a: list, b: list) -> float:
