@@ -12,6 +12,13 @@ from mot_viz.engine.testing import (CORPUS, FAMILIES, tiny_config, tiny_model,  
                                     tiny_tokenizer)
 
 
+# What the training tests were written for, beside TrainConfig's defaults (the shipped recipe, whose three-genre bank,
+# map fit and 800 bank steps would turn every tiny run into a fit): random init, post-RoPE keys, the replay stage only.
+TINY_RECIPE = dict(init="random", key_space="post_rope", output_activation="gelu", translation_weight=0.0,
+                   balance_weight=0.0, bank_corpus="lambada", bank_tokens=16384, bank_steps=0, bank_learning_rate=1e-3,
+                   bank_layer_weighting="none", linear_previous=0, linear_previous_dims=0)
+
+
 @pytest.fixture(scope="session")
 def real_source() -> LoadedModel:
     return load_model("smollm2-135m")

@@ -20,7 +20,12 @@ LAYER_WEIGHTINGS = ("none", "map_residual")  # bank_layer_weighting (mot_viz.tra
 
 @dataclass
 class TrainConfig:
-    """Everything one training run needs; saved as train_config.json beside the checkpoints."""
+    """Everything one training run needs; saved as train_config.json beside the checkpoints.
+
+    The defaults are the shipped recipe (docs/decisions.md): a cached bank of three genres, the closed-form map fitted
+    on it, a mixture that starts as that map, 800 bank steps, then 40 replay steps of the Context Correction Loss plus a
+    translation term. A config file holds only what differs: the pair, the window, the bank's size, the variant.
+    """
 
     source: str = "smollm2-135m"  # source model: bundled name, Hub id, folder or .gguf
     target: str = "gemma3-270m"  # target model
@@ -32,41 +37,41 @@ class TrainConfig:
     injection_window_size: int = 6  # injection mode: window size
     proxy_steps: int = 32  # depth-ratio search: steps per proxy translator
     proxy_val_sequences: int = 8  # depth-ratio search: validation rows per proxy score
-    max_steps: int = 300  # optimiser steps
+    max_steps: int = 40  # optimiser steps of the replay stage (the Context Correction Loss)
     batch_size: int = 2  # rows per micro-batch (replay is row-wise)
-    grad_accum_steps: int = 2  # micro-batches per optimiser step
+    grad_accum_steps: int = 1  # micro-batches per optimiser step
     total_tokens: int = 128  # tokens per training sequence
     prefix_tokens: int = 64  # P: the cache holds P-1 tokens, the prompt the next 64
     num_sequences: int = 2048  # size of the training bank drawn from the prose corpus
-    learning_rate: float = 1e-3  # peak learning rate (reference 1e-4 at 500 steps of 16 rows, on a GPU)
+    learning_rate: float = 1e-4  # peak learning rate of the replay stage (the reference's, at 500 steps of 16 rows)
     weight_decay: float = 0.01  # AdamW weight decay (both stages)
-    warmup_steps: int = 20  # linear warm-up steps before the cosine decay of the replay stage
+    warmup_steps: int = 5  # linear warm-up steps before the cosine decay of the replay stage
     grad_clip_norm: float = 1.0  # gradient norm clip (both stages)
     mse_weight: float = 1.0  # λ in CE + λ·(MSE_K + MSE_V) of the replayed cache (method.md §7)
-    translation_weight: float = 0.0  # λ_tr: + λ_tr·MSE of the injected window K/V against native (project term)
-    balance_weight: float = 0.0  # Switch-style router load balancing (both stages); 0 = off
-    init: str = "random"  # random | linear: start from the closed-form ridge map fitted on the bank
-    key_space: str = "post_rope"  # post_rope (method.md) | pre_rope: translate keys before rotation
-    bank_corpus: str = "lambada"  # text of the training bank (mot_viz.train.bank.CORPORA), e.g. lambada+sotu
-    bank_tokens: int = 16384  # target tokens in the cached training bank (init=linear or bank_steps > 0)
+    translation_weight: float = 1.0  # λ_tr: + λ_tr·MSE of the injected window K/V against native (project term)
+    balance_weight: float = 0.01  # Switch-style router load balancing (both stages); 0 = off
+    init: str = "linear"  # linear: start from the closed-form ridge map fitted on the bank | random
+    key_space: str = "pre_rope"  # pre_rope: translate keys before rotation | post_rope (method.md)
+    bank_corpus: str = "lambada+sotu+brown"  # text of the training bank (mot_viz.train.bank.CORPORA)
+    bank_tokens: int = 98304  # target tokens in the cached training bank (init=linear or bank_steps > 0)
     bank_min_tokens: int = 32  # shortest bank context
     bank_max_tokens: int = 448  # longest bank context (the app's and the evaluator's lengths)
-    bank_steps: int = 0  # stage 1: steps on the bank's translation term alone, before the replay stage
+    bank_steps: int = 800  # stage 1: steps on the bank's translation term alone, before the replay stage
     bank_batch: int = 8  # contexts per bank step
     bank_crop: int = 128  # tokens per context crop in a bank step
-    bank_learning_rate: float = 1e-3  # peak learning rate of stage 1
-    bank_layer_weighting: str = "none"  # stage 1 per window layer: none (plain MSE) | map_residual (÷ the map's MSE on it)
+    bank_learning_rate: float = 5e-4  # peak learning rate of stage 1
+    bank_layer_weighting: str = "map_residual"  # stage 1 per window layer: map_residual (÷ the map's MSE on it) | none
     bank_cross_fit: int = 0  # stage 1 on a fixed map: train on its output refitted without each context's fold (0: its own)
     train_linear_path: bool = False  # init=linear: also update the fitted linear path (default: kept fixed)
     linear_from: str = ""  # init=linear: copy the linear path from this linear checkpoint instead of fitting it again
-    linear_previous: int = 0  # the linear map also reads this many tokens before each token (0: the token alone)
-    linear_previous_dims: int = 0  # each earlier token projected on this many principal axes of the bank (0: not)
+    linear_previous: int = 1  # the linear map also reads this many tokens before each token (0: the token alone)
+    linear_previous_dims: int = 256  # each earlier token projected on this many principal axes of the bank (0: not)
     linear_extra_layers: list[int] = dataclasses.field(default_factory=list)  # source layers only the map also reads
     linear_extra_dims: int = 0  # the extra layers' K and V projected on this many principal axes of the bank (0: not)
     linear_rank: int = 0  # the map's K and V outputs each on this many principal directions (reduced-rank ridge; 0: full)
     linear_rank_balanced: bool = False  # reduced-rank fit: every window layer weighed alike (1 / RMS of its target)
     log_every: int = 5  # optimiser steps per log line
-    save_every: int = 25  # optimiser steps per checkpoint
+    save_every: int = 10  # optimiser steps per checkpoint
     seed: int = 42  # seeds the bank, the translator's init and the row order
     translator_dim: int = 64  # width of each expert's transformer
     translator_heads: int = 4  # attention heads per expert block
@@ -75,7 +80,7 @@ class TrainConfig:
     variant: str = "mot"  # mot (router + experts) | single (one expert) | linear (closed-form map only)
     mot_num_translators: int = 4  # experts per K/V path (mot)
     mot_top_k: int = 2  # experts kept per token before the gate softmax (mot)
-    output_activation: str = "gelu"  # gelu (reference) | none
+    output_activation: str = "none"  # none | gelu (the reference's last layer)
     topk_sparse_attn: int | None = 32  # None: dense replay
     num_bottom_full_attn: int = 2  # replay: layers below this attend densely, window layers excepted (method.md §6)
 
@@ -186,7 +191,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, bool, bool]:
             continue
         current = data.get(name, _default(name))
         try:
-            if raw.lower() == "none":
+            if raw.lower() == "none" and "None" in str(types[name]):  # "none" is also a value of some text fields
                 data[name] = None
             elif isinstance(current, list):  # comma-separated integers (linear_extra_layers)
                 data[name] = [int(x) for x in raw.split(",") if x.strip()]

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import tiny_model
+from conftest import TINY_RECIPE, tiny_model
 from mot_viz.engine import hf
 from mot_viz.engine.channels import Channels
 from mot_viz.engine.checkpoint import load_checkpoint, save_checkpoint
@@ -330,7 +330,7 @@ def _cfg(tmp_path, **kw):
                 topk_sparse_attn=4, num_bottom_full_attn=1, log_every=1, save_every=1, init="linear",
                 bank_steps=6, bank_batch=2, bank_crop=16, bank_tokens=240, bank_min_tokens=16, bank_max_tokens=40,
                 translation_weight=0.5, balance_weight=0.01)
-    return TrainConfig(**{**base, **kw})
+    return TrainConfig(**{**TINY_RECIPE, **base, **kw})
 
 
 def test_resume_with_the_bank_stages_matches_an_uninterrupted_run(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import tiny_model
+from conftest import TINY_RECIPE, tiny_model
 from mot_viz.engine import checkpoint as checkpoint_mod
 from mot_viz.engine.channels import terminal_channels
 from mot_viz.engine.checkpoint import load_checkpoint, save_checkpoint
@@ -38,7 +38,7 @@ def _cfg(folder: Path, **kw) -> TrainConfig:
                 prefix_tokens=12, learning_rate=1e-2, warmup_steps=1, translator_dim=16, translator_heads=2,
                 mot_num_translators=2, mot_top_k=1, layer_alignment="terminal", max_window_size_ratio=0.5,
                 topk_sparse_attn=4, num_bottom_full_attn=1, log_every=1, save_every=2)
-    return TrainConfig(**{**base, **kw})
+    return TrainConfig(**{**TINY_RECIPE, **base, **kw})
 
 
 def _weights(run_dir: Path) -> dict:
@@ -298,7 +298,7 @@ def no_models(monkeypatch):
     (["--learning_rate", "nan"], None, "learning_rate must be a finite number > 0"),
     (["--learning_rate", "-0.001"], None, "learning_rate must be a finite number > 0"),
     (["--weight_decay", "inf"], None, "weight_decay must be a finite number >= 0"),
-    (["--max_steps", "0"], None, "nothing to train.*bank_steps"),
+    (["--max_steps", "0", "--bank_steps", "0"], None, "nothing to train.*bank_steps"),
     (["--save_every", "0"], None, "save_every must be >= 1"),
     (["--config", "{cfg}"], '{"max_steps": "ten"}', "invalid training config"),
     (["--resume", "--output_dir", "{dir}/empty"], None, "Nothing to resume"),
@@ -315,6 +315,16 @@ def test_train_cli_mistakes_give_one_message_before_loading_models(tmp_path, cap
     assert err.startswith("error: ") and "Traceback" not in err
     assert __import__("re").search(fix, err), err
     assert not (tmp_path / "run").exists()  # nothing half-made
+
+
+def test_none_on_the_command_line_is_a_value_for_text_fields_and_off_for_optional_ones():
+    """`--output_activation none` and `--bank_layer_weighting none` name a choice; `--topk_sparse_attn none` turns
+    sparse replay off (the only fields whose type admits None)."""
+    from mot_viz.train.config import parse_args
+
+    cfg, _, _ = parse_args(["--output_activation", "none", "--bank_layer_weighting", "none", "--topk_sparse_attn",
+                            "none"])
+    assert (cfg.output_activation, cfg.bank_layer_weighting, cfg.topk_sparse_attn) == ("none", "none", None)
 
 
 def test_train_cli_refuses_a_finished_run_without_touching_it(finished_run, capsys, no_models):

@@ -12,7 +12,6 @@ ROOT = Path(__file__).resolve().parents[2]
 # A stand-in for the GGUF conversion that is slow and leaves a trace, so two processes can race for it.
 WORKER = """
 import os, sys, time
-sys.path.insert(0, {root!r})
 import mot_viz.engine.models as m
 
 def slow_convert(gguf_path, out_dir):
@@ -33,7 +32,7 @@ print(m.bundled_model_dir('smollm2-135m'))
 
 def _run_workers(cache: Path, n: int) -> list[str]:
     script = cache / "worker.py"
-    script.write_text(WORKER.format(root=str(ROOT)))
+    script.write_text(WORKER.format())
     env = {**os.environ, "MOT_VIZ_CACHE": str(cache)}
     procs = [subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True) for _ in range(n)]
     outs = [p.communicate(timeout=120)[0].strip() for p in procs]

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import DynamicCache
 
-from conftest import tiny_model
+from conftest import TINY_RECIPE, tiny_model
 from mot_viz.engine.channels import Channels
 from mot_viz.engine.checkpoint import load_checkpoint
 from mot_viz.engine.mot import MoT, ReplayConfig, native_cache, prepare_source, replay, sparse_indices, translate_window
@@ -41,7 +41,7 @@ def _cfg(tmp_path, **kw):
                 prefix_tokens=12, learning_rate=1e-2, warmup_steps=1, translator_dim=16, translator_heads=2,
                 mot_num_translators=2, mot_top_k=1, layer_alignment="terminal", max_window_size_ratio=0.5,
                 topk_sparse_attn=4, num_bottom_full_attn=1, log_every=1, save_every=1)
-    return TrainConfig(**{**base, **kw})
+    return TrainConfig(**{**TINY_RECIPE, **base, **kw})
 
 
 def test_loss_terms_match_a_hand_computation():
@@ -119,7 +119,7 @@ def test_the_train_command_run_with_dash_m_prints_its_status_lines(tmp_path):
                "--total_tokens", "24", "--prefix_tokens", "12", "--num_sequences", "4", "--translator_dim", "16",
                "--translator_heads", "2", "--mot_num_translators", "2", "--mot_top_k", "1",
                "--max_window_size_ratio", "0.5", "--topk_sparse_attn", "4", "--num_bottom_full_attn", "1",
-               "--log_every", "1", "--save_every", "1000"]
+               "--log_every", "1", "--save_every", "1000", *(f"--{k}={v}" for k, v in TINY_RECIPE.items())]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([*command, "--max_steps", "100000"], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, cwd=tmp_path)
@@ -158,15 +158,15 @@ def test_two_processes_keep_identical_translators(tmp_path, extra):
     script = tmp_path / "worker.py"
     script.write_text(f"""
 import os, sys, torch
-sys.path.insert(0, {str(ROOT)!r})
 from safetensors.torch import load_file, save_file
 from mot_viz.engine.models import load_model
 from mot_viz.train.train import TrainConfig, train
 import mot_viz.train.train as t
-cfg = TrainConfig(source={str(tmp_path / 'src')!r}, target={str(tmp_path / 'tgt')!r}, output_dir={str(tmp_path / 'run')!r},
-                  max_steps=3, batch_size=1, grad_accum_steps=1, total_tokens=24, prefix_tokens=12, learning_rate=1e-2,
-                  warmup_steps=1, translator_dim=16, translator_heads=2, mot_num_translators=2, mot_top_k=1,
-                  max_window_size_ratio=0.5, topk_sparse_attn=4, num_bottom_full_attn=1, log_every=1, save_every=1{extra})
+cfg = TrainConfig(**{{**{TINY_RECIPE!r}, **dict(
+    source={str(tmp_path / 'src')!r}, target={str(tmp_path / 'tgt')!r}, output_dir={str(tmp_path / 'run')!r},
+    max_steps=3, batch_size=1, grad_accum_steps=1, total_tokens=24, prefix_tokens=12, learning_rate=1e-2,
+    warmup_steps=1, translator_dim=16, translator_heads=2, mot_num_translators=2, mot_top_k=1,
+    max_window_size_ratio=0.5, topk_sparse_attn=4, num_bottom_full_attn=1, log_every=1, save_every=1{extra})}})
 captured = {{}}
 real_build = t.MoT.build
 def build(*a, **k):
