@@ -231,23 +231,31 @@ def check_out(out_dir: Path) -> None:
         raise ConfigError(f"Cannot write into --out {out_dir} ({exc.strerror}). Pass a folder you can write to.") from exc
 
 
-def previous_rows(out_dir: Path, settings: EvalSettings, resume: bool) -> pd.DataFrame | None:
-    """The rows of an earlier run of these settings in out_dir, to keep (--resume); results of others are refused."""
+def earlier_run(out_dir: Path, settings, resume: bool, keys: tuple[str, ...], unit: str = "examples") -> bool:
+    """Whether out_dir holds results of an earlier run of `settings` to continue (--resume). Results of other settings
+    (any of `keys` differs), or of these without --resume, are refused with ConfigError; `settings` is a dataclass
+    with a from_json classmethod, as summary.json stores it."""
     table, meta = out_dir / "examples.csv", out_dir / "summary.json"
     if not (table.is_file() and meta.is_file()):
-        return None
+        return False
     try:
-        before = EvalSettings.from_json(json.loads(meta.read_text())["settings"])
+        before = type(settings).from_json(json.loads(meta.read_text())["settings"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"--out {out_dir} holds an unreadable {meta.name} ({exc}). Pass another --out folder.") from exc
-    changed = [k for k in RESUME_KEYS if getattr(before, k) != getattr(settings, k)]
+    changed = [k for k in keys if getattr(before, k) != getattr(settings, k)]
     if changed:
         raise ConfigError(f"--out {out_dir} holds results of other settings ({', '.join(changed)} differ), which "
                           "--resume cannot continue. Pass another --out folder.")
     if not resume:
         raise ConfigError(f"--out {out_dir} already holds results of these settings. Add --resume to keep them and "
-                          "compute only the missing examples, or pass another --out folder.")
-    return complete_rows(table, settings)
+                          f"compute only the missing {unit}, or pass another --out folder.")
+    return True
+
+
+def previous_rows(out_dir: Path, settings: EvalSettings, resume: bool) -> pd.DataFrame | None:
+    """The rows of an earlier run of these settings in out_dir, to keep (--resume); results of others are refused."""
+    return complete_rows(out_dir / "examples.csv", settings) if earlier_run(out_dir, settings, resume, RESUME_KEYS) \
+        else None
 
 
 def _whole(row: dict) -> bool:

@@ -42,6 +42,7 @@ from ..engine.prompts import build_prompt
 from ..errors import ConfigError, MotVizError
 from ..fsutil import write_text_atomic
 from .answers import MAX_NEW_TOKENS, answers_from_caches, condition_caches
+from .evaluate import earlier_run
 from .mean_vector import reference_means
 from .qa_metrics import bootstrap_ci
 
@@ -268,30 +269,20 @@ def markdown(summary: pd.DataFrame, stages: pd.DataFrame, cache_mb: dict[str, fl
 
 
 def previous_rows(out_dir: Path, settings: LongSettings, resume: bool) -> pd.DataFrame | None:
-    """The rows of an earlier run of these settings in out_dir (--resume); results of other settings are refused."""
-    csv, meta = out_dir / "examples.csv", out_dir / "summary.json"
-    if not (csv.is_file() and meta.is_file()):
+    """The rows of an earlier run of these settings in out_dir (--resume); results of other settings are refused.
+    The results are written whole (write), so a file that does not parse as this run's table is refused."""
+    if not earlier_run(out_dir, settings, resume, RESUME_KEYS, unit="documents"):
         return None
-    try:
-        before = LongSettings.from_json(json.loads(meta.read_text())["settings"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"--out {out_dir} holds an unreadable {meta.name} ({exc}). Pass another --out folder.") from exc
-    changed = [k for k in RESUME_KEYS if getattr(before, k) != getattr(settings, k)]
-    if changed:
-        raise ConfigError(f"--out {out_dir} holds results of other settings ({', '.join(changed)} differ), which "
-                          "--resume cannot continue. Pass another --out folder.")
-    if not resume:
-        raise ConfigError(f"--out {out_dir} already holds results of these settings. Add --resume to keep them and "
-                          "compute only the missing documents, or pass another --out folder.")
+    csv = out_dir / "examples.csv"
     try:
         rows = pd.read_csv(csv, dtype=dict.fromkeys(TEXT_COLUMNS, str), keep_default_na=False, na_values=[""],
                            float_precision="round_trip")
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{csv} cannot be read as results ({exc}). Delete it to start again, or pass another "
+        raise ConfigError(f"{csv} cannot be read as results ({exc}). Move it away to start again, or pass another "
                           "--out folder.") from exc
     if tuple(rows.columns) != ROW_COLUMNS:
-        raise ConfigError(f"{csv} does not hold this evaluation's columns. Delete it to start again, or pass another "
-                          "--out folder.")
+        raise ConfigError(f"{csv} does not hold this evaluation's columns. Move it away to start again, or pass "
+                          "another --out folder.")
     return rows
 
 
