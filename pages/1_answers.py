@@ -1,11 +1,12 @@
 """Answers: what the target says from its own context, from none, from the MoT-translated cache and from noise."""
 
+import html
+
 import pandas as pd
 import streamlit as st
 
 from mot_viz import app
 from mot_viz.analysis.figures import answers_figure
-from mot_viz.engine.prompts import choice_label_texts
 from mot_viz.errors import MotVizError
 from mot_viz.eval.answers import CONDITIONS
 
@@ -41,12 +42,11 @@ def main() -> None:
                 "then press **Translate**.")
         st.stop()
 
-    st.markdown(f"**Question:** {sel.example.question}")
+    app.show_text("Question", sel.example.question)
     if sel.example.choices:
-        labels = choice_label_texts(sel.example)
-        st.markdown("\n".join(f"- **{lab}**: {text}" for lab, text in zip(labels, sel.example.choices)))
+        app.show_text("Choices", app.choices_text(sel.example))
     if sel.example.answers:
-        st.markdown(f"**Gold answer:** {' | '.join(sel.example.answers)}")
+        app.show_text("Gold answer", " | ".join(sel.example.answers))
     else:
         st.caption("No gold answer given, so the answers are not scored.")
 
@@ -71,6 +71,8 @@ def main() -> None:
         except MotVizError as exc:  # e.g. the second checkpoint is for another pair
             app.show_error(exc)
     progress.empty()
+    if not rows:  # every job failed, and its message (above) says why: there is no table to draw
+        return
 
     table = pd.DataFrame(rows)
     score_name = "F1" if sel.example.kind == "extractive" else "correct"
@@ -83,7 +85,8 @@ def main() -> None:
                        "building the cache (s)": st.column_config.NumberColumn(format="%.3f"),
                        "answering (s)": st.column_config.NumberColumn(format="%.3f")},
     )
-    app.show_figure(answers_figure(table), table, "answers")
+    # plotly reads tags (<a href>, <b>) in hover text: a model's answer, which may copy the context, is shown as typed
+    app.show_figure(answers_figure(table.assign(answer=table["answer"].map(html.escape))), table, "answers")
 
 
 app.run_page(main)

@@ -38,7 +38,7 @@ def main() -> None:
         st.info("No checkpoint is selected. Choose one in the sidebar.")
         st.stop()
 
-    st.caption(f"Checkpoint `{Path(checkpoint).name}` ({checkpoint})")
+    st.caption(f"Checkpoint {app.escape_markdown(Path(checkpoint).name)} ({app.escape_markdown(checkpoint)})")
     log = read_training_log(checkpoint)
     bank_log = read_training_log(checkpoint, "bank_log.jsonl")
     if config["translator"].get("variant") == "linear":

@@ -82,8 +82,12 @@ def main() -> None:
             st.caption(f"The MoT cache is replayed with sparse top-k attention, so the residual stream moves already "
                        f"below the window (mean ‖Δh_t0‖ = {full.pre_window_shift:.4g}); ‖s‖ includes that part.")
         trajectories = ws.trajectories()
-        token_index = st.select_slider("Answer token", options=list(range(len(case.answer_ids))), key="pg.shift.token",
-                                       format_func=lambda j: f"{j}: {tokens[j]!r}") if len(case.answer_ids) > 1 else 0
+        token_index = 0
+        if len(case.answer_ids) > 1:
+            positions = list(range(len(case.answer_ids)))
+            app.widget_default("pg.shift.token", 0, positions)
+            token_index = st.select_slider("Answer token", options=positions, key="pg.shift.token",
+                                           format_func=lambda j: f"{j}: {tokens[j]!r}")
         app.show_figure(rho_trajectory_figure(trajectories, token_index), trajectories, "shift_rho_trajectory")
         app.show_figure(correction_trajectory_figure(trajectories, token_index), trajectories,
                         "shift_correction_trajectory")
@@ -138,7 +142,8 @@ def main() -> None:
     st.header("Shipped sweep (results/shift)")
     sweeps = shift.find_sweeps(RESULTS_DIR, sel.source, sel.target)
     if not sweeps:
-        st.info(f"No saved sweep for {sel.source} → {sel.target} in {RESULTS_DIR}. Make one with "
+        st.info(f"No saved sweep for {app.escape_markdown(sel.source)} → {app.escape_markdown(sel.target)} in "
+                f"{app.escape_markdown(RESULTS_DIR)}. Make one with "
                 "`python scripts/shift_sweep.py --source ... --target ...`.", icon="ℹ️")
     else:
         app.widget_default("pg.shift.shipped", next(iter(sweeps)), list(sweeps))
@@ -150,6 +155,7 @@ def main() -> None:
                    + (f", relative size {meta['config']['perturbation_size']}" if meta["mode"] == "perturbation" else "")
                    + (f", {meta['train_steps']} training steps per start" if meta.get("train_steps") else "")
                    + f" · {meta.get('date', '')} · `{meta.get('command', '')}`")
+        app.widget_default("pg.shift.relative", False)
         relative = st.toggle("Shift relative to the native residual norm ‖Δh‖/‖h‖", key="pg.shift.relative")
         app.show_figure(shift_vs_start_figure(result.summary, relative=relative), result.summary,
                         f"{name}_shift_vs_start")

@@ -27,8 +27,8 @@ from .loaders import (CONTROL_SEED, FIT_PREFIX, answer_rows, available_checkpoin
                       checkpoints_for_pair, dataset_examples, default_checkpoint, first_token_kl, get_checkpoint,
                       get_model, get_translation, linear_baseline_for, live_sweep, second_translation, translation_key,
                       what_if_pair, window_analysis, window_fidelity)
-from .page import (NO_SECOND, SecondRun, explain, keep_widget_state, run_caption, second_checkpoint, second_run,
-                   show_error, show_figure, widget_default)
+from .page import (NO_SECOND, SecondRun, choices_text, escape_markdown, explain, keep_widget_state, run_caption,
+                   second_checkpoint, second_run, show_error, show_figure, show_text, widget_default)
 from .settings import (DEFAULT_CHECKPOINT, DEFAULT_MAX_NEW_TOKENS, EXAMPLES_PER_DATASET, MAX_CONTEXT_TOKENS, REPO_ROOT,
                        pretrained_dir, test_mode)
 from .sidebar import quickfit_config, sidebar
@@ -37,7 +37,8 @@ from .state import Run, Selection
 __all__ = [
     "CONTROL_SEED", "DEFAULT_CHECKPOINT", "DEFAULT_MAX_NEW_TOKENS", "EXAMPLES_PER_DATASET", "FIT_PREFIX", "MAX_CONTEXT_TOKENS",
     "REPO_ROOT", "Run", "fragment", "Selection", "answer_rows", "applied_selection", "available_checkpoints", "checkpoint_stamp",
-    "checkpoints_for_pair", "current_run", "dataset_examples", "default_checkpoint", "explain", "get_checkpoint",
+    "checkpoints_for_pair", "choices_text", "current_run", "escape_markdown", "show_text",
+    "dataset_examples", "default_checkpoint", "explain", "get_checkpoint",
     "get_model", "get_translation", "keep_widget_state", "linear_baseline_for", "link_params", "navigation_frame",
     "page_setup", "pretrained_dir", "python_code", "quickfit_config", "run_caption", "run_page", "show_error",
     "show_figure", "sidebar", "test_mode", "translation_key", "first_token_kl", "second_translation", "second_checkpoint", "second_run", "SecondRun", "NO_SECOND", "live_sweep", "what_if_pair", "window_analysis", "widget_default", "window_fidelity",

@@ -15,10 +15,11 @@ from collections.abc import Callable
 import streamlit as st
 
 from ..analysis.figures import token_labels
+from ..engine.alignment import check_text
 from ..errors import MotVizError
-from .links import LINK_DROP, LINK_NOTES, drop_linked_page_options, restore_link, sync_link
+from .links import LINK_DROP, LINK_NOTES, begin_page_run, drop_linked_page_options, restore_link, sync_link
 from .loaders import get_checkpoint, get_model, get_translation
-from .page import keep_widget_state, show_error
+from .page import escape_markdown, keep_widget_state, show_error
 from .sidebar import sidebar
 from .state import Run, Selection
 
@@ -27,13 +28,15 @@ def current_run() -> Run:
     """The applied selection's models, checkpoint and translation; on a user error, shows it and stops the page."""
     sel = applied_selection()
     try:
-        with st.spinner(f"Loading {sel.source} and {sel.target} …"):
+        with st.spinner(f"Loading {escape_markdown(sel.source)} and {escape_markdown(sel.target)} …"):
             note = st.empty()  # a first load's one-time steps (a .gguf file is converted once)
-            source, target = (get_model(name, progress=lambda m: note.info(m, icon="⏳"))
+            source, target = (get_model(name, progress=lambda m: note.info(escape_markdown(m), icon="⏳"))
                               for name in (sel.source, sel.target))
             note.empty()
         with st.spinner("Loading the checkpoint …"):
             mot, config = get_checkpoint(sel.checkpoint, source, target)
+        for text in (sel.text, sel.suffix or ""):  # before a cache hashes it (a lone surrogate fails there raw)
+            check_text(text)
         with st.spinner("Translating the context (source prefill, alignment, translator, replay) …"):
             translation = get_translation(sel)
     except MotVizError as exc:
@@ -63,9 +66,9 @@ def _setup() -> Selection:
     for key in st.session_state.pop(LINK_DROP, ()):  # linked page options that failed: their defaults apply
         st.session_state.pop(key, None)
     keep_widget_state()
-    if st.session_state.get(LINK_NOTES):  # until a page run completes (a rerun may come first)
+    if st.session_state.get(LINK_NOTES):  # until a page run completes (a rerun may come first); quotes the URL
         st.warning("This link holds values the app cannot restore, so it shows the defaults instead of: "
-                   + "; ".join(st.session_state[LINK_NOTES]) + ".", icon="⚠️")
+                   + escape_markdown("; ".join(st.session_state[LINK_NOTES])) + ".", icon="⚠️")
     with _as_entry_script():
         return sidebar()
 
@@ -104,6 +107,7 @@ def run_page(body: Callable[[], None]) -> None:
     traceback. st.stop and reruns are BaseExceptions and pass through. A completed run writes the view to the URL.
     """
     page_setup()
+    begin_page_run()
     token = _IN_PAGE_RUN.set(True)
     try:
         body()

@@ -18,9 +18,10 @@ import streamlit as st
 from ..data.eval_data import BUILTIN_DATASETS
 from ..engine.models import BUNDLED_MODELS, DEFAULT_SOURCE, DEFAULT_TARGET
 from .loaders import available_checkpoints
-from .permalink import (MAX_TEXT_IN_LINK, PAGE_PREFIX, SidebarLink, check_value, page_params, parse_link,
-                        python_snippet, query_string, sidebar_params, text_digest)
-from .settings import DATASET_MODE, EXAMPLES_PER_DATASET, FREE_TEXT_MODE, MAX_CONTEXT_TOKENS, OTHER, REPO_ROOT
+from .permalink import (MAX_QUERY_CHARS, PAGE_PREFIX, SidebarLink, check_value, fit_link, page_params, parse_link,
+                        python_snippet, query_string, sidebar_params, text_digest, text_in_link)
+from .settings import (DATASET_MODE, EXAMPLES_PER_DATASET, FREE_TEXT_MODE, MAX_CONTEXT_TOKENS, OTHER, REPO_ROOT,
+                       page_option_groups)
 from .state import Selection
 
 LINK = "link.applied"  # the applied selection as a permalink.SidebarLink
@@ -29,6 +30,11 @@ LINK_UNCHECKED = "link.unchecked"  # page options an opened link set that no wid
 _LINK_DRAWN = "link.drawn"  # linked page options that fit their widget's type this run: key -> value (checked at the end)
 LINK_DROP = "link.drop"  # linked page options to forget at the start of the next run (a widget holds them now)
 _LINK_RERUN = "link.rerun"  # a linked page option was dropped during the run: rerun to show the one warning
+_GROUPS_THIS_RUN = "link.groups"  # the option groups (pg.<group>.…) this page run offered: the running page's
+_OPTION_GROUPS_SEEN: set[str] = set()  # every group a page offered in this process (one built at run time too)
+# what a link leaves out, in words (the query parameters a server would refuse are the long typed ones)
+_LEFT_OUT = {"q": "the question", "gold": "the gold answer", "src": "the source model", "tgt": "the target model",
+             "ckpt": "the checkpoint", "text": "the context text"}
 MAX_REMEMBERED_TEXTS = 256  # long free texts this process can restore by digest
 _LONG_TEXTS: OrderedDict[str, str] = OrderedDict()  # digest -> text; a link holds only the digest of these
 _LONG_TEXTS_LOCK = threading.Lock()
@@ -58,7 +64,8 @@ def restore_link() -> None:
     if not params:
         return
     parsed = parse_link(params, models=list(BUNDLED_MODELS), checkpoints=list(available_checkpoints()),
-                        datasets=list(BUILTIN_DATASETS), examples=EXAMPLES_PER_DATASET, recall_text=_recall_text)
+                        datasets=list(BUILTIN_DATASETS), examples=EXAMPLES_PER_DATASET, recall_text=_recall_text,
+                        option_groups=option_groups())
     link = parsed.sidebar
     for role, key in (("source", "sb.source"), ("target", "sb.target")):
         if getattr(link, role):
@@ -81,6 +88,24 @@ def restore_link() -> None:
     state[LINK_UNCHECKED] = set(parsed.page)
     if parsed.ignored:
         state[LINK_NOTES] = parsed.ignored
+
+
+def option_groups() -> set[str]:
+    """The page option groups this app has: those its page files name and any a page offered in this process."""
+    return {*page_option_groups(), *_OPTION_GROUPS_SEEN}
+
+
+def begin_page_run() -> None:
+    """A page run starts: no page option offered yet (a stopped run or a fragment's rerun may have left some)."""
+    st.session_state.pop(_GROUPS_THIS_RUN, None)
+
+
+def offer_page_option(key: str) -> None:
+    """A page offers the option `key` this run (every widget_default): its group is the running page's."""
+    if key.startswith(PAGE_PREFIX):
+        group = key[len(PAGE_PREFIX):].split(".")[0]
+        _OPTION_GROUPS_SEEN.add(group)
+        st.session_state.setdefault(_GROUPS_THIS_RUN, set()).add(group)
 
 
 def check_linked_value(key: str, default: object, options: list | None) -> None:
@@ -106,13 +131,25 @@ def drop_linked_page_options(failed: bool) -> bool:
     """
     state = st.session_state
     drawn = state.pop(_LINK_DRAWN, {})
+    groups = state.pop(_GROUPS_THIS_RUN, set())
     if failed:
         dropped = set(drawn) | state.get(LINK_UNCHECKED, set())
         state[LINK_UNCHECKED] = set()
     else:
         dropped = {key for key, value in drawn.items() if key in state and state[key] != value}
+        # linked options of this page that none of its widgets took: the page has no such option
+        unknown = {key for key in state.get(LINK_UNCHECKED, set()) if key[len(PAGE_PREFIX):].split(".")[0] in groups}
+        if unknown:
+            state[LINK_UNCHECKED] -= unknown
+            many = len(unknown) > 1
+            names = ", ".join(f"{k[len(PAGE_PREFIX):]}={state[k]!r}" for k in sorted(unknown) if k in state)
+            state.setdefault(LINK_NOTES, []).append(f"the page option{'s' if many else ''} {names} (this page does "
+                                                    "not offer it)")
+            for key in unknown:  # out of the URL this run already
+                state.pop(key, None)
+            state[_LINK_RERUN] = True
     if dropped:
-        state[LINK_DROP] = dropped
+        state.setdefault(LINK_DROP, set()).update(dropped)
         many = len(dropped) > 1
         why = f"the page failed with {'them' if many else 'it'}" if failed else "not among the choices"
         names = ", ".join(f"{k[len(PAGE_PREFIX):]}={drawn[k]!r}" if k in drawn else k[len(PAGE_PREFIX):]
@@ -126,19 +163,25 @@ def link_of_widgets(source: str, target: str) -> SidebarLink:
     state = st.session_state
     checkpoint = state["sb.checkpoint_other"].strip() if state["sb.checkpoint"] == OTHER else state["sb.checkpoint"]
     if state["sb.mode"] == FREE_TEXT_MODE:
-        if len(state["sb.text"]) > MAX_TEXT_IN_LINK:
+        if not text_in_link(state["sb.text"]):
             _remember_text(state["sb.text"])
         return SidebarLink(source, target, checkpoint, text=state["sb.text"], question=state["sb.question"],
                            gold=state["sb.gold"])
     return SidebarLink(source, target, checkpoint, dataset=state["sb.dataset"], example=int(state["sb.example"]))
 
 
-def link_params() -> dict[str, str]:
-    """The query parameters of this session's view: the applied selection and every page option."""
+def _view_link() -> tuple[dict[str, str], list[str]]:
+    """The query parameters of this session's view, cut to what the server accepts, and the keys left out."""
     state = st.session_state
     link = state.get(LINK)
     pages = {k: state[k] for k in state.keys() if isinstance(k, str) and k.startswith(PAGE_PREFIX)}
-    return {**(sidebar_params(link) if link is not None else {}), **page_params(pages)}
+    return fit_link({**(sidebar_params(link) if link is not None else {}), **page_params(pages)})
+
+
+def link_params() -> dict[str, str]:
+    """The query parameters of this session's view: the applied selection and every page option (within
+    MAX_QUERY_CHARS: a longer link would fail with "400 Bad Request")."""
+    return _view_link()[0]
 
 
 def sync_link() -> dict[str, str]:
@@ -162,10 +205,16 @@ def python_code(sel: Selection) -> str:
 def share(sel: Selection) -> None:
     """The sidebar's "Copy link" and "Copy as Python" for the applied selection `sel`."""
     params = sync_link()
-    with st.expander("Copy link"):
+    left_out = _view_link()[1]
+    with st.expander("Copy link", expanded=bool(left_out)):
         st.caption("The address bar holds this view's link. Or append this to the app's address and page "
                    "(e.g. `…:8501/cache_error`):")
         st.code(query_string(params) or "(the defaults: no parameters)", language=None, wrap_lines=True)
+        if left_out:
+            what = ", ".join(_LEFT_OUT.get(k, f"the page option {k}") for k in left_out)
+            st.warning(f"This link leaves out {what}: with it the link would be longer than the app's server accepts "
+                       f"({MAX_QUERY_CHARS:,} characters after the address), and opening it would fail with "
+                       "“400 Bad Request”. Whoever opens the link types that again in the sidebar.", icon="✂️")
     with st.expander("Copy as Python"):
         st.caption("The same translation with the library, printing the Per-layer cache error page's numbers "
                    "(run it from the repository root).")

@@ -3,6 +3,7 @@ first value of each keyed widget, kept while its page or mode is not shown."""
 
 from __future__ import annotations
 
+import string
 import traceback
 from pathlib import Path
 from typing import NamedTuple
@@ -13,8 +14,9 @@ import streamlit as st
 
 from ..engine.models import DEFAULT_SOURCE, DEFAULT_TARGET
 from ..engine.mot import MoT, Translation
+from ..engine.prompts import QAExample, choice_label_texts
 from ..errors import MotVizError
-from .links import LINK_UNCHECKED, check_linked_value
+from .links import LINK_UNCHECKED, check_linked_value, offer_page_option
 from .loaders import available_checkpoints, second_translation
 from .permalink import PAGE_PREFIX
 from .settings import DATASET_MODE, DEFAULT_FREE_TEXT
@@ -27,6 +29,25 @@ _DEFAULTS: dict[str, object] = {
     "sb.text": DEFAULT_FREE_TEXT, "sb.question": "Who designed the tower?", "sb.gold": "Gustave Eiffel",
 }
 PAGE_KEY_PREFIX = PAGE_PREFIX  # pages give their widgets keys starting with "pg.", so they persist (and are linked)
+# Markdown (and Streamlit's :color[…] / :icon: / $math$ extensions) reads only ASCII punctuation as syntax, and
+# CommonMark lets a backslash make any of it literal
+_MARKDOWN_ESCAPES = str.maketrans({c: "\\" + c for c in string.punctuation})
+
+
+def escape_markdown(text: object) -> str:
+    """`text` as literal characters inside a Markdown message (st.error, st.caption, …): a link, image, HTML tag or
+    emphasis in it shows as typed. Text shown on its own goes through :func:`show_text` instead."""
+    return str(text).translate(_MARKDOWN_ESCAPES)
+
+
+def show_text(label: str, text: str) -> None:
+    """Text that came from a user, a link, a dataset or a model, shown verbatim (st.text reads no Markdown/HTML)."""
+    st.text(f"{label}: {text}")
+
+
+def choices_text(example: QAExample) -> str:
+    """A closed question's choices, one ``label: text`` line each (for :func:`show_text`)."""
+    return "".join(f"\n{lab}: {text}" for lab, text in zip(choice_label_texts(example), example.choices))
 
 
 def explain(markdown: str) -> None:
@@ -38,7 +59,8 @@ def explain(markdown: str) -> None:
 def run_caption(run: Run) -> None:
     """One line naming the pair, checkpoint and context the page shows."""
     sel = run.selection
-    st.caption(f"{sel.source} → {sel.target} · checkpoint `{Path(sel.checkpoint).name}` · context: {sel.label} "
+    st.caption(f"{escape_markdown(sel.source)} → {escape_markdown(sel.target)} · checkpoint "
+               f"{escape_markdown(Path(sel.checkpoint).name)} · context: {escape_markdown(sel.label)} "
                f"({len(run.target_tokens)} target / {len(run.source_tokens)} source tokens)")
 
 
@@ -54,9 +76,10 @@ def show_figure(fig: go.Figure, data: pd.DataFrame, name: str) -> None:
 def show_error(exc: BaseException) -> None:
     """An error as a message, never a traceback: a user-caused one with its fix, anything else with a details expander."""
     if isinstance(exc, MotVizError):
-        st.error(f"**{exc.title}.** {exc}", icon="⚠️")
+        st.error(f"**{exc.title}.** {escape_markdown(exc)}", icon="⚠️")  # a message may quote what a user typed
         return
-    st.error(f"**Unexpected error.** {type(exc).__name__}: {exc}\n\nThe page could not be drawn. Other pages and "
+    st.error(f"**Unexpected error.** {type(exc).__name__}: {escape_markdown(exc)}\n\nThe page could not be drawn. "
+             "Other pages and "
              "another context or checkpoint may still work; if this persists, please report it with the details.",
              icon="🛑")
     with st.expander("Details"):
@@ -81,6 +104,7 @@ def widget_default(key: str, default: object, options: list | None = None) -> No
     A value no longer offered among `options` (e.g. a removed checkpoint) falls back to the default, and so does
     a value an opened link set that does not fit the default's type or the options (the page's warning names it).
     """
+    offer_page_option(key)
     if key in st.session_state.get(LINK_UNCHECKED, ()):  # a value an opened link set: it must fit this widget
         check_linked_value(key, default, options)
     if key not in st.session_state or (options is not None and st.session_state[key] not in options):

@@ -4,9 +4,11 @@ Pure functions (no Streamlit): mot_viz.app.links reads and writes ``st.query_par
 
 A link holds the *applied* sidebar choice under short keys — ``src``, ``tgt``, ``ckpt``, then either a dataset
 example (``ds``, ``ex``) or free text (``text``, or ``th`` = its sha256 prefix when longer than
-:data:`MAX_TEXT_IN_LINK` characters; ``q``, ``gold``) — and every page option (a widget key ``pg.<page>.<name>``)
-under ``<page>.<name>``. Page option values keep their type: a string is written as is unless it would read
-back as a number, a boolean or a list (then JSON-quoted); numbers, booleans and lists are JSON.
+:data:`MAX_TEXT_IN_LINK` characters or :data:`MAX_TEXT_QUERY_CHARS` once percent-encoded; ``q``, ``gold``) — and
+every page option (a widget key ``pg.<page>.<name>``) under ``<page>.<name>``. Page option values keep their type:
+a string is written as is unless it would read back as a number, a boolean or a list (then JSON-quoted); numbers,
+booleans and lists are JSON. A link's query string stays within :data:`MAX_QUERY_CHARS` (:func:`fit_link`), so the
+app's server accepts it.
 
 A link never makes the app load something a user did not choose from its lists: a model name that is not bundled
 or a checkpoint that is not in pretrained/ is reported (and offered under "other"), not loaded.
@@ -20,9 +22,16 @@ import math
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from urllib.parse import urlencode
+from urllib.parse import quote_plus, urlencode
 
 MAX_TEXT_IN_LINK = 1000  # longer free text is linked by its sha256 prefix (URLs stay short enough to paste)
+MAX_TEXT_QUERY_CHARS = 4 * 1024  # and so is text that percent-encodes longer (up to 12 characters per character)
+# The app's server (Streamlit 1.67 on uvicorn's h11 parser) answers 400 Bad Request when a request's head (request
+# line and headers) is still incomplete past 16 KiB. Measured with mot_viz.app.server.serve_app and a request sent
+# in 1,460-byte pieces, as a network carries it: a 17,210-byte path loads, 17,211 fails (larger pieces, as on
+# localhost, pass more: do not measure with one send). A browser sends the page's address once per request (as the
+# path, or as the Referer of each file the page loads) beside 1-2 KiB of other headers and cookies: 4 KiB are left.
+MAX_QUERY_CHARS = 12 * 1024
 DIGEST_CHARS = 16  # hex characters of the sha256 prefix: 64 bits, never guessed
 PAGE_PREFIX = "pg."  # page widget keys; in a link without the prefix
 SIDEBAR_KEYS = ("src", "tgt", "ckpt", "ds", "ex", "text", "th", "q", "gold")
@@ -57,6 +66,11 @@ class ParsedLink:
     ignored: list[str] = field(default_factory=list)
 
 
+def text_in_link(text: str) -> bool:
+    """Whether a link carries this free text itself (else its digest, ``th``)."""
+    return len(text) <= MAX_TEXT_IN_LINK and len(quote_plus(text)) <= MAX_TEXT_QUERY_CHARS
+
+
 def text_digest(text: str) -> str:
     """The sha256 prefix a link holds for a free text too long to carry."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:DIGEST_CHARS]
@@ -78,12 +92,16 @@ def _json_value(raw: str) -> tuple[bool, object]:
 
 
 def _is_scalar(value: object) -> bool:
-    return isinstance(value, (str, bool, int)) or (isinstance(value, float) and math.isfinite(value))
+    if isinstance(value, str):  # JSON's "\ud800" escape makes a lone surrogate, which no page or URL can hold
+        return value.isascii() or not any("\ud800" <= c <= "\udfff" for c in value)
+    return isinstance(value, (bool, int)) or (isinstance(value, float) and math.isfinite(value))
 
 
 def encode_value(value: object) -> str | None:
     """A page option's value as a query parameter (None for a value a link cannot carry, e.g. a tuple)."""
     if isinstance(value, str):
+        if not _is_scalar(value):  # a lone surrogate: no URL can hold it
+            return None
         parses, _ = _json_value(value)
         return json.dumps(value) if parses else value  # "1" stays a string: '"1"'
     if _is_scalar(value) or (isinstance(value, list) and all(_is_scalar(v) for v in value)):
@@ -138,7 +156,7 @@ def sidebar_params(link: SidebarLink) -> dict[str, str]:
         if value:
             params[key] = value
     if link.text is not None:
-        if len(link.text) <= MAX_TEXT_IN_LINK:
+        if text_in_link(link.text):
             params["text"] = link.text
         else:
             params["th"] = text_digest(link.text)
@@ -168,18 +186,35 @@ def query_string(params: Mapping[str, str]) -> str:
     return "?" + urlencode(params) if params else ""
 
 
+def fit_link(params: Mapping[str, str], limit: int = MAX_QUERY_CHARS) -> tuple[dict[str, str], list[str]]:
+    """The parameters whose query string fits in `limit` characters, and the keys left out to fit (longest first).
+
+    Only a value no link should carry is ever that long (a free text goes by its digest): a pasted question or gold
+    answer, a typed model path.
+    """
+    kept = dict(params)
+    left_out = []
+    while len(query_string(kept)) > limit:
+        key = max(kept, key=lambda k: len(quote_plus(k)) + len(quote_plus(kept[k])))
+        left_out.append(key)
+        del kept[key]
+    return kept, left_out
+
+
 def _short(value: str, limit: int = 60) -> str:
     return repr(value if len(value) <= limit else value[:limit] + "…")
 
 
 def parse_link(params: Mapping[str, str], *, models: Collection[str], checkpoints: Collection[str],
                datasets: Collection[str], examples: int,
-               recall_text: Callable[[str], str | None] = lambda digest: None) -> ParsedLink:
+               recall_text: Callable[[str], str | None] = lambda digest: None,
+               option_groups: Collection[str] | None = None) -> ParsedLink:
     """What a link restores: validated sidebar values and decoded page options; the rest is named in `ignored`.
 
     `models`: the names a link may load (the bundled ones; a typed Hub id or path is never loaded from a link,
     only offered in `typed`); `checkpoints`: the checkpoint folder names; `examples`: how many examples each
-    dataset offers; `recall_text`: the text of a digest this process has seen, if any.
+    dataset offers; `recall_text`: the text of a digest this process has seen, if any; `option_groups`: the
+    ``<page>`` parts of the page options the app has (None: any).
     """
     ignored: list[str] = []
     typed: dict[str, str] = {}
@@ -231,7 +266,9 @@ def parse_link(params: Mapping[str, str], *, models: Collection[str], checkpoint
     for key, raw in params.items():
         if key in SIDEBAR_KEYS:
             continue
-        if _PAGE_KEY.match(key):
+        if _PAGE_KEY.match(key) and option_groups is not None and key.split(".")[0] not in option_groups:
+            ignored.append(f"the page option {_short(key, 30)} (no page of this app has it)")
+        elif _PAGE_KEY.match(key):
             page[PAGE_PREFIX + key] = decode_value(raw)
         else:
             ignored.append(f"unknown parameter {_short(key, 30)}")

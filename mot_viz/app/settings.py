@@ -6,7 +6,9 @@ Test mode: with ``MOT_VIZ_TEST_MODELS=1`` the bundled model names load tiny rand
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 from pathlib import Path
 
 from ..eval.answers import MAX_NEW_TOKENS
@@ -30,6 +32,14 @@ DEFAULT_FREE_TEXT = (
 def test_mode() -> bool:
     """Whether the loaders serve tiny test models (``MOT_VIZ_TEST_MODELS=1``)."""
     return os.environ.get("MOT_VIZ_TEST_MODELS") == "1"
+
+
+@functools.cache  # the app watches no files: its pages are those it started with
+def page_option_groups() -> frozenset[str]:
+    """The option groups the page files use: a page's widget keys are "pg.<group>.<name>" (in a link
+    <group>.<name>). Read from pages/*.py, so a page added there has its options linked like the others."""
+    return frozenset(group for path in (REPO_ROOT / "pages").glob("*.py")
+                     for group in re.findall(r"[\"']pg\.([A-Za-z0-9_]+)\.", path.read_text(encoding="utf-8")))
 
 
 def pretrained_dir() -> Path:

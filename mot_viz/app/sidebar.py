@@ -9,13 +9,13 @@ import streamlit as st
 from ..data.eval_data import BUILTIN_DATASETS
 from ..engine.checkpoint import checkpoint_zip
 from ..engine.models import BUNDLED_MODELS
-from ..engine.prompts import ChatFrame, QAExample, build_prompt, choice_label_texts, free_text_selection
+from ..engine.prompts import ChatFrame, QAExample, build_prompt, free_text_selection
 from ..errors import MotVizError
 from ..train.quickfit import QuickFitConfig, fit_pair, fits_dir
 from .links import LINK, link_of_widgets, share
 from .loaders import (FIT_PREFIX, available_checkpoints, checkpoints_for_pair, dataset_examples, default_checkpoint,
                       get_model)
-from .page import show_error, widget_default
+from .page import choices_text, escape_markdown, show_error, show_text, widget_default
 from .settings import DATASET_LABELS, DATASET_MODE, FREE_TEXT_MODE, OTHER, pretrained_dir, test_mode
 from .state import Selection
 
@@ -90,9 +90,9 @@ def _fit_control(source: str, target: str, checkpoints: dict[str, str]) -> str |
 def _target_chat_frame(target: str) -> ChatFrame | None:
     """The chat turns of a chat-tuned target (None for a base model, or one that cannot be loaded: its page says why)."""
     try:
-        with st.spinner(f"Loading {target}…"):
+        with st.spinner(f"Loading {escape_markdown(target)}…"):
             note = st.empty()  # a first load's one-time steps (a .gguf file is converted once, with its progress)
-            frame = get_model(target, progress=lambda m: note.info(m, icon="⏳")).chat_frame
+            frame = get_model(target, progress=lambda m: note.info(escape_markdown(m), icon="⏳")).chat_frame
             note.empty()
             return frame
     except MotVizError:
@@ -122,11 +122,10 @@ def _context_picker(target: str) -> tuple[str, QAExample | None, str | None, str
                             step=1, key="sb.example")
     example = examples[int(index)]
     with st.expander("Question and gold answer", expanded=True):
-        st.markdown(f"**Question:** {example.question}")
+        show_text("Question", example.question)
         if example.choices:
-            labels = choice_label_texts(example)
-            st.markdown("\n".join(f"- **{lab}**: {text}" for lab, text in zip(labels, example.choices)))
-        st.markdown(f"**Gold:** {' | '.join(example.answers)}")
+            show_text("Choices", choices_text(example))
+        show_text("Gold", " | ".join(example.answers))
     prompt = build_prompt(example, chat)
     if chat is not None:
         st.caption("The target is chat-tuned: the prompt is wrapped in its chat template.")

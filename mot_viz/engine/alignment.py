@@ -12,6 +12,8 @@ from functools import cached_property
 
 import torch
 
+from ..errors import ContextError
+
 
 @dataclass
 class TokenAlignment:
@@ -40,8 +42,22 @@ def decode(tokenizer, ids: list[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
+def check_text(text: str) -> None:
+    """Raise ContextError if `text` is not valid Unicode (a lone surrogate, e.g. from a JSON "\\ud800" escape)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a tokenizer would fail with a bare TypeError
+        raise ContextError(
+            f"The text holds a lone surrogate character (U+{ord(text[exc.start]):04X} at character {exc.start:,}), "
+            "which is not valid Unicode, so no tokenizer can read it. Remove that character, or re-save the text "
+            "as UTF-8."
+        ) from None
+
+
 def encode(tokenizer, text: str) -> list[int]:
-    """Token ids of `text` without special tokens (no BOS anywhere, method.md §2)."""
+    """Token ids of `text` without special tokens (no BOS anywhere, method.md §2); every text the library
+    tokenizes (contexts, questions, training passages) comes through here, so here it is checked (check_text)."""
+    check_text(text)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 

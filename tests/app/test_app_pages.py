@@ -7,8 +7,11 @@ shows against the library computed directly, and the messages of the errors a us
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -86,8 +89,13 @@ def use_free_text(at: AppTest, text: str, question: str = "", gold: str = "") ->
     return at
 
 
+def shown(markdown: str) -> str:
+    """A message as the reader sees it: the app escapes what it quotes (mot_viz.app.page.escape_markdown)."""
+    return re.sub(r"\\(.)", r"\1", markdown)
+
+
 def errors(at: AppTest) -> list[str]:
-    return [e.value for e in at.error]
+    return [shown(e.value) for e in at.error]
 
 
 def first_squad():
@@ -367,6 +375,28 @@ def test_too_long_context_shows_the_limit():
     assert any("allows at most 1024" in e for e in errors(at))
 
 
+def test_answers_page_shows_only_the_reason_when_no_condition_can_answer():
+    # the context translates, but with this question it no longer fits the target: every condition fails alike
+    at = goto(use_free_text(start(), FREE_TEXT, "Who " * 4100, "Eiffel"), "1_answers")
+    assert not at.exception
+    assert len(errors(at)) == 1 and errors(at)[0].startswith("**Context problem.** The context (")
+    assert "allows at most 4096 tokens. Shorten the context or the question" in errors(at)[0]
+    assert not at.dataframe and not at.get("plotly_chart") and not any(x.label == "Details" for x in at.expander)
+
+
+def test_a_context_with_a_lone_surrogate_is_a_context_error_on_the_page(monkeypatch):
+    # a data file's JSON "\ud800" escape is how such text arrives: a URL or a widget cannot carry it
+    example = first_squad()
+    broken = dataclasses.replace(example, context=example.context[:40] + "\ud800" + example.context[40:])
+    monkeypatch.setattr(sys.modules["mot_viz.app.sidebar"], "dataset_examples", lambda name: [broken])
+    at = start()
+    assert not at.exception
+    assert errors(at) == [f"**Context problem.** The text holds a lone surrogate character (U+D800 at character "
+                          f"{build_prompt(example).context_text.index(example.context) + 40}), which is not valid "
+                          "Unicode, so no tokenizer can read it. Remove that character, or re-save the text as UTF-8."]
+    assert not at.metric  # nothing was translated
+
+
 def test_checkpoint_for_another_pair_is_refused_on_every_page():
     at = start()
     at.selectbox(key="sb.checkpoint").set_value("gemma3-to-smollm2")
@@ -574,7 +604,7 @@ def test_each_explanation_says_the_replay_is_a_target_forward_pass(page):
 
 
 def test_overview_cost_panel_is_the_shown_translation_beside_native_prefill():
-    from mot_viz.analysis.cache_metrics import kv_cache_bytes
+    from mot_viz.engine.models import kv_cache_bytes
 
     at = start()
     costs, sizes = [d.value for d in at.dataframe if "stage" in d.value.columns or "model" in d.value.columns][:2]

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
+import socket
+import time
 from pathlib import Path
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlencode
 
 import numpy as np
 import pytest
@@ -19,11 +22,13 @@ from streamlit.testing.v1 import AppTest
 
 import mot_viz.engine.models
 from mot_viz import app
-from mot_viz.app.permalink import (MAX_TEXT_IN_LINK, SidebarLink, check_value, decode_value, encode_value, page_params,
-                                   parse_link, sidebar_params, text_digest)
+from mot_viz.app.permalink import (MAX_QUERY_CHARS, MAX_TEXT_IN_LINK, SidebarLink, check_value, decode_value,
+                                   encode_value, fit_link, page_params, parse_link, query_string, sidebar_params,
+                                   text_digest)
+from mot_viz.app.server import serve_app
 from mot_viz.engine.testing import load_test_model, write_test_checkpoints
 from plotly_figures import figures
-from test_app_pages import APP, TIMEOUT, goto, translate_button
+from test_app_pages import APP, TIMEOUT, errors, goto, shown, translate_button
 
 FREE_TEXT = "The Eiffel Tower is in Paris. It was built by Gustave Eiffel's company from 1887 to 1889.\n"
 LINK_ARGS = dict(models=["smollm2-135m", "gemma3-270m"], checkpoints=["smollm2-to-gemma3", "other-ckpt"],
@@ -62,7 +67,7 @@ def python_code(at: AppTest) -> str:
 
 def link_warning(at: AppTest) -> str:
     """The one warning naming what an opened link held that was ignored."""
-    found = [w.value for w in at.warning if w.value.startswith("This link holds values")]
+    found = [shown(w.value) for w in at.warning if w.value.startswith("This link holds values")]
     assert len(found) == 1, [w.value for w in at.warning]
     return found[0]
 
@@ -228,8 +233,8 @@ def test_a_long_free_text_is_linked_by_digest_and_restored_only_where_it_was_see
     assert start(params).session_state["applied"] == at.session_state["applied"]  # this app process saw it
     monkeypatch.setattr(app.links, "_LONG_TEXTS", type(app.links._LONG_TEXTS)())  # e.g. after a restart
     lost = start(params)
-    assert len(lost.warning) == 1 and f"sha256:{params['th']}" in lost.warning[0].value
-    assert "paste the text under Free text" in lost.warning[0].value
+    assert len(lost.warning) == 1 and f"sha256:{params['th']}" in link_warning(lost)
+    assert "paste the text under Free text" in link_warning(lost)
     assert lost.session_state["applied"].label == "SQuAD #0"  # the default context, not a half-restored one
     assert "th" not in lost.query_params  # the URL now says what is shown
 
@@ -265,6 +270,123 @@ def test_hostile_parameters_give_one_warning_and_the_defaults():
     assert at.query_params["answers.max_new"] == str(app.DEFAULT_MAX_NEW_TOKENS)
     at.run()  # the warnings were shown once
     assert not any(w.value.startswith("This link") for w in at.warning)
+
+
+# ----- hostile links: markup, invalid Unicode, length, unknown options -----------------------------------
+
+EVIL = "[click](https://evil.example) ![x](https://evil.example/a.png) <img src=https://evil.example/b.png>"
+MARKDOWN_ELEMENTS = ("markdown", "caption", "info", "warning", "error", "success")  # bodies Streamlit reads as Markdown
+
+
+def markdown_bodies(at: AppTest) -> list[str]:
+    return [e.value for kind in MARKDOWN_ELEMENTS for e in getattr(at, kind)]
+
+
+def assert_no_markup_from(at: AppTest, needles=("](https://evil.example", "<img src=")) -> None:
+    """No Markdown element holds the crafted link, image or tag unescaped (an escaped one shows as typed)."""
+    for body in markdown_bodies(at):
+        assert not any(n in body for n in needles), body
+
+
+def test_user_text_from_a_link_is_shown_as_typed_never_as_markup():
+    text, question, gold = f"Paris is in France. {EVIL}\n", f"Where is Paris? {EVIL}", f"France | {EVIL}"
+    at = start({"text": text, "q": question, "gold": gold, "src": EVIL})
+    assert at.session_state["applied"].text == text  # restored, and translated as typed
+    assert_no_markup_from(at)
+    assert any(t.value.strip() == text.strip() for t in at.text)  # the overview's "translated context", verbatim
+    assert "source model '[click](https://evil" in link_warning(at)  # quoted (shortened) in the warning, escaped
+    at = goto(at, "1_answers")
+    assert_no_markup_from(at)
+    plain = [t.value for t in at.text]
+    assert f"Question: {question}" in plain and f"Gold answer: France | {EVIL}" in plain
+    assert not at.exception
+
+
+def test_a_page_option_a_link_escapes_into_a_lone_surrogate_is_named_and_dropped():
+    at = start({"error.kv": '"\\ud800"', "error.metric": "cosine"})  # JSON's escape: "\ud800" once decoded
+    at = goto(at, "2_cache_error")
+    assert not at.exception and not errors(at)
+    assert "error.kv=" in link_warning(at) and "ud800" in link_warning(at)
+    assert at.radio(key="pg.error.kv").value == "K" and at.radio(key="pg.error.metric").value == "cosine"
+    assert at.query_params["error.kv"] == "K"
+
+
+def test_a_copied_link_never_exceeds_what_the_server_accepts_and_says_what_it_left_out():
+    text = "東京は日本の首都です。" * 70  # 770 characters, but about 7,000 once percent-encoded
+    question = "Which city is the capital? " * 600  # 16,200 characters: no link can carry it
+    at = use_free_text_link(start(), text, question, "Tokyo")
+    params = copied_link(at)
+    assert len(query_string(params)) <= MAX_QUERY_CHARS and dict(at.query_params) == params
+    assert "text" not in params and params["th"] == text_digest(text) and "q" not in params
+    assert params["gold"] == "Tokyo"
+    left = [shown(w.value) for w in at.warning if w.value.startswith("This link leaves out")]
+    assert len(left) == 1 and left[0].startswith("This link leaves out the question:") and "400 Bad Request" in left[0]
+    fresh = start(params)  # this app process has seen the text: the link restores it, without the question
+    assert fresh.session_state["applied"].text == text and fresh.session_state["sb.question"] == ""
+    short = use_free_text_link(start(), text, "Which city?", "Tokyo")
+    assert not any(w.value.startswith("This link leaves out") for w in short.warning)
+    assert copied_link(short)["q"] == "Which city?"
+
+
+def use_free_text_link(at: AppTest, text: str, question: str, gold: str) -> AppTest:
+    at.radio(key="sb.mode").set_value("Free text").run()
+    at.text_area(key="sb.text").input(text)
+    at.text_input(key="sb.question").input(question)
+    at.text_input(key="sb.gold").input(gold)
+    translate_button(at).click().run()
+    assert not at.exception
+    return at
+
+
+def test_the_length_bound_holds_for_any_link():
+    huge = SidebarLink("smollm2-135m", "gemma3-270m", "smollm2-to-gemma3", text="ü" * MAX_TEXT_IN_LINK,
+                       question="q" * 20_000, gold="g" * 9_000)
+    params = {**sidebar_params(huge), "error.kv": "K"}
+    assert "th" in params  # 1,000 characters, 6,000 once percent-encoded: by its digest
+    kept, left_out = fit_link(params)
+    assert len(query_string(kept)) <= MAX_QUERY_CHARS and left_out == ["q"]
+    assert kept["gold"] == huge.gold and kept["error.kv"] == "K"
+    assert fit_link(params, limit=5_000)[1] == ["q", "gold"]
+    assert fit_link({"ds": "squad"}) == ({"ds": "squad"}, [])
+
+
+def _request_status(url: str, path: str) -> int:
+    """The status of GET `path`, sent as a browser opens a link over a network: its headers, 1,460-byte pieces."""
+    host, port = url.removeprefix("http://").split(":")
+    head = (f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: Mozilla/5.0 (X11; Linux x86_64) "
+            "AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36\r\nAccept: text/html,"
+            "application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8\r\nAccept-Language: en-US,en;q=0.9\r\n"
+            f"Referer: {url}/\r\nConnection: close\r\n\r\n").encode()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        try:
+            for i in range(0, len(head), 1460):
+                sock.sendall(head[i:i + 1460])
+                time.sleep(0.001)
+        except OSError:  # the server may answer and close before the whole head is sent
+            pass
+        return int(sock.recv(64).split()[1])
+
+
+def test_the_server_accepts_the_longest_link_and_refuses_past_its_header_limit(app_cache, pretrained):
+    env = {**os.environ, "MOT_VIZ_TEST_MODELS": "1", "MOT_VIZ_CACHE": str(app_cache),
+           "MOT_VIZ_PRETRAINED": str(next(iter(pretrained.values())).parent)}
+    longest = "/cache_error?" + urlencode({"src": "smollm2-135m", "text": "x" * MAX_QUERY_CHARS})[:MAX_QUERY_CHARS]
+    with serve_app(env) as url:
+        assert _request_status(url, longest) == 200
+        assert _request_status(url, "/?text=" + "x" * 20_000) == 400  # past the 16 KiB MAX_QUERY_CHARS stays under
+
+
+def test_unknown_page_options_are_named_once_and_leave_the_url():
+    at = start({"nosuch.option": "1", "error.bogus": "x", "error.kv": "V"})
+    assert "nosuch.option" in link_warning(at) and "no page of this app has it" in link_warning(at)
+    assert "nosuch.option" not in at.query_params and at.query_params["error.kv"] == "V"
+    at = goto(at, "2_cache_error")
+    assert "error.bogus='x' (this page does not offer it)" in link_warning(at)
+    assert "error.bogus" not in at.query_params and at.radio(key="pg.error.kv").value == "V"
+    assert "pg.error.bogus" not in at.session_state
+    at.run()  # said once
+    assert not any(w.value.startswith("This link") for w in at.warning)
+    assert "error.bogus" not in at.query_params and at.query_params["error.kv"] == "V"
 
 
 # ----- "Copy as Python" ---------------------------------------------------------------------------------
