@@ -16,7 +16,8 @@ import pandas as pd
 import streamlit as st
 
 from mot_viz import app
-from mot_viz.analysis.cache_metrics import cost_table, kv_cache_bytes
+from mot_viz.analysis.cache_metrics import cost_table
+from mot_viz.engine.models import kv_cache_bytes
 
 PAGES_DIR = Path(__file__).parent / "pages"
 # file -> title, in the order a reader follows the data: answers first, then why they look like that

@@ -273,14 +273,3 @@ def cost_table(timings: dict[str, float]) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     df["× native prefill"] = df["seconds"] / native if native else np.nan
     return df
-
-
-def kv_cache_bytes(spec, tokens: int = 1000, bytes_per_value: int = 2) -> int:
-    """Bytes of a model's KV cache over `tokens` tokens: K and V at every layer (fp16/bf16: 2 bytes per value).
-
-    A sliding-window layer stores at most its window of tokens (Gemma 3's local layers) in a serving cache;
-    the caches MoT Viz builds for measurement keep every token at every layer.
-    """
-    per_layer = [min(tokens, spec.sliding_window) if spec.sliding_window and i in spec.sliding_layers else tokens
-                 for i in range(spec.num_layers)]
-    return 2 * spec.kv_hidden * bytes_per_value * sum(per_layer)

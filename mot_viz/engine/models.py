@@ -72,6 +72,17 @@ class ModelSpec:
         return asdict(self)
 
 
+def kv_cache_bytes(spec: ModelSpec, tokens: int = 1000, bytes_per_value: int = 2) -> int:
+    """Bytes of a model's KV cache over `tokens` tokens: K and V at every layer (fp16/bf16: 2 bytes per value).
+
+    A sliding-window layer stores at most its window of tokens (Gemma 3's local layers) in a serving cache;
+    the caches MoT Viz builds for measurement keep every token at every layer.
+    """
+    per_layer = [min(tokens, spec.sliding_window) if spec.sliding_window and i in spec.sliding_layers else tokens
+                 for i in range(spec.num_layers)]
+    return 2 * spec.kv_hidden * bytes_per_value * sum(per_layer)
+
+
 @dataclass
 class LoadedModel:
     """A frozen causal LM with its tokenizer and geometry."""

@@ -30,13 +30,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..analysis.cache_metrics import kv_cache_bytes
 from ..cli import run_cli
 from ..data.long_context import BUDGETS, SOURCES, LongExample, long_examples
 from ..engine import hf
 from ..engine.alignment import encode
 from ..engine.checkpoint import load_checkpoint, read_config
-from ..engine.models import LoadedModel, load_model
+from ..engine.models import LoadedModel, kv_cache_bytes, load_model
 from ..engine.mot import MoT, Translation, replay_window, translate_window
 from ..engine.prompts import build_prompt
 from ..errors import ConfigError, MotVizError

@@ -164,8 +164,8 @@ def test_pca_matches_scikit_learn_up_to_sign():
 
 
 def test_kv_cache_bytes_counts_k_and_v_at_every_layer_and_caps_sliding_layers():
-    from mot_viz.analysis.cache_metrics import cost_table, kv_cache_bytes
-    from mot_viz.engine.models import ModelSpec
+    from mot_viz.analysis.cache_metrics import cost_table
+    from mot_viz.engine.models import ModelSpec, kv_cache_bytes
 
     dense = ModelSpec("s", "llama", 30, 9, 3, 64, 576, 100, 8192, None, (), "x")
     assert kv_cache_bytes(dense, 1000) == 2 * 30 * 192 * 2 * 1000  # 23.04 MB, SmolLM2-135M in fp16
