@@ -29,6 +29,7 @@ PAGES = {
     "5_cache_space.py": "Cache space",
     "6_training.py": "Training",
     "7_shift_analysis.py": "Shift analysis",
+    "8_long_context.py": "Long context",
 }
 
 
@@ -61,7 +62,10 @@ def _overview() -> None:
         "5. **Cache space** — native, translated and source K/V vectors projected to 2-D.\n"
         "6. **Training** — the checkpoint's loss curves and configuration.\n"
         "7. **Shift analysis** — where the injected window moves the target's residual stream, and whether the "
-        "layers above it correct or amplify that shift (early versus late injection)."
+        "layers above it correct or amplify that shift (early versus late injection).\n"
+        "8. **Long context** — a long document (512–4,096 tokens) read by the source and answered by the target "
+        "from the translated cache, beside the target reading it itself: quality, time to the first answer token, "
+        "and where along the document the window errs."
     )
     run = app.current_run()
     app.run_caption(run)

@@ -13,6 +13,7 @@ each importing only those above it:
 * ``settings`` — where the checkpoints live, test mode (``MOT_VIZ_TEST_MODELS=1``), limits and defaults;
 * ``state`` — ``Selection`` (the inputs of one translation) and ``Run`` (what a page shows for it);
 * ``loaders`` — the cached loaders: checkpoints on offer, models, checkpoints, translations, answers, fidelity;
+* ``long_context`` — the Long context page's loaders: one long document evaluated, the shipped results;
 * ``links`` — the applied view in ``st.query_params`` and back (the pure part is mot_viz.app.permalink);
 * ``page`` — what a page draws with (``explain``, ``run_caption``, ``show_figure``, ``show_error``) and keyed
   widgets' first values (``widget_default``);
@@ -23,6 +24,7 @@ each importing only those above it:
 
 from .frame import applied_selection, current_run, fragment, navigation_frame, page_setup, run_page
 from .links import link_params, python_code
+from .long_context import LongView, long_document, shipped_long_results
 from .loaders import (CONTROL_SEED, FIT_PREFIX, answer_rows, available_checkpoints, checkpoint_stamp,
                       checkpoints_for_pair, dataset_examples, default_checkpoint, first_token_kl, get_checkpoint,
                       get_model, get_translation, linear_baseline_for, live_sweep, second_translation, translation_key,
@@ -35,11 +37,13 @@ from .sidebar import quickfit_config, sidebar
 from .state import Run, Selection
 
 __all__ = [
-    "CONTROL_SEED", "DEFAULT_CHECKPOINT", "DEFAULT_MAX_NEW_TOKENS", "EXAMPLES_PER_DATASET", "FIT_PREFIX", "MAX_CONTEXT_TOKENS",
-    "REPO_ROOT", "Run", "fragment", "Selection", "answer_rows", "applied_selection", "available_checkpoints", "checkpoint_stamp",
-    "checkpoints_for_pair", "choices_text", "current_run", "escape_markdown", "show_text",
-    "dataset_examples", "default_checkpoint", "explain", "get_checkpoint",
-    "get_model", "get_translation", "keep_widget_state", "linear_baseline_for", "link_params", "navigation_frame",
-    "page_setup", "pretrained_dir", "python_code", "quickfit_config", "run_caption", "run_page", "show_error",
-    "show_figure", "sidebar", "test_mode", "translation_key", "first_token_kl", "second_translation", "second_checkpoint", "second_run", "SecondRun", "NO_SECOND", "live_sweep", "what_if_pair", "window_analysis", "widget_default", "window_fidelity",
+    "CONTROL_SEED", "DEFAULT_CHECKPOINT", "DEFAULT_MAX_NEW_TOKENS", "EXAMPLES_PER_DATASET", "FIT_PREFIX", "LongView",
+    "MAX_CONTEXT_TOKENS", "NO_SECOND", "REPO_ROOT", "Run", "SecondRun", "Selection", "answer_rows",
+    "applied_selection", "available_checkpoints", "checkpoint_stamp", "checkpoints_for_pair", "choices_text",
+    "current_run", "dataset_examples", "default_checkpoint", "escape_markdown", "explain", "first_token_kl",
+    "fragment", "get_checkpoint", "get_model", "get_translation", "keep_widget_state", "linear_baseline_for",
+    "link_params", "live_sweep", "long_document", "navigation_frame", "page_setup", "pretrained_dir", "python_code",
+    "quickfit_config", "run_caption", "run_page", "second_checkpoint", "second_run", "second_translation",
+    "shipped_long_results", "show_error", "show_figure", "show_text", "sidebar", "test_mode", "translation_key",
+    "what_if_pair", "widget_default", "window_analysis", "window_fidelity",
 ]

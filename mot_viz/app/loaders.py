@@ -187,7 +187,7 @@ def _cached_mean_cache(key: TranslationKey) -> tuple[list, float]:
     """The key's translation replayed with the mean-vector window (a window with no context in it, method.md §13),
     and the seconds that replay took (the mean vectors themselves are computed once per target and window)."""
     src, tgt, mot = _loaded(key)
-    means = _cached_mean_vectors(key.target, tuple(mot.channels.target_layers), test_mode())
+    means = cached_mean_vectors(key.target, tuple(mot.channels.target_layers), test_mode())
     start = time.perf_counter()
     kv = mean_vector_cache(mot, tgt, _cached_translation(key), means)
     return kv, time.perf_counter() - start
@@ -219,7 +219,7 @@ def _cached_answers(key: TranslationKey, conditions: tuple[str, ...], example: Q
 
 
 @st.cache_resource(show_spinner=False, max_entries=4)
-def _cached_mean_vectors(target: str, layers: tuple[int, ...], test: bool) -> MeanVectors:
+def cached_mean_vectors(target: str, layers: tuple[int, ...], test: bool) -> MeanVectors:
     return reference_means(get_model(target), layers, MEAN_VECTOR_PASSAGES)
 
 
@@ -250,7 +250,7 @@ def window_fidelity(run: Run, second: str | None = None) -> pd.DataFrame:
 @st.cache_data(show_spinner="Scoring the window against its baselines …", max_entries=8)
 def _cached_window_fidelity(key: TranslationKey, second: TranslationKey | None) -> pd.DataFrame:
     src, tgt, mot = _loaded(key)
-    means = _cached_mean_vectors(key.target, tuple(mot.channels.target_layers), test_mode())
+    means = cached_mean_vectors(key.target, tuple(mot.channels.target_layers), test_mode())
     own = "linear" if mot.translator.config.variant == "linear" else "translator"
     translation = _cached_translation(key)
     others = {}

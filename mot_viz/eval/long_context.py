@@ -38,7 +38,7 @@ from ..engine.checkpoint import load_checkpoint, read_config
 from ..engine.models import LoadedModel, kv_cache_bytes, load_model
 from ..engine.mot import MoT, Translation, replay_window, translate_window
 from ..engine.prompts import build_prompt
-from ..errors import ConfigError, MotVizError
+from ..errors import ConfigError, ContextError, MotVizError
 from ..fsutil import write_text_atomic
 from .answers import MAX_NEW_TOKENS, answers_from_caches, condition_caches
 from .evaluate import earlier_run
@@ -107,14 +107,21 @@ def check_settings(settings: LongSettings) -> dict:
         other = read_config(settings.linear)
         if any(other[k].get("fingerprint") != config[k].get("fingerprint") for k in ("source", "target")):
             raise ConfigError(f"--linear {settings.linear} was made for another model pair than {settings.checkpoint}.")
-    for role in ("source", "target"):
-        limit = config[role].get("max_positions")
-        room = QUESTION_ROOM + settings.max_new_tokens
-        if limit and max(settings.budgets) + room > limit:
-            raise ConfigError(f"budget {max(settings.budgets)} does not fit the {role} model "
-                              f"'{config[role]['name']}': it allows {limit} positions and the question and answer "
-                              f"need about {room} more. Choose budgets of at most {limit - room}.")
+    check_budget(max(settings.budgets), {role: (config[role]["name"], config[role].get("max_positions"))
+                                         for role in ("source", "target")}, settings.max_new_tokens, ConfigError)
     return config
+
+
+def check_budget(budget: int, models: dict[str, tuple[str, int | None]], max_new_tokens: int = MAX_NEW_TOKENS,
+                 error: type[MotVizError] = ContextError) -> None:
+    """Raise `error` when a `budget`-token document, its question and its answer do not fit a model's positions;
+    models: role -> (name, max_positions)."""
+    room = QUESTION_ROOM + max_new_tokens
+    for role, (name, limit) in models.items():
+        if limit and budget + room > limit:
+            raise error(f"a {budget}-token document does not fit the {role} model '{name}': it allows {limit} "
+                        f"positions and the question and answer need about {room} more. Choose a length of at most "
+                        f"{limit - room} tokens.")
 
 
 def linear_cache(mot: MoT, linear: MoT, source: LoadedModel, target: LoadedModel, translation) -> list[hf.KV]:
@@ -152,6 +159,7 @@ def evaluate_document(mot: MoT, linear: MoT | None, source: LoadedModel, target:
         start = time.perf_counter()
         caches["linear"] = linear_cache(mot, linear, source, target, translation)
         build["linear"] = timings["source_prefill"] + timings["alignment"] + time.perf_counter() - start
+    caches = {c: caches[c] for c in CONDITIONS if c in caches}  # rows in the order of CONDITIONS
     suffix_ids = target.ids_tensor(encode(target.tokenizer, build_prompt(example, target.chat_frame).suffix_text))
     first = {c: first_token_seconds(target, kv, suffix_ids) for c, kv in caches.items()}
     answers = answers_from_caches(target, caches, example, settings.max_new_tokens)

@@ -155,8 +155,18 @@ def test_default_pair_every_page_and_two_tabs(app_url, browser):
     _assert_no_failure(page)
     page.wait_for_timeout(500)
     page.screenshot(path=str(SCREENSHOTS / "shift_sweep.png"))
+    # Long context: a 512-token distractor stack read by the source, translated, replayed and answered
+    nav.get_by_role("link", name="Long context", exact=True).click()
+    page.get_by_role("heading", name="Long context", exact=True).wait_for()
+    page.get_by_role("heading", name="Where along the document the window errs").wait_for(timeout=SLOW_MS)
+    _wait_until_settled(page)
+    _assert_no_failure(page)
+    assert page.locator(".js-plotly-plot").count() >= 3  # retention curve, first-token stages, position error
+    assert page.locator('[data-testid="stDataFrame"]').count() >= 2  # the answers and the cache sizes
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(SCREENSHOTS / "long_context.png"))
     assert all((SCREENSHOTS / f"{n}.png").stat().st_size > 10_000
-               for n in ["overview", "shift_sweep", *PAGES.values()])
+               for n in ["overview", "shift_sweep", "long_context", *PAGES.values()])
 
 
 def _link(**params: str) -> str:
