@@ -44,6 +44,7 @@ from .answers import MAX_NEW_TOKENS, answers_from_caches, condition_caches
 from .evaluate import earlier_run
 from .mean_vector import reference_means
 from .qa_metrics import bootstrap_ci
+from .report import paired_differences, paired_markdown
 
 CONDITIONS = ("native", "no_context", "mot", "linear", "mean")
 QUESTION_ROOM = 96  # target tokens kept free after a budget for the prompt's frame and the question
@@ -52,6 +53,8 @@ ROW_COLUMNS = ("budget", "source", "id", "depth", "evidence_fraction", "conditio
                "alignment", "translator", "replay", "native_prefill", "peak_rss_mb", "error")
 TEXT_COLUMNS = ("source", "id", "depth", "condition", "answer", "gold", "error")
 RESUME_KEYS = ("checkpoint", "linear", "source", "seed", "max_new_tokens", "conditions")
+# the paired tests: does the translation beat its own map, a window with no context in it, and no context at all?
+PAIRS = (("mot", "linear"), ("mot", "mean"), ("mot", "no_context"), ("mot", "native"), ("linear", "mean"))
 
 
 @dataclass
@@ -298,7 +301,10 @@ def write(out_dir: Path, rows: pd.DataFrame, settings: LongSettings, cache_mb: d
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(rows, settings.bootstrap, settings.seed)
     stages = stage_table(rows)
-    for name, frame in (("examples.csv", rows), ("summary.csv", summary), ("stages.csv", stages)):
+    per_budget = rows.assign(dataset=rows["source"].astype(str) + " " + rows["budget"].astype(str) + " tokens")
+    paired = paired_differences(per_budget, PAIRS, settings.bootstrap, settings.seed)
+    for name, frame in (("examples.csv", rows), ("summary.csv", summary), ("stages.csv", stages),
+                        ("paired.csv", paired)):
         buffer = io.StringIO()
         frame.to_csv(buffer, index=False)
         write_text_atomic(out_dir / name, buffer.getvalue())
@@ -308,7 +314,9 @@ def write(out_dir: Path, rows: pd.DataFrame, settings: LongSettings, cache_mb: d
             "cache_mb_per_1000_tokens": cache_mb}
     write_text_atomic(out_dir / "summary.json", json.dumps(meta, indent=2, default=str))
     write_text_atomic(out_dir / "summary.md", f"Command: `{settings.command(out_dir)}`\n\nDate: {meta['date']}. "
-                      f"Skipped documents: {len(skipped)}.\n" + markdown(summary, stages, cache_mb))
+                      f"Skipped documents: {len(skipped)}.\n" + markdown(summary, stages, cache_mb)
+                      + ("\nPaired differences over the same documents:\n\n" + paired_markdown(paired) + "\n"
+                         if len(paired) else ""))
     return summary
 
 
