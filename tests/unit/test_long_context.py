@@ -141,6 +141,10 @@ def test_the_evaluation_writes_every_condition_and_resumes_only_the_missing_docu
     assert set(summary["condition"]) == set(long_context.CONDITIONS) and (summary["n"] == 2).all()
     meta = json.loads((out / "summary.json").read_text())
     assert meta["settings"]["budgets"] == [900] and "retention" in (out / "summary.md").read_text()
+    paired = pd.read_csv(out / "paired.csv").set_index(["a", "b"])
+    wide = both.pivot_table(index="id", columns="condition", values="score")
+    assert paired.loc[("mot", "linear"), "diff"] == pytest.approx((wide["mot"] - wide["linear"]).mean())
+    assert paired.loc[("mot", "mean"), "n"] == 2
     with pytest.raises(ConfigError, match="other settings"):
         long_context.run(settings_for(checkpoints, seed=1), out, resume=True, progress=False)
 
