@@ -305,3 +305,26 @@ def test_the_last_layers_translation_reaches_no_cache_entry(family):
 
     assert all(torch.equal(a, b) for kv_a, kv_b in zip(base, noisy(1)) for a, b in zip(kv_a, kv_b))
     assert any(not torch.equal(a, b) for kv_a, kv_b in zip(base, noisy(0)) for a, b in zip(kv_a, kv_b))
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_the_sparse_index_selection_in_query_chunks_is_the_whole_matrix_selection(monkeypatch, window):
+    """topk_positions computes a chunk of queries at a time over the keys they may see; every row is the row of the
+    whole probability matrix, so the chosen positions are the same (rows with fewer visible keys than k pad with
+    positions they may not see, whose probability is 0: compared by the probabilities they pick)."""
+    from mot_viz.engine.hf import attention
+
+    g = torch.Generator().manual_seed(0)
+    b, h, n_kv, n, d, k, offset = 1, 4, 2, 23, 8, 4, 1
+    query = torch.randn(b, h, n, d, generator=g)
+    key = torch.randn(b, n_kv, n, d, generator=g)
+    module = type("Layer", (), {"sliding_window": window})()
+    whole = hf.causal_probs(query, key, d ** -0.5, window).mean(dim=1, keepdim=True)[..., offset:, offset:]
+    expected = whole.topk(k, dim=-1)
+    for chunk in (3, 7, 512):
+        monkeypatch.setattr(attention, "TOPK_QUERY_CHUNK", chunk)
+        got = attention.topk_positions(module, query, key, d ** -0.5, k, offset)
+        assert got.shape == expected.indices.shape
+        assert torch.equal(whole.gather(-1, got), expected.values)  # the same probabilities, in the same order
+        visible = (expected.values > 0)
+        assert torch.equal(got[visible], expected.indices[visible])

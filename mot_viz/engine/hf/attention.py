@@ -96,6 +96,24 @@ def _eager_probs(module, query, key, scaling) -> torch.Tensor:
     return causal_probs(query, key, scaling, getattr(module, "sliding_window", None))
 
 
+TOPK_QUERY_CHUNK = 512  # query rows per step of the sparse index selection: probabilities [H, 512, N], not [H, N, N]
+
+
+def topk_positions(module, query, key, scaling, k: int, offset: int) -> torch.Tensor:
+    """The top-k key positions (counted from `offset`) of each query's head-averaged attention, for the queries
+    from `offset` on: [B, 1, N - offset, min(k, N - offset)]. A chunk of queries at a time: each row's softmax is
+    its own, so a chunk's rows over the keys they may see, padded with the zero probability of the keys they may
+    not, are the rows of the whole matrix (4,096 tokens: 0.6 GB of probabilities per layer at once otherwise)."""
+    n = key.shape[2]
+    chosen = []
+    for start in range(offset, n, TOPK_QUERY_CHUNK):
+        end = min(n, start + TOPK_QUERY_CHUNK)
+        probs = _eager_probs(module, query[:, :, start:end], key[:, :, :end], scaling).mean(dim=1, keepdim=True)
+        probs = torch.nn.functional.pad(probs[..., offset:], (0, n - end))  # (B, 1, end - start, N - offset)
+        chosen.append(probs.topk(min(k, n - offset), dim=-1).indices)
+    return torch.cat(chosen, dim=2)
+
+
 def causal_probs(query: torch.Tensor, key: torch.Tensor, scaling: float, sliding_window: int | None) -> torch.Tensor:
     """Causal (and sliding-window) attention probabilities [B, H, N_q, N_kv] (float32) of queries at the end."""
     key = repeat_kv(key, query.shape[1] // key.shape[1])
@@ -201,8 +219,7 @@ def mot_attention(module, query, key, value, attention_mask, scaling=None, dropo
             k_top, offset = plan.record_topk[layer]
             if query.shape[2] != key.shape[2]:
                 raise ValueError("record_topk needs a prefill without a cache (queries at every key position)")
-            probs = _eager_probs(module, query, key, scaling).mean(dim=1, keepdim=True)[..., offset:, offset:]
-            plan.topk[layer] = probs.topk(min(k_top, probs.shape[-1]), dim=-1).indices
+            plan.topk[layer] = topk_positions(module, query, key, scaling, k_top, offset)
     stop = _STOP_AFTER.get()
     if stop is not None and module.layer_idx == stop:  # a cache-only prefill's last layer: its K/V are cached by now
         raise _CacheBuilt
