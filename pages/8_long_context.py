@@ -83,8 +83,9 @@ def _curve(run, view, source: str, budget: int) -> None:
         shipped = pd.DataFrame(columns=["condition", "budget", "retention", "retention_ci_low", "retention_ci_high",
                                         "n"])
     else:
-        st.caption(f"Lines: the shipped results ({shipped['n'].min()}–{shipped['n'].max()} documents per length, "
-                   "paired 95% bootstrap intervals). Stars: this document "
+        counts = sorted({int(n) for n in shipped["n"]})
+        st.caption(f"Lines: the shipped results ({'–'.join(map(str, counts[::max(1, len(counts) - 1)]))} documents "
+                   "per length, paired 95% bootstrap intervals). Stars: this document "
                    + ("(its native score is 0, so it has no retention)." if view.native_score == 0 else "."))
     app.show_figure(retention_curve_figure(shipped, live, budget), shipped, "long_retention")
 

@@ -325,7 +325,12 @@ def test_a_run_killed_while_writing_its_results_resumes_to_the_same_rows(checkpo
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert len(rows(out)) == 12  # the results written before the kill, whole: 3 examples x 4 conditions
     assert evaluate.main(eval_argv(checkpoints, data, out, 3, "--resume")) == 0
-    pd.testing.assert_frame_equal(rows(out), rows(tmp_path / "whole"))
+    # the killed run computed on one thread, the whole one on this process's threads: sums may differ in the last bit
+    numbers = ["score", "kv_cosine", "context_tokens"]
+    kept, whole = rows(out), rows(tmp_path / "whole")
+    pd.testing.assert_frame_equal(kept.drop(columns=numbers), whole.drop(columns=numbers))
+    pd.testing.assert_frame_equal(kept[numbers].replace("", "nan").astype(float),
+                                  whole[numbers].replace("", "nan").astype(float), check_exact=False, rtol=1e-6)
     assert not list(out.glob("*.tmp-*"))  # the killed writer's half-written file was removed
 
 
