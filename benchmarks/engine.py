@@ -59,6 +59,9 @@ def main() -> int:
     parser.add_argument("--whole_last_layer", action="store_true",
                         help="also time each translation with the cache-only prefills running their last layer whole "
                              "(hf.whole_last_layer, as the engine did before stopping at its K/V), alternating: what stopping at its K/V saves")
+    parser.add_argument("--topk_chunks", type=int, nargs="*", default=[],
+                        help="also compare the source prefill under the sparse index selection's query chunk sizes "
+                             "(0: the whole probability matrix of a layer at once), alternating within each repeat")
     parser.add_argument("--out", default="benchmarks/engine.md",
                         help="markdown file the table is written to (the current table; git keeps earlier ones)")
     args = parser.parse_args()
@@ -100,6 +103,21 @@ def main() -> int:
             chunk_rows.append((len(encode(target.tokenizer, text)),
                                {c: statistics.median(r) for c, r in ratios.items()}))
             print(f"{chunk_rows[-1][0]} tokens, replay ÷ native by chunk: {chunk_rows[-1][1]}", flush=True)
+
+    topk_rows = []
+    if args.topk_chunks:  # the same translation under each selection chunk size, in turn within each repeat
+        shipped = hf.attention.TOPK_QUERY_CHUNK
+        for n in args.lengths:
+            text = context_of(target, n)
+            seconds: dict[int, list[float]] = {c: [] for c in args.topk_chunks}
+            for _ in range(args.repeats):
+                for c in args.topk_chunks:
+                    hf.attention.TOPK_QUERY_CHUNK = c if c > 0 else 1 << 30
+                    seconds[c].append(translate(mot, source, target, text, with_native=False).timings["source_prefill"])
+            hf.attention.TOPK_QUERY_CHUNK = shipped
+            topk_rows.append((len(encode(target.tokenizer, text)),
+                              {c: statistics.median(r) for c, r in seconds.items()}))
+            print(f"{topk_rows[-1][0]} tokens, source prefill by selection chunk: {topk_rows[-1][1]}", flush=True)
 
     stop_rows = []
     if args.whole_last_layer:  # the same translation with and without the cache-only stop, in turn within each repeat
@@ -153,6 +171,14 @@ def main() -> int:
                   "| target tokens | " + " | ".join(label(c) for c in args.chunks) + " |",
                   "|---:|" + "---:|" * len(args.chunks)]
         lines += [f"| {n_t} | " + " | ".join(f"{r[c]:.2f}" for c in args.chunks) + " |" for n_t, r in chunk_rows]
+    if topk_rows:
+        label = lambda c: "whole matrix" if c <= 0 else f"chunks of {c}"  # noqa: E731
+        lines += ["", f"Source prefill (s) by the sparse index selection's query chunk (`--topk_chunks "
+                  f"{' '.join(map(str, args.topk_chunks))}`; shipped: {hf.attention.TOPK_QUERY_CHUNK}), each the "
+                  f"median of {args.repeats} translations that take the chunk sizes in turn:", "",
+                  "| target tokens | " + " | ".join(label(c) for c in args.topk_chunks) + " |",
+                  "|---:|" + "---:|" * len(args.topk_chunks)]
+        lines += [f"| {n_t} | " + " | ".join(f"{r[c]:.1f}" for c in args.topk_chunks) + " |" for n_t, r in topk_rows]
     if stop_rows:
         lines += ["", f"Cache-only prefills stopped at the last layer's K/V (the shipped engine) against the same "
                   f"prefills running that layer whole (`--whole_last_layer`), each the median of {args.repeats} "
