@@ -163,7 +163,7 @@ def test_default_pair_every_page_and_two_tabs(app_url, browser):
     _assert_no_failure(page)
     assert page.locator(".js-plotly-plot").count() >= 3  # retention curve, first-token stages, position error
     assert page.locator('[data-testid="stDataFrame"]').count() >= 2  # the answers and the cache sizes
-    page.get_by_role("heading", name="Retention against length").scroll_into_view_if_needed()
+    page.get_by_role("heading", name="Where along the document the window errs").scroll_into_view_if_needed()
     page.wait_for_timeout(500)
     page.screenshot(path=str(SCREENSHOTS / "long_context.png"))
     assert all((SCREENSHOTS / f"{n}.png").stat().st_size > 10_000
