@@ -88,36 +88,28 @@ def main() -> int:
         rows.append((n_t, med, peak_mb))
         print(f"{n_t} tokens: " + ", ".join(f"{s} {med[s]*1000:.0f} ms" for s in stages), flush=True)
 
-    chunk_rows = []
-    if args.chunks:  # the same translation replayed under each chunk size, in turn within each repeat
-        shipped = hf.attention.SPARSE_QUERY_CHUNK
+    def alternating(setting: str, values: list[int], measure, with_native: bool,
+                    value_of=lambda v: v) -> list[tuple[int, dict[int, float]]]:
+        """Per length: the median of measure(timings) over --repeats translations that take each value of the
+        attention module's `setting` (set to value_of(value)) in turn, the shipped value restored after."""
+        shipped, out = getattr(hf.attention, setting), []
         for n in args.lengths:
             text = context_of(target, n)
-            ratios: dict[int, list[float]] = {c: [] for c in args.chunks}
+            measured: dict[int, list[float]] = {v: [] for v in values}
             for _ in range(args.repeats):
-                for c in args.chunks:
-                    hf.attention.SPARSE_QUERY_CHUNK = c
-                    t = translate(mot, source, target, text).timings
-                    ratios[c].append(t["replay"] / t["native_prefill"])
-            hf.attention.SPARSE_QUERY_CHUNK = shipped
-            chunk_rows.append((len(encode(target.tokenizer, text)),
-                               {c: statistics.median(r) for c, r in ratios.items()}))
-            print(f"{chunk_rows[-1][0]} tokens, replay ÷ native by chunk: {chunk_rows[-1][1]}", flush=True)
+                for v in values:
+                    setattr(hf.attention, setting, value_of(v))
+                    measured[v].append(measure(translate(mot, source, target, text, with_native=with_native).timings))
+            setattr(hf.attention, setting, shipped)
+            out.append((len(encode(target.tokenizer, text)), {v: statistics.median(r) for v, r in measured.items()}))
+            print(f"{out[-1][0]} tokens, {setting}: {out[-1][1]}", flush=True)
+        return out
 
-    topk_rows = []
-    if args.topk_chunks:  # the same translation under each selection chunk size, in turn within each repeat
-        shipped = hf.attention.TOPK_QUERY_CHUNK
-        for n in args.lengths:
-            text = context_of(target, n)
-            seconds: dict[int, list[float]] = {c: [] for c in args.topk_chunks}
-            for _ in range(args.repeats):
-                for c in args.topk_chunks:
-                    hf.attention.TOPK_QUERY_CHUNK = c if c > 0 else 1 << 30
-                    seconds[c].append(translate(mot, source, target, text, with_native=False).timings["source_prefill"])
-            hf.attention.TOPK_QUERY_CHUNK = shipped
-            topk_rows.append((len(encode(target.tokenizer, text)),
-                              {c: statistics.median(r) for c, r in seconds.items()}))
-            print(f"{topk_rows[-1][0]} tokens, source prefill by selection chunk: {topk_rows[-1][1]}", flush=True)
+    # the masked sparse replay's query chunks (replay ÷ native), and the sparse index selection's (source prefill)
+    chunk_rows = alternating("SPARSE_QUERY_CHUNK", args.chunks, lambda t: t["replay"] / t["native_prefill"],
+                             with_native=True) if args.chunks else []
+    topk_rows = alternating("TOPK_QUERY_CHUNK", args.topk_chunks, lambda t: t["source_prefill"], with_native=False,
+                            value_of=lambda v: v if v > 0 else 1 << 30) if args.topk_chunks else []  # 0: whole matrix
 
     stop_rows = []
     if args.whole_last_layer:  # the same translation with and without the cache-only stop, in turn within each repeat

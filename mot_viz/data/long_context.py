@@ -191,6 +191,21 @@ def _evidence_span(text: str, evidence: list[str]) -> tuple[int, int] | None:
     return None
 
 
+def _qasper_document(tokenizer, doc: dict, budget: int) -> LongExample:
+    """One Qasper question with its paper cut to `budget` (its `tokens` say whether the paper filled the budget)."""
+    text, tokens = _cut(tokenizer, paper_text(doc), budget)
+    yes = str(doc["answer"]).strip().lower() == "yes"
+    example = QAExample(id=f"{doc['id']}-{budget}", dataset="qasper-yesno/validation", context=text,
+                        question=doc["question"].strip(), answers=("yes" if yes else "no",), choices=("yes", "no"),
+                        label=0 if yes else 1)
+    return LongExample(example, "qasper", budget, tokens, "", _evidence_span(text, _parse(doc["evidence"])))
+
+
+def _fills(doc: LongExample) -> bool:
+    """Whether the whole paper was at least its budget long (else it was not cut and cannot fill it)."""
+    return doc.tokens >= doc.budget * 0.98
+
+
 def qasper_yesno(tokenizer, budget: int, n: int, seed: int = 0) -> list[LongExample]:
     """`n` Qasper yes/no questions whose paper is at least `budget` target tokens long, the paper cut to the budget.
 
@@ -202,14 +217,9 @@ def qasper_yesno(tokenizer, budget: int, n: int, seed: int = 0) -> list[LongExam
     random.Random(seed).shuffle(docs)
     out = []
     for doc in docs:
-        text, tokens = _cut(tokenizer, paper_text(doc), budget)
-        if tokens < budget * 0.98:  # the whole paper is shorter than the budget
-            continue
-        yes = str(doc["answer"]).strip().lower() == "yes"
-        example = QAExample(id=f"{doc['id']}-{budget}", dataset="qasper-yesno/validation", context=text,
-                            question=doc["question"].strip(), answers=("yes" if yes else "no",),
-                            choices=("yes", "no"), label=0 if yes else 1)
-        out.append(LongExample(example, "qasper", budget, tokens, "", _evidence_span(text, _parse(doc["evidence"]))))
+        document = _qasper_document(tokenizer, doc, budget)
+        if _fills(document):
+            out.append(document)
         if len(out) == n:
             return out
     raise ContextError(f"only {len(out)} Qasper yes/no questions have a paper of at least {budget} target tokens; "
@@ -223,15 +233,11 @@ def qasper_question(tokenizer, question_id: str, budget: int) -> LongExample:
     doc = next((d for d in _qasper_docs() if d["id"] == question_id), None)
     if doc is None:
         raise ContextError(f"no Qasper yes/no question has the id {question_id!r}. Pick one of qasper_ids().")
-    text, tokens = _cut(tokenizer, paper_text(doc), budget)
-    if tokens < budget * 0.98:
-        raise ContextError(f"the paper of Qasper question {question_id} is {tokens} target tokens, shorter than the "
-                           f"budget {budget}. Choose a budget of at most {tokens}, or another paper.")
-    yes = str(doc["answer"]).strip().lower() == "yes"
-    example = QAExample(id=f"{doc['id']}-{budget}", dataset="qasper-yesno/validation", context=text,
-                        question=doc["question"].strip(), answers=("yes" if yes else "no",), choices=("yes", "no"),
-                        label=0 if yes else 1)
-    return LongExample(example, "qasper", budget, tokens, "", _evidence_span(text, _parse(doc["evidence"])))
+    document = _qasper_document(tokenizer, doc, budget)
+    if not _fills(document):
+        raise ContextError(f"the paper of Qasper question {question_id} is {document.tokens} target tokens, shorter "
+                           f"than the budget {budget}. Choose a budget of at most {document.tokens}, or another paper.")
+    return document
 
 
 def qasper_ids() -> list[str]:

@@ -213,12 +213,11 @@ def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFra
     out = []
     for (src, budget), part in scored.groupby(["source", "budget"], sort=True):
         wide = part.pivot_table(index="id", columns="condition", values="score").dropna()
-        stages = part.drop_duplicates("id").median(numeric_only=True)
+        stages = _stage_medians(part)
         for condition in [c for c in CONDITIONS if c in wide]:
             rows = part[part["condition"] == condition]
             ci = bootstrap_ci(wide[condition].to_numpy(), n_boot=n_boot, seed=seed)
-            target_side = stages["alignment"] + stages["translator"] + stages["replay"]
-            ttft = {"native": stages["native_prefill"], "no_context": 0.0, "mot": target_side,
+            ttft = {"native": stages["native_prefill"], "no_context": 0.0, "mot": stages["target_side"],
                     "linear": np.nan, "mean": np.nan}[condition] + rows["first_token_seconds"].median()
             out.append({"source": src, "budget": int(budget), "condition": condition, "n": len(wide),
                         "metric": "F1" if rows["exact_match"].notna().any() else "accuracy",
@@ -231,18 +230,25 @@ def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFra
     return pd.DataFrame(out)
 
 
+def _stage_medians(part: pd.DataFrame) -> pd.Series:
+    """Median seconds of each stage over the documents of `part` (one row each: the native row), with the target
+    side of the translated path (alignment + translator + replay) as "target_side"."""
+    m = part[part["condition"] == "native"].median(numeric_only=True)
+    m["target_side"] = m["alignment"] + m["translator"] + m["replay"]
+    return m
+
+
 def stage_table(df: pd.DataFrame) -> pd.DataFrame:
     """Median seconds of each stage per source and budget, and the target side's ratio to its own prefill."""
-    docs = df[df["condition"] == "native"]
     rows = []
-    for (src, budget), part in docs.groupby(["source", "budget"], sort=True):
-        m = part.median(numeric_only=True)
-        target_side = m["alignment"] + m["translator"] + m["replay"]
-        rows.append({"source": src, "budget": int(budget), "n": len(part), "source prefill": m["source_prefill"],
-                     "alignment": m["alignment"], "translator": m["translator"], "replay": m["replay"],
-                     "target side (alignment + translator + replay)": target_side,
-                     "native prefill": m["native_prefill"], "target side ÷ native": target_side / m["native_prefill"],
-                     "peak RSS (MB)": part["peak_rss_mb"].max()})
+    for (src, budget), part in df.groupby(["source", "budget"], sort=True):
+        m = _stage_medians(part)
+        rows.append({"source": src, "budget": int(budget), "n": int((part["condition"] == "native").sum()),
+                     "source prefill": m["source_prefill"], "alignment": m["alignment"], "translator": m["translator"],
+                     "replay": m["replay"], "target side (alignment + translator + replay)": m["target_side"],
+                     "native prefill": m["native_prefill"],
+                     "target side ÷ native": m["target_side"] / m["native_prefill"],
+                     "peak RSS (MB)": part.loc[part["condition"] == "native", "peak_rss_mb"].max()})
     return pd.DataFrame(rows)
 
 
