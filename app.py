@@ -30,6 +30,7 @@ PAGES = {
     "6_training.py": "Training",
     "7_shift_analysis.py": "Shift analysis",
     "8_long_context.py": "Long context",
+    "9_logit_lens.py": "Logit lens",
 }
 
 
@@ -65,7 +66,9 @@ def _overview() -> None:
         "layers above it correct or amplify that shift (early versus late injection).\n"
         "8. **Long context** — a long document (512–4,096 tokens) read by the source and answered by the target "
         "from the translated cache, beside the target reading it itself: quality, time to the first answer token, "
-        "and where along the document the window errs."
+        "and where along the document the window errs.\n"
+        "9. **Logit lens** — layer by layer, what the target would predict next under the native, translated, "
+        "linear-map and no-context caches, and where its question's attention goes."
     )
     run = app.current_run()
     app.run_caption(run)

@@ -27,7 +27,7 @@ from .links import link_params, python_code
 from .long_context import LongView, long_document, shipped_long_results
 from .loaders import (CONTROL_SEED, FIT_PREFIX, answer_rows, available_checkpoints, checkpoint_stamp,
                       checkpoints_for_pair, dataset_examples, default_checkpoint, first_token_kl, get_checkpoint,
-                      get_model, get_translation, linear_baseline_for, live_sweep, second_translation, translation_key,
+                      get_model, get_translation, lens_at, lens_trace, linear_baseline_for, live_sweep, second_translation, translation_key,
                       what_if_pair, window_analysis, window_fidelity)
 from .page import (NO_SECOND, SecondRun, choices_text, escape_markdown, explain, keep_widget_state, run_caption,
                    second_checkpoint, second_run, show_error, show_figure, show_text, widget_default)
@@ -41,7 +41,8 @@ __all__ = [
     "MAX_CONTEXT_TOKENS", "NO_SECOND", "REPO_ROOT", "Run", "SecondRun", "Selection", "answer_rows",
     "applied_selection", "available_checkpoints", "checkpoint_stamp", "checkpoints_for_pair", "choices_text",
     "current_run", "dataset_examples", "default_checkpoint", "escape_markdown", "explain", "first_token_kl",
-    "fragment", "get_checkpoint", "get_model", "get_translation", "keep_widget_state", "linear_baseline_for",
+    "fragment", "get_checkpoint", "get_model", "get_translation", "keep_widget_state", "lens_at", "lens_trace",
+    "linear_baseline_for",
     "link_params", "live_sweep", "long_document", "navigation_frame", "page_setup", "pretrained_dir", "python_code",
     "quickfit_config", "run_caption", "run_page", "second_checkpoint", "second_run", "second_translation",
     "shipped_long_results", "show_error", "show_figure", "show_text", "sidebar", "test_mode", "translation_key",

@@ -16,7 +16,7 @@ from ..engine import hf
 from ..engine.alignment import encode
 from ..engine.controls import random_control_window
 from ..engine.models import LoadedModel
-from ..engine.mot import MoT, Translation, empty_context_cache, replay_window, translate
+from ..engine.mot import MoT, Translation, empty_context_cache, replay_window, translate, translate_window
 from ..engine.prompts import QAExample, build_prompt, choice_label_texts
 from ..errors import ConfigError, ContextError
 from .mean_vector import MeanVectors
@@ -62,6 +62,13 @@ def mean_vector_cache(mot: MoT, target: LoadedModel, translation: Translation, m
     k, v = means.blocks(translation.target_ids.shape[1])
     with torch.no_grad():
         return replay_window(mot, target, translation, k, v)
+
+
+def linear_cache(mot: MoT, linear: MoT, source: LoadedModel, target: LoadedModel, translation: Translation) -> list[hf.KV]:
+    """The closed-form map's window on the translation's own source context, replayed as the MoT's was."""
+    with torch.no_grad():
+        out = translate_window(linear, translation.source, source, target)
+        return replay_window(mot, target, translation, out.keys, out.values)
 
 
 def answer_is_complete(text: str) -> bool:

@@ -36,11 +36,11 @@ from ..engine import hf
 from ..engine.alignment import encode
 from ..engine.checkpoint import load_checkpoint, read_config
 from ..engine.models import LoadedModel, kv_cache_bytes, load_model
-from ..engine.mot import MoT, Translation, replay_window, translate_window
+from ..engine.mot import MoT, Translation
 from ..engine.prompts import build_prompt
 from ..errors import ConfigError, ContextError, MotVizError
 from ..fsutil import write_text_atomic
-from .answers import MAX_NEW_TOKENS, answers_from_caches, condition_caches
+from .answers import MAX_NEW_TOKENS, answers_from_caches, condition_caches, linear_cache
 from .evaluate import earlier_run
 from .mean_vector import reference_means
 from .qa_metrics import bootstrap_ci
@@ -125,13 +125,6 @@ def check_budget(budget: int, models: dict[str, tuple[str, int | None]], max_new
             raise error(f"a {budget}-token document does not fit the {role} model '{name}': it allows {limit} "
                         f"positions and the question and answer need about {room} more. Choose a length of at most "
                         f"{limit - room} tokens.")
-
-
-def linear_cache(mot: MoT, linear: MoT, source: LoadedModel, target: LoadedModel, translation) -> list[hf.KV]:
-    """The closed-form map's window on the translation's own source context, replayed as the MoT's was."""
-    with torch.no_grad():
-        out = translate_window(linear, translation.source, source, target)
-        return replay_window(mot, target, translation, out.keys, out.values)
 
 
 def first_token_seconds(target: LoadedModel, kv: list[hf.KV] | None, suffix_ids: torch.Tensor) -> float:

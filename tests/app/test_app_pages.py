@@ -593,6 +593,7 @@ REPLAY_IS_A_FORWARD_PASS = {  # page -> words its "What am I looking at?" must c
     "2_cache_error": "the replay is the target's own forward pass",
     "6_training": "the target replays the context",
     "8_long_context": "one forward pass over the document's tokens",
+    "9_logit_lens": "the target's own forward pass over the context",
 }
 
 
@@ -761,3 +762,79 @@ def test_routing_and_cache_space_pages_show_a_second_checkpoint():
     points = {t["name"]: t for t in traces if t["mode"] == "markers"}
     assert len(points["second translator"]["x"]) == translation2.target_ids.shape[1]
     assert any(t["name"] == "native → second translator" for t in traces)
+
+
+# ----- logit lens -------------------------------------------------------------------------------------
+
+
+def _library_lens(sel, position: int, gold: int | None = None):
+    from mot_viz.analysis.logit_lens import attention_shares, logit_lens, translation_lens_trace
+
+    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
+    mot, _ = load_checkpoint(sel.checkpoint, source, target)
+    linear, _ = load_checkpoint(str(Path(sel.checkpoint).with_name("smollm2-to-gemma3-linear")), source, target)
+    trace = translation_lens_trace(mot, source, target, translate(mot, source, target, sel.text), sel.suffix, linear)
+    return trace, logit_lens(target, trace, position, gold), attention_shares(trace, position)
+
+
+def test_logit_lens_page_shows_the_librarys_lens():
+    from mot_viz.analysis.shift.cases import answer_token_ids
+
+    at = goto(start(), "9_logit_lens")
+    assert not errors(at)
+    heatmap, ranks, attention = figures(at)
+    sel = at.session_state["applied"]
+    target = load_test_model("gemma3-270m")
+    gold = answer_token_ids(target.tokenizer, sel.example, 1)[0]
+    trace, lens, shares = _library_lens(sel, 0, gold)
+    assert list(heatmap["data"][0]["x"]) == ["native", "mot", "linear", "no_context"]  # the linear map is found
+    kl = lens.layers.pivot(index="layer", columns="condition", values="kl_to_native_final")
+    assert np.allclose(np.array(heatmap["data"][0]["customdata"], dtype=float),
+                       kl[["native", "mot", "linear", "no_context"]].values, rtol=1e-4, atol=1e-6)
+    assert any(s.get("y0") == 3.5 and s.get("y1") == 5.5 for s in heatmap["layout"]["shapes"])  # window 4-5
+    # at the last layer the lens is the model's own output: the Per-layer page's first-token KL
+    from mot_viz.eval.answers import first_answer_logprobs
+    from mot_viz.analysis.shift.metrics import kl_divergence
+
+    translation = translate(load_checkpoint(sel.checkpoint, load_test_model("smollm2-135m"), target)[0],
+                            load_test_model("smollm2-135m"), target, sel.text)
+    expected = kl_divergence(*first_answer_logprobs(target, [translation.native_kv, translation.mixed_kv],
+                                                    sel.suffix))
+    assert kl.loc[kl.index.max(), "mot"] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    assert any(f"{expected:.4f} nats" in c.value for c in at.caption)
+    mot_rank = next(t for t in ranks["data"] if t["name"] == "mot")
+    assert list(mot_rank["y"]) == lens.layers[lens.layers.condition == "mot"].sort_values("layer").token_rank.tolist()
+    context = shares.groupby(["condition", "layer"], sort=False).context.mean()
+    shown_native = next(t for t in attention["data"] if t["name"] == "native" and t.get("showlegend") is not False)
+    assert np.allclose(list(shown_native["y"]), context.loc["native"].values, atol=1e-6)
+    # the gold answer's first token can be followed instead
+    at.radio(key="pg.lens.token").set_value("gold").run()
+    gold_rank = next(t for t in figures(at)[1]["data"] if t["name"] == "native")
+    assert list(gold_rank["y"]) == lens.layers[lens.layers.condition == "native"].sort_values("layer").gold_rank.tolist()
+    # another position reads the next answer token, and the view is in the link
+    if trace.positions > 1:
+        at.selectbox(key="pg.lens.position").set_value(1).run()
+        assert not at.exception
+        _, later, _ = _library_lens(sel, 1)
+        z = np.array(figures(at)[0]["data"][0]["customdata"], dtype=float)
+        assert np.allclose(z, later.layers.pivot(index="layer", columns="condition", values="kl_to_native_final")[
+            ["native", "mot", "linear", "no_context"]].values, rtol=1e-4, atol=1e-6)
+        assert at.query_params.get("lens.position") == "1"
+
+
+def test_logit_lens_page_second_checkpoint_and_no_question():
+    at = goto(start(), "9_logit_lens")
+    at.selectbox(key="pg.lens.second").set_value("smollm2-to-gemma3-linear").run()
+    assert not at.exception and not errors(at)
+    assert "second" in list(figures(at)[0]["data"][0]["x"])
+    at = goto(use_free_text(start(), FREE_TEXT), "9_logit_lens")
+    assert any("type a question" in i.value for i in at.info)
+    assert not figures(at)
+
+
+def test_logit_lens_page_on_a_linear_checkpoint():
+    at = start()
+    at.selectbox(key="sb.checkpoint").set_value("smollm2-to-gemma3-linear")
+    at = goto(use_free_text(at, FREE_TEXT, "Who built it?"), "9_logit_lens")
+    assert not errors(at)
+    assert list(figures(at)[0]["data"][0]["x"]) == ["native", "mot", "no_context"]  # no second linear map

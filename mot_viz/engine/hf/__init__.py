@@ -24,6 +24,7 @@ from .attention import (KV, SPARSE_QUERY_CHUNK, TOPK_QUERY_CHUNK, AttentionPlan,
                         attention_output, causal_probs, decoder_layers, install_attention, mot_attention,
                         sparse_attention, sparse_mask_attention, topk_positions, whole_last_layer)
 from .forward import (FEW_ROWS, ForwardResult, ResidualTrace, cache_from_kv, continuation_logprob, eos_ids,
+                      final_readout,
                       greedy_generate, greedy_generate_batch, has_rope, install_output_layer, kv_from_cache,
                       left_padded, new_cache, residual_trace, rotate_keys, run, stack_caches)
 
@@ -33,4 +34,5 @@ __all__ = [
     "sparse_mask_attention", "whole_last_layer", "FEW_ROWS", "ForwardResult", "ResidualTrace", "cache_from_kv",
     "continuation_logprob", "eos_ids", "greedy_generate", "greedy_generate_batch", "has_rope", "install_output_layer",
     "kv_from_cache", "left_padded", "new_cache", "residual_trace", "rotate_keys", "run", "stack_caches",
+    "final_readout",
 ]

@@ -360,3 +360,28 @@ def residual_trace(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: A
         attn.append(a)
         mlp.append(m)
     return ResidualTrace(result, residual, torch.stack(attn), torch.stack(mlp))
+
+
+def final_readout(model) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The model's own path from its last layer's output to the next-token logits, as a function of residual states
+    [..., D]: the final norm (GPT-2 ``ln_f``; OPT ``final_layer_norm`` when the model has one, then ``project_out``
+    when it has one; Llama, Qwen2 and Gemma 3 ``norm``), the output layer, and Gemma's final logit soft-cap when the
+    config sets one. Applied to ResidualTrace.residual[L] it gives the model's logits; applied to an earlier layer's
+    output it is the logit lens of that layer."""
+    base = model.base_model
+    decoder = getattr(base, "decoder", base)  # OPT keeps its layers and final norm in .decoder
+    steps = [m for m in (getattr(decoder, "ln_f", None), getattr(decoder, "final_layer_norm", None),
+                         getattr(decoder, "norm", None), getattr(decoder, "project_out", None)) if m is not None]
+    if not any(hasattr(decoder, name) for name in ("ln_f", "final_layer_norm", "norm")):
+        raise ValueError(f"do not know the final norm of {type(model).__name__}")
+    head = model.get_output_embeddings()
+    cap = getattr(model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config,
+                  "final_logit_softcapping", None)
+
+    def readout(hidden: torch.Tensor) -> torch.Tensor:
+        for step in steps:
+            hidden = step(hidden)
+        logits = head(hidden)
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    return readout

@@ -1,0 +1,129 @@
+"""Logit lens and attention on the context (mot_viz.analysis.logit_lens) on tiny random models of every family."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import Gemma3ForCausalLM, OPTConfig, OPTForCausalLM
+
+from conftest import CORPUS, FAMILIES, tiny_config, tiny_model, tiny_tokenizer
+from mot_viz.analysis.logit_lens import (attention_shares, lens_trace, logit_lens, native_answer_ids,
+                                         translation_lens_trace)
+from mot_viz.analysis.shift.metrics import kl_divergence
+from mot_viz.engine import hf
+from mot_viz.engine.alignment import encode
+from mot_viz.engine.channels import Channels
+from mot_viz.engine.models import prepare_model
+from mot_viz.engine.mot import MoT, ReplayConfig, translate
+from mot_viz.eval.answers import first_answer_logprobs
+
+
+def _opt(**kw):
+    torch.manual_seed(0)
+    tok = tiny_tokenizer(300)
+    cfg = OPTConfig(hidden_size=32, ffn_dim=64, num_hidden_layers=3, num_attention_heads=4, max_position_embeddings=256,
+                    pad_token_id=1, vocab_size=len(tok), **kw)
+    return prepare_model(OPTForCausalLM(cfg), tok, "tiny-opt-variant")
+
+
+def _gemma_softcap():
+    torch.manual_seed(0)
+    tok = tiny_tokenizer(300)
+    cfg = tiny_config("gemma3_text", len(tok), 3)
+    cfg.final_logit_softcapping = 2.0  # small enough that leaving it out would show
+    return prepare_model(Gemma3ForCausalLM(cfg), tok, "tiny-gemma-softcap")
+
+
+MODELS = {**{f: (lambda f=f: tiny_model(f, layers=3)) for f in FAMILIES},
+          "opt-post-ln": lambda: _opt(word_embed_proj_dim=32, do_layer_norm_before=False),
+          "opt-project-out": lambda: _opt(word_embed_proj_dim=16),
+          "gemma-softcap": _gemma_softcap}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_readout_of_the_last_layer_is_the_model_output(name):
+    """The lens at the last layer reads exactly the model's own output distribution; earlier layers read others."""
+    lm = MODELS[name]()
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    prefix = hf.run(lm.model, ids[:, :3]).kv
+    trace = hf.residual_trace(lm.model, ids[:, 3:], prefix)
+    readout = hf.final_readout(lm.model)
+    with torch.no_grad():
+        last = readout(trace.residual[-1])
+        first = readout(trace.residual[1])
+    assert torch.allclose(last, trace.result.logits, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(first, trace.result.logits, atol=1e-3)
+    if name == "gemma-softcap":
+        assert last.abs().max() <= 2.0
+
+
+def _pair(target_family="gemma3_text"):
+    source = tiny_model("llama", vocab_size=280, layers=4, seed=1)
+    target = tiny_model(target_family, layers=4, bos=target_family == "gemma3_text")
+    mot = MoT.build(source.spec, target.spec, Channels((1, 2), (1, 2)), ReplayConfig(topk_sparse_attn=4), dim=16,
+                    heads=2)
+    return source, target, mot
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "qwen2", "gpt2"])
+def test_lens_agrees_with_the_answers_and_the_verdicts_first_token_kl(family):
+    source, target, mot = _pair(family)
+    translation = translate(mot, source, target, CORPUS[0] + " " + CORPUS[1])
+    suffix_text = "\nQuestion: Where is the tower?\nAnswer:"
+    trace = translation_lens_trace(mot, source, target, translation, suffix_text, linear=mot)
+    assert trace.conditions == ("native", "mot", "linear", "no_context")
+    lens = logit_lens(target, trace, 0)
+    table = lens.layers.set_index(["condition", "layer"])
+    last = target.spec.num_layers - 1
+    # native read at its own last layer is native's final distribution, and its greedy token is top-1 there
+    assert table.loc[("native", last), "kl_to_native_final"] == pytest.approx(0, abs=1e-6)
+    assert table.loc[("native", last), "token_rank"] == 1
+    assert (table.xs("native", level="condition").kl_to_native_layer.abs() < 1e-6).all()
+    # the translated cache's last layer is the first answer token's KL the reuse verdict reads
+    native_lp, mot_lp = first_answer_logprobs(target, [translation.native_kv, translation.mixed_kv], suffix_text)
+    assert table.loc[("mot", last), "kl_to_native_final"] == pytest.approx(kl_divergence(native_lp, mot_lp),
+                                                                              rel=1e-4, abs=1e-6)
+    # "linear" was given the MoT itself: the same cache, the same lens
+    assert table.loc[("linear", last), "kl_to_native_final"] == pytest.approx(
+        table.loc[("mot", last), "kl_to_native_final"], rel=1e-5, abs=1e-7)
+    assert lens.top.groupby(["condition", "layer"]).prob.apply(lambda p: (p.diff().dropna() <= 1e-9).all()).all()
+    first = lens.first_top1.set_index("condition").first_top1_layer
+    assert first["native"] is not None and first["native"] <= last
+    # every later position predicts the next native answer token
+    for position in range(trace.positions):
+        later = logit_lens(target, trace, position).layers.set_index(["condition", "layer"])
+        assert later.loc[("native", last), "token_rank"] == 1
+    with pytest.raises(ValueError, match="outside"):
+        logit_lens(target, trace, trace.positions)
+
+
+def test_attention_shares_add_up_and_read_the_error():
+    source, target, mot = _pair("gemma3_text")
+    translation = translate(mot, source, target, " ".join(CORPUS[:3]))
+    suffix = encode(target.tokenizer, "\nQuestion: Who designed it?\nAnswer:")
+    answer = native_answer_ids(target, translation.native_kv, suffix)
+    native = translation.native_kv
+    noisy = [(k, v + torch.randn_like(v)) for k, v in native]
+    caches = {"native": native, "copy": [(k.clone(), v.clone()) for k, v in native], "noisy": noisy,
+              "no_context": hf.run(target.model, target.ids_tensor(target.prefix_ids)).kv}
+    trace = lens_trace(target, caches, suffix, answer, translation.prefix_len)
+    shares = attention_shares(trace, 0)
+    total = shares[["bos", "context", "question"]].sum(axis=1)
+    assert ((total - 1).abs() < 1e-5).all()
+    by = shares.groupby("condition")
+    assert by.get_group("no_context").context.abs().max() < 1e-9
+    assert by.get_group("copy").read_error_v.abs().max() < 1e-6  # identical K/V read: no error
+    assert by.get_group("noisy").read_error_v.min() > 0.1
+    assert "read_error_v" not in by.get_group("native").dropna(axis=1, how="all")
+    # the tiny Gemma's sliding layers (window 8) see at most 8 positions, its global layers the whole context
+    context_len = translation.native_kv[0][0].shape[2] - translation.prefix_len
+    native_rows = by.get_group("native")
+    assert (native_rows[native_rows.sliding_window.notna()].visible_context <= 8).all()
+    assert (native_rows[native_rows.sliding_window.isna()].visible_context == context_len).all()
+    with pytest.raises(ValueError, match="native"):
+        lens_trace(target, {"copy": native}, suffix, answer, translation.prefix_len)
+    with pytest.raises(ValueError, match="answer token"):
+        lens_trace(target, caches, suffix, [], translation.prefix_len)
+    assert not math.isnan(shares.context.sum())
