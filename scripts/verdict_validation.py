@@ -23,7 +23,9 @@ import numpy as np
 import pandas as pd
 
 from mot_viz.analysis.shift.metrics import kl_divergence
+from mot_viz.analysis.logit_lens import attention_shares, lens_trace, logit_lens
 from mot_viz.data.eval_data import load_dataset
+from mot_viz.engine.alignment import encode
 from mot_viz.engine.checkpoint import load_checkpoint, read_config
 from mot_viz.engine.models import load_model
 from mot_viz.engine.mot import translate
@@ -58,12 +60,27 @@ def signals(args) -> None:
         prompt = build_prompt(example, target.chat_frame)
         translation = translate(mot, source, target, prompt.context_text)
         rows = pd.DataFrame(translation_fidelity(translation, target, mot.channels, means))
-        kl = kl_divergence(*first_answer_logprobs(target, [translation.native_kv, translation.mixed_kv],
-                                                  prompt.suffix_text))
+        native_lp, mot_lp = first_answer_logprobs(target, [translation.native_kv, translation.mixed_kv],
+                                                  prompt.suffix_text)
         layers = layer_signals(rows, "translator")
-        record = {"id": example.id, "first_token_kl": kl, "tokens": int(translation.target_ids.shape[1]),
-                  "layers": json.dumps(layers.to_dict(orient="records"))}
+        record = {"id": example.id, "first_token_kl": kl_divergence(native_lp, mot_lp),
+                  "tokens": int(translation.target_ids.shape[1]), "layers": json.dumps(layers.to_dict(orient="records")),
+                  **lens_signals(target, translation, prompt.suffix_text, int(native_lp.argmax()))}
         pd.DataFrame([record]).to_csv(path, mode="a", header=not path.is_file(), index=False)
+
+
+def lens_signals(target, translation, suffix_text: str, first_token: int) -> dict[str, str]:
+    """The logit lens of the translated cache at the question's last position (mot_viz.analysis.logit_lens), per
+    target layer as JSON lists: KL to native's final distribution, KL to native's same layer, the rank of native's
+    first answer token, and the relative V error the question's attention reads from the context (head mean)."""
+    caches = {"native": translation.native_kv, "mot": translation.mixed_kv}
+    trace = lens_trace(target, caches, encode(target.tokenizer, suffix_text), [first_token], translation.prefix_len)
+    mot = logit_lens(target, trace, 0).layers.query("condition == 'mot'").sort_values("layer")
+    read = attention_shares(trace, 0).query("condition == 'mot'").groupby("layer").read_error_v.mean()
+    return {"lens_kl_final": json.dumps(mot.kl_to_native_final.round(6).tolist()),
+            "lens_kl_layer": json.dumps(mot.kl_to_native_layer.round(6).tolist()),
+            "lens_rank": json.dumps(mot.token_rank.tolist()),
+            "read_error_v": json.dumps(read.round(6).tolist())}
 
 
 def _per_example(table: pd.DataFrame) -> pd.DataFrame:
@@ -101,6 +118,80 @@ def _fidelity_rows(record) -> pd.DataFrame:
         mean_err = np.where(layers.beats_mean_vector, np.inf, 0.0)
         rows = pd.concat([rows, layers.assign(candidate="mean vector", rel_err_k=mean_err, rel_err_v=mean_err)])
     return rows
+
+
+LENS_SIGNALS = {"lens_kl_final": "lens KL to native's final distribution", "lens_kl_layer":
+                "lens KL to native's same layer", "lens_rank": "log rank of native's first answer token",
+                "read_error_v": "relative V error read by the question's attention (head mean)"}
+
+
+def lens_candidates(table: pd.DataFrame) -> pd.DataFrame:
+    """Every lens signal at every target layer as one column (higher = further from native), the first-token KL
+    (the lens KL at the last layer) among them."""
+    columns = {}
+    for name in LENS_SIGNALS:
+        per_layer = np.array(table[name].map(json.loads).tolist(), dtype=float)  # (examples, layers)
+        if name == "lens_rank":
+            per_layer = np.log(per_layer)
+        for layer in range(per_layer.shape[1]):
+            columns[f"{name}@{layer}"] = per_layer[:, layer]
+    columns["first_token_kl"] = table.first_token_kl.to_numpy()
+    return pd.DataFrame(columns)
+
+
+def _auc(score: np.ndarray, positive: np.ndarray) -> float:
+    """P(a positive scores above a negative), ties counted half (Mann-Whitney U / (n+ · n-))."""
+    from scipy.stats import rankdata
+
+    ranks = rankdata(score)
+    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def _best_threshold(score: np.ndarray, keeps: np.ndarray) -> tuple[float, float]:
+    """The threshold t ("reuse when score <= t") of best balanced accuracy, and that accuracy."""
+    best = (float("inf"), -1.0)
+    for t in np.unique(score):
+        accuracy = _confusion(score <= t, keeps)["balanced_accuracy"]
+        if accuracy > best[1]:
+            best = (float(t), accuracy)
+    return best
+
+
+def lens_report(table: pd.DataFrame, keeps: np.ndarray, ratio: pd.Series, tune: slice, test: slice) -> list[str]:
+    """Which lens signal predicts "keeps >= 90% of native F1": chosen on the tuning half, checked on the other."""
+    from scipy.stats import spearmanr
+
+    candidates = lens_candidates(table)
+    lost = ~keeps  # a signal that is high when the answer is lost: AUC of the score for "lost"
+    rows = []
+    for name in candidates:
+        score = candidates[name].to_numpy()
+        threshold, tuned = _best_threshold(score[tune], keeps[tune])
+        rows.append({"signal": name, "spearman": float(spearmanr(score, ratio).statistic),
+                     "auc_tune": _auc(score[tune], lost[tune]), "auc_test": _auc(score[test], lost[test]),
+                     "threshold": threshold, "bacc_tune": tuned,
+                     "bacc_test": _confusion(score[test] <= threshold, keeps[test])["balanced_accuracy"]})
+    result = pd.DataFrame(rows).sort_values("auc_tune", ascending=False)
+    shown = pd.concat([result.head(8), result[result.signal == "first_token_kl"]]).drop_duplicates("signal")
+    best = result.iloc[0]
+    kl = result.set_index("signal").loc["first_token_kl"]
+    lines = ["Logit-lens signals of the translated cache at the question's last position (mot_viz.analysis.logit_lens), "
+             "per target layer (`name@layer`): AUC for telling lost from kept answers, and the balanced accuracy of "
+             "\"reuse when the signal is at most t\" with t chosen on the first half. Signals ranked by the first "
+             f"half's AUC; the first-token KL is the lens KL at the last layer. Spearman ρ with the retained share "
+             f"over all {len(table)} examples (negative: a higher signal, less kept).", "",
+             "| signal | Spearman ρ | AUC first half | AUC held out | t | balanced acc. first half | balanced acc. "
+             "held out |", "|---|---|---|---|---|---|---|"]
+    for r in shown.itertuples():
+        lines.append(f"| {r.signal} | {r.spearman:+.2f} | {r.auc_tune:.2f} | {r.auc_test:.2f} | {r.threshold:.3g} | "
+                     f"{r.bacc_tune:.2f} | {r.bacc_test:.2f} |")
+    lines += ["", f"Best on the first half: `{best.signal}` (held-out AUC {best.auc_test:.2f}, balanced accuracy "
+                  f"{best.bacc_test:.2f}) against the first-token KL (held-out AUC {kl.auc_test:.2f}, balanced accuracy "
+                  f"{kl.bacc_test:.2f})."]
+    return lines
 
 
 def _confusion(verdict: np.ndarray, keeps: np.ndarray) -> dict:
@@ -150,6 +241,8 @@ def report(args) -> None:
     lines += ["", f"Tuned thresholds: {asdict(best)}.",
               f"Pearson r with the retained share (mot/native F1, capped at 2): min-layer attention-output cosine "
               f"{corr['min attn_out_cos']:+.2f}, first-token KL {corr['first_token_kl']:+.2f}."]
+    if "lens_kl_final" in table:
+        lines += ["", *lens_report(table, keeps, ratio, tune, test)]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     (out / "tuned_thresholds.json").write_text(json.dumps(asdict(best), indent=2))
     print("\n".join(lines))

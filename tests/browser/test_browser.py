@@ -166,8 +166,26 @@ def test_default_pair_every_page_and_two_tabs(app_url, browser):
     page.get_by_role("heading", name="Where along the document the window errs").scroll_into_view_if_needed()
     page.wait_for_timeout(500)
     page.screenshot(path=str(SCREENSHOTS / "long_context.png"))
+    # … and a 2,048-token stack, where 15 of Gemma-3's 18 layers see only the last 512 positions
+    page.get_by_role("combobox", name="Length (target tokens)").click()
+    page.get_by_role("option", name="2048", exact=True).click()
+    page.get_by_text(re.compile(r"\b(1[5-9]\d\d|20\d\d) target tokens translated and answered")).first.wait_for(
+        timeout=SLOW_MS)
+    _wait_until_settled(page)
+    _assert_no_failure(page)
+    assert _query(page)["long.budget"] == "2048"
+    assert page.locator(".js-plotly-plot").count() >= 3
+    # Logit lens: each layer's reading of the next answer token under native, MoT, linear map and no context
+    nav.get_by_role("link", name="Logit lens", exact=True).click()
+    page.get_by_role("heading", name="Logit lens", exact=True).wait_for()
+    page.get_by_role("heading", name="Attention on the context").wait_for(timeout=SLOW_MS)
+    _wait_until_settled(page)
+    _assert_no_failure(page)
+    assert page.locator(".js-plotly-plot").count() >= 3  # KL heat map, rank curves, attention shares
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(SCREENSHOTS / "logit_lens.png"))
     assert all((SCREENSHOTS / f"{n}.png").stat().st_size > 10_000
-               for n in ["overview", "shift_sweep", "long_context", *PAGES.values()])
+               for n in ["overview", "shift_sweep", "long_context", "logit_lens", *PAGES.values()])
 
 
 def _link(**params: str) -> str:
