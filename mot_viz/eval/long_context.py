@@ -178,8 +178,9 @@ def document_rows(mot: MoT, linear: MoT | None, source: LoadedModel, target: Loa
     return evaluate_document(mot, linear, source, target, doc, settings, means).rows
 
 
-def _paired(wide: pd.DataFrame, condition: str, n_boot: int, seed: int) -> dict:
-    """Retention and gap closed of one condition, with paired bootstrap intervals over the same documents."""
+def paired_ratios(wide: pd.DataFrame, condition: str, n_boot: int, seed: int) -> dict:
+    """Retention and gap closed of one condition, with paired bootstrap intervals over the same documents (wide: a
+    row per document, a column per condition; "native" needed, "no_context" for the gap)."""
     native, none, value = (wide[c].to_numpy() for c in ("native", "no_context", condition)) if "no_context" in wide \
         else (wide["native"].to_numpy(), np.full(len(wide), np.nan), wide[condition].to_numpy())
     rng = np.random.default_rng(seed)
@@ -215,7 +216,8 @@ def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFra
             out.append({"source": src, "budget": int(budget), "condition": condition, "n": len(wide),
                         "metric": "F1" if rows["exact_match"].notna().any() else "accuracy",
                         "mean": ci.mean, "ci_low": ci.lo, "ci_high": ci.hi,
-                        **(_paired(wide, condition, n_boot, seed) if condition not in ("native", "no_context") else {}),
+                        **(paired_ratios(wide, condition, n_boot, seed) if condition not in ("native", "no_context")
+                           else {}),
                         "first_token_seconds": float(ttft),
                         "build_seconds": float(rows["build_seconds"].median()),
                         "context_tokens": float(rows["context_tokens"].median()),

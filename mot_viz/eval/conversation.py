@@ -1,0 +1,289 @@
+"""Conversations over one read: a translated cache kept over a whole CoQA conversation (the multi-agent case study).
+
+The source model reads the story once; its cache is translated and replayed into the target (the *MoT* cache).
+The target then answers the conversation turn by turn from the cache it keeps, and after each turn that turn's
+question and reference answer are appended to every kept cache (the history CoQA's own task carries: the earlier
+questions with their first reference answer), so every condition reads the same history and only the story's cache
+differs. Conditions: *native* (the target read the story itself: the ceiling), *mot*, *no_context* (no story).
+
+Per turn: F1 against the turn's references; the time of the turn (answer + appending the history), cumulative from
+the start (MoT: alignment + translator + replay, then the turns; native: the target's own prefill, then the turns;
+the source's prefill is reported apart, since in the use case the source has read the story for its own work);
+the memory held, in fp16 bytes: the target's cache, and for MoT the translator's weights, plus, in *retain* mode
+(every agent keeps its cache), the source's cache of the story, which *free* mode drops once it is handed over.
+
+    python -m mot_viz.eval.conversation --checkpoint pretrained/smollm2-to-gemma3-mid --n 30 --turns 5 \\
+        --out results/conversation/smollm2-to-gemma3-mid-coqa
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import io
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..cli import run_cli
+from ..data.coqa import Conversation, coqa_conversations
+from ..engine import hf
+from ..engine.alignment import encode
+from ..engine.checkpoint import load_checkpoint, read_config
+from ..engine.models import LoadedModel, kv_cache_bytes, load_model
+from ..engine.mot import MoT, empty_context_cache, translate
+from ..engine.prompts import QAExample, build_prompt
+from ..errors import ConfigError, ContextError, MotVizError
+from ..fsutil import write_text_atomic
+from .answers import MAX_NEW_TOKENS, answers_from_caches
+from .evaluate import earlier_run
+from .long_context import paired_ratios
+from .qa_metrics import bootstrap_ci
+
+CONDITIONS = ("native", "mot", "no_context")
+ROW_COLUMNS = ("id", "genre", "turn", "condition", "score", "answer", "gold", "turn_seconds", "cache_tokens",
+               "story_tokens", "source_tokens", "source_prefill", "alignment", "translator", "replay",
+               "native_prefill", "error")
+TEXT_COLUMNS = ("id", "genre", "condition", "answer", "gold", "error")
+RESUME_KEYS = ("checkpoint", "turns", "seed", "max_new_tokens", "max_story_tokens")
+HISTORY_ROOM = 24  # target tokens allowed per turn for its question and reference answer in the position check
+
+
+@dataclass
+class ConversationSettings:
+    """How one conversation run was made; written beside its results."""
+
+    checkpoint: str
+    n: int  # conversations
+    turns: int  # turns per conversation
+    seed: int = 0
+    max_new_tokens: int = MAX_NEW_TOKENS
+    max_story_tokens: int = 512
+    bootstrap: int = 1000
+
+    @classmethod
+    def from_json(cls, data: dict) -> ConversationSettings:
+        return cls(**data)
+
+    def command(self, out_dir: Path | None = None) -> str:
+        return (f"python -m mot_viz.eval.conversation --checkpoint {self.checkpoint} --n {self.n} --turns {self.turns}"
+                f" --seed {self.seed} --max_new_tokens {self.max_new_tokens} --max_story_tokens "
+                f"{self.max_story_tokens}" + (f" --out {out_dir}" if out_dir is not None else ""))
+
+
+def check_settings(settings: ConversationSettings) -> dict:
+    """Raise a MotVizError for settings no run can use, before any model is loaded; returns the checkpoint's config."""
+    if min(settings.n, settings.turns, settings.max_new_tokens, settings.bootstrap, settings.max_story_tokens) < 1:
+        raise ConfigError("--n, --turns, --max_new_tokens, --max_story_tokens and --bootstrap must each be at least "
+                          "1 (a conversation needs a turn).")
+    config = read_config(settings.checkpoint)
+    needed = settings.max_story_tokens + settings.turns * (HISTORY_ROOM + settings.max_new_tokens) + 64
+    for role in ("source", "target"):
+        limit = config[role].get("max_positions")
+        if role == "target" and limit and needed > limit:
+            raise ConfigError(f"a {settings.max_story_tokens}-token story and {settings.turns} turns need about "
+                              f"{needed} positions; the target model '{config[role]['name']}' allows {limit}. Lower "
+                              "--max_story_tokens or --turns.")
+        if role == "source" and limit and settings.max_story_tokens + 64 > limit:
+            raise ConfigError(f"a {settings.max_story_tokens}-token story does not fit the source model "
+                              f"'{config[role]['name']}' ({limit} positions). Lower --max_story_tokens.")
+    return config
+
+
+def turn_example(conversation: Conversation, turn: int) -> QAExample:
+    """Turn `turn` of a conversation as a QA example over its story."""
+    t = conversation.turns[turn]
+    return QAExample(id=f"{conversation.id}_turn{turn}", dataset="coqa/validation", context=conversation.story,
+                     question=t.question, answers=t.answers)
+
+
+def history_text(suffix_text: str, answer: str) -> str:
+    """What a turn appends to every kept cache: its question (the suffix) and the reference answer, then a blank
+    line before the next question (as CoQA's task writes its history)."""
+    return f"{suffix_text} {answer}\n\n"
+
+
+def cache_mb(lm: LoadedModel, tokens: int) -> float:
+    """Megabytes of `tokens` positions of the model's cache in fp16 (every layer, K and V)."""
+    return kv_cache_bytes(lm.spec, tokens) / 1e6
+
+
+def translator_mb(mot: MoT) -> float:
+    """Megabytes of the translator's weights in fp16 (as shipped)."""
+    return sum(p.numel() for p in mot.parameters()) * 2 / 1e6
+
+
+@torch.no_grad()
+def conversation_rows(mot: MoT, source: LoadedModel, target: LoadedModel, conversation: Conversation,
+                      settings: ConversationSettings) -> list[dict]:
+    """One row per turn and condition: the answer, its F1, the turn's seconds and the cache the condition keeps."""
+    if not conversation.turns:
+        raise ContextError(f"conversation {conversation.id} has no turns: there is nothing to answer.")
+    first = build_prompt(turn_example(conversation, 0), target.chat_frame)
+    translation = translate(mot, source, target, first.context_text)
+    caches = {"native": translation.native_kv, "mot": translation.mixed_kv, "no_context": empty_context_cache(target)}
+    timings = translation.timings
+    fixed = {"id": conversation.id, "genre": conversation.source,
+             "story_tokens": int(translation.target_ids.shape[1]),
+             "source_tokens": int(translation.source.source_ids.shape[1]),
+             **{stage: timings.get(stage, np.nan) for stage in ("source_prefill", "alignment", "translator", "replay",
+                                                                 "native_prefill")}}
+    rows = []
+    for turn in range(len(conversation.turns)):
+        example = turn_example(conversation, turn)
+        suffix = build_prompt(example, target.chat_frame).suffix_text
+        answers = answers_from_caches(target, caches, example, settings.max_new_tokens, suffix)
+        history = target.ids_tensor(encode(target.tokenizer, history_text(suffix, example.answers[0])))
+        for condition, kv in caches.items():
+            start = time.perf_counter()
+            caches[condition] = hf.run(target.model, history, kv, logits_to_keep=None).kv
+            rows.append({**fixed, "turn": turn + 1, "condition": condition, "score": answers[condition].score,
+                         "answer": answers[condition].text, "gold": " | ".join(example.answers),
+                         "turn_seconds": answers[condition].seconds + time.perf_counter() - start,
+                         "cache_tokens": int(caches[condition][0][0].shape[2])})
+    return rows
+
+
+def summarize(rows: pd.DataFrame, target_spec_mb: float, source_spec_mb: float, translator: float,
+              n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Per turn and condition: F1 with its interval, MoT's retention of native F1 (paired), the cumulative seconds
+    (medians over conversations) and the memory held (medians, MB): target cache, + translator, + source cache
+    (retain). target_spec_mb / source_spec_mb: each model's fp16 cache MB per token."""
+    scored = rows[rows["condition"] != "skipped"].copy()
+    scored["turn"] = scored["turn"].astype(int)
+    start = {"native": scored["native_prefill"], "mot": scored["alignment"] + scored["translator"] + scored["replay"],
+             "no_context": 0.0}
+    scored["start_seconds"] = 0.0
+    for condition, seconds in start.items():
+        mask = scored["condition"] == condition
+        scored.loc[mask, "start_seconds"] = seconds[mask] if isinstance(seconds, pd.Series) else seconds
+    scored = scored.sort_values(["id", "condition", "turn"])
+    scored["cumulative_seconds"] = scored["start_seconds"] + scored.groupby(["id", "condition"])["turn_seconds"].cumsum()
+    out = []
+    for turn, part in scored.groupby("turn", sort=True):
+        wide = part.pivot_table(index="id", columns="condition", values="score").dropna()
+        for condition in [c for c in CONDITIONS if c in wide]:
+            rows_c = part[part["condition"] == condition]
+            ci = bootstrap_ci(wide[condition].to_numpy(), n_boot=n_boot, seed=seed)
+            target_mb = float(rows_c["cache_tokens"].median()) * target_spec_mb
+            source_mb = float(rows_c["source_tokens"].median()) * source_spec_mb
+            out.append({"turn": int(turn), "condition": condition, "n": len(wide), "mean": ci.mean, "ci_low": ci.lo,
+                        "ci_high": ci.hi,
+                        **(paired_ratios(wide, condition, n_boot, seed) if condition == "mot" else {}),
+                        "cumulative_seconds": float(rows_c["cumulative_seconds"].median()),
+                        "memory_mb": target_mb + (translator if condition == "mot" else 0.0),
+                        "memory_retain_mb": target_mb + (translator + source_mb if condition == "mot" else 0.0)})
+    return pd.DataFrame(out)
+
+
+def markdown(summary: pd.DataFrame) -> str:
+    """The summary as one table per condition block: F1 per turn, retention, cumulative time and memory."""
+    lines = ["| turn | native F1 [95% CI] | MoT F1 [95% CI] | no story F1 | MoT retention [95% CI] | cumulative s: "
+             "native / MoT | memory MB: native / MoT free / MoT retain |", "|---|---|---|---|---|---|---|"]
+    for turn, part in summary.groupby("turn", sort=True):
+        c = part.set_index("condition")
+        fmt = lambda name: f"{c.loc[name, 'mean']:.3f} [{c.loc[name, 'ci_low']:.3f}, {c.loc[name, 'ci_high']:.3f}]"
+        m = c.loc["mot"]
+        lines.append(f"| {turn} | {fmt('native')} | {fmt('mot')} | {c.loc['no_context', 'mean']:.3f} | "
+                     f"{m['retention']:.1%} [{m['retention_ci_low']:.1%}, {m['retention_ci_high']:.1%}] | "
+                     f"{c.loc['native', 'cumulative_seconds']:.2f} / {m['cumulative_seconds']:.2f} | "
+                     f"{c.loc['native', 'memory_mb']:.1f} / {m['memory_mb']:.1f} / {m['memory_retain_mb']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def previous_rows(out_dir: Path, settings: ConversationSettings, resume: bool) -> pd.DataFrame | None:
+    """The rows of an earlier run of these settings in out_dir (--resume); results of other settings are refused."""
+    if not earlier_run(out_dir, settings, resume, RESUME_KEYS, unit="conversations"):
+        return None
+    csv = out_dir / "examples.csv"
+    try:
+        rows = pd.read_csv(csv, dtype=dict.fromkeys(TEXT_COLUMNS, str), keep_default_na=False, na_values=[""],
+                           float_precision="round_trip")
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{csv} cannot be read as results ({exc}). Move it away to start again, or pass another "
+                          "--out folder.") from exc
+    if tuple(rows.columns) != ROW_COLUMNS:
+        raise ConfigError(f"{csv} does not hold this evaluation's columns. Move it away to start again, or pass "
+                          "another --out folder.")
+    return rows
+
+
+def write(out_dir: Path, rows: pd.DataFrame, settings: ConversationSettings, sizes: dict[str, float]) -> pd.DataFrame:
+    """Every result file of the run, each written whole (a kill never leaves a torn file)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = summarize(rows, sizes["target_mb_per_token"], sizes["source_mb_per_token"], sizes["translator_mb"],
+                        settings.bootstrap, settings.seed)
+    for name, frame in (("examples.csv", rows), ("summary.csv", summary)):
+        buffer = io.StringIO()
+        frame.to_csv(buffer, index=False)
+        write_text_atomic(out_dir / name, buffer.getvalue())
+    skipped = rows.loc[rows["condition"] == "skipped", ["id", "error"]].to_dict(orient="records")
+    meta = {"settings": asdict(settings), "date": str(datetime.date.today()), "skipped": skipped, "sizes": sizes,
+            "summary": summary.to_dict(orient="records")}
+    write_text_atomic(out_dir / "summary.json", json.dumps(meta, indent=2, default=str))
+    n = rows.loc[rows["condition"] != "skipped", "id"].nunique()
+    write_text_atomic(out_dir / "summary.md", f"Command: `{settings.command(out_dir)}`\n\nDate: {meta['date']}. "
+                      f"{n} conversations, skipped: {len(skipped)}. Translator {sizes['translator_mb']:.1f} MB (fp16); "
+                      "memory is the median over conversations after each turn, in fp16 MB; seconds are medians of "
+                      "one run on this machine.\n\n" + (markdown(summary) if len(summary) else ""))
+    return summary
+
+
+def run(settings: ConversationSettings, out_dir: Path, resume: bool = False, progress: bool = True) -> pd.DataFrame:
+    """Evaluate the conversations (those out_dir already holds are kept with --resume) and write the results;
+    partial results are written after every conversation and on an interruption."""
+    from tqdm import tqdm
+
+    config = check_settings(settings)
+    previous = previous_rows(out_dir, settings, resume)
+    source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
+    conversations = coqa_conversations(target.tokenizer, settings.n, settings.turns, settings.seed,
+                                       settings.max_story_tokens)
+    mot = load_checkpoint(settings.checkpoint, source, target)[0]
+    sizes = {"target_mb_per_token": cache_mb(target, 1), "source_mb_per_token": cache_mb(source, 1),
+             "translator_mb": translator_mb(mot)}
+    rows = [] if previous is None else previous.to_dict(orient="records")
+    done = {r["id"] for r in rows}
+    frame = lambda: pd.DataFrame(rows, columns=ROW_COLUMNS)  # noqa: E731
+    try:
+        for conversation in tqdm(conversations, desc="conversations", disable=not progress, dynamic_ncols=True):
+            if conversation.id in done:
+                continue
+            try:
+                rows += conversation_rows(mot, source, target, conversation, settings)
+            except MotVizError as exc:  # e.g. a story the source cannot hold: counted with its reason
+                rows.append({"id": conversation.id, "genre": conversation.source, "condition": "skipped",
+                             "error": f"{type(exc).__name__}: {exc}"})
+            write(out_dir, frame(), settings, sizes)
+    except BaseException:
+        if rows:
+            write(out_dir, frame(), settings, sizes)
+        raise
+    return write(out_dir, frame(), settings, sizes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", required=True, help="the MoT checkpoint folder to evaluate")
+    parser.add_argument("--n", type=int, default=30, help="CoQA conversations")
+    parser.add_argument("--turns", type=int, default=5, help="turns per conversation (CoQA's first ones)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the conversation sample")
+    parser.add_argument("--max_new_tokens", type=int, default=MAX_NEW_TOKENS, help="longest generated answer")
+    parser.add_argument("--max_story_tokens", type=int, default=512, help="longest story, in target tokens")
+    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of each interval")
+    parser.add_argument("--out", required=True, help="folder of the results (created when missing)")
+    parser.add_argument("--resume", action="store_true", help="keep the conversations --out already holds")
+    args = parser.parse_args(argv)
+    settings = ConversationSettings(args.checkpoint, args.n, args.turns, args.seed, args.max_new_tokens,
+                                    args.max_story_tokens, args.bootstrap)
+    return run_cli(lambda: print(markdown(run(settings, Path(args.out), args.resume))))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
