@@ -31,6 +31,7 @@ PAGES = {
     "7_shift_analysis.py": "Shift analysis",
     "8_long_context.py": "Long context",
     "9_logit_lens.py": "Logit lens",
+    "10_multi_agent.py": "Multi-agent",
 }
 
 
@@ -68,7 +69,9 @@ def _overview() -> None:
         "from the translated cache, beside the target reading it itself: quality, time to the first answer token, "
         "and where along the document the window errs.\n"
         "9. **Logit lens** — layer by layer, what the target would predict next under the native, translated, "
-        "linear-map and no-context caches, and where its question's attention goes."
+        "linear-map and no-context caches, and where its question's attention goes.\n"
+        "10. **Multi-agent** — one read, many questions: a CoQA story read once by the source and a whole "
+        "conversation answered from the translated cache, with the time and memory held turn by turn."
     )
     run = app.current_run()
     app.run_caption(run)

@@ -387,3 +387,46 @@ def attention_share_figure(shares: pd.DataFrame, window: Sequence[int]) -> go.Fi
     fig.update_xaxes(title_text="target layer", dtick=1)
     fig.update_layout(height=380)
     return fig
+
+
+# ----- conversations (mot_viz.eval.conversation) ------------------------------------------------------------
+
+CONVERSATION_COLOURS = {"native": "#1f77b4", "mot": "#2ca02c", "no_context": "#7f7f7f"}
+
+
+def conversation_figure(live: pd.DataFrame, shipped: pd.DataFrame | None = None) -> go.Figure:
+    """Per turn: F1 (this conversation's points, the shipped mean over many conversations as dashed lines with
+    their 95% interval), the cumulative seconds and the memory held (MoT in free and in retain mode), from rows of
+    mot_viz.eval.conversation.summarize."""
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08,
+                        subplot_titles=["F1 per turn", "cumulative seconds", "memory held (MB, fp16)"])
+    for condition, colour in CONVERSATION_COLOURS.items():
+        rows = live[live["condition"] == condition].sort_values("turn")
+        if rows.empty:
+            continue
+        common = dict(line_color=colour, legendgroup=condition)
+        fig.add_scatter(x=rows["turn"], y=rows["mean"], mode="markers+lines", name=condition, **common,
+                        hovertemplate="turn %{x}<br>F1 %{y:.3f}" f"<extra>{condition}: this conversation</extra>",
+                        row=1, col=1)
+        if shipped is not None and condition in set(shipped["condition"]):
+            s = shipped[shipped["condition"] == condition].sort_values("turn")
+            fig.add_scatter(x=s["turn"], y=s["mean"], mode="lines", name=f"{condition} (shipped)", line_dash="dash",
+                            showlegend=False, **common,
+                            error_y=dict(type="data", array=s["ci_high"] - s["mean"],
+                                         arrayminus=s["mean"] - s["ci_low"], thickness=1),
+                            hovertemplate="turn %{x}<br>mean F1 %{y:.3f}"
+                                          f"<extra>{condition}: shipped, n = {int(s['n'].iloc[0])}</extra>",
+                            row=1, col=1)
+        fig.add_scatter(x=rows["turn"], y=rows["cumulative_seconds"], mode="markers+lines", name=condition,
+                        showlegend=False, **common, hovertemplate="turn %{x}<br>%{y:.2f} s" f"<extra>{condition}</extra>",
+                        row=1, col=2)
+        fig.add_scatter(x=rows["turn"], y=rows["memory_mb"], mode="markers+lines", showlegend=False, **common,
+                        name=condition if condition != "mot" else "mot (free)",
+                        hovertemplate="turn %{x}<br>%{y:.2f} MB" f"<extra>{condition}</extra>", row=1, col=3)
+        if condition == "mot":
+            fig.add_scatter(x=rows["turn"], y=rows["memory_retain_mb"], mode="markers+lines", line_dash="dot",
+                            name="mot (retain)", **common,
+                            hovertemplate="turn %{x}<br>%{y:.2f} MB<extra>mot, retain</extra>", row=1, col=3)
+    fig.update_xaxes(title_text="turn", dtick=1)
+    fig.update_layout(height=380)
+    return fig

@@ -594,6 +594,7 @@ REPLAY_IS_A_FORWARD_PASS = {  # page -> words its "What am I looking at?" must c
     "6_training": "the target replays the context",
     "8_long_context": "one forward pass over the document's tokens",
     "9_logit_lens": "the target's own forward pass over the context",
+    "10_multi_agent": "one forward pass over the story's tokens",
 }
 
 

@@ -1,0 +1,75 @@
+"""The Multi-agent page's loaders: one CoQA conversation answered turn by turn from the native, MoT and no-story
+caches with the sidebar's pair and checkpoint (cached on hashable keys), and the shipped conversation results."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+import pandas as pd
+import streamlit as st
+
+from ..data.coqa import Conversation, coqa_conversations
+from ..engine.testing import TEST_MAX_POSITIONS
+from ..eval.conversation import ConversationSettings, cache_mb, conversation_rows, summarize, translator_mb
+from .loaders import checkpoint_stamp, get_checkpoint, get_model
+from .settings import REPO_ROOT, test_mode
+from .state import Run
+
+STORY_TOKENS = 512  # the longest story offered, in target tokens (the evaluation's default)
+CONVERSATIONS = 30  # conversations offered (the evaluation's sample, seed 0)
+
+
+class ConversationView(NamedTuple):
+    """Everything the Multi-agent page shows of one conversation."""
+
+    conversation: Conversation
+    rows: pd.DataFrame  # one row per turn and condition (mot_viz.eval.conversation.ROW_COLUMNS but "error")
+    summary: pd.DataFrame  # mot_viz.eval.conversation.summarize of this one conversation
+    translator_mb: float
+
+
+def story_tokens() -> int:
+    """The longest story offered: tiny test tokenizers spend several tokens on a word."""
+    return TEST_MAX_POSITIONS // 2 if test_mode() else STORY_TOKENS
+
+
+def conversation_view(run: Run, index: int, turns: int,
+                      progress: Callable[[str], None] | None = None) -> ConversationView:
+    """Conversation `index` of the sample cut to `turns` turns, under the run's pair and checkpoint; computed once
+    per input. progress: told each step as it starts."""
+    say = progress or (lambda message: None)
+    sel = run.selection
+    conversation = _cached_conversation(sel.target, test_mode(), index, turns)
+    say(f"The source reads the story ({len(conversation.story)} characters) once; its window is translated and "
+        f"replayed; the target also reads it itself; then {turns} turns are answered from each cache …")
+    return _cached_view(sel.source, sel.target, sel.checkpoint, checkpoint_stamp(sel.checkpoint), test_mode(),
+                        conversation)
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def _cached_conversation(target_model: str, test: bool, index: int, turns: int) -> Conversation:
+    return coqa_conversations(get_model(target_model).tokenizer, index + 1, turns, 0, story_tokens())[index]
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _cached_view(source_model: str, target_model: str, checkpoint: str, stamp: int, test: bool,
+                 conversation: Conversation) -> ConversationView:
+    src, tgt = get_model(source_model), get_model(target_model)
+    mot = get_checkpoint(checkpoint, src, tgt)[0]
+    settings = ConversationSettings(checkpoint, 1, len(conversation.turns), max_story_tokens=story_tokens())
+    rows = pd.DataFrame(conversation_rows(mot, src, tgt, conversation, settings))
+    size = translator_mb(mot)
+    summary = summarize(rows, cache_mb(tgt, 1), cache_mb(src, 1), size, n_boot=1)
+    return ConversationView(conversation, rows, summary, size)
+
+
+def shipped_conversation_results(checkpoint: str) -> pd.DataFrame | None:
+    """The conversation summary measured for this checkpoint (by its folder name), if there is one:
+    <results>/<checkpoint name>-coqa/summary.csv as python -m mot_viz.eval.conversation writes it, under
+    results/conversation ($MOT_VIZ_CONVERSATION_RESULTS points elsewhere: tests)."""
+    root = Path(os.environ.get("MOT_VIZ_CONVERSATION_RESULTS", REPO_ROOT / "results" / "conversation"))
+    path = root / f"{Path(checkpoint).name}-coqa" / "summary.csv"
+    return pd.read_csv(path) if path.is_file() else None

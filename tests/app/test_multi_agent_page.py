@@ -1,0 +1,73 @@
+"""The Multi-agent page driven by AppTest on the tiny test pair (MOT_VIZ_TEST_MODELS=1): what it shows is checked
+against mot_viz.eval.conversation computed directly; the shipped results are a tiny summary in a temporary folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from mot_viz.app.multi_agent import story_tokens
+from mot_viz.data.coqa import coqa_conversations
+from mot_viz.engine.checkpoint import load_checkpoint
+from mot_viz.engine.testing import load_test_model, write_test_checkpoints
+from mot_viz.eval.conversation import ConversationSettings, conversation_rows
+from plotly_figures import figures
+
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
+PAGE = "pages/10_multi_agent.py"
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory) -> dict[str, Path]:
+    return write_test_checkpoints(tmp_path_factory.mktemp("pretrained"))
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("conversation")
+    (root / "smollm2-to-gemma3-coqa").mkdir()
+    pd.DataFrame([{"turn": t, "condition": c, "n": 30, "mean": m, "ci_low": m - 0.1, "ci_high": m + 0.1}
+                  for t in (1, 2) for c, m in (("native", 0.5), ("mot", 0.4), ("no_context", 0.1))]
+                 ).to_csv(root / "smollm2-to-gemma3-coqa" / "summary.csv", index=False)
+    return root
+
+
+@pytest.fixture(autouse=True)
+def test_env(monkeypatch, app_cache, pretrained, shipped, tmp_path):
+    monkeypatch.setenv("MOT_VIZ_TEST_MODELS", "1")
+    monkeypatch.setenv("MOT_VIZ_CACHE", str(app_cache))
+    monkeypatch.setenv("MOT_VIZ_PRETRAINED", str(next(iter(pretrained.values())).parent))
+    monkeypatch.setenv("MOT_VIZ_CONVERSATION_RESULTS", str(shipped))
+
+
+def test_the_page_answers_a_conversation_as_the_library_does(pretrained):
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.run()
+    at.switch_page(PAGE).run()
+    assert not at.exception, at.exception
+    at.selectbox(key="pg.agents.turns").set_value(2).run()
+    assert not at.exception and not at.error
+    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
+    mot, _ = load_checkpoint(pretrained["smollm2-to-gemma3"], source, target)
+    conversation = coqa_conversations(target.tokenizer, 1, 2, 0, story_tokens())[0]
+    rows = pd.DataFrame(conversation_rows(mot, source, target, conversation,
+                                          ConversationSettings(str(pretrained["smollm2-to-gemma3"]), 1, 2,
+                                                               max_story_tokens=story_tokens())))
+    table = next(d.value for d in at.dataframe if "question" in d.value.columns)
+    assert table["question"].tolist() == [t.question for t in conversation.turns]
+    expected = rows.pivot_table(index="turn", columns="condition", values="answer", aggfunc="first")
+    for condition in ("native", "mot", "no_context"):
+        assert table[condition].tolist() == expected[condition].tolist()
+    fig = figures(at)[0]
+    f1 = next(t for t in fig["data"] if t["name"] == "mot" and t["xaxis"] == "x")
+    scores = rows[rows.condition == "mot"].sort_values("turn").score
+    assert np.allclose(list(f1["y"]), scores.to_numpy())
+    assert any(t["name"] == "mot (shipped)" for t in fig["data"])  # the shipped curve is drawn beside
+    retain = next(t for t in fig["data"] if t["name"] == "mot (retain)")
+    free = next(t for t in fig["data"] if t["name"] == "mot (free)")
+    assert all(r > f for r, f in zip(retain["y"], free["y"]))  # retain also holds the source's cache
+    assert at.query_params.get("agents.turns") == "2"
