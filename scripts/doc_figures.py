@@ -1,10 +1,13 @@
-"""Render a saved shift sweep's figures to PNG for docs/shift.md (the same plotly figures as the app page).
+"""Render the docs' figures to PNG from saved results (the same plotly figures as the app's pages).
 
-    .venv/bin/python scripts/shift_doc_figures.py results/shift/<sweep> [--out docs/figures/shift]
+    .venv/bin/python scripts/doc_figures.py shift results/shift/<sweep> [--starts 0,9,14] [--out docs/figures/shift]
+    .venv/bin/python scripts/doc_figures.py long results/long/<checkpoint>-stacks [--out docs/figures/long]
+    .venv/bin/python scripts/doc_figures.py conversation results/conversation/<checkpoint>-coqa
+        [--out docs/figures/conversation]
 
 Each figure is written as a self-contained HTML file (plotly.js inlined, nothing fetched) and photographed
 in Debian's headless Chromium through Playwright, the same browser the app's browser test uses.
-Writes <out>/<sweep>_<figure>.png and prints their paths.
+Writes <out>/<results folder>_<figure>.png and prints their paths.
 """
 
 from __future__ import annotations
@@ -17,6 +20,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
+import pandas as pd
+
+from mot_viz.analysis.figures import conversation_figure
+from mot_viz.analysis.long_context import retention_curve_figure
 from mot_viz.analysis.shift import SweepResult
 from mot_viz.analysis.shift.figures import (correction_vs_start_figure, metric_kl_figure, rho_trajectory_figure,
                                             shift_vs_start_figure)
@@ -63,19 +70,30 @@ def render(figures: dict, out: Path, prefix: str, width: int = 1000, height: int
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("sweep", type=Path, help="a folder written by scripts/shift_sweep.py")
-    parser.add_argument("--out", type=Path, default=REPO / "docs" / "figures" / "shift",
-                        help="folder the figures are written to")
-    parser.add_argument("--starts", default=None, help="comma-separated starts for ρ_k plots (default: first, last)")
+    sub = parser.add_subparsers(dest="kind", required=True, help="which results")
+    shift = sub.add_parser("shift", help="a sweep written by scripts/shift_sweep.py (docs/shift.md)")
+    shift.add_argument("--starts", default=None, help="comma-separated starts for ρ_k plots (default: first, last)")
+    sub.add_parser("long", help="a folder written by python -m mot_viz.eval.long_context (docs/results.md)")
+    sub.add_parser("conversation", help="a folder written by python -m mot_viz.eval.conversation (docs/results.md)")
+    for command in sub.choices.values():
+        command.add_argument("results", type=Path, help="the results folder")
+        command.add_argument("--out", type=Path, default=None, help="folder the figures are written to "
+                                                                    "(default: docs/figures/<kind>)")
     args = parser.parse_args()
     if not Path(CHROMIUM).is_file():
         print("error: Chromium is not installed (apt-get install -y chromium, or bash scripts/setup.sh --test)",
               file=sys.stderr)
         return 2
-    result = SweepResult.load(args.sweep)
-    starts = sorted(result.summary["start"].unique().tolist())
-    chosen = [int(s) for s in args.starts.split(",")] if args.starts else sorted({starts[0], starts[-1]})
-    for path in render(sweep_figures(result, chosen), args.out, args.sweep.name):
+    if args.kind == "shift":
+        result = SweepResult.load(args.results)
+        starts = sorted(result.summary["start"].unique().tolist())
+        chosen = [int(s) for s in args.starts.split(",")] if args.starts else sorted({starts[0], starts[-1]})
+        figures = sweep_figures(result, chosen)
+    elif args.kind == "long":
+        figures = {"retention": retention_curve_figure(pd.read_csv(args.results / "summary.csv"))}
+    else:
+        figures = {"turns": conversation_figure(pd.read_csv(args.results / "summary.csv"))}
+    for path in render(figures, args.out or REPO / "docs" / "figures" / args.kind, args.results.name):
         print(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
     return 0
 
