@@ -184,8 +184,17 @@ def test_default_pair_every_page_and_two_tabs(app_url, browser):
     assert page.locator(".js-plotly-plot").count() >= 3  # KL heat map, rank curves, attention shares
     page.wait_for_timeout(500)
     page.screenshot(path=str(SCREENSHOTS / "logit_lens.png"))
+    # Multi-agent: a CoQA story read once by the source, five turns answered from each kept cache
+    nav.get_by_role("link", name="Multi-agent", exact=True).click()
+    page.get_by_role("heading", name="Multi-agent", exact=True).wait_for()
+    page.get_by_role("heading", name="F1, time and memory, turn by turn").wait_for(timeout=SLOW_MS)
+    _wait_until_settled(page)
+    _assert_no_failure(page)
+    assert page.locator(".js-plotly-plot").count() >= 1 and page.locator('[data-testid="stDataFrame"]').count() >= 1
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(SCREENSHOTS / "multi_agent.png"))
     assert all((SCREENSHOTS / f"{n}.png").stat().st_size > 10_000
-               for n in ["overview", "shift_sweep", "long_context", "logit_lens", *PAGES.values()])
+               for n in ["overview", "shift_sweep", "long_context", "logit_lens", "multi_agent", *PAGES.values()])
 
 
 def _link(**params: str) -> str:
