@@ -1,7 +1,7 @@
 """Benchmark of the MoT engine on the bundled pair (a measurement, not a test).
 
     .venv/bin/python benchmarks/engine.py [--lengths 64 128 256 512] [--repeats 3] [--checkpoint pretrained/smollm2-to-gemma3]
-        [--label "what changed"] [--chunks 0 32 64 128 256] [--out benchmarks/engine.md]
+        [--label "what changed"] [--chunks 0 32 64 128 256] [--split] [--out benchmarks/engine.md]
 
 For each context length (target tokens) it times, on the machine it runs on: source prefill, token
 alignment, translator, replay into the target, and the target's own (native) prefill; it reports the
@@ -20,6 +20,7 @@ import platform
 import resource
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -29,7 +30,7 @@ from mot_viz.engine import hf
 from mot_viz.engine.alignment import encode
 from mot_viz.engine.checkpoint import load_checkpoint
 from mot_viz.engine.models import DEFAULT_SOURCE, DEFAULT_TARGET, load_model
-from mot_viz.engine.mot import translate
+from mot_viz.engine.mot import native_cache, prepare_source, replay, translate
 from mot_viz.fsutil import write_text_atomic
 
 PASSAGE = (
@@ -44,6 +45,31 @@ PASSAGE = (
 def context_of(target, n_tokens: int) -> str:
     ids = encode(target.tokenizer, PASSAGE * (n_tokens // 60 + 2))[:n_tokens]
     return target.tokenizer.decode(ids)
+
+
+@contextlib.contextmanager
+def attention_seconds():
+    """Seconds spent in the attention kernels the registered attention function calls (SDPA and both sparse paths)
+    inside the block: a list whose one entry grows; everything else a layer does is the rest of its time."""
+    spent, names = [0.0], ("sdpa_attention_forward", "sparse_attention", "sparse_mask_attention")
+    originals = {name: getattr(hf.attention, name) for name in names}
+
+    def timed(kernel):
+        def call(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return kernel(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - t0
+        return call
+
+    for name, kernel in originals.items():
+        setattr(hf.attention, name, timed(kernel))
+    try:
+        yield spent
+    finally:
+        for name, kernel in originals.items():
+            setattr(hf.attention, name, kernel)
 
 
 def main() -> int:
@@ -62,6 +88,11 @@ def main() -> int:
     parser.add_argument("--topk_chunks", type=int, nargs="*", default=[],
                         help="also compare the source prefill under the sparse index selection's query chunk sizes "
                              "(0: the whole probability matrix of a layer at once), alternating within each repeat")
+    parser.add_argument("--split", action="store_true",
+                        help="also time, per length, where the replay's and the native prefill's time goes (attention "
+                             "kernels vs the rest of the layers), the replay with the sparse path chosen by length and "
+                             "with the masked path only, and the source prefill without the top-k selection, in turn "
+                             "within each repeat")
     parser.add_argument("--out", default="benchmarks/engine.md",
                         help="markdown file the table is written to (the current table; git keeps earlier ones)")
     args = parser.parse_args()
@@ -77,16 +108,46 @@ def main() -> int:
     replay_kind = (f"sparse replay top-{mot.replay.topk_sparse_attn} from layer {mot.replay.num_bottom_full_attn} up"
                    if mot.replay.topk_sparse_attn else "dense replay")
     stages = ["source_prefill", "alignment", "translator", "replay", "native_prefill"]
-    rows = []
+
+    def where_time_goes(tr) -> dict[str, float]:
+        """Medians over --repeats of the source prefill without the selection, the replay alone (its indices mapped
+        already) with the shipped path choice and with the masked path only, and the native prefill, the last three
+        with the seconds their attention kernels took."""
+        shipped, measured = hf.attention.SPARSE_GATHER_RATIO, {}
+        layers, keys, values = mot.channels.target_layers, tr.translated.keys, tr.translated.values
+        for _ in range(args.repeats):
+            timings = {}
+            prepare_source(mot, source, target, tr.target_ids, timings, with_attention=False)
+            measured.setdefault("source_prefill_no_selection", []).append(timings["source_prefill"])
+            for path, ratio in (("replay", shipped), ("replay_masked", float("inf"))):  # inf: no span pays for gather
+                hf.attention.SPARSE_GATHER_RATIO = ratio
+                with attention_seconds() as spent:
+                    t0 = time.perf_counter()
+                    replay(target, tr.target_ids, layers, keys, values, tr.sparse_indices)
+                    measured.setdefault(path, []).append(time.perf_counter() - t0)
+                measured.setdefault(path + "_attention", []).append(spent[0])
+            hf.attention.SPARSE_GATHER_RATIO = shipped
+            with attention_seconds() as spent:
+                t0 = time.perf_counter()
+                native_cache(target, tr.target_ids)
+                measured.setdefault("native", []).append(time.perf_counter() - t0)
+            measured.setdefault("native_attention", []).append(spent[0])
+        return {key: statistics.median(r) for key, r in measured.items()}
+
+    rows, split_rows = [], []
     for n in args.lengths:
         text = context_of(target, n)
         translate(mot, source, target, text)  # warm-up
-        runs = [translate(mot, source, target, text).timings for _ in range(args.repeats)]
-        med = {s: statistics.median(r[s] for r in runs) for s in stages}
+        translations = [translate(mot, source, target, text) for _ in range(args.repeats)]
+        med = {s: statistics.median(t.timings[s] for t in translations) for s in stages}
         n_t = len(encode(target.tokenizer, text))
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         rows.append((n_t, med, peak_mb))
         print(f"{n_t} tokens: " + ", ".join(f"{s} {med[s]*1000:.0f} ms" for s in stages), flush=True)
+        if args.split:
+            split_rows.append((n_t, med["translator"], where_time_goes(translations[-1])))
+            print(f"{n_t} tokens, split: {split_rows[-1][2]}", flush=True)
+        del translations
 
     def alternating(setting: str, values: list[int], measure, with_native: bool,
                     value_of=lambda v: v) -> list[tuple[int, dict[int, float]]]:
@@ -155,6 +216,25 @@ def main() -> int:
             f"| {(med['translator'] + med['replay'])/native:.2f} | {peak:.0f} |"
         )
     lines += ["", "Peak RSS is the whole process (both models loaded) after that length, so it only grows down the table."]
+    if split_rows:
+        lines += ["", "Where the time goes (`--split`): the replay alone (indices mapped already) and the native "
+                  "prefill again, each split into its attention kernels and the rest of its layers (projections, "
+                  "MLPs, norms, RoPE, which both run on every position), the replay also with the masked sparse path "
+                  "only; the source prefill without the top-k selection; medians of "
+                  f"{args.repeats} runs taking these in turn. "
+                  "The bound is the engine ratio if the replay's attention took no time:", "",
+                  "| target tokens | source prefill without selection (ms) | replay attention (ms) | replay rest (ms) "
+                  "| replay attention, masked path only (ms) | native attention (ms) | native rest (ms) "
+                  "| (translator + replay) ÷ native | the same, masked path only | bound: (translator + replay rest) "
+                  "÷ native |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for n_t, translator, m in split_rows:
+            rest, native = m["replay"] - m["replay_attention"], m["native"]
+            lines.append(
+                f"| {n_t} | {m['source_prefill_no_selection']*1e3:.0f} | {m['replay_attention']*1e3:.0f} "
+                f"| {rest*1e3:.0f} | {m['replay_masked_attention']*1e3:.0f} | {m['native_attention']*1e3:.0f} "
+                f"| {(native - m['native_attention'])*1e3:.0f} | {(translator + m['replay'])/native:.2f} "
+                f"| {(translator + m['replay_masked'])/native:.2f} | {(translator + rest)/native:.2f} |")
     if chunk_rows:
         label = lambda c: "one SDPA call" if c <= 0 else f"chunks of {c}"
         lines += ["", f"Replay ÷ native prefill by the masked sparse replay's query chunk size (`--chunks "

@@ -260,6 +260,104 @@ def test_masked_dense_sparse_attention_equals_the_gather_path(per_head, window, 
         assert masked is None
 
 
+def _sparse_reference(q, key, value, idx, scaling, window):
+    """Sparse attention one query row at a time, as method.md §6 states it: the softmax over the row's own keys that
+    are neither after the query, outside its window nor the duplicate sentinel; a row that keeps none averages its
+    k gathered (clamped) entries uniformly."""
+    b, h, n, d = q.shape
+    rep, length = h // key.shape[1], key.shape[2]
+    out = torch.zeros(b, n, h, d)
+    for bi in range(b):
+        for head in range(h):
+            rows = idx[bi, 0] if idx.shape[1] == 1 else idx[bi, head - head % rep]  # per head: its group's first
+            for i in range(n):
+                pos, q_at = rows[i], length - n + i
+                keep = (pos <= q_at) & ((q_at - pos < window) if window else True)
+                at = pos.clamp(max=length - 1)
+                keys, values = key[bi, head // rep, at], value[bi, head // rep, at]
+                w = torch.full((len(pos),), 1.0 / len(pos)) if not keep.any() else \
+                    ((keys @ q[bi, head, i]) * scaling).masked_fill(~keep, float("-inf")).softmax(-1)
+                out[bi, i, head] = w @ values
+    return out
+
+
+@pytest.mark.parametrize("per_head, window, own, batch", [
+    (False, None, False, 1), (True, None, False, 2), (False, 5, True, 2), (True, 4, True, 1), (False, 3, False, 1)])
+def test_chunked_gather_equals_the_masked_path_and_the_row_by_row_reference(per_head, window, own, batch):
+    """The gather path (O(N·k): each query's k keys gathered, a chunk of queries at a time) equals the masked path
+    and a row-by-row reference, with GQA groups, per-head indices, a batch, sliding windows, duplicate sentinels,
+    queries that see one key only, and (window 3 without the own position) queries that see none, which both the
+    gather path and the reference average uniformly while the masked path hands them over (None)."""
+    g = torch.Generator().manual_seed(1)
+    h, n_kv, n, d, k = 4, 2, 13, 8, 5
+    q, key, value = (torch.randn(batch, heads, n, d, generator=g) for heads in (h, n_kv, n_kv))
+    rows = (batch, h if per_head else 1, n)
+    others = torch.rand(*rows, n - 1, generator=g).argsort(-1)[..., : k - 2] + 1
+    first = torch.arange(n).view(1, 1, n, 1).expand(*rows, 1) if own else torch.zeros(*rows, 1, dtype=torch.long)
+    if own:
+        others = torch.where(others == first, torch.full_like(others, n), others)
+    idx = torch.cat([first, others, torch.full((*rows, 1), n)], dim=-1)
+    idx[..., 3, 1:] = n  # query 3 keeps its first key alone: the others are duplicate sentinels
+    module = type("Attn", (), {"sliding_window": window})()
+    reference = _sparse_reference(q, key, value, idx, 0.35, window)
+    masked = hf.sparse_mask_attention(module, q, key, value, idx, 0.35, chunk=4)
+    for chunk in (1, 4, 64, 0):  # one query per step, steps that do not divide N, one step, all at once
+        gathered = hf.sparse_attention(module, q, key, value, idx, 0.35, chunk=chunk)
+        assert gathered.shape == (batch, n, h, d) and torch.allclose(gathered, reference, atol=1e-5)
+        if masked is not None:
+            assert torch.allclose(gathered, masked, atol=1e-5)
+    assert (masked is None) == (window == 3)  # late queries lose position 0 to the window and keep nothing else
+
+
+def test_the_sparse_path_is_chosen_by_the_span_of_keys_a_query_may_see(monkeypatch):
+    """Gather where a query may see at least SPARSE_GATHER_RATIO·k keys (its sliding window, else every key), the
+    masked path below that; the masked path's "no key kept" still falls back to the gather path."""
+    ratio, k = hf.attention.SPARSE_GATHER_RATIO, 33
+    assert hf.attention.gather_pays(k, 4097, None) and hf.attention.gather_pays(k, 8193, 512)  # Gemma-3 at length
+    assert hf.attention.gather_pays(k, ratio * k, None) and not hf.attention.gather_pays(k, ratio * k - 1, None)
+    assert not hf.attention.gather_pays(k, 4097, ratio * k - 1)  # a window narrower than the rule: masked
+    assert not hf.attention.gather_pays(k, 257, 512)  # short contexts: masked
+    calls = []
+    for name in ("sparse_attention", "sparse_mask_attention"):
+        original = getattr(hf.attention, name)
+        monkeypatch.setattr(hf.attention, name, lambda *a, _f=original, _n=name, **kw: calls.append(_n) or _f(*a, **kw))
+    model = tiny_model("llama", layers=2)
+    ids = target_context_ids(model, TEXT)
+    n = ids.shape[1]
+    idx = torch.zeros(1, 1, n, 1, dtype=torch.long)  # every query keeps position 0 (k = 1)
+    plan = hf.AttentionPlan(sparse={1: idx})
+    for shipped_ratio, path in ((n, ["sparse_attention"]), (n + 1, ["sparse_mask_attention"])):
+        monkeypatch.setattr(hf.attention, "SPARSE_GATHER_RATIO", shipped_ratio)  # span n ≥ n·1: gather
+        calls.clear()
+        hf.run(model.model, ids, plan=plan)
+        assert calls == path
+    calls.clear()
+    hf.run(model.model, ids, plan=hf.AttentionPlan(sparse={1: torch.full((1, 1, n, 1), n)}))  # only sentinels
+    assert calls == ["sparse_mask_attention", "sparse_attention"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_replay_gives_the_same_logits_on_either_sparse_path(family, monkeypatch):
+    """The same translation replayed with every sparse layer on the gather path and on the masked path: the same
+    cache and the same next-token logits within float tolerance."""
+    source = tiny_model("llama", vocab_size=280, layers=4, seed=1)
+    target = tiny_model(family, layers=4, bos=family == "gemma3_text")
+    channels = Channels((2, 3), (2, 3))
+    mot = MoT.build(source.spec, target.spec, channels, ReplayConfig(topk_sparse_attn=4, num_bottom_full_attn=1),
+                    dim=16, heads=2)
+    tr = translate(mot, source, target, TEXT, with_native=False)
+    suffix = torch.tensor([[5, 6, 7]])
+    caches, logits = [], []
+    for ratio in (0, float("inf")):  # every span pays for the gather path; none does
+        monkeypatch.setattr(hf.attention, "SPARSE_GATHER_RATIO", ratio)
+        caches.append(replay(target, tr.target_ids, channels.target_layers, tr.translated.keys, tr.translated.values,
+                             tr.sparse_indices))
+        logits.append(_logits(target.model, caches[-1], suffix))
+    for (kg, vg), (km, vm) in zip(*caches, strict=True):
+        assert (kg - km).abs().max() <= 1e-5 and (vg - vm).abs().max() <= 1e-5
+    assert (logits[0] - logits[1]).abs().max() <= 1e-4
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("bos", [False, True])
 def test_left_padded_batch_decodes_each_row_as_alone(family, bos):

@@ -129,31 +129,55 @@ def attention_output(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     return probs @ repeat_kv(value, query.shape[1] // value.shape[1]).float()
 
 
-def sparse_attention(module, query, key, value, indices, scaling) -> torch.Tensor:
-    """Attention of each query to its own top-k key positions (method.md §6, sparse attention).
+SPARSE_GATHER_CHUNK = 64  # queries per step of the gather path: the fastest of 16–1,024 at 512–4,096 tokens
+# the gather path is chosen where a query may see at least this many times k keys: per key it costs 5–6× what a
+# masked SDPA does, and the masked path scores every key a query's chunk may see (equal near 8·k: 256 keys at k=33)
+SPARSE_GATHER_RATIO = 8
+
+
+def gather_pays(k: int, length: int, window: int | None) -> bool:
+    """Whether sparse attention over `length` keys takes the gather path (O(N·k)) rather than the masked one (about
+    O(N·span)): the span of keys a query may see (the sliding window, else every key) is ≥ SPARSE_GATHER_RATIO·k."""
+    span = min(length, window) if window else length
+    return span >= SPARSE_GATHER_RATIO * k
+
+
+def sparse_attention(module, query, key, value, indices, scaling, chunk: int | None = None) -> torch.Tensor:
+    """Attention of each query to its own top-k key positions (method.md §6, sparse attention): O(N·k) work.
 
     query [B, H, N, d]; key, value [B, n_kv, N, d]; indices [B, 1|H, N, k] (key positions, the sentinel N
     marks a removed duplicate). Entries after the query position (and outside a sliding window) are masked;
-    the softmax runs in float32. Returns [B, N, H, d] like the stock attention functions.
+    the softmax runs in float32; a query that keeps no key attends uniformly to its k gathered entries. The
+    queries go in chunks of `chunk` (default SPARSE_GATHER_CHUNK, read at the call; 0: all at once), so at most
+    chunk·k key and value vectors per KV head are gathered at a time. Returns [B, N, H, d] like the stock
+    attention functions.
     """
     b, h, n, d = query.shape
-    n_kv, k = key.shape[1], indices.shape[-1]
-    idx = indices.expand(b, n_kv, n, k) if indices.shape[1] == 1 else indices[:, :: h // n_kv]
-    gather_idx = idx.clamp(0, key.shape[2] - 1).reshape(b, n_kv, n * k, 1).expand(-1, -1, -1, d)
-    k_sel = key.gather(2, gather_idx).reshape(b, n_kv, n, k, d)  # (B, n_kv, N, k, d)
-    v_sel = value.gather(2, gather_idx).reshape(b, n_kv, n, k, d)
-    q = query.reshape(b, n_kv, h // n_kv, n, d)  # (B, n_kv, rep, N, d): GQA groups share gathered keys
-    scores = torch.einsum("bgrnd,bgnkd->bgrnk", q.float(), k_sel.float()) * scaling
-    q_pos = torch.arange(key.shape[2] - n, key.shape[2], device=query.device).view(1, 1, 1, n, 1)
-    key_pos = idx.unsqueeze(2)  # (B, n_kv, 1, N, k)
-    masked = key_pos > q_pos
+    n_kv, length, k = key.shape[1], key.shape[2], indices.shape[-1]
+    rep = h // n_kv
+    idx = indices.expand(b, n_kv, n, k) if indices.shape[1] == 1 else indices[:, ::rep]
+    # rows of the flattened K/V [B·n_kv·N_kv, d]: index_select copies whole rows (a gather over d does not)
+    rows = idx.clamp(0, length - 1) + (torch.arange(b * n_kv, device=query.device) * length).view(b, n_kv, 1, 1)
+    flat_k, flat_v = key.reshape(-1, d), value.reshape(-1, d)
+    q = query.reshape(b, n_kv, rep, n, d)  # GQA groups share gathered keys
     window = getattr(module, "sliding_window", None)
-    if window:
-        masked |= (q_pos - key_pos) >= window
-    scores = scores.masked_fill(masked, torch.finfo(scores.dtype).min)  # all masked -> uniform softmax
-    probs = scores.softmax(dim=-1).to(value.dtype)
-    out = torch.einsum("bgrnk,bgnkd->bgrnd", probs, v_sel).reshape(b, h, n, d)
-    return out.transpose(1, 2).contiguous()
+    out = query.new_empty(b, n, h, d)
+    chunk = SPARSE_GATHER_CHUNK if chunk is None else chunk
+    step = chunk if chunk > 0 else n
+    for a in range(0, n, step):
+        e = min(n, a + step)
+        k_sel = flat_k.index_select(0, rows[:, :, a:e].reshape(-1)).view(b, n_kv, e - a, k, d)
+        v_sel = flat_v.index_select(0, rows[:, :, a:e].reshape(-1)).view(b, n_kv, e - a, k, d)
+        scores = torch.einsum("bgrnd,bgnkd->bgrnk", q[:, :, :, a:e].float(), k_sel.float()) * scaling
+        q_pos = torch.arange(length - n + a, length - n + e, device=query.device).view(1, 1, 1, e - a, 1)
+        key_pos = idx[:, :, a:e].unsqueeze(2)  # (B, n_kv, 1, e - a, k)
+        masked = key_pos > q_pos
+        if window:
+            masked |= (q_pos - key_pos) >= window
+        scores = scores.masked_fill(masked, torch.finfo(scores.dtype).min)  # all masked -> uniform softmax
+        probs = scores.softmax(dim=-1).to(value.dtype)
+        out[:, a:e] = torch.einsum("bgrnk,bgnkd->bgrnd", probs, v_sel).reshape(b, h, e - a, d).transpose(1, 2)
+    return out
 
 
 SPARSE_QUERY_CHUNK = 64  # queries per SDPA call of the masked sparse path (sparse_mask_attention); 0: one call
@@ -167,8 +191,8 @@ def sparse_mask_attention(module, query, key, value, indices, scaling,
     duplicates already turned into the sentinel), at the cost of ordinary attention instead of a gather of
     N·k key vectors. A mask keeps SDPA from skipping the keys after a query as causal attention does, so the
     queries go in chunks of `chunk` (default SPARSE_QUERY_CHUNK, read at the call; 0: all in one call), each over
-    only the keys its last query may see (and, on a sliding-window layer, its first query): the masked replay then
-    costs less than the native causal prefill (benchmarks/engine.md). Returns None when some query keeps no key
+    only the keys its last query may see (and, on a sliding-window layer, its first query). Short spans take this
+    path, long ones the gather path (gather_pays; benchmarks/engine.md). Returns None when some query keeps no key
     (the gather path's uniform fallback, possible only after token remapping), so the caller falls back to it.
     """
     b, h, n, _ = query.shape
@@ -225,7 +249,9 @@ def mot_attention(module, query, key, value, attention_mask, scaling=None, dropo
         raise _CacheBuilt
     if plan is not None and module.layer_idx in plan.sparse:
         indices = plan.sparse[module.layer_idx].to(query.device)  # chosen by the source prefill, maybe elsewhere
-        out = sparse_mask_attention(module, query, key, value, indices, scaling)
+        out = None
+        if not gather_pays(indices.shape[-1], key.shape[2], getattr(module, "sliding_window", None)):
+            out = sparse_mask_attention(module, query, key, value, indices, scaling)  # None: a query keeps no key
         if out is None:
             out = sparse_attention(module, query, key, value, indices, scaling)
         return out, None
