@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import io
 import json
 import sys
 import time
@@ -42,7 +41,7 @@ from ..engine.prompts import QAExample, build_prompt
 from ..errors import ConfigError, ContextError, MotVizError
 from ..fsutil import write_text_atomic
 from .answers import MAX_NEW_TOKENS, answers_from_caches
-from .evaluate import earlier_run
+from .evaluate import resumed_table
 from .long_context import paired_ratios
 from .qa_metrics import bootstrap_ci
 
@@ -197,32 +196,13 @@ def markdown(summary: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def previous_rows(out_dir: Path, settings: ConversationSettings, resume: bool) -> pd.DataFrame | None:
-    """The rows of an earlier run of these settings in out_dir (--resume); results of other settings are refused."""
-    if not earlier_run(out_dir, settings, resume, RESUME_KEYS, unit="conversations"):
-        return None
-    csv = out_dir / "examples.csv"
-    try:
-        rows = pd.read_csv(csv, dtype=dict.fromkeys(TEXT_COLUMNS, str), keep_default_na=False, na_values=[""],
-                           float_precision="round_trip")
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{csv} cannot be read as results ({exc}). Move it away to start again, or pass another "
-                          "--out folder.") from exc
-    if tuple(rows.columns) != ROW_COLUMNS:
-        raise ConfigError(f"{csv} does not hold this evaluation's columns. Move it away to start again, or pass "
-                          "another --out folder.")
-    return rows
-
-
 def write(out_dir: Path, rows: pd.DataFrame, settings: ConversationSettings, sizes: dict[str, float]) -> pd.DataFrame:
     """Every result file of the run, each written whole (a kill never leaves a torn file)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(rows, sizes["target_mb_per_token"], sizes["source_mb_per_token"], sizes["translator_mb"],
                         settings.bootstrap, settings.seed)
     for name, frame in (("examples.csv", rows), ("summary.csv", summary)):
-        buffer = io.StringIO()
-        frame.to_csv(buffer, index=False)
-        write_text_atomic(out_dir / name, buffer.getvalue())
+        write_text_atomic(out_dir / name, frame.to_csv(index=False))
     skipped = rows.loc[rows["condition"] == "skipped", ["id", "error"]].to_dict(orient="records")
     meta = {"settings": asdict(settings), "date": str(datetime.date.today()), "skipped": skipped, "sizes": sizes,
             "summary": summary.to_dict(orient="records")}
@@ -241,7 +221,7 @@ def run(settings: ConversationSettings, out_dir: Path, resume: bool = False, pro
     from tqdm import tqdm
 
     config = check_settings(settings)
-    previous = previous_rows(out_dir, settings, resume)
+    previous = resumed_table(out_dir, settings, resume, RESUME_KEYS, ROW_COLUMNS, TEXT_COLUMNS, "conversations")
     source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
     conversations = coqa_conversations(target.tokenizer, settings.n, settings.turns, settings.seed,
                                        settings.max_story_tokens)

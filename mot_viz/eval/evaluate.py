@@ -252,6 +252,26 @@ def earlier_run(out_dir: Path, settings, resume: bool, keys: tuple[str, ...], un
     return True
 
 
+def resumed_table(out_dir: Path, settings, resume: bool, keys: tuple[str, ...], columns: tuple[str, ...],
+                  text_columns: tuple[str, ...], unit: str) -> pd.DataFrame | None:
+    """The examples.csv of an earlier run of `settings` in out_dir to continue (--resume, see earlier_run), for the
+    evaluations that write every file whole after each unit (a kill never tears one): a table that does not parse,
+    or has other columns than `columns`, is refused with ConfigError; `text_columns` are read as text."""
+    if not earlier_run(out_dir, settings, resume, keys, unit=unit):
+        return None
+    path = out_dir / "examples.csv"
+    try:
+        rows = pd.read_csv(path, dtype=dict.fromkeys(text_columns, str), keep_default_na=False, na_values=[""],
+                           float_precision="round_trip")
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path} cannot be read as results ({exc}). Move it away to start again, or pass another "
+                          "--out folder.") from exc
+    if tuple(rows.columns) != tuple(columns):
+        raise ConfigError(f"{path} does not hold this evaluation's columns. Move it away to start again, or pass "
+                          "another --out folder.")
+    return rows
+
+
 def previous_rows(out_dir: Path, settings: EvalSettings, resume: bool) -> pd.DataFrame | None:
     """The rows of an earlier run of these settings in out_dir, to keep (--resume); results of others are refused."""
     return complete_rows(out_dir / "examples.csv", settings) if earlier_run(out_dir, settings, resume, RESUME_KEYS) \

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import io
 import json
 import resource
 import sys
@@ -41,7 +40,7 @@ from ..engine.prompts import build_prompt
 from ..errors import ConfigError, ContextError, MotVizError
 from ..fsutil import write_text_atomic
 from .answers import MAX_NEW_TOKENS, answers_from_caches, condition_caches, linear_cache
-from .evaluate import earlier_run
+from .evaluate import resumed_table
 from .mean_vector import reference_means
 from .qa_metrics import bootstrap_ci
 from .report import paired_differences, paired_markdown
@@ -279,24 +278,6 @@ def markdown(summary: pd.DataFrame, stages: pd.DataFrame, cache_mb: dict[str, fl
     return "\n".join(lines).strip() + "\n"
 
 
-def previous_rows(out_dir: Path, settings: LongSettings, resume: bool) -> pd.DataFrame | None:
-    """The rows of an earlier run of these settings in out_dir (--resume); results of other settings are refused.
-    The results are written whole (write), so a file that does not parse as this run's table is refused."""
-    if not earlier_run(out_dir, settings, resume, RESUME_KEYS, unit="documents"):
-        return None
-    csv = out_dir / "examples.csv"
-    try:
-        rows = pd.read_csv(csv, dtype=dict.fromkeys(TEXT_COLUMNS, str), keep_default_na=False, na_values=[""],
-                           float_precision="round_trip")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{csv} cannot be read as results ({exc}). Move it away to start again, or pass another "
-                          "--out folder.") from exc
-    if tuple(rows.columns) != ROW_COLUMNS:
-        raise ConfigError(f"{csv} does not hold this evaluation's columns. Move it away to start again, or pass "
-                          "another --out folder.")
-    return rows
-
-
 def write(out_dir: Path, rows: pd.DataFrame, settings: LongSettings, cache_mb: dict[str, float]) -> pd.DataFrame:
     """Every result file of the run, each written whole (a kill never leaves a torn file)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -306,9 +287,7 @@ def write(out_dir: Path, rows: pd.DataFrame, settings: LongSettings, cache_mb: d
     paired = paired_differences(per_budget, PAIRS, settings.bootstrap, settings.seed)
     for name, frame in (("examples.csv", rows), ("summary.csv", summary), ("stages.csv", stages),
                         ("paired.csv", paired)):
-        buffer = io.StringIO()
-        frame.to_csv(buffer, index=False)
-        write_text_atomic(out_dir / name, buffer.getvalue())
+        write_text_atomic(out_dir / name, frame.to_csv(index=False))
     skipped = rows.loc[rows["condition"] == "skipped", ["budget", "id", "error"]].to_dict(orient="records")
     meta = {"settings": asdict(settings), "date": str(datetime.date.today()), "skipped": skipped,
             "summary": summary.to_dict(orient="records"), "stages": stages.to_dict(orient="records"),
@@ -327,7 +306,7 @@ def run(settings: LongSettings, out_dir: Path, resume: bool = False, progress: b
     from tqdm import tqdm
 
     config = check_settings(settings)
-    previous = previous_rows(out_dir, settings, resume)
+    previous = resumed_table(out_dir, settings, resume, RESUME_KEYS, ROW_COLUMNS, TEXT_COLUMNS, "documents")
     source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
     docs = [d for b in settings.budgets for d in long_examples(settings.source, target.tokenizer, b, settings.n,
                                                                 settings.seed)]
