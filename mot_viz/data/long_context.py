@@ -274,3 +274,65 @@ def long_examples(source: str, tokenizer, budget: int, n: int, seed: int = 0) ->
 def _check_budget(budget: int) -> None:
     if not isinstance(budget, int) or budget < 64:
         raise ContextError(f"a budget is a number of target tokens of at least 64, got {budget!r}.")
+
+
+# ----- a document split among several readers ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One consecutive piece of a document, read by one source agent."""
+
+    text: str  # the document's characters span[0]:span[1] (a paragraph's separator stays with the paragraph before)
+    span: tuple[int, int]  # character span in the document
+    holds_evidence: bool  # the shard that holds most of the document's evidence span
+
+
+def document_shards(doc: LongExample, spans: list[tuple[int, int]]) -> list[Shard]:
+    """The shards of `doc` at the given character spans, which must cover its text exactly: consecutive, non-empty,
+    from the first character to the last (every character in exactly one shard). Raises ContextError otherwise."""
+    text = doc.example.context
+    ends = [0] + [end for _, end in spans]
+    if not spans or any(start != ends[i] or end <= start for i, (start, end) in enumerate(spans)) \
+            or ends[-1] != len(text):
+        raise ContextError(f"shard spans {list(spans)} do not cover the {len(text)}-character document exactly: give "
+                           "consecutive, non-empty (start, end) spans from 0 to the document's length.")
+    if doc.evidence is None:
+        holder = -1
+    else:
+        overlap = [min(end, doc.evidence[1]) - max(start, doc.evidence[0]) for start, end in spans]
+        holder = max(range(len(spans)), key=lambda i: overlap[i])
+    return [Shard(text[start:end], (start, end), i == holder) for i, (start, end) in enumerate(spans)]
+
+
+def shard_document(tokenizer, doc: LongExample, shards: int) -> list[Shard]:
+    """`doc` split at paragraph boundaries (SEPARATOR) into `shards` consecutive pieces of about equal target tokens.
+
+    Each cut is put at the paragraph start whose cumulative token count (each paragraph with its separator) is
+    nearest to an equal share; every shard keeps at least one paragraph. Raises ContextError when the document has
+    fewer paragraphs than shards.
+    """
+    if not isinstance(shards, int) or shards < 1:
+        raise ContextError(f"a document is split into at least 1 shard, got {shards!r}.")
+    text = doc.example.context
+    starts, at = [], 0
+    for part in text.split(SEPARATOR):  # each non-empty paragraph's first character
+        if part.strip():
+            starts.append(at)
+        at += len(part) + len(SEPARATOR)
+    if len(starts) < shards:
+        raise ContextError(f"document {doc.example.id} has {len(starts)} paragraphs, fewer than the {shards} shards "
+                           "asked for (shards are cut between paragraphs). Ask for fewer shards or a longer document.")
+    bounds = starts[1:] + [len(text)]
+    cumulative, total = [], 0
+    for start, end in zip(starts, bounds):
+        total += len(encode(tokenizer, text[start:end]))
+        cumulative.append(total)  # target tokens of the paragraphs up to this one
+    cuts, last = [], 0
+    for i in range(1, shards):  # cut after paragraph j (1-based): at least one paragraph each side
+        lo, hi = last + 1, len(starts) - (shards - i)
+        j = min(range(lo, hi + 1), key=lambda j: abs(cumulative[j - 1] - i * total / shards))
+        cuts.append(j)
+        last = j
+    edges = [0] + [starts[j] for j in cuts] + [len(text)]
+    return document_shards(doc, list(zip(edges, edges[1:])))

@@ -1,0 +1,326 @@
+"""Several readers, one hub: a long document split into shards, each read by its own source agent, answered by the
+target from the translated shards composed in one cache (mot_viz.engine.shards).
+
+    python -m mot_viz.eval.shards --checkpoint pretrained/smollm2-to-gemma3-mid --budget 1024 --shards 2 4 --n 50 \\
+        --out results/shards/smollm2-to-gemma3-mid-stacks [--resume]
+
+Documents are distractor stacks (mot_viz.data.long_context) of `budget` target tokens, split at paragraph boundaries
+into k shards of about equal target tokens (shard_document); the prompt's frame before the document goes with the
+first shard, the one after it with the last. The target answers from each setting's cache of the same document:
+
+* *native* — the hub reads the whole text itself (its own prefill: the ceiling);
+* *whole* — one source agent reads everything (mot.translate of the whole text, replayed);
+* *shards_k* — k source agents each read one shard alone; their translations are placed at their offsets in one
+  window and the whole document is replayed once (translate_shards);
+* *evidence_k* — only the shard that holds the evidence, translated and replayed alone (in the prompt's frame);
+* *no_context* — the question alone (the floor of gap closed).
+
+Reported per setting: F1 with a bootstrap interval, retention (F1 ÷ native) and gap closed with paired intervals,
+paired differences over the same documents, median seconds per stage (the sources' prefills summed and the slowest
+agent's, i.e. their wall time when they read in parallel; alignment, translator, replay; the native prefill) and
+the memory held in fp16 (models.kv_cache_bytes): every source agent's cache of what it read (summed, and the
+largest one) and the hub's cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import io
+import json
+import resource
+import sys
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..cli import run_cli
+from ..data.long_context import LongExample, distractor_stacks, shard_document
+from ..engine import hf
+from ..engine.checkpoint import load_checkpoint, read_config
+from ..engine.models import LoadedModel, kv_cache_bytes, load_model
+from ..engine.mot import MoT, empty_context_cache, translate
+from ..engine.prompts import build_prompt
+from ..engine.shards import translate_shards
+from ..errors import ConfigError, MotVizError
+from ..fsutil import write_text_atomic
+from .answers import MAX_NEW_TOKENS, answers_from_caches
+from .evaluate import earlier_run
+from .long_context import check_budget, paired_ratios
+from .qa_metrics import bootstrap_ci
+from .report import paired_differences, paired_markdown
+
+STAGES = ("source_prefill", "source_prefill_max", "alignment", "translator", "replay", "native_prefill")
+ROW_COLUMNS = ("budget", "id", "depth", "evidence_fraction", "condition", "shards", "score", "exact_match", "answer",
+               "gold", "hub_tokens", "source_tokens", *STAGES, "answer_seconds", "source_mb", "source_max_mb",
+               "hub_mb", "peak_rss_mb", "error")
+TEXT_COLUMNS = ("id", "depth", "condition", "answer", "gold", "error")
+RESUME_KEYS = ("checkpoint", "budget", "shards", "seed", "max_new_tokens")
+NO_ROPE = ("gpt2", "opt")  # model types whose positions live in the hidden states: a shard cannot be moved
+
+
+def conditions(shards: tuple[int, ...]) -> tuple[str, ...]:
+    """The settings answered from, in the tables' order."""
+    return ("native", "whole", *(f"shards_{k}" for k in shards), *(f"evidence_{k}" for k in shards), "no_context")
+
+
+def pairs(shards: tuple[int, ...]) -> tuple[tuple[str, str], ...]:
+    """The paired differences: what composing k shards costs against one reader and the hub reading, and what the
+    other shards add to the one that holds the answer."""
+    out = [("whole", "native")]
+    for k in shards:
+        out += [(f"shards_{k}", "whole"), (f"shards_{k}", "native"), (f"shards_{k}", f"evidence_{k}"),
+                (f"evidence_{k}", "whole")]
+    return tuple(out)
+
+
+@dataclass
+class ShardSettings:
+    """How one shard run was made; written beside its results."""
+
+    checkpoint: str
+    budget: int  # target tokens per document
+    shards: tuple[int, ...]  # shard counts compared (each ≥ 2)
+    n: int  # documents
+    seed: int = 0
+    max_new_tokens: int = MAX_NEW_TOKENS
+    bootstrap: int = 1000
+
+    @classmethod
+    def from_json(cls, data: dict) -> ShardSettings:
+        return cls(**{**data, "shards": tuple(data["shards"])})
+
+    def command(self, out_dir: Path | None = None) -> str:
+        """The command line that runs this evaluation (writing to `out_dir` when given)."""
+        return (f"python -m mot_viz.eval.shards --checkpoint {self.checkpoint} --budget {self.budget} --shards "
+                f"{' '.join(map(str, self.shards))} --n {self.n} --seed {self.seed} --max_new_tokens "
+                f"{self.max_new_tokens}" + (f" --out {out_dir}" if out_dir is not None else ""))
+
+
+def check_settings(settings: ShardSettings) -> dict:
+    """Raise a MotVizError for settings no run can use, before any model is loaded; returns the checkpoint's config."""
+    if min(settings.n, settings.bootstrap, settings.max_new_tokens) < 1:
+        raise ConfigError("--n, --bootstrap and --max_new_tokens must each be at least 1.")
+    if not settings.shards or min(settings.shards) < 2 or len(set(settings.shards)) != len(settings.shards):
+        raise ConfigError(f"--shards takes distinct shard counts of at least 2 (one reader is the 'whole' setting), "
+                          f"e.g. --shards 2 4; got {list(settings.shards)}.")
+    if settings.budget < 64:
+        raise ConfigError(f"--budget is a number of target tokens of at least 64, got {settings.budget}.")
+    config = read_config(settings.checkpoint)
+    if config["target"]["model_type"] in NO_ROPE:
+        raise ConfigError(f"the target model '{config['target']['name']}' ({config['target']['model_type']}) has no "
+                          "rotary position embedding, so translated shards cannot be placed at their offsets. Choose "
+                          "a checkpoint whose target is a RoPE model (Llama, Qwen2, Gemma 3).")
+    check_budget(settings.budget, {role: (config[role]["name"], config[role].get("max_positions"))
+                                   for role in ("source", "target")}, settings.max_new_tokens, ConfigError)
+    return config
+
+
+def mb(spec, tokens: int) -> float:
+    """Megabytes of `tokens` positions of a model's cache in fp16."""
+    return kv_cache_bytes(spec, tokens) / 1e6
+
+
+@dataclass
+class SettingCache:
+    """One setting's cache of a document, the seconds of its stages and the memory it holds (fp16 MB)."""
+
+    kv: list[hf.KV] | None
+    shards: int  # source agents that read (0: none)
+    timings: dict[str, float]
+    hub_tokens: int  # positions of the hub's cache, its BOS prefix included
+    source_tokens: int  # tokens the source agents' caches hold together, their BOS prefixes included
+    source_mb: float  # the agents' caches together
+    source_max_mb: float  # the largest agent's cache
+
+
+def shard_prompts(context_text: str, document: str, shard_texts: list[str]) -> list[str]:
+    """The texts the agents read: the shards, with the prompt's frame before the document on the first one and the
+    frame after it on the last (joined, they are the prompt's context part)."""
+    head, tail = context_text.split(document, 1)
+    texts = list(shard_texts)
+    texts[0], texts[-1] = head + texts[0], texts[-1] + tail
+    return texts
+
+
+@torch.no_grad()
+def setting_caches(mot: MoT, source: LoadedModel, target: LoadedModel, doc: LongExample,
+                   shards: tuple[int, ...]) -> dict[str, SettingCache]:
+    """Every setting's cache of one document (module docstring), in the order of conditions(shards)."""
+    example = doc.example
+    context_text = build_prompt(example, target.chat_frame).context_text
+    p = len(target.prefix_ids)
+    one = translate(mot, source, target, context_text)
+    n, t = int(one.target_ids.shape[1]), one.timings
+    src_tokens = one.source.source_prefix_len + int(one.source.source_ids.shape[1])
+    reader = {**t, "source_prefill_max": t["source_prefill"], "native_prefill": np.nan}  # one agent, no hub prefill
+    out = {"native": SettingCache(one.native_kv, 0, {"native_prefill": t["native_prefill"]}, p + n, 0, 0.0, 0.0),
+           "whole": SettingCache(one.mixed_kv, 1, reader, p + n, src_tokens, mb(source.spec, src_tokens),
+                                 mb(source.spec, src_tokens))}
+
+    def composed(texts: list[str]) -> SettingCache:
+        s = translate_shards(mot, source, target, texts)
+        tokens = [src.source_prefix_len + int(src.source_ids.shape[1]) for src in s.sources]
+        return SettingCache(s.mixed_kv, len(texts), s.timings, p + int(s.target_ids.shape[1]), sum(tokens),
+                            sum(s.source_bytes) / 1e6, max(s.source_bytes) / 1e6)
+
+    evidence = {}
+    for k in shards:
+        pieces = shard_document(target.tokenizer, doc, k)
+        out[f"shards_{k}"] = composed(shard_prompts(context_text, example.context, [s.text for s in pieces]))
+        holder = next((s for s in pieces if s.holds_evidence), None)
+        if holder is not None:  # the answer's shard in the prompt's frame, as if it were the whole document
+            alone = build_prompt(replace(example, context=holder.text.strip()), target.chat_frame).context_text
+            evidence[f"evidence_{k}"] = composed([alone])
+    out.update(evidence)
+    out["no_context"] = SettingCache(empty_context_cache(target), 0, {}, p, 0, 0.0, 0.0)
+    return out
+
+
+def document_rows(mot: MoT, source: LoadedModel, target: LoadedModel, doc: LongExample,
+                  settings: ShardSettings) -> list[dict]:
+    """One row per setting of one document: its answer and F1, the seconds of its stages, the memory it holds."""
+    example = doc.example
+    caches = setting_caches(mot, source, target, doc, settings.shards)
+    answers = answers_from_caches(target, {c: s.kv for c, s in caches.items()}, example, settings.max_new_tokens)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    return [{"budget": doc.budget, "id": example.id, "depth": doc.depth, "evidence_fraction": doc.evidence_fraction,
+             "condition": c, "shards": s.shards, "score": answers[c].score, "exact_match": answers[c].exact_match,
+             "answer": answers[c].text, "gold": " | ".join(example.answers), "hub_tokens": s.hub_tokens,
+             "source_tokens": s.source_tokens, **{stage: s.timings.get(stage, np.nan) for stage in STAGES},
+             "answer_seconds": answers[c].seconds, "source_mb": s.source_mb, "source_max_mb": s.source_max_mb,
+             "hub_mb": mb(target.spec, s.hub_tokens), "peak_rss_mb": peak, "error": None} for c, s in caches.items()]
+
+
+def summarize(rows: pd.DataFrame, shards: tuple[int, ...], n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Per setting: F1 with its interval over the documents every setting answered, retention and gap closed
+    against native with paired intervals, median seconds per stage and median memory (MB)."""
+    scored = rows[rows["condition"] != "skipped"]
+    wide = scored.pivot_table(index="id", columns="condition", values="score").dropna()
+    out = []
+    for condition in [c for c in conditions(shards) if c in wide]:
+        part = scored[scored["condition"] == condition]
+        ci = bootstrap_ci(wide[condition].to_numpy(), n_boot=n_boot, seed=seed)
+        medians = part[[*STAGES, "answer_seconds", "hub_tokens", "source_mb", "source_max_mb", "hub_mb"]].median()
+        out.append({"condition": condition, "n": len(wide), "mean": ci.mean, "ci_low": ci.lo, "ci_high": ci.hi,
+                    **(paired_ratios(wide, condition, n_boot, seed) if condition not in ("native", "no_context")
+                       else {}), **{k: float(v) for k, v in medians.items()}})
+    return pd.DataFrame(out)
+
+
+def _fmt(value, spec: str) -> str:
+    return "–" if value is None or pd.isna(value) else format(value, spec)
+
+
+def markdown(summary: pd.DataFrame) -> str:
+    """The summary as one table: F1, retention, gap closed, median seconds per stage, memory."""
+    lines = ["| setting | n | F1 [95% CI] | retention [95% CI] | gap closed | source prefill s: sum / slowest | "
+             "alignment + translator s | replay s | native prefill s | source caches MB: sum / largest | "
+             "hub cache MB |",
+             "|---|---:|---|---|---:|---|---:|---:|---:|---|---:|"]
+    for r in summary.to_dict(orient="records"):
+        ratio = (f"{_fmt(r.get('retention'), '.1%')} [{_fmt(r.get('retention_ci_low'), '.1%')}, "
+                 f"{_fmt(r.get('retention_ci_high'), '.1%')}]" if "retention" in r and not pd.isna(r["retention"])
+                 else "–")
+        lines.append(f"| {r['condition']} | {r['n']} | {r['mean']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}] | "
+                     f"{ratio} | {_fmt(r.get('gap_closed'), '+.2f')} | {_fmt(r['source_prefill'], '.2f')} / "
+                     f"{_fmt(r['source_prefill_max'], '.2f')} | "
+                     f"{_fmt(r['alignment'] + r['translator'], '.3f')} | {_fmt(r['replay'], '.2f')} | "
+                     f"{_fmt(r['native_prefill'], '.2f')} | {r['source_mb']:.1f} / {r['source_max_mb']:.1f} | "
+                     f"{r['hub_mb']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def previous_rows(out_dir: Path, settings: ShardSettings, resume: bool) -> pd.DataFrame | None:
+    """The rows of an earlier run of these settings in out_dir (--resume); results of other settings are refused."""
+    if not earlier_run(out_dir, settings, resume, RESUME_KEYS, unit="documents"):
+        return None
+    csv = out_dir / "examples.csv"
+    try:
+        rows = pd.read_csv(csv, dtype=dict.fromkeys(TEXT_COLUMNS, str), keep_default_na=False, na_values=[""],
+                           float_precision="round_trip")
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{csv} cannot be read as results ({exc}). Move it away to start again, or pass another "
+                          "--out folder.") from exc
+    if tuple(rows.columns) != ROW_COLUMNS:
+        raise ConfigError(f"{csv} does not hold this evaluation's columns. Move it away to start again, or pass "
+                          "another --out folder.")
+    return rows
+
+
+def write(out_dir: Path, rows: pd.DataFrame, settings: ShardSettings) -> pd.DataFrame:
+    """Every result file of the run, each written whole (a kill never leaves a torn file)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = summarize(rows, settings.shards, settings.bootstrap, settings.seed)
+    paired = paired_differences(rows.assign(dataset=f"stacks {settings.budget} tokens"), pairs(settings.shards),
+                                settings.bootstrap, settings.seed)
+    for name, frame in (("examples.csv", rows), ("summary.csv", summary), ("paired.csv", paired)):
+        buffer = io.StringIO()
+        frame.to_csv(buffer, index=False)
+        write_text_atomic(out_dir / name, buffer.getvalue())
+    skipped = rows.loc[rows["condition"] == "skipped", ["id", "error"]].to_dict(orient="records")
+    meta = {"settings": asdict(settings), "date": str(datetime.date.today()), "skipped": skipped,
+            "summary": summary.to_dict(orient="records")}
+    write_text_atomic(out_dir / "summary.json", json.dumps(meta, indent=2, default=str))
+    write_text_atomic(out_dir / "summary.md", f"Command: `{settings.command(out_dir)}`\n\nDate: {meta['date']}. "
+                      f"Distractor stacks of {settings.budget} target tokens; skipped documents: {len(skipped)}. "
+                      "Seconds are medians of one run on this machine; memory is fp16 KV cache (every layer, a "
+                      "sliding layer counted at most its window), medians over the documents.\n\n"
+                      + (markdown(summary) if len(summary) else "")
+                      + ("\nPaired differences over the same documents:\n\n" + paired_markdown(paired) + "\n"
+                         if len(paired) else ""))
+    return summary
+
+
+def run(settings: ShardSettings, out_dir: Path, resume: bool = False, progress: bool = True) -> pd.DataFrame:
+    """Evaluate the documents (those out_dir already holds are kept with --resume) and write the results; partial
+    results are written after every document and on an interruption."""
+    from tqdm import tqdm
+
+    config = check_settings(settings)
+    previous = previous_rows(out_dir, settings, resume)
+    source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
+    docs = distractor_stacks(target.tokenizer, settings.budget, settings.n, settings.seed)
+    mot = load_checkpoint(settings.checkpoint, source, target)[0]
+    rows = [] if previous is None else previous.to_dict(orient="records")
+    done = {r["id"] for r in rows}
+    frame = lambda: pd.DataFrame(rows, columns=ROW_COLUMNS)  # noqa: E731
+    try:
+        for doc in tqdm(docs, desc="shards", disable=not progress, dynamic_ncols=True):
+            if doc.example.id in done:
+                continue
+            try:
+                rows += document_rows(mot, source, target, doc, settings)
+            except MotVizError as exc:  # e.g. fewer paragraphs than shards: counted with its reason
+                rows.append({"budget": doc.budget, "id": doc.example.id, "depth": doc.depth, "condition": "skipped",
+                             "error": f"{type(exc).__name__}: {exc}"})
+            write(out_dir, frame(), settings)
+    except BaseException:  # Ctrl-C or a failure: what was computed is written first
+        if rows:
+            write(out_dir, frame(), settings)
+        raise
+    return write(out_dir, frame(), settings)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", required=True, help="the MoT checkpoint folder to evaluate")
+    parser.add_argument("--budget", type=int, default=1024, help="target tokens per document")
+    parser.add_argument("--shards", type=int, nargs="+", default=[2, 4], help="shard counts (source agents) compared")
+    parser.add_argument("--n", type=int, default=50, help="documents (stacks balance three evidence depths)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the document sample")
+    parser.add_argument("--max_new_tokens", type=int, default=MAX_NEW_TOKENS, help="longest generated answer")
+    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of each interval")
+    parser.add_argument("--out", required=True, help="folder of the results (created when missing)")
+    parser.add_argument("--resume", action="store_true", help="keep the documents --out already holds")
+    args = parser.parse_args(argv)
+    settings = ShardSettings(args.checkpoint, args.budget, tuple(args.shards), args.n, args.seed, args.max_new_tokens,
+                             args.bootstrap)
+    return run_cli(lambda: print(markdown(run(settings, Path(args.out), args.resume))))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
