@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import io
 import json
 import resource
 import sys
@@ -48,7 +47,7 @@ from ..engine.shards import translate_shards
 from ..errors import ConfigError, MotVizError
 from ..fsutil import write_text_atomic
 from .answers import MAX_NEW_TOKENS, answers_from_caches
-from .evaluate import earlier_run
+from .evaluate import resumed_table
 from .long_context import check_budget, paired_ratios
 from .qa_metrics import bootstrap_ci
 from .report import paired_differences, paired_markdown
@@ -234,23 +233,6 @@ def markdown(summary: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def previous_rows(out_dir: Path, settings: ShardSettings, resume: bool) -> pd.DataFrame | None:
-    """The rows of an earlier run of these settings in out_dir (--resume); results of other settings are refused."""
-    if not earlier_run(out_dir, settings, resume, RESUME_KEYS, unit="documents"):
-        return None
-    csv = out_dir / "examples.csv"
-    try:
-        rows = pd.read_csv(csv, dtype=dict.fromkeys(TEXT_COLUMNS, str), keep_default_na=False, na_values=[""],
-                           float_precision="round_trip")
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{csv} cannot be read as results ({exc}). Move it away to start again, or pass another "
-                          "--out folder.") from exc
-    if tuple(rows.columns) != ROW_COLUMNS:
-        raise ConfigError(f"{csv} does not hold this evaluation's columns. Move it away to start again, or pass "
-                          "another --out folder.")
-    return rows
-
-
 def write(out_dir: Path, rows: pd.DataFrame, settings: ShardSettings) -> pd.DataFrame:
     """Every result file of the run, each written whole (a kill never leaves a torn file)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -258,9 +240,7 @@ def write(out_dir: Path, rows: pd.DataFrame, settings: ShardSettings) -> pd.Data
     paired = paired_differences(rows.assign(dataset=f"stacks {settings.budget} tokens"), pairs(settings.shards),
                                 settings.bootstrap, settings.seed)
     for name, frame in (("examples.csv", rows), ("summary.csv", summary), ("paired.csv", paired)):
-        buffer = io.StringIO()
-        frame.to_csv(buffer, index=False)
-        write_text_atomic(out_dir / name, buffer.getvalue())
+        write_text_atomic(out_dir / name, frame.to_csv(index=False))
     skipped = rows.loc[rows["condition"] == "skipped", ["id", "error"]].to_dict(orient="records")
     meta = {"settings": asdict(settings), "date": str(datetime.date.today()), "skipped": skipped,
             "summary": summary.to_dict(orient="records")}
@@ -281,7 +261,7 @@ def run(settings: ShardSettings, out_dir: Path, resume: bool = False, progress: 
     from tqdm import tqdm
 
     config = check_settings(settings)
-    previous = previous_rows(out_dir, settings, resume)
+    previous = resumed_table(out_dir, settings, resume, RESUME_KEYS, ROW_COLUMNS, TEXT_COLUMNS, "documents")
     source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
     docs = distractor_stacks(target.tokenizer, settings.budget, settings.n, settings.seed)
     mot = load_checkpoint(settings.checkpoint, source, target)[0]
