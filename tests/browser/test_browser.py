@@ -163,10 +163,7 @@ def test_default_pair_every_page_and_two_tabs(app_url, browser):
     _assert_no_failure(page)
     assert page.locator(".js-plotly-plot").count() >= 3  # retention curve, first-token stages, position error
     assert page.locator('[data-testid="stDataFrame"]').count() >= 2  # the answers and the cache sizes
-    page.get_by_role("heading", name="Where along the document the window errs").scroll_into_view_if_needed()
-    page.wait_for_timeout(500)
-    page.screenshot(path=str(SCREENSHOTS / "long_context.png"))
-    # … and a 2,048-token stack, where 15 of Gemma-3's 18 layers see only the last 512 positions
+    # … then a 2,048-token stack, where 15 of Gemma-3's 18 layers see only the last 512 positions
     page.get_by_role("combobox", name="Length (target tokens)").click()
     page.get_by_role("option", name="2048", exact=True).click()
     page.get_by_text(re.compile(r"\b(1[5-9]\d\d|20\d\d) target tokens translated and answered")).first.wait_for(
@@ -175,6 +172,9 @@ def test_default_pair_every_page_and_two_tabs(app_url, browser):
     _assert_no_failure(page)
     assert _query(page)["long.budget"] == "2048"
     assert page.locator(".js-plotly-plot").count() >= 3
+    page.get_by_role("heading", name="Where along the document the window errs").scroll_into_view_if_needed()
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(SCREENSHOTS / "long_context.png"))
     # Logit lens: each layer's reading of the next answer token under native, MoT, linear map and no context
     nav.get_by_role("link", name="Logit lens", exact=True).click()
     page.get_by_role("heading", name="Logit lens", exact=True).wait_for()
