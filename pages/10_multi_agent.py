@@ -3,8 +3,8 @@
 import streamlit as st
 
 from mot_viz import app
-from mot_viz.analysis.figures import conversation_figure
-from mot_viz.app.multi_agent import CONVERSATIONS
+from mot_viz.analysis.figures import conversation_figure, shard_error_figure
+from mot_viz.app.multi_agent import CONVERSATIONS, SHARD_BUDGET
 from mot_viz.errors import MotVizError
 
 
@@ -61,6 +61,61 @@ def main() -> None:
     app.show_figure(conversation_figure(view.summary, shipped), view.summary, "conversation_turns")
     st.caption(f"Translator weights: {view.translator_mb:.1f} MB (fp16). Cumulative seconds are one run on this "
                "machine.")
+    _several_readers(run)
+
+
+SETTINGS = {"native": "the hub read the whole document itself", "whole": "one source agent read it all",
+            "no_context": "no document"}
+
+
+@app.fragment
+def _several_readers(run) -> None:
+    st.header("Several readers, one hub")
+    st.markdown(
+        f"A {SHARD_BUDGET}-token distractor stack (a SQuAD paragraph holding the answer among other paragraphs) is "
+        "split at paragraph boundaries into shards; each shard is read by its own source agent, which never sees "
+        "the others. Each agent's window is translated; the hub places every shard's translation at the shard's "
+        "position (keys are translated before the rotary embedding, so the target's own rotation moves them there) "
+        "and runs one replay over the whole document. Beside it: the hub reading the document itself, one source "
+        "agent reading all of it, and the hub with only the shard that holds the answer. What the hub loses: no "
+        "source attended across shards, so each shard's translation stays inside the shard"
+        + (f", and so do its sparse top-k keys: in the replay only the {run.mot.replay.num_bottom_full_attn} dense "
+           "bottom layers and the question read across shards." if run.mot.replay.topk_sparse_attn else
+           "; this checkpoint replays densely, so the replay's layers read across shards."))
+    cols = st.columns(3)
+    app.widget_default("pg.agents.sharded", False)
+    chosen = cols[0].toggle("Read a document in shards", key="pg.agents.sharded",
+                        help="Several translations and replays of one document: about a minute on two CPU cores.")
+    app.widget_default("pg.agents.shards", 2, [2, 4])
+    shards = cols[1].selectbox("Shards", [2, 4], key="pg.agents.shards")
+    app.widget_default("pg.agents.doc", 0)
+    index = cols[2].number_input("Document number", 0, 49, step=1, key="pg.agents.doc")
+    if not chosen:
+        return
+    try:
+        with st.status(f"Reading a document in {shards} shards …", expanded=False) as status:
+            view = app.shard_view(run, int(index), int(shards), status.write)
+            status.update(label=f"{view.document.tokens} target tokens read in {shards} shards and answered",
+                          state="complete")
+    except MotVizError as exc:
+        app.show_error(exc)
+        return
+    st.markdown("**Question:**")
+    st.text(view.document.example.question)
+    shards_at = ", ".join(f"{label} at positions {a}–{b - 1}" for label, (a, b) in view.spans.items())
+    st.caption(f"Shards in the hub's cache: {shards_at}.")
+    labels = {**SETTINGS, f"shards_{shards}": f"the hub composed the {shards} agents' translations",
+              f"evidence_{shards}": "the hub with only the answer's shard"}
+    table = view.rows[["condition", "answer", "score", "source_mb", "source_max_mb", "hub_mb"]].rename(columns={
+        "condition": "setting", "score": "F1", "source_mb": "agents' caches (MB)",
+        "source_max_mb": "largest agent's cache (MB)", "hub_mb": "hub's cache (MB)"})
+    table.insert(1, "what", table["setting"].map(labels))
+    table.insert(4, "gold", view.rows["gold"])
+    st.dataframe(table, hide_index=True)
+    app.widget_default("pg.agents.kv", "K", ["K", "V"])
+    kv = st.radio("Keys or values", ["K", "V"], key="pg.agents.kv", horizontal=True)
+    app.show_figure(shard_error_figure(view.errors, run.mot.channels.target_layers, kv), view.errors,
+                    f"shard_error_{kv}")
 
 
 app.run_page(main)

@@ -61,6 +61,19 @@ def compared_caches(translation: Translation, channels: Channels, comparison: st
     raise ValueError(f"comparison must be one of {tuple(COMPARISONS)}, got {comparison!r}")
 
 
+def span_error_table(candidate: list[tuple[torch.Tensor, torch.Tensor]], native: list[tuple[torch.Tensor, torch.Tensor]],
+                     spans: dict[str, tuple[int, int]]) -> pd.DataFrame:
+    """Per span of positions (label -> [start, end) in the caches), layer and K/V: the mean over the span's tokens of
+    the candidate cache's relative L2 error to the native one (e.g. the shards of a document a hub composed)."""
+    rows = []
+    for layer, (cand, ref) in enumerate(zip(candidate, native, strict=True)):
+        for j, kv in enumerate(KV_NAMES):
+            errors = per_token_errors(token_vectors(cand[j]), token_vectors(ref[j]))["rel_l2"]
+            rows += [{"span": label, "layer": layer, "kv": kv, "rel_l2": float(errors[a:b].mean())}
+                     for label, (a, b) in spans.items()]
+    return pd.DataFrame(rows)
+
+
 def cache_error_table(translation: Translation, channels: Channels) -> pd.DataFrame:
     """One row per (comparison, K/V, target layer): mse, rel_l2, cosine, and whether the layer is in the window."""
     rows = []

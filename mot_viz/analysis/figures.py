@@ -430,3 +430,26 @@ def conversation_figure(live: pd.DataFrame, shipped: pd.DataFrame | None = None)
     fig.update_xaxes(title_text="turn", dtick=1)
     fig.update_layout(height=380)
     return fig
+
+
+def shard_error_figure(errors: pd.DataFrame, window: Sequence[int], kv: str = "K") -> go.Figure:
+    """Per shard of a document, the hub's replayed cache error to native layer by layer: the composed shards (solid)
+    beside one source having read the whole document (dashed); rows of analysis.cache_metrics.span_error_table with
+    a "setting" column."""
+    fig = go.Figure()
+    rows = errors[errors["kv"] == kv]
+    spans = list(dict.fromkeys(rows["span"]))
+    for i, span in enumerate(spans):
+        colour = EXPERT_COLOURS[i % len(EXPERT_COLOURS)]
+        for setting, part in rows[rows["span"] == span].groupby("setting", sort=False):
+            composed = setting.startswith("shards")
+            part = part.sort_values("layer")
+            name = f"{span}: {'composed shards' if composed else 'one source read it all'}"
+            fig.add_scatter(x=part["layer"], y=part["rel_l2"], mode="lines+markers", name=name, line_color=colour,
+                            line_dash="solid" if composed else "dash",
+                            hovertemplate="layer %{x}<br>relative error %{y:.4f}" f"<extra>{name}</extra>")
+    shade_window(fig, window)
+    fig.update_xaxes(title_text="target layer (shaded: injection window)", dtick=1)
+    fig.update_yaxes(title_text=f"{kv}: relative L2 error to native (mean over the shard's tokens)")
+    fig.update_layout(height=400)
+    return fig

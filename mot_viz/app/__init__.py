@@ -14,7 +14,8 @@ each importing only those above it:
 * ``state`` — ``Selection`` (the inputs of one translation) and ``Run`` (what a page shows for it);
 * ``loaders`` — the cached loaders: checkpoints on offer, models, checkpoints, translations, answers, fidelity;
 * ``long_context`` — the Long context page's loaders: one long document evaluated, the shipped results;
-* ``multi_agent`` — the Multi-agent page's loaders: one CoQA conversation answered turn by turn, the shipped results;
+* ``multi_agent`` — the Multi-agent page's loaders: one CoQA conversation answered turn by turn, the shipped results,
+  one document read in shards by several source agents;
 * ``links`` — the applied view in ``st.query_params`` and back (the pure part is mot_viz.app.permalink);
 * ``page`` — what a page draws with (``explain``, ``run_caption``, ``show_figure``, ``show_error``) and keyed
   widgets' first values (``widget_default``);
@@ -26,7 +27,7 @@ each importing only those above it:
 from .frame import applied_selection, current_run, fragment, navigation_frame, page_setup, run_page
 from .links import link_params, python_code
 from .long_context import LongView, long_document, shipped_long_results
-from .multi_agent import ConversationView, conversation_view, shipped_conversation_results
+from .multi_agent import ConversationView, ShardView, conversation_view, shard_view, shipped_conversation_results
 from .loaders import (CONTROL_SEED, FIT_PREFIX, answer_rows, available_checkpoints, checkpoint_stamp,
                       checkpoints_for_pair, dataset_examples, default_checkpoint, first_token_kl, get_checkpoint,
                       get_model, get_translation, lens_at, lens_trace, linear_baseline_for, live_sweep, second_translation, translation_key,
@@ -39,7 +40,8 @@ from .sidebar import quickfit_config, sidebar
 from .state import Run, Selection
 
 __all__ = [
-    "CONTROL_SEED", "ConversationView", "conversation_view", "shipped_conversation_results", "DEFAULT_CHECKPOINT", "DEFAULT_MAX_NEW_TOKENS", "EXAMPLES_PER_DATASET", "FIT_PREFIX", "LongView",
+    "CONTROL_SEED", "ConversationView", "conversation_view", "shipped_conversation_results", "ShardView", "shard_view",
+    "DEFAULT_CHECKPOINT", "DEFAULT_MAX_NEW_TOKENS", "EXAMPLES_PER_DATASET", "FIT_PREFIX", "LongView",
     "MAX_CONTEXT_TOKENS", "NO_SECOND", "REPO_ROOT", "Run", "SecondRun", "Selection", "answer_rows",
     "applied_selection", "available_checkpoints", "checkpoint_stamp", "checkpoints_for_pair", "choices_text",
     "current_run", "dataset_examples", "default_checkpoint", "escape_markdown", "explain", "first_token_kl",

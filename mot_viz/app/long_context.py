@@ -47,7 +47,7 @@ def long_document(run: Run, source: str, budget: int, index: int,
     check_budget(budget, {role: (lm.spec.name, lm.spec.max_positions)
                           for role, lm in (("source", run.source), ("target", run.target))})
     say(f"Building document {index} of {source} at {budget} target tokens …")
-    doc = _cached_document(sel.target, test_mode(), source, budget, index)
+    doc = cached_document(sel.target, test_mode(), source, budget, index)
     say(f"{doc.tokens} target tokens: the source reads them; its window is translated and replayed; the target reads "
         "them too; then every condition's cache answers …")
     return _cached_long_document(sel.source, sel.target, sel.checkpoint, checkpoint_stamp(sel.checkpoint), test_mode(),
@@ -55,7 +55,8 @@ def long_document(run: Run, source: str, budget: int, index: int,
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
-def _cached_document(target_model: str, test: bool, kind: str, budget: int, index: int) -> LongExample:
+def cached_document(target_model: str, test: bool, kind: str, budget: int, index: int) -> LongExample:
+    """Document `index` of `kind` at `budget` target tokens (seed 0, as the shipped evaluations sample them)."""
     return long_examples(kind, get_model(target_model).tokenizer, budget, index + 1, seed=0)[index]
 
 

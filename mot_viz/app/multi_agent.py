@@ -11,14 +11,19 @@ from typing import NamedTuple
 import pandas as pd
 import streamlit as st
 
+from ..analysis.cache_metrics import span_error_table
 from ..data.coqa import Conversation, coqa_conversations
+from ..data.long_context import LongExample
 from ..engine.testing import TEST_MAX_POSITIONS
 from ..eval.conversation import ConversationSettings, cache_mb, conversation_rows, summarize, translator_mb
+from ..eval.shards import ShardSettings, evaluate_document, shard_spans
+from .long_context import cached_document
 from .loaders import checkpoint_stamp, get_checkpoint, get_model
 from .settings import REPO_ROOT, test_mode
 from .state import Run
 
 STORY_TOKENS = 512  # the longest story offered, in target tokens (the evaluation's default)
+SHARD_BUDGET = 1024  # the sharded documents' length in target tokens (the shipped shard evaluation's)
 CONVERSATIONS = 30  # conversations offered (the evaluation's sample, seed 0)
 
 
@@ -73,3 +78,37 @@ def shipped_conversation_results(checkpoint: str) -> pd.DataFrame | None:
     root = Path(os.environ.get("MOT_VIZ_CONVERSATION_RESULTS", REPO_ROOT / "results" / "conversation"))
     path = root / f"{Path(checkpoint).name}-coqa" / "summary.csv"
     return pd.read_csv(path) if path.is_file() else None
+
+
+class ShardView(NamedTuple):
+    """Everything the Multi-agent page shows of one sharded document."""
+
+    document: LongExample
+    rows: pd.DataFrame  # one row per setting (mot_viz.eval.shards.ROW_COLUMNS but "error")
+    spans: dict[str, tuple[int, int]]  # shard label -> its positions in the hub's cache
+    errors: pd.DataFrame  # per setting ("shards_k", "whole"), shard, layer and K/V: relative error to native
+
+
+def shard_view(run: Run, index: int, shards: int, progress: Callable[[str], None] | None = None) -> ShardView:
+    """Distractor stack `index` of SHARD_BUDGET target tokens split into `shards`, every setting of
+    mot_viz.eval.shards under the run's pair and checkpoint; computed once per input."""
+    say = progress or (lambda message: None)
+    sel = run.selection
+    doc = cached_document(sel.target, test_mode(), "stacks", SHARD_BUDGET, index)
+    say(f"{shards} source agents each read one shard of {doc.tokens} target tokens; one reads it all; the hub reads "
+        "it too; then every setting's cache answers …")
+    return _cached_shard_view(sel.source, sel.target, sel.checkpoint, checkpoint_stamp(sel.checkpoint), test_mode(),
+                              doc, shards)
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _cached_shard_view(source_model: str, target_model: str, checkpoint: str, stamp: int, test: bool,
+                       doc: LongExample, shards: int) -> ShardView:
+    src, tgt = get_model(source_model), get_model(target_model)
+    mot = get_checkpoint(checkpoint, src, tgt)[0]
+    result = evaluate_document(mot, src, tgt, doc, ShardSettings(checkpoint, doc.budget, (shards,), 1))
+    spans = shard_spans(tgt, doc, shards)
+    native = result.caches["native"].kv
+    errors = pd.concat([span_error_table(result.caches[setting].kv, native, spans).assign(setting=setting)
+                        for setting in (f"shards_{shards}", "whole")], ignore_index=True)
+    return ShardView(doc, pd.DataFrame(result.rows), spans, errors)

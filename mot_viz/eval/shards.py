@@ -39,6 +39,7 @@ import torch
 from ..cli import run_cli
 from ..data.long_context import LongExample, distractor_stacks, shard_document
 from ..engine import hf
+from ..engine.alignment import encode
 from ..engine.checkpoint import load_checkpoint, read_config
 from ..engine.models import LoadedModel, kv_cache_bytes, load_model
 from ..engine.mot import MoT, empty_context_cache, translate
@@ -179,19 +180,48 @@ def setting_caches(mot: MoT, source: LoadedModel, target: LoadedModel, doc: Long
     return out
 
 
-def document_rows(mot: MoT, source: LoadedModel, target: LoadedModel, doc: LongExample,
-                  settings: ShardSettings) -> list[dict]:
-    """One row per setting of one document: its answer and F1, the seconds of its stages, the memory it holds."""
+@dataclass
+class DocumentResult:
+    """One document evaluated: a row per setting (document_rows) and the settings' caches they came from."""
+
+    rows: list[dict]
+    caches: dict[str, SettingCache]
+
+
+def evaluate_document(mot: MoT, source: LoadedModel, target: LoadedModel, doc: LongExample,
+                      settings: ShardSettings) -> DocumentResult:
+    """Every setting's cache of one document, its answer and F1, the seconds of its stages, the memory it holds."""
     example = doc.example
     caches = setting_caches(mot, source, target, doc, settings.shards)
     answers = answers_from_caches(target, {c: s.kv for c, s in caches.items()}, example, settings.max_new_tokens)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    return [{"budget": doc.budget, "id": example.id, "depth": doc.depth, "evidence_fraction": doc.evidence_fraction,
+    rows = [{"budget": doc.budget, "id": example.id, "depth": doc.depth, "evidence_fraction": doc.evidence_fraction,
              "condition": c, "shards": s.shards, "score": answers[c].score, "exact_match": answers[c].exact_match,
              "answer": answers[c].text, "gold": " | ".join(example.answers), "hub_tokens": s.hub_tokens,
              "source_tokens": s.source_tokens, **{stage: s.timings.get(stage, np.nan) for stage in STAGES},
              "answer_seconds": answers[c].seconds, "source_mb": s.source_mb, "source_max_mb": s.source_max_mb,
              "hub_mb": mb(target.spec, s.hub_tokens), "peak_rss_mb": peak, "error": None} for c, s in caches.items()]
+    return DocumentResult(rows, caches)
+
+
+def document_rows(mot: MoT, source: LoadedModel, target: LoadedModel, doc: LongExample,
+                  settings: ShardSettings) -> list[dict]:
+    """One row per setting of one document: its answer and F1, the seconds of its stages, the memory it holds."""
+    return evaluate_document(mot, source, target, doc, settings).rows
+
+
+def shard_spans(target: LoadedModel, doc: LongExample, shards: int) -> dict[str, tuple[int, int]]:
+    """Where each of the document's `shards` lies in a hub's cache, as translate_shards places it: label
+    ("shard i", "… (evidence)" for the one holding it) -> [start, end) positions, the BOS prefix counted."""
+    pieces = shard_document(target.tokenizer, doc, shards)
+    context_text = build_prompt(doc.example, target.chat_frame).context_text
+    texts = shard_prompts(context_text, doc.example.context, [s.text for s in pieces])
+    spans, at = {}, len(target.prefix_ids)
+    for i, (piece, text) in enumerate(zip(pieces, texts, strict=True)):
+        n = len(encode(target.tokenizer, text))
+        spans[f"shard {i + 1}" + (" (evidence)" if piece.holds_evidence else "")] = (at, at + n)
+        at += n
+    return spans
 
 
 def summarize(rows: pd.DataFrame, shards: tuple[int, ...], n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:

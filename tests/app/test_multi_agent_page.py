@@ -71,3 +71,32 @@ def test_the_page_answers_a_conversation_as_the_library_does(pretrained):
     free = next(t for t in fig["data"] if t["name"] == "mot (free)")
     assert all(r > f for r, f in zip(retain["y"], free["y"]))  # retain also holds the source's cache
     assert at.query_params.get("agents.turns") == "2"
+
+
+def test_several_readers_compose_shards_as_the_library_does(pretrained):
+    from mot_viz.app.multi_agent import SHARD_BUDGET
+    from mot_viz.data.long_context import long_examples
+    from mot_viz.eval.shards import ShardSettings, evaluate_document, shard_spans
+
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.run()
+    at.switch_page(PAGE).run()
+    at.selectbox(key="pg.agents.turns").set_value(1).run()
+    assert not at.exception
+    before = len(figures(at))
+    at.toggle(key="pg.agents.sharded").set_value(True).run()
+    assert not at.exception and not at.error
+    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
+    mot, _ = load_checkpoint(pretrained["smollm2-to-gemma3"], source, target)
+    doc = long_examples("stacks", target.tokenizer, SHARD_BUDGET, 1, seed=0)[0]
+    result = evaluate_document(mot, source, target, doc, ShardSettings(str(pretrained["smollm2-to-gemma3"]),
+                                                                       SHARD_BUDGET, (2,), 1))
+    table = next(d.value for d in at.dataframe if "setting" in d.value.columns)
+    rows = pd.DataFrame(result.rows)
+    assert table["setting"].tolist() == rows["condition"].tolist()
+    assert table["answer"].tolist() == rows["answer"].tolist()
+    spans = shard_spans(target, doc, 2)
+    assert len(spans) == 2 and sum("(evidence)" in label for label in spans) == 1
+    fig = figures(at)[before]
+    assert {t["name"].split(":")[0] for t in fig["data"]} == set(spans)
+    assert at.query_params.get("agents.sharded") == "true"
