@@ -1,4 +1,4 @@
-"""Assemble docs/results.md's tables from results/eval/*/ and pretrained/*/config.json.
+"""Assemble docs/results.md's tables from results/eval/*/, results/long/*-stacks/ and pretrained/*/config.json.
 
     .venv/bin/python scripts/results_md.py > /tmp/tables.md
     .venv/bin/python scripts/results_md.py --record   # also write each checkpoint's results into its config.json
@@ -111,6 +111,36 @@ def record_in_configs() -> list[Path]:
     return sorted(records)
 
 
+def signed(x: float) -> str:
+    return f"{x:+.3f}".replace("-", "−")
+
+
+def long_context_tables() -> str:
+    """One table per results/long/*-stacks folder: each condition's F1 per length, MoT's retention and its paired
+    differences against the mean-vector window and the linear map (python -m mot_viz.eval.long_context)."""
+    out = []
+    for folder in sorted((ROOT / "results" / "long").glob("*-stacks")):
+        summary = pd.read_csv(folder / "summary.csv")
+        paired = pd.read_csv(folder / "paired.csv")
+        out += [f"### `{folder.name}`", "", "| length (tokens) | n | native | no context | mean-vector window | linear map | "
+                "MoT | MoT retention [95% CI] | MoT − mean vector [95% CI] | MoT − linear [95% CI] |",
+                "|---:|---:|---|---|---|---|---|---|---|---|"]
+        for budget, part in summary.groupby("budget", sort=True):
+            by = part.set_index("condition")
+            f1 = lambda c: f"{by.loc[c, 'mean']:.3f}" if c in by.index else "–"
+            diffs = []
+            for other in ("mean", "linear"):
+                row = paired[(paired.dataset == f"stacks {budget} tokens") & (paired.a == "mot") & (paired.b == other)]
+                diffs.append("–" if row.empty else f"{signed(row['diff'].iloc[0])} [{signed(row['ci_low'].iloc[0])}, "
+                                                    f"{signed(row['ci_high'].iloc[0])}]")
+            m = by.loc["mot"]
+            out.append(f"| {budget:,} | {int(m['n'])} | {f1('native')} | {f1('no_context')} | {f1('mean')} | "
+                       f"{f1('linear')} | {f1('mot')} | {m['retention']:.0%} [{m['retention_ci_low']:.0%}, "
+                       f"{m['retention_ci_high']:.0%}] | {diffs[0]} | {diffs[1]} |")
+        out.append("")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Print docs/results.md's tables from results/eval/ and pretrained/.")
     parser.add_argument("--record", action="store_true",
@@ -126,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         if table:
             print(f"\n### `{first}` (mot) − `{second}` (second), paired over the examples both ran\n")
             print(table)
+    print("\n## Long context\n")
+    print(long_context_tables())
     for folder, meta in eval_folders():
         summary = folder / "summary.csv"
         print(f"\n### `{folder.name}`\n")
