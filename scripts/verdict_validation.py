@@ -125,9 +125,10 @@ LENS_SIGNALS = {"lens_kl_final": "lens KL to native's final distribution", "lens
                 "read_error_v": "relative V error read by the question's attention (head mean)"}
 
 
-def lens_candidates(table: pd.DataFrame) -> pd.DataFrame:
-    """Every lens signal at every target layer as one column (higher = further from native), the first-token KL
-    (the lens KL at the last layer) among them."""
+def lens_candidates(table: pd.DataFrame, window: list[int]) -> pd.DataFrame:
+    """Every lens signal at every target layer as one column (higher = further from native), its means over the
+    window's layers and over the layers from the window up, and the first-token KL (the lens KL at the last
+    layer); signals that do not vary (layers the translation cannot reach) are left out."""
     columns = {}
     for name in LENS_SIGNALS:
         per_layer = np.array(table[name].map(json.loads).tolist(), dtype=float)  # (examples, layers)
@@ -135,8 +136,10 @@ def lens_candidates(table: pd.DataFrame) -> pd.DataFrame:
             per_layer = np.log(per_layer)
         for layer in range(per_layer.shape[1]):
             columns[f"{name}@{layer}"] = per_layer[:, layer]
+        columns[f"{name}@window"] = per_layer[:, window].mean(1)
+        columns[f"{name}@window+"] = per_layer[:, min(window):].mean(1)
     columns["first_token_kl"] = table.first_token_kl.to_numpy()
-    return pd.DataFrame(columns)
+    return pd.DataFrame({k: v for k, v in columns.items() if np.ptp(v) > 0})
 
 
 def _auc(score: np.ndarray, positive: np.ndarray) -> float:
@@ -160,11 +163,12 @@ def _best_threshold(score: np.ndarray, keeps: np.ndarray) -> tuple[float, float]
     return best
 
 
-def lens_report(table: pd.DataFrame, keeps: np.ndarray, ratio: pd.Series, tune: slice, test: slice) -> list[str]:
+def lens_report(table: pd.DataFrame, keeps: np.ndarray, ratio: pd.Series, tune: slice, test: slice,
+                window: list[int]) -> list[str]:
     """Which lens signal predicts "keeps >= 90% of native F1": chosen on the tuning half, checked on the other."""
     from scipy.stats import spearmanr
 
-    candidates = lens_candidates(table)
+    candidates = lens_candidates(table, window)
     lost = ~keeps  # a signal that is high when the answer is lost: AUC of the score for "lost"
     rows = []
     for name in candidates:
@@ -242,7 +246,9 @@ def report(args) -> None:
               f"Pearson r with the retained share (mot/native F1, capped at 2): min-layer attention-output cosine "
               f"{corr['min attn_out_cos']:+.2f}, first-token KL {corr['first_token_kl']:+.2f}."]
     if "lens_kl_final" in table:
-        lines += ["", *lens_report(table, keeps, ratio, tune, test)]
+        checkpoint = json.loads((Path(args.eval) / "summary.json").read_text())["settings"]["checkpoint"]
+        window = [c["dst_layer_idx"] for c in read_config(checkpoint)["channels"]]
+        lines += ["", *lens_report(table, keeps, ratio, tune, test, window)]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     (out / "tuned_thresholds.json").write_text(json.dumps(asdict(best), indent=2))
     print("\n".join(lines))
