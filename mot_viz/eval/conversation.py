@@ -181,6 +181,15 @@ def summarize(rows: pd.DataFrame, target_spec_mb: float, source_spec_mb: float, 
     return pd.DataFrame(out)
 
 
+def overall(rows: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> dict:
+    """Each condition's F1 over all turns (the mean of each conversation's turns, then over conversations) and MoT's
+    retention of native's with its paired interval over the conversations."""
+    scored = rows[rows["condition"] != "skipped"]
+    wide = scored.pivot_table(index="id", columns="condition", values="score", aggfunc="mean").dropna()
+    return {**{c: float(wide[c].mean()) for c in CONDITIONS if c in wide}, "n": len(wide),
+            **paired_ratios(wide, "mot", n_boot, seed)}
+
+
 def markdown(summary: pd.DataFrame) -> str:
     """The summary as one table per condition block: F1 per turn, retention, cumulative time and memory."""
     lines = ["| turn | native F1 [95% CI] | MoT F1 [95% CI] | no story F1 | MoT retention [95% CI] | cumulative s: "
@@ -208,10 +217,17 @@ def write(out_dir: Path, rows: pd.DataFrame, settings: ConversationSettings, siz
             "summary": summary.to_dict(orient="records")}
     write_text_atomic(out_dir / "summary.json", json.dumps(meta, indent=2, default=str))
     n = rows.loc[rows["condition"] != "skipped", "id"].nunique()
+    total = ""
+    if len(summary):
+        o = overall(rows, settings.bootstrap, settings.seed)
+        total = (f"\nOver all turns ({o['n']} conversations, each its turns' mean): native F1 {o['native']:.3f}, MoT "
+                 f"{o['mot']:.3f}, no story {o['no_context']:.3f}; MoT keeps {o['retention']:.1%} "
+                 f"[{o['retention_ci_low']:.1%}, {o['retention_ci_high']:.1%}] of native's, gap closed "
+                 f"{o['gap_closed']:+.2f} [{o['gap_closed_ci_low']:+.2f}, {o['gap_closed_ci_high']:+.2f}].\n")
     write_text_atomic(out_dir / "summary.md", f"Command: `{settings.command(out_dir)}`\n\nDate: {meta['date']}. "
                       f"{n} conversations, skipped: {len(skipped)}. Translator {sizes['translator_mb']:.1f} MB (fp16); "
                       "memory is the median over conversations after each turn, in fp16 MB; seconds are medians of "
-                      "one run on this machine.\n\n" + (markdown(summary) if len(summary) else ""))
+                      "one run on this machine.\n\n" + (markdown(summary) if len(summary) else "") + total)
     return summary
 
 

@@ -97,6 +97,9 @@ def test_summary_accounts_time_and_memory_for_retain_and_free():
     assert s.loc[(1, "mot"), "memory_retain_mb"] == pytest.approx(1.0 + 5.0 + 80 * 0.02)  # retain: + source cache
     assert s.loc[(1, "mot"), "retention"] == pytest.approx(0.5 / 0.75)
     assert "MoT retention" in conversation.markdown(summary)
+    total = conversation.overall(pd.DataFrame(rows), n_boot=20)
+    assert total["n"] == 2 and total["mot"] == pytest.approx(0.5) and total["native"] == pytest.approx(0.75)
+    assert total["retention"] == pytest.approx(0.5 / 0.75) and total["gap_closed"] == pytest.approx(0.5 / 0.75)
 
 
 @pytest.mark.parametrize("change, message", [
