@@ -164,8 +164,9 @@ def _best_threshold(score: np.ndarray, keeps: np.ndarray) -> tuple[float, float]
 
 
 def lens_report(table: pd.DataFrame, keeps: np.ndarray, ratio: pd.Series, tune: slice, test: slice,
-                window: list[int]) -> list[str]:
-    """Which lens signal predicts "keeps >= 90% of native F1": chosen on the tuning half, checked on the other."""
+                window: list[int]) -> tuple[list[str], pd.DataFrame]:
+    """Which lens signal predicts "keeps >= 90% of native F1": chosen on the tuning half, checked on the other.
+    Returns the report's lines and every signal's row (ranked by the first half's AUC)."""
     from scipy.stats import spearmanr
 
     candidates = lens_candidates(table, window)
@@ -195,7 +196,7 @@ def lens_report(table: pd.DataFrame, keeps: np.ndarray, ratio: pd.Series, tune: 
     lines += ["", f"Best on the first half: `{best.signal}` (held-out AUC {best.auc_test:.2f}, balanced accuracy "
                   f"{best.bacc_test:.2f}) against the first-token KL (held-out AUC {kl.auc_test:.2f}, balanced accuracy "
                   f"{kl.bacc_test:.2f})."]
-    return lines
+    return lines, result
 
 
 def _confusion(verdict: np.ndarray, keeps: np.ndarray) -> dict:
@@ -245,11 +246,20 @@ def report(args) -> None:
     lines += ["", f"Tuned thresholds: {asdict(best)}.",
               f"Pearson r with the retained share (mot/native F1, capped at 2): min-layer attention-output cosine "
               f"{corr['min attn_out_cos']:+.2f}, first-token KL {corr['first_token_kl']:+.2f}."]
+    checkpoint = json.loads((Path(args.eval) / "summary.json").read_text())["settings"]["checkpoint"]
+    held_out = result[(result.thresholds == "shipped defaults") & (result.examples == "second half (held out)")].iloc[0]
+    validation = {"checkpoint": checkpoint, "eval": args.eval, "examples": len(table),
+                  "held_out": int(held_out.n), "balanced_accuracy": round(float(held_out.balanced_accuracy), 3),
+                  "agreement": round(float(held_out.agreement), 3), "label": "MoT keeps >= 90% of native F1"}
     if "lens_kl_final" in table:
-        checkpoint = json.loads((Path(args.eval) / "summary.json").read_text())["settings"]["checkpoint"]
         window = [c["dst_layer_idx"] for c in read_config(checkpoint)["channels"]]
-        lines += ["", *lens_report(table, keeps, ratio, tune, test, window)]
+        lens_lines, lens = lens_report(table, keeps, ratio, tune, test, window)
+        lines += ["", *lens_lines]
+        best_held_out = lens.sort_values("bacc_test", ascending=False).iloc[0]
+        validation["best_signal_held_out"] = {"signal": best_held_out.signal,
+                                              "balanced_accuracy": round(float(best_held_out.bacc_test), 3)}
     (out / "report.md").write_text("\n".join(lines) + "\n")
+    (out / "validation.json").write_text(json.dumps(validation, indent=2) + "\n")
     (out / "tuned_thresholds.json").write_text(json.dumps(asdict(best), indent=2))
     print("\n".join(lines))
 

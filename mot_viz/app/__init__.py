@@ -31,7 +31,7 @@ from .multi_agent import ConversationView, ShardView, conversation_view, shard_v
 from .loaders import (CONTROL_SEED, FIT_PREFIX, answer_rows, available_checkpoints, checkpoint_stamp,
                       checkpoints_for_pair, dataset_examples, default_checkpoint, first_token_kl, get_checkpoint,
                       get_model, get_translation, lens_at, lens_trace, linear_baseline_for, live_sweep, second_translation, translation_key,
-                      what_if_pair, window_analysis, window_fidelity)
+                      verdict_validation, what_if_pair, window_analysis, window_fidelity)
 from .page import (NO_SECOND, SecondRun, choices_text, escape_markdown, explain, keep_widget_state, run_caption,
                    second_checkpoint, second_run, show_error, show_figure, show_text, widget_default)
 from .settings import (DEFAULT_CHECKPOINT, DEFAULT_MAX_NEW_TOKENS, EXAMPLES_PER_DATASET, MAX_CONTEXT_TOKENS, REPO_ROOT,
@@ -50,5 +50,5 @@ __all__ = [
     "link_params", "live_sweep", "long_document", "navigation_frame", "page_setup", "pretrained_dir", "python_code",
     "quickfit_config", "run_caption", "run_page", "second_checkpoint", "second_run", "second_translation",
     "shipped_long_results", "show_error", "show_figure", "show_text", "sidebar", "test_mode", "translation_key",
-    "what_if_pair", "widget_default", "window_analysis", "window_fidelity",
+    "verdict_validation", "what_if_pair", "widget_default", "window_analysis", "window_fidelity",
 ]

@@ -9,6 +9,8 @@ browser tab. Cached objects are never mutated.
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +36,7 @@ from ..eval.fidelity import translation_fidelity
 from ..eval.mean_vector import MeanVectors, reference_means
 from ..train.quickfit import fits_dir
 from .settings import (DEFAULT_CHECKPOINT, EXAMPLES_PER_DATASET, MAX_CONTEXT_TOKENS, MEAN_VECTOR_PASSAGES,
-                       pretrained_dir, test_mode)
+                       REPO_ROOT, pretrained_dir, test_mode)
 from .state import Run, Selection
 
 FIT_PREFIX = "fit: "  # checkpoints fitted in the app (mot_viz.train.quickfit), listed after the shipped ones
@@ -265,6 +267,18 @@ def _cached_window_fidelity(key: TranslationKey, second: TranslationKey | None) 
     if second is not None:
         rows += translation_fidelity(_cached_translation(second), tgt, _loaded(second)[2].channels, candidate="second")
     return pd.DataFrame(rows)
+
+
+def verdict_validation(checkpoint: str) -> dict | None:
+    """How well the reuse verdict's default thresholds agreed with QA for this checkpoint (by its folder name), if
+    scripts/verdict_validation.py measured it: <results>/<name>/validation.json under results/verdict
+    ($MOT_VIZ_VERDICT_RESULTS points elsewhere: tests)."""
+    root = Path(os.environ.get("MOT_VIZ_VERDICT_RESULTS", REPO_ROOT / "results" / "verdict"))
+    path = root / Path(checkpoint).name / "validation.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def answer_rows(sel: Selection, max_new_tokens: int, checkpoint: str | None = None,

@@ -643,12 +643,17 @@ def test_routing_what_if_matches_the_library_and_reacts_to_the_choice():
     assert experts.groupby("mixture").share.sum().round(6).eq(1.0).all()
 
 
-def test_cache_error_page_reuse_verdict_is_the_library_verdict_and_follows_the_thresholds():
+def test_cache_error_page_reuse_verdict_is_the_library_verdict_and_follows_the_thresholds(tmp_path, monkeypatch):
     from mot_viz.eval.verdict import VerdictThresholds
 
+    monkeypatch.setenv("MOT_VIZ_VERDICT_RESULTS", str(tmp_path))
+    (tmp_path / "smollm2-to-gemma3").mkdir()
+    (tmp_path / "smollm2-to-gemma3" / "validation.json").write_text(json.dumps(
+        {"held_out": 85, "balanced_accuracy": 0.66, "agreement": 0.647}))
     at = goto(start(), "2_cache_error")
     layers = next(d.value for d in at.dataframe if "layer verdict" in d.value.columns)
     assert any(b.value.startswith("**Verdict: ") for b in [*at.success, *at.warning])
+    assert any("on 65% of 85 held-out SQuAD examples (balanced accuracy 0.66" in c.value for c in at.caption)
     # the signals are the library's, on the same translation
     source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
     sel = at.session_state["applied"]
@@ -698,10 +703,12 @@ def _second_translation(name: str, text: str = FREE_TEXT):
     return mot, target, translate(mot, source, target, text)
 
 
-def test_cache_error_page_overlays_a_second_checkpoint_with_its_own_verdict():
+def test_cache_error_page_overlays_a_second_checkpoint_with_its_own_verdict(tmp_path, monkeypatch):
     from mot_viz.analysis.cache_metrics import cache_error_table
 
+    monkeypatch.setenv("MOT_VIZ_VERDICT_RESULTS", str(tmp_path))  # no checkpoint's verdict checked there
     at = goto(use_free_text(start(), FREE_TEXT, "Who designed the tower?", "Gustave Eiffel"), "2_cache_error")
+    assert any("has not been checked against QA" in c.value for c in at.caption)
     at.selectbox(key="pg.error.second").set_value("smollm2-to-gemma3-single").run()
     assert not at.exception and not errors(at)
     per_layer, _, fidelity = figures(at)[:3]
