@@ -91,3 +91,33 @@ def test_only_the_instruct_model_wraps_prompts_in_its_chat_template(real_source,
     assert foot == "<|im_end|>\n<|im_start|>assistant\n"
     im_start = real_source.tokenizer.convert_tokens_to_ids("<|im_start|>")
     assert encode(real_source.tokenizer, head)[0] == im_start  # the markup is encoded as its special tokens
+
+
+def test_logit_lens_on_the_real_pair_reads_the_models_own_output(real_source, real_target):
+    """The lens at Gemma-3's last layer is its own output distribution (soft-cap and all): native's KL to itself is
+    0, and the shipped mid checkpoint's is the first-token KL the reuse verdict reads."""
+    from pathlib import Path
+
+    from mot_viz.analysis.logit_lens import logit_lens, translation_lens_trace
+    from mot_viz.analysis.shift.metrics import kl_divergence
+    from mot_viz.data.eval_data import load_dataset
+    from mot_viz.engine.checkpoint import load_checkpoint
+    from mot_viz.engine.prompts import build_prompt
+    from mot_viz.eval.answers import first_answer_logprobs
+
+    checkpoint = Path(__file__).resolve().parents[2] / "pretrained" / "smollm2-to-gemma3-mid"
+    mot, _ = load_checkpoint(str(checkpoint), real_source, real_target)
+    prompt = build_prompt(load_dataset("squad", n=5, seed=0)[0], real_target.chat_frame)
+    translation = translate(mot, real_source, real_target, prompt.context_text)
+    trace = translation_lens_trace(mot, real_source, real_target, translation, prompt.suffix_text)
+    lens = logit_lens(real_target, trace, 0).layers.set_index(["condition", "layer"])
+    last = real_target.spec.num_layers - 1
+    assert lens.loc[("native", last), "kl_to_native_final"] == pytest.approx(0, abs=1e-5)
+    assert lens.loc[("native", last), "token_rank"] == 1
+    native_lp, mot_lp = first_answer_logprobs(real_target, [translation.native_kv, translation.mixed_kv],
+                                              prompt.suffix_text)
+    assert lens.loc[("mot", last), "kl_to_native_final"] == pytest.approx(kl_divergence(native_lp, mot_lp),
+                                                                          rel=1e-3, abs=1e-5)
+    # the early layers are far from the final prediction under every cache; no context is further at the end
+    assert lens.loc[("native", 0), "kl_to_native_final"] > 1.0
+    assert lens.loc[("no_context", last), "kl_to_native_final"] > lens.loc[("mot", last), "kl_to_native_final"]
