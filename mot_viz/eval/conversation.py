@@ -38,10 +38,10 @@ from ..engine.checkpoint import load_checkpoint, read_config
 from ..engine.models import LoadedModel, kv_cache_bytes, load_model
 from ..engine.mot import MoT, empty_context_cache, translate
 from ..engine.prompts import QAExample, build_prompt
-from ..errors import ConfigError, ContextError, MotVizError
+from ..errors import ConfigError, ContextError
 from ..fsutil import write_text_atomic
 from .answers import MAX_NEW_TOKENS, answers_from_caches
-from .evaluate import resumed_table
+from .evaluate import resumed_table, run_units
 from .long_context import paired_ratios
 from .qa_metrics import bootstrap_ci
 
@@ -234,8 +234,6 @@ def write(out_dir: Path, rows: pd.DataFrame, settings: ConversationSettings, siz
 def run(settings: ConversationSettings, out_dir: Path, resume: bool = False, progress: bool = True) -> pd.DataFrame:
     """Evaluate the conversations (those out_dir already holds are kept with --resume) and write the results;
     partial results are written after every conversation and on an interruption."""
-    from tqdm import tqdm
-
     config = check_settings(settings)
     previous = resumed_table(out_dir, settings, resume, RESUME_KEYS, ROW_COLUMNS, TEXT_COLUMNS, "conversations")
     source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
@@ -245,23 +243,11 @@ def run(settings: ConversationSettings, out_dir: Path, resume: bool = False, pro
     sizes = {"target_mb_per_token": cache_mb(target, 1), "source_mb_per_token": cache_mb(source, 1),
              "translator_mb": translator_mb(mot)}
     rows = [] if previous is None else previous.to_dict(orient="records")
-    done = {r["id"] for r in rows}
-    frame = lambda: pd.DataFrame(rows, columns=ROW_COLUMNS)  # noqa: E731
-    try:
-        for conversation in tqdm(conversations, desc="conversations", disable=not progress, dynamic_ncols=True):
-            if conversation.id in done:
-                continue
-            try:
-                rows += conversation_rows(mot, source, target, conversation, settings)
-            except MotVizError as exc:  # e.g. a story the source cannot hold: counted with its reason
-                rows.append({"id": conversation.id, "genre": conversation.source, "condition": "skipped",
-                             "error": f"{type(exc).__name__}: {exc}"})
-            write(out_dir, frame(), settings, sizes)
-    except BaseException:
-        if rows:
-            write(out_dir, frame(), settings, sizes)
-        raise
-    return write(out_dir, frame(), settings, sizes)
+    return run_units(conversations, rows, {r["id"] for r in rows}, lambda c: c.id,
+                     lambda c: conversation_rows(mot, source, target, c, settings),
+                     lambda c: {"id": c.id, "genre": c.source},
+                     lambda: write(out_dir, pd.DataFrame(rows, columns=ROW_COLUMNS), settings, sizes),
+                     "conversations", progress)
 
 
 def main(argv: list[str] | None = None) -> int:

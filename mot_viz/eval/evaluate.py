@@ -272,6 +272,29 @@ def resumed_table(out_dir: Path, settings, resume: bool, keys: tuple[str, ...], 
     return rows
 
 
+def run_units(units, rows: list[dict], done: set, key, compute, skipped, write, desc: str, progress: bool):
+    """The loop of a resumable evaluation: every unit (document, conversation) whose key(unit) is not in `done`
+    adds compute(unit)'s rows to `rows`, or one "skipped" row (skipped(unit)'s fields and the error) when it raises a
+    MotVizError (e.g. a document a model cannot hold: counted with its reason); write() writes every result file
+    after each unit, and on Ctrl-C or a failure what was computed is written first. Returns write()'s result."""
+    from tqdm import tqdm
+
+    try:
+        for unit in tqdm(units, desc=desc, disable=not progress, dynamic_ncols=True):
+            if key(unit) in done:
+                continue
+            try:
+                rows += compute(unit)
+            except MotVizError as exc:
+                rows.append({**skipped(unit), "condition": "skipped", "error": f"{type(exc).__name__}: {exc}"})
+            write()
+    except BaseException:
+        if rows:
+            write()
+        raise
+    return write()
+
+
 def previous_rows(out_dir: Path, settings: EvalSettings, resume: bool) -> pd.DataFrame | None:
     """The rows of an earlier run of these settings in out_dir, to keep (--resume); results of others are refused."""
     return complete_rows(out_dir / "examples.csv", settings) if earlier_run(out_dir, settings, resume, RESUME_KEYS) \

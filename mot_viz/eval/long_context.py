@@ -40,7 +40,7 @@ from ..engine.prompts import build_prompt
 from ..errors import ConfigError, ContextError, MotVizError
 from ..fsutil import write_text_atomic
 from .answers import MAX_NEW_TOKENS, answers_from_caches, condition_caches, linear_cache
-from .evaluate import resumed_table
+from .evaluate import resumed_table, run_units
 from .mean_vector import reference_means
 from .qa_metrics import bootstrap_ci
 from .report import paired_differences, paired_markdown
@@ -303,8 +303,6 @@ def write(out_dir: Path, rows: pd.DataFrame, settings: LongSettings, cache_mb: d
 def run(settings: LongSettings, out_dir: Path, resume: bool = False, progress: bool = True) -> pd.DataFrame:
     """Evaluate every budget's documents (those out_dir already holds are kept with --resume) and write the results;
     partial results are written after every document and on an interruption."""
-    from tqdm import tqdm
-
     config = check_settings(settings)
     previous = resumed_table(out_dir, settings, resume, RESUME_KEYS, ROW_COLUMNS, TEXT_COLUMNS, "documents")
     source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
@@ -316,23 +314,11 @@ def run(settings: LongSettings, out_dir: Path, resume: bool = False, progress: b
     cache_mb = {f"source {source.spec.name}": kv_cache_bytes(source.spec) / 1e6,
                 f"target {target.spec.name}": kv_cache_bytes(target.spec) / 1e6}
     rows = [] if previous is None else previous.to_dict(orient="records")
-    done = {(int(r["budget"]), r["id"]) for r in rows}
-    frame = lambda: pd.DataFrame(rows, columns=ROW_COLUMNS)  # noqa: E731
-    try:
-        for doc in tqdm(docs, desc="long context", disable=not progress, dynamic_ncols=True):
-            if (doc.budget, doc.example.id) in done:
-                continue
-            try:
-                rows += document_rows(mot, linear, source, target, doc, settings, means)
-            except MotVizError as exc:  # e.g. a document the source cannot hold: counted with its reason
-                rows.append({"budget": doc.budget, "source": doc.source, "id": doc.example.id, "condition": "skipped",
-                             "error": f"{type(exc).__name__}: {exc}"})
-            write(out_dir, frame(), settings, cache_mb)
-    except BaseException:  # Ctrl-C or a failure: what was computed is written first
-        if rows:
-            write(out_dir, frame(), settings, cache_mb)
-        raise
-    return write(out_dir, frame(), settings, cache_mb)
+    return run_units(docs, rows, {(int(r["budget"]), r["id"]) for r in rows}, lambda d: (d.budget, d.example.id),
+                     lambda d: document_rows(mot, linear, source, target, d, settings, means),
+                     lambda d: {"budget": d.budget, "source": d.source, "id": d.example.id},
+                     lambda: write(out_dir, pd.DataFrame(rows, columns=ROW_COLUMNS), settings, cache_mb),
+                     "long context", progress)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,10 +45,10 @@ from ..engine.models import LoadedModel, kv_cache_bytes, load_model
 from ..engine.mot import MoT, empty_context_cache, translate
 from ..engine.prompts import build_prompt
 from ..engine.shards import translate_shards
-from ..errors import ConfigError, MotVizError
+from ..errors import ConfigError
 from ..fsutil import write_text_atomic
 from .answers import MAX_NEW_TOKENS, answers_from_caches
-from .evaluate import resumed_table
+from .evaluate import resumed_table, run_units
 from .long_context import check_budget, paired_ratios
 from .qa_metrics import bootstrap_ci
 from .report import paired_differences, paired_markdown
@@ -288,31 +288,16 @@ def write(out_dir: Path, rows: pd.DataFrame, settings: ShardSettings) -> pd.Data
 def run(settings: ShardSettings, out_dir: Path, resume: bool = False, progress: bool = True) -> pd.DataFrame:
     """Evaluate the documents (those out_dir already holds are kept with --resume) and write the results; partial
     results are written after every document and on an interruption."""
-    from tqdm import tqdm
-
     config = check_settings(settings)
     previous = resumed_table(out_dir, settings, resume, RESUME_KEYS, ROW_COLUMNS, TEXT_COLUMNS, "documents")
     source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
     docs = distractor_stacks(target.tokenizer, settings.budget, settings.n, settings.seed)
     mot = load_checkpoint(settings.checkpoint, source, target)[0]
     rows = [] if previous is None else previous.to_dict(orient="records")
-    done = {r["id"] for r in rows}
-    frame = lambda: pd.DataFrame(rows, columns=ROW_COLUMNS)  # noqa: E731
-    try:
-        for doc in tqdm(docs, desc="shards", disable=not progress, dynamic_ncols=True):
-            if doc.example.id in done:
-                continue
-            try:
-                rows += document_rows(mot, source, target, doc, settings)
-            except MotVizError as exc:  # e.g. fewer paragraphs than shards: counted with its reason
-                rows.append({"budget": doc.budget, "id": doc.example.id, "depth": doc.depth, "condition": "skipped",
-                             "error": f"{type(exc).__name__}: {exc}"})
-            write(out_dir, frame(), settings)
-    except BaseException:  # Ctrl-C or a failure: what was computed is written first
-        if rows:
-            write(out_dir, frame(), settings)
-        raise
-    return write(out_dir, frame(), settings)
+    return run_units(docs, rows, {r["id"] for r in rows}, lambda d: d.example.id,
+                     lambda d: document_rows(mot, source, target, d, settings),
+                     lambda d: {"budget": d.budget, "id": d.example.id, "depth": d.depth},
+                     lambda: write(out_dir, pd.DataFrame(rows, columns=ROW_COLUMNS), settings), "shards", progress)
 
 
 def main(argv: list[str] | None = None) -> int:
