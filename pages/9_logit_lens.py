@@ -5,6 +5,7 @@ import streamlit as st
 from mot_viz import app
 from mot_viz.analysis.figures import (LENS_VALUES, attention_share_figure, lens_heatmap, lens_rank_figure,
                                       show_whitespace)
+from mot_viz.analysis.logit_lens import LENS_ANSWER_TOKENS
 from mot_viz.analysis.shift.cases import answer_token_ids
 
 
@@ -22,8 +23,8 @@ def main() -> None:
         "- **linear** — the same replay with the closed-form linear map's window, when one is installed for this "
         "pair and window;\n"
         "- **no_context** — the question alone.\n\n"
-        "Every cache reads the same question and the same answer tokens (the native cache's greedy answer, fed in "
-        "turn), so position *i* predicts the same token under every cache. Per layer: the **KL** from native's final "
+        "Every cache reads the same question (and, when you follow the answer, the same answer tokens: the native "
+        "cache's greedy answer, fed in turn), so a position predicts the same token under every cache. Per layer: the **KL** from native's final "
         "distribution (how far this layer's reading is from what native finally predicts) and from native's reading "
         "of the same layer, the **rank** of the token native answers with, and the top-5 tokens.\n\n"
         "What it cannot show: the lens reads only the question's and answer's positions; the context's cache is "
@@ -42,17 +43,23 @@ def main() -> None:
     window = run.mot.channels.target_layers
     chosen = app.second_checkpoint(run, "pg.lens.second")
     second = None if chosen is None else chosen[1]
-    trace = app.lens_trace(sel, second)
+    app.widget_default("pg.lens.follow", False)
+    follow = st.toggle(f"Follow the native answer (its first {LENS_ANSWER_TOKENS} tokens)", key="pg.lens.follow",
+                       help="Off: the question's last position only, which predicts the first answer token. On: the "
+                            "native cache decodes its answer, and every cache reads it token by token (one decoding "
+                            "step per token).")
+    answer_tokens = LENS_ANSWER_TOKENS if follow else 0
+    trace = app.lens_trace(sel, second, answer_tokens)
     tokenizer = run.target.tokenizer
     labels = [f"{i}: predicts {show_whitespace(tokenizer.decode([t]))!r}" for i, t in enumerate(trace.answer_ids)]
     app.widget_default("pg.lens.position", 0, list(range(trace.positions)))
     position = st.selectbox("Position", range(trace.positions), format_func=labels.__getitem__, key="pg.lens.position",
                             help="0 is the question's last token, which predicts the first answer token; i > 0 "
-                                 "follows the native answer's token i − 1.")
+                                 "follows the native answer's token i − 1.", disabled=not follow)
     gold = None
     if position == 0 and sel.example is not None and (sel.example.answers or sel.example.kind == "closed"):
         gold = answer_token_ids(tokenizer, sel.example, 1)[0]
-    lens, shares = app.lens_at(sel, position, second, gold)
+    lens, shares = app.lens_at(sel, position, second, gold, answer_tokens)
     if chosen is not None:
         st.caption(f"**second**: the replayed cache of the second checkpoint `{app.escape_markdown(chosen[0])}` on the "
                    "same context.")

@@ -50,24 +50,26 @@ class LensTrace:
 
 
 def lens_trace(target: LoadedModel, caches: dict[str, list[hf.KV] | None], suffix_ids: list[int],
-               answer_ids: list[int], prefix_len: int) -> LensTrace:
+               answer_ids: list[int] | None, prefix_len: int) -> LensTrace:
     """Run the question and the answer tokens over each cache with the residual stream and every layer's queries
     recorded. caches: condition -> the context's cache ("native" required; None = no context at all); answer_ids:
-    at least one token (the native cache's greedy answer: what every position is asked to predict)."""
+    the native cache's greedy answer (what every position is asked to predict), or None for the question alone:
+    then the one position is the question's last, and its token native's top prediction there (no decoding)."""
     if "native" not in caches:
         raise ValueError("the lens compares every cache with the native one: caches needs 'native'")
-    if not answer_ids:
-        raise ValueError("the lens needs at least one answer token to predict")
+    if answer_ids is not None and not answer_ids:
+        raise ValueError("the lens needs at least one answer token to predict (or answer_ids=None)")
     model = target.model
     layers = hf.decoder_layers(model)
-    ids = target.ids_tensor(list(suffix_ids) + list(answer_ids[:-1]))
+    ids = target.ids_tensor(list(suffix_ids) + list(answer_ids[:-1] if answer_ids else []))
     residual, attention, cache_len = {}, {}, {}
     groups: dict[int, list[str]] = {}  # caches of one length run as one batch (native, MoT and linear: one forward)
     for condition, kv in caches.items():
         cache_len[condition] = 0 if kv is None else kv[0][0].shape[2]
         groups.setdefault(cache_len[condition], []).append(condition)
     sliding: tuple[int | None, ...] = ()
-    for members in groups.values():
+    native_first = sorted(groups.values(), key=lambda members: "native" not in members)
+    for members in native_first:
         kvs = [caches[c] for c in members]
         kv = None if kvs[0] is None else (kvs[0] if len(kvs) == 1 else hf.stack_caches(kvs))
         plan = hf.AttentionPlan(record_queries=set(range(len(layers))))
@@ -78,6 +80,8 @@ def lens_trace(target: LoadedModel, caches: dict[str, list[hf.KV] | None], suffi
         sliding = tuple(queries[layer][2] for layer in range(len(layers)))
         for row, condition in enumerate(members):
             residual[condition] = trace.residual[:, row].float()
+            if condition == "native" and answer_ids is None:  # its logits at the question's last position
+                answer_ids = [int(trace.result.logits[row, -1].argmax())]
             attention[condition] = [p[row] for p in probs]
     native = caches["native"]
     errors = {}
@@ -107,17 +111,18 @@ def native_answer_ids(target: LoadedModel, native_kv: list[hf.KV], suffix_ids: l
 def translation_lens_trace(mot: MoT, source: LoadedModel, target: LoadedModel, translation: Translation,
                            suffix_text: str, linear: MoT | None = None,
                            others: dict[str, list[hf.KV]] | None = None,
-                           max_new_tokens: int = LENS_ANSWER_TOKENS) -> LensTrace:
+                           answer_tokens: int = LENS_ANSWER_TOKENS) -> LensTrace:
     """lens_trace of a translation's caches: native, the MoT's replayed cache, the linear map's (when `linear`, the
     pair's closed-form map of the same window, is given), `others` (e.g. a second checkpoint's replayed cache of the
-    same context) and no context, over the question `suffix_text` and the native cache's greedy answer."""
+    same context) and no context, over the question `suffix_text` and the native cache's greedy answer (at most
+    `answer_tokens` of it; 0: the question alone, no decoding)."""
     caches = {"native": translation.native_kv, "mot": translation.mixed_kv}
     if linear is not None:
         caches["linear"] = linear_cache(mot, linear, source, target, translation)
     caches.update(others or {})
     caches["no_context"] = empty_context_cache(target)
     suffix = encode(target.tokenizer, suffix_text)
-    answer = native_answer_ids(target, translation.native_kv, suffix, max_new_tokens)
+    answer = native_answer_ids(target, translation.native_kv, suffix, answer_tokens) if answer_tokens else None
     return lens_trace(target, caches, suffix, answer, translation.prefix_len)
 
 

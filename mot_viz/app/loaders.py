@@ -382,32 +382,36 @@ def live_sweep(sel: Selection, mode: str, window: int, size: float, controls: bo
 
 
 @st.cache_resource(show_spinner="Reading the target's residual stream under each cache …", max_entries=8)
-def _cached_lens_trace(key: TranslationKey, suffix: str, second: TranslationKey | None) -> LensTrace:
+def _cached_lens_trace(key: TranslationKey, suffix: str, second: TranslationKey | None,
+                       answer_tokens: int) -> LensTrace:
     src, tgt, mot = _loaded(key)
     linear = linear_baseline_for(key.checkpoint, mot) if mot.translator.config.variant != "linear" else None
     others = {} if second is None else {"second": _cached_translation(second).mixed_kv}
     return translation_lens_trace(mot, src, tgt, _cached_translation(key), suffix,
-                                  None if linear is None else get_checkpoint(linear, src, tgt)[0], others)
+                                  None if linear is None else get_checkpoint(linear, src, tgt)[0], others,
+                                  answer_tokens)
 
 
 @st.cache_resource(show_spinner=False, max_entries=32)
-def _cached_lens(key: TranslationKey, suffix: str, second: TranslationKey | None, position: int,
+def _cached_lens(key: TranslationKey, suffix: str, second: TranslationKey | None, answer_tokens: int, position: int,
                  gold_token: int | None) -> tuple[Lens, pd.DataFrame]:
-    trace = _cached_lens_trace(key, suffix, second)
+    trace = _cached_lens_trace(key, suffix, second, answer_tokens)
     return logit_lens(get_model(key.target), trace, position, gold_token), attention_shares(trace, position)
 
 
-def lens_trace(sel: Selection, second: str | None = None) -> LensTrace:
+def lens_trace(sel: Selection, second: str | None = None, answer_tokens: int = 0) -> LensTrace:
     """The lens trace of the selection's context and question (mot_viz.analysis.logit_lens): native, MoT, the
-    installed linear map of the same window, a `second` checkpoint's replayed cache if given, no context."""
-    return _cached_lens_trace(translation_key(sel), sel.suffix, None if second is None else translation_key(sel, second))
+    installed linear map of the same window, a `second` checkpoint's replayed cache if given, no context; over the
+    question alone (answer_tokens 0) or also the native cache's first `answer_tokens` answer tokens."""
+    return _cached_lens_trace(translation_key(sel), sel.suffix, None if second is None else translation_key(sel, second),
+                              answer_tokens)
 
 
-def lens_at(sel: Selection, position: int, second: str | None = None,
-            gold_token: int | None = None) -> tuple[Lens, pd.DataFrame]:
-    """The logit lens and the attention shares of the lens trace at one answer position."""
+def lens_at(sel: Selection, position: int, second: str | None = None, gold_token: int | None = None,
+            answer_tokens: int = 0) -> tuple[Lens, pd.DataFrame]:
+    """The logit lens and the attention shares of the lens trace (as lens_trace) at one position."""
     return _cached_lens(translation_key(sel), sel.suffix, None if second is None else translation_key(sel, second),
-                        position, gold_token)
+                        answer_tokens, position, gold_token)
 
 
 def second_translation(sel: Selection, checkpoint: str) -> tuple[MoT, Translation]:

@@ -819,7 +819,9 @@ def test_logit_lens_page_shows_the_librarys_lens():
     at.radio(key="pg.lens.token").set_value("gold").run()
     gold_rank = next(t for t in figures(at)[1]["data"] if t["name"] == "native")
     assert list(gold_rank["y"]) == lens.layers[lens.layers.condition == "native"].sort_values("layer").gold_rank.tolist()
-    # another position reads the next answer token, and the view is in the link
+    # following the answer, another position reads the next answer token, and the view is in the link
+    at.toggle(key="pg.lens.follow").set_value(True).run()
+    assert not at.exception
     if trace.positions > 1:
         at.selectbox(key="pg.lens.position").set_value(1).run()
         assert not at.exception

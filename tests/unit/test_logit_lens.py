@@ -127,3 +127,15 @@ def test_attention_shares_add_up_and_read_the_error():
     with pytest.raises(ValueError, match="answer token"):
         lens_trace(target, caches, suffix, [], translation.prefix_len)
     assert not math.isnan(shares.context.sum())
+
+
+def test_the_question_alone_reads_what_following_the_answer_reads_at_its_first_position():
+    source, target, mot = _pair("gemma3_text")
+    translation = translate(mot, source, target, CORPUS[0] + " " + CORPUS[1])
+    suffix_text = "\nQuestion: Where is the tower?\nAnswer:"
+    alone = translation_lens_trace(mot, source, target, translation, suffix_text, answer_tokens=0)
+    followed = translation_lens_trace(mot, source, target, translation, suffix_text, answer_tokens=4)
+    assert alone.positions == 1 and alone.answer_ids[0] == followed.answer_ids[0]  # no decoding: native's top token
+    a, f = logit_lens(target, alone, 0).layers, logit_lens(target, followed, 0).layers
+    assert (a.top1 == f.top1).all() and (a.token_rank == f.token_rank).all()
+    assert a.kl_to_native_final.to_numpy() == pytest.approx(f.kl_to_native_final.to_numpy(), rel=1e-4, abs=1e-6)
