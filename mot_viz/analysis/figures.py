@@ -395,9 +395,9 @@ CONVERSATION_COLOURS = {"native": "#1f77b4", "mot": "#2ca02c", "no_context": "#7
 
 
 def conversation_figure(live: pd.DataFrame, shipped: pd.DataFrame | None = None) -> go.Figure:
-    """Per turn: F1 (this conversation's points, the shipped mean over many conversations as dashed lines with
-    their 95% interval), the cumulative seconds and the memory held (MoT in free and in retain mode), from rows of
-    mot_viz.eval.conversation.summarize."""
+    """Per turn: F1 (with its 95% interval when `live` summarizes many conversations; `shipped`, the shipped mean
+    over many conversations, as dashed lines with theirs), the cumulative seconds and the memory held (MoT in free
+    and in retain mode), from rows of mot_viz.eval.conversation.summarize."""
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08,
                         subplot_titles=["F1 per turn", "cumulative seconds", "memory held (MB, fp16)"])
     for condition, colour in CONVERSATION_COLOURS.items():
@@ -406,8 +406,9 @@ def conversation_figure(live: pd.DataFrame, shipped: pd.DataFrame | None = None)
             continue
         common = dict(line_color=colour, legendgroup=condition)
         fig.add_scatter(x=rows["turn"], y=rows["mean"], mode="markers+lines", name=condition, **common,
-                        hovertemplate="turn %{x}<br>F1 %{y:.3f}" f"<extra>{condition}: this conversation</extra>",
-                        row=1, col=1)
+                        error_y=dict(type="data", array=rows["ci_high"] - rows["mean"],
+                                     arrayminus=rows["mean"] - rows["ci_low"], thickness=1),
+                        hovertemplate="turn %{x}<br>F1 %{y:.3f}" f"<extra>{condition}</extra>", row=1, col=1)
         if shipped is not None and condition in set(shipped["condition"]):
             s = shipped[shipped["condition"] == condition].sort_values("turn")
             fig.add_scatter(x=s["turn"], y=s["mean"], mode="lines", name=f"{condition} (shipped)", line_dash="dash",
