@@ -159,7 +159,8 @@ def logit_lens(target: LoadedModel, trace: LensTrace, position: int = 0, gold_to
     gold_ranks = None if gold_token is None else (logprobs > logprobs[..., gold_token: gold_token + 1]).sum(-1) + 1
     kl_final = (final.exp() * (final - logprobs)).sum(-1)  # (C, L)
     kl_layer = (native.exp() * (native - logprobs)).sum(-1)  # (C, L)
-    top_p, top_i = logprobs.exp().topk(TOP_TOKENS, dim=-1)  # (C, L, k)
+    top_lp, top_i = logprobs.topk(TOP_TOKENS, dim=-1)  # (C, L, k)
+    top_p = top_lp.exp()
     for c, condition in enumerate(conditions):
         for layer in range(logprobs.shape[1]):
             row = {"condition": condition, "layer": layer, "kl_to_native_final": float(kl_final[c, layer]),
