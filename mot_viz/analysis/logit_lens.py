@@ -155,10 +155,10 @@ def logit_lens(target: LoadedModel, trace: LensTrace, position: int = 0, gold_to
     answer = trace.answer_ids[position]
     rows, top_rows, first = [], [], []
     tokenizer = target.tokenizer
-    ranks = (logprobs > logprobs[..., answer: answer + 1]).sum(-1) + 1  # (C, L)
-    gold_ranks = None if gold_token is None else (logprobs > logprobs[..., gold_token: gold_token + 1]).sum(-1) + 1
-    kl_final = (final.exp() * (final - logprobs)).sum(-1)  # (C, L)
-    kl_layer = (native.exp() * (native - logprobs)).sum(-1)  # (C, L)
+    ranks = _rank(logprobs, answer)  # (C, L)
+    gold_ranks = None if gold_token is None else _rank(logprobs, gold_token)
+    kl_final = _kl(final, logprobs)  # (C, L)
+    kl_layer = _kl(native, logprobs)  # (C, L)
     top_lp, top_i = logprobs.topk(TOP_TOKENS, dim=-1)  # (C, L, k)
     top_p = top_lp.exp()
     for c, condition in enumerate(conditions):
@@ -178,6 +178,30 @@ def logit_lens(target: LoadedModel, trace: LensTrace, position: int = 0, gold_to
         hits = (ranks[c] == 1).nonzero()
         first.append({"condition": condition, "first_top1_layer": int(hits[0]) if len(hits) else None})
     return Lens(position, pd.DataFrame(rows), pd.DataFrame(top_rows), pd.DataFrame(first))
+
+
+# The lens's reductions over the vocabulary run a slice at a time (VOCABULARY_SLICE entries): on Gemma's 262k
+# vocabulary a temporary the size of the (conditions, layers, vocabulary) log-probabilities costs more than the
+# readout itself.
+VOCABULARY_SLICE = 16384
+
+
+def _kl(p_log: torch.Tensor, q_log: torch.Tensor) -> torch.Tensor:
+    """KL(p ‖ q) in nats over the last dimension (log-probabilities in, broadcast like p_log − q_log)."""
+    total = torch.zeros(torch.broadcast_shapes(p_log.shape[:-1], q_log.shape[:-1]))
+    for start in range(0, q_log.shape[-1], VOCABULARY_SLICE):
+        p = p_log[..., start: start + VOCABULARY_SLICE]
+        total += (p.exp() * (p - q_log[..., start: start + VOCABULARY_SLICE])).sum(-1)
+    return total
+
+
+def _rank(logprobs: torch.Tensor, token: int) -> torch.Tensor:
+    """The rank (1 = top) of `token` in each distribution over the last dimension: 1 + the tokens above it."""
+    threshold = logprobs[..., token: token + 1]
+    rank = torch.ones(logprobs.shape[:-1], dtype=torch.long)
+    for start in range(0, logprobs.shape[-1], VOCABULARY_SLICE):
+        rank += (logprobs[..., start: start + VOCABULARY_SLICE] > threshold).sum(-1)
+    return rank
 
 
 def attention_shares(trace: LensTrace, position: int = 0) -> pd.DataFrame:
