@@ -136,8 +136,11 @@ def _verdict_section(run, fidelity, candidate: str, second) -> None:
     else:
         st.caption(f"Checked for this checkpoint: with the default thresholds the verdict agreed with \"keeps ≥ 90% "
                    f"of native F1\" on {validation['agreement']:.0%} of {validation['held_out']} held-out SQuAD "
-                   f"examples (balanced accuracy {validation['balanced_accuracy']:.2f}; 0.5 is chance) — "
-                   f"results/verdict/{Path(run.selection.checkpoint).name}/report.md.")
+                   f"examples (balanced accuracy {validation['balanced_accuracy']:.2f}; 0.5 is chance)"
+                   + "".join(f"; on {g['examples']} {g['genre']}, never used for tuning, "
+                             f"balanced accuracy {g['balanced_accuracy']:.2f}"
+                             for g in validation.get("other_genres", []))
+                   + f" — results/verdict/{Path(run.selection.checkpoint).name}/report.md.")
     defaults = VerdictThresholds()
     with st.expander("Thresholds"):
         c = st.columns(4)

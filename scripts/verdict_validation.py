@@ -1,14 +1,22 @@
 """Validate the reuse verdict (mot_viz.eval.verdict) against QA: does "reuse" agree with "MoT keeps >= 90% of the
-native answer's F1" on the SQuAD examples of docs/results.md? Thresholds are tuned on the first half of the
-examples and the agreement is reported on the second half.
+native answer's F1"? Thresholds are tuned on the first half of the SQuAD examples of docs/results.md and the
+agreement is reported on the second half, and on other genres never used for tuning (--held_out).
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/verdict_validation.py signals \\
         --checkpoint pretrained/smollm2-to-gemma3-mid --n 300 --out results/verdict/smollm2-to-gemma3-mid
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/verdict_validation.py signals --dataset coqa \\
+        --checkpoint pretrained/smollm2-to-gemma3-mid --n 150 --out results/verdict/smollm2-to-gemma3-mid/coqa
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/verdict_validation.py signals --dataset stacks:512 \\
+        --checkpoint pretrained/smollm2-to-gemma3-mid --n 51 --out results/verdict/smollm2-to-gemma3-mid/stacks512
     .venv/bin/python scripts/verdict_validation.py report --out results/verdict/smollm2-to-gemma3-mid \\
-        --eval results/eval/smollm2-to-gemma3-mid-6265cda-squad300
+        --eval results/eval/smollm2-to-gemma3-mid-squad300 \\
+        --held_out results/verdict/smollm2-to-gemma3-mid/coqa results/verdict/smollm2-to-gemma3-mid/stacks512
 
 `signals` computes each example's verdict signals exactly as the app does (same truncation as the evaluator)
-and appends them to signals.csv (resumable); `report` joins them with the evaluator's per-example F1.
+and appends them to signals.csv (resumable). On SQuAD the F1s come from the evaluator's run (`report --eval`); on
+the other datasets (`coqa`: the first turn of CoQA conversations, a story and its first question, stories of at
+most --max_context_tokens; `stacks:B`: the long-context distractor stacks of B target tokens) signals.csv also
+records native's and MoT's greedy answers and their F1. `report` joins signals and F1s.
 """
 
 from __future__ import annotations
@@ -24,13 +32,16 @@ import pandas as pd
 
 from mot_viz.analysis.shift.metrics import kl_divergence
 from mot_viz.analysis.logit_lens import attention_shares, lens_trace, logit_lens
+from mot_viz.data.coqa import coqa_conversations
 from mot_viz.data.eval_data import load_dataset
+from mot_viz.data.long_context import distractor_stacks
 from mot_viz.engine.alignment import encode
 from mot_viz.engine.checkpoint import load_checkpoint, read_config
 from mot_viz.engine.models import load_model
 from mot_viz.engine.mot import translate
 from mot_viz.engine.prompts import build_prompt
-from mot_viz.eval.answers import first_answer_logprobs
+from mot_viz.eval.answers import answers_from_caches, first_answer_logprobs
+from mot_viz.eval.conversation import turn_example
 from mot_viz.eval.evaluate import truncate_context
 from mot_viz.eval.fidelity import translation_fidelity
 from mot_viz.eval.mean_vector import reference_means
@@ -40,6 +51,19 @@ GRID = {"attn_out_cos": [0.0, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95],
         "centered_cos_k": [0.0, 0.3, 0.5, 0.6, 0.7, 0.8],
         "centered_cos_v": [0.0, 0.3, 0.4, 0.5, 0.6, 0.7],
         "first_token_kl": [0.05, 0.1, 0.25, 0.5, 1.0, 2.0, float("inf")]}
+
+
+def examples(dataset: str, target, n: int, max_context_tokens: int) -> list:
+    """The QA examples of one signals run: SQuAD (seed 0, as the evaluator samples them, cut as it cuts them), the
+    first turns of CoQA conversations, or the distractor stacks of one budget ("stacks:512")."""
+    if dataset == "squad":
+        return [truncate_context(target, e, max_context_tokens) for e in load_dataset("squad", n=n, seed=0)]
+    if dataset == "coqa":
+        conversations = coqa_conversations(target.tokenizer, n, turns=1, seed=0, max_story_tokens=max_context_tokens)
+        return [turn_example(c, 0) for c in conversations]
+    if dataset.startswith("stacks:"):
+        return [d.example for d in distractor_stacks(target.tokenizer, int(dataset.split(":")[1]), n, seed=0)]
+    raise SystemExit(f"unknown --dataset {dataset!r}: use squad, coqa or stacks:<budget> (e.g. stacks:512)")
 
 
 def signals(args) -> None:
@@ -53,19 +77,23 @@ def signals(args) -> None:
     means = reference_means(target, mot.channels.target_layers)
     from tqdm import tqdm
 
-    for example in tqdm(load_dataset("squad", n=args.n, seed=0), desc="signals"):
+    for example in tqdm(examples(args.dataset, target, args.n, args.max_context_tokens), desc="signals"):
         if example.id in done:
             continue
-        example = truncate_context(target, example, args.max_context_tokens)
         prompt = build_prompt(example, target.chat_frame)
         translation = translate(mot, source, target, prompt.context_text)
         rows = pd.DataFrame(translation_fidelity(translation, target, mot.channels, means))
         native_lp, mot_lp = first_answer_logprobs(target, [translation.native_kv, translation.mixed_kv],
                                                   prompt.suffix_text)
         layers = layer_signals(rows, "translator")
-        record = {"id": example.id, "first_token_kl": kl_divergence(native_lp, mot_lp),
+        record = {"id": example.id, "dataset": args.dataset, "first_token_kl": kl_divergence(native_lp, mot_lp),
                   "tokens": int(translation.target_ids.shape[1]), "layers": json.dumps(layers.to_dict(orient="records")),
                   **lens_signals(target, translation, prompt.suffix_text, int(native_lp.argmax()))}
+        if args.dataset != "squad":  # no evaluator run to join: answer here, as the evaluator does
+            answers = answers_from_caches(target, {"native": translation.native_kv, "mot": translation.mixed_kv},
+                                          example, suffix_text=prompt.suffix_text)
+            record.update({f"{c}_answer": a.text for c, a in answers.items()})
+            record.update({f"{c}_f1": a.score for c, a in answers.items()})
         pd.DataFrame([record]).to_csv(path, mode="a", header=not path.is_file(), index=False)
 
 
@@ -205,7 +233,62 @@ def _confusion(verdict: np.ndarray, keeps: np.ndarray) -> dict:
     sens = tp / max(tp + fn, 1)
     spec = tn / max(tn + fp, 1)
     return {"n": len(keeps), "agreement": (tp + tn) / max(len(keeps), 1), "balanced_accuracy": (sens + spec) / 2,
+            "precision": tp / (tp + fp) if tp + fp else float("nan"), "recall": sens,
             "reuse_and_keeps": tp, "reuse_but_loses": fp, "reprefill_but_keeps": fn, "reprefill_and_loses": tn}
+
+
+def describe(dataset: str) -> str:
+    """A dataset of `signals` in words (the app quotes it)."""
+    if dataset.startswith("stacks:"):
+        return f"distractor stacks of {dataset.split(':')[1]} target tokens"
+    return {"coqa": "CoQA stories (their first question)", "squad": "SQuAD passages"}.get(dataset, dataset)
+
+
+def _scored_signals(path: Path) -> pd.DataFrame:
+    """A signals run that recorded its own answers (--dataset other than squad), with native and MoT F1 as the
+    columns `native` and `mot`, kept where native answered (F1 > 0)."""
+    table = pd.read_csv(path / "signals.csv", dtype={"id": str})
+    if "native_f1" not in table:
+        raise SystemExit(f"{path}/signals.csv has no answers: run signals with --dataset coqa or stacks:<budget>")
+    table = table.rename(columns={"native_f1": "native", "mot_f1": "mot"})
+    return table[table.native > 0].reset_index(drop=True)
+
+
+def held_out_report(folders: list[str], tuned: VerdictThresholds, lens: pd.DataFrame,
+                    window: list[int]) -> tuple[list[str], list[dict]]:
+    """The verdict on genres never used for tuning: the shipped thresholds, those tuned on SQuAD's first half, and
+    single signals at the threshold SQuAD's first half chose (the first-token KL and the best lens signal there)."""
+    best_lens = lens.iloc[0]
+    kl = lens.set_index("signal").loc["first_token_kl"]
+    lines = ["Other genres, never used for tuning: each folder's examples with a native F1 > 0, the verdict with "
+             "the thresholds above and single signals at the threshold SQuAD's first half chose (reuse when the "
+             "signal is at most t). Precision: of the caches it reuses, the share that keep ≥ 90% of native F1; "
+             "recall: of the caches that keep it, the share it reuses.", "",
+             "| genre | n | keeps | rule | balanced accuracy | precision | recall | agreement |",
+             "|---|---|---|---|---|---|---|---|"]
+    summary = []
+    for folder in folders:
+        table = _scored_signals(Path(folder))
+        keeps = (table.mot >= 0.9 * table.native).to_numpy()
+        weakest = _per_example(table)
+        candidates = lens_candidates(table, window)
+        rules = {"shipped defaults": _verdicts(weakest, VerdictThresholds()),
+                 "tuned on SQuAD's first half": _verdicts(weakest, tuned),
+                 f"first_token_kl ≤ {kl.threshold:.3g}": table.first_token_kl.to_numpy() <= kl.threshold}
+        if best_lens.signal in candidates:
+            log = "log " if best_lens.signal.startswith("lens_rank") else ""  # lens_candidates takes rank's log
+            rules[f"{log}{best_lens.signal} ≤ {best_lens.threshold:.3g}"] = (candidates[best_lens.signal].to_numpy()
+                                                                           <= best_lens.threshold)
+        for rule, verdict in rules.items():
+            c = _confusion(verdict, keeps)
+            lines.append(f"| {describe(str(table.dataset.iloc[0]))} | {c['n']} | {int(keeps.sum())} | {rule} | "
+                         f"{c['balanced_accuracy']:.2f} | {c['precision']:.2f} | {c['recall']:.2f} | "
+                         f"{c['agreement']:.2f} |")
+            if rule == "shipped defaults":
+                summary.append({"genre": describe(str(table.dataset.iloc[0])), "examples": c["n"], "keeps": int(keeps.sum()),
+                                **{k: None if np.isnan(c[k]) else round(float(c[k]), 3)
+                                   for k in ("balanced_accuracy", "precision", "recall", "agreement")}})
+    return lines, summary
 
 
 def report(args) -> None:
@@ -238,11 +321,12 @@ def report(args) -> None:
     lines = [f"Reuse verdict vs QA on {len(table)} SQuAD examples with a native F1 > 0 (of {len(sig)} scored; "
              f"checkpoint and F1 from `{args.eval}`). Label: MoT keeps ≥ 90% of native F1 "
              f"({int(keeps.sum())} of {len(keeps)} do).", "",
-             "| thresholds | examples | n | agreement | balanced accuracy | reuse & keeps | reuse but loses | "
-             "re-prefill but keeps | re-prefill & loses |", "|---|---|---|---|---|---|---|---|---|"]
+             "| thresholds | examples | n | agreement | balanced accuracy | precision | recall | reuse & keeps | "
+             "reuse but loses | re-prefill but keeps | re-prefill & loses |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result.itertuples():
         lines.append(f"| {r.thresholds} | {r.examples} | {r.n} | {r.agreement:.2f} | {r.balanced_accuracy:.2f} | "
-                     f"{r.reuse_and_keeps} | {r.reuse_but_loses} | {r.reprefill_but_keeps} | {r.reprefill_and_loses} |")
+                     f"{r.precision:.2f} | {r.recall:.2f} | {r.reuse_and_keeps} | {r.reuse_but_loses} | "
+                     f"{r.reprefill_but_keeps} | {r.reprefill_and_loses} |")
     lines += ["", f"Tuned thresholds: {asdict(best)}.",
               f"Pearson r with the retained share (mot/native F1, capped at 2): min-layer attention-output cosine "
               f"{corr['min attn_out_cos']:+.2f}, first-token KL {corr['first_token_kl']:+.2f}."]
@@ -258,6 +342,9 @@ def report(args) -> None:
         best_held_out = lens.sort_values("bacc_test", ascending=False).iloc[0]
         validation["best_signal_held_out"] = {"signal": best_held_out.signal,
                                               "balanced_accuracy": round(float(best_held_out.bacc_test), 3)}
+        if args.held_out:
+            genre_lines, validation["other_genres"] = held_out_report(args.held_out, best, lens, window)
+            lines += ["", *genre_lines]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     (out / "validation.json").write_text(json.dumps(validation, indent=2) + "\n")
     (out / "tuned_thresholds.json").write_text(json.dumps(asdict(best), indent=2))
@@ -269,12 +356,16 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True, help="what to run")
     s = sub.add_parser("signals", help="compute each example's verdict signals (resumable)")
     s.add_argument("--checkpoint", required=True, help="checkpoint folder")
-    s.add_argument("--n", type=int, default=300, help="SQuAD examples (seed 0, as the evaluator samples them)")
-    s.add_argument("--max_context_tokens", type=int, default=448, help="the evaluator's passage cut")
+    s.add_argument("--dataset", default="squad", help="squad, coqa (first turns) or stacks:<budget>")
+    s.add_argument("--n", type=int, default=300, help="examples (seed 0, as the evaluator samples them)")
+    s.add_argument("--max_context_tokens", type=int, default=448,
+                   help="the evaluator's passage cut (SQuAD); the longest story kept (CoQA)")
     s.add_argument("--out", required=True, help="folder for signals.csv")
     r = sub.add_parser("report", help="tune thresholds on one half, report agreement on the other")
     r.add_argument("--out", required=True, help="folder holding signals.csv")
     r.add_argument("--eval", required=True, help="evaluator output folder with examples.csv (native and mot F1)")
+    r.add_argument("--held_out", nargs="*", default=[],
+                   help="signals folders of other genres (run with --dataset coqa / stacks:<budget>)")
     args = parser.parse_args()
     signals(args) if args.command == "signals" else report(args)
 

@@ -649,11 +649,14 @@ def test_cache_error_page_reuse_verdict_is_the_library_verdict_and_follows_the_t
     monkeypatch.setenv("MOT_VIZ_VERDICT_RESULTS", str(tmp_path))
     (tmp_path / "smollm2-to-gemma3").mkdir()
     (tmp_path / "smollm2-to-gemma3" / "validation.json").write_text(json.dumps(
-        {"held_out": 85, "balanced_accuracy": 0.66, "agreement": 0.647}))
+        {"held_out": 85, "balanced_accuracy": 0.66, "agreement": 0.647,
+         "other_genres": [{"genre": "CoQA stories (their first question)", "examples": 98, "balanced_accuracy": 0.61}]}))
     at = goto(start(), "2_cache_error")
     layers = next(d.value for d in at.dataframe if "layer verdict" in d.value.columns)
     assert any(b.value.startswith("**Verdict: ") for b in [*at.success, *at.warning])
-    assert any("on 65% of 85 held-out SQuAD examples (balanced accuracy 0.66" in c.value for c in at.caption)
+    assert any("on 65% of 85 held-out SQuAD examples (balanced accuracy 0.66" in c.value
+               and "on 98 CoQA stories (their first question), never used for tuning, balanced accuracy 0.61" in c.value
+               for c in at.caption)
     # the signals are the library's, on the same translation
     source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
     sel = at.session_state["applied"]
