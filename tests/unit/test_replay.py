@@ -426,3 +426,41 @@ def test_the_sparse_index_selection_in_query_chunks_is_the_whole_matrix_selectio
         assert torch.equal(whole.gather(-1, got), expected.values)  # the same probabilities, in the same order
         visible = (expected.values > 0)
         assert torch.equal(got[visible], expected.indices[visible])
+
+
+@pytest.mark.parametrize("chunk", [5, 256])
+def test_windowed_attention_equals_the_stock_masked_path(monkeypatch, chunk):
+    """A sliding-window layer over only the keys its queries may see (hf.attention.windowed_attention) gives the
+    stock SDPA-under-the-model's-mask results: a prefill, a continuation over a cache, a left-padded batch, and
+    a replay; the windowed path is taken (it is not the stock one by accident)."""
+    lm = tiny_model("gemma3_text", layers=4, bos=True, seed=3)
+    window = lm.model.config.sliding_window
+    ids = lm.ids_tensor(lm.prefix_ids + list(range(5, 5 + 6 * window)))
+    prompt = lm.ids_tensor([7, 8, 9] * window)  # a continuation longer than two windows takes the path too
+    calls = []
+    original = hf.attention.windowed_attention
+    monkeypatch.setattr(hf.attention, "windowed_attention",
+                        lambda *a, **kw: calls.append(a[0].shape[2]) or original(*a, **kw, chunk=chunk))
+
+    channels = injection_channels(4, 4, start=1, window=2)
+
+    def outputs():
+        whole = hf.run(lm.model, ids)
+        continued = hf.run(lm.model, prompt, whole.kv)
+        short = hf.run(lm.model, ids[:, :12]).kv
+        batch = hf.greedy_generate_batch(lm.model, [whole.kv, short], prompt, 6, stop_ids=set())
+        prefix = len(lm.prefix_ids)  # the replay puts the BOS prefix before the context itself
+        k, v = window_blocks(whole.kv, channels.target_layers, prefix)
+        mixed = replay(lm, ids[:, prefix:], channels.target_layers, k * 1.5, v, sparse=None)  # unlike native
+        return whole.logits, continued.logits, batch, torch.cat([torch.cat(kv, -1) for kv in mixed], -1)
+
+    windowed = outputs()
+    assert calls and max(calls) == ids.shape[1]
+    monkeypatch.setattr(hf.attention, "WINDOWED_MIN_WINDOWS", float("inf"))
+    calls.clear()
+    stock = outputs()
+    assert not calls
+    assert (windowed[0] - stock[0]).abs().max() <= 1e-5
+    assert (windowed[1] - stock[1]).abs().max() <= 1e-5
+    assert windowed[2] == stock[2]
+    assert (windowed[3] - stock[3]).abs().max() <= 1e-5

@@ -221,6 +221,43 @@ def sparse_mask_attention(module, query, key, value, indices, scaling,
     return out.transpose(1, 2).contiguous()
 
 
+WINDOWED_QUERY_CHUNK = 256  # queries per SDPA call of windowed_attention
+# a sliding-window layer takes windowed_attention where its keys number at least this many windows (below that the
+# stock SDPA under the model's mask does less bookkeeping for the same work); float("inf"): never
+WINDOWED_MIN_WINDOWS = 2
+
+
+def windowed_attention(query, key, value, attention_mask, scaling, window: int,
+                       chunk: int | None = None) -> torch.Tensor:
+    """Dense attention of a sliding-window layer over only the keys each chunk of queries may see: O(N·window)
+    work where SDPA under the layer's [N, N] mask does O(N²). The same keys and the same softmax as the stock
+    path: each chunk of `chunk` queries (default WINDOWED_QUERY_CHUNK) runs SDPA over the keys from the window
+    of its first query to its last query, under that block of the model's own mask (padding included), or of the
+    causal sliding-window mask when the model passes none. Queries sit at the end of the keys (a cache before
+    them is fine). Returns [B, N, H, d] like the stock attention functions."""
+    b, h, n, _ = query.shape
+    n_kv, length = key.shape[1], key.shape[2]
+    offset = length - n
+    if attention_mask is not None:
+        attention_mask = attention_mask[:, :, :, :length]
+    chunk = WINDOWED_QUERY_CHUNK if chunk is None else chunk
+    outputs = []
+    for a in range(0, n, chunk):
+        e = min(n, a + chunk)
+        first, last = max(0, offset + a - window + 1), offset + e
+        if attention_mask is None:
+            q_pos = torch.arange(offset + a, last, device=query.device)[:, None]
+            k_pos = torch.arange(first, last, device=query.device)[None, :]
+            mask = (k_pos <= q_pos) & ((q_pos - k_pos) < window)
+        else:
+            mask = attention_mask[:, :, a:e, first:last]
+        outputs.append(torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, a:e], key[:, :, first:last], value[:, :, first:last], attn_mask=mask, scale=scaling,
+            enable_gqa=n_kv < h))
+    out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+    return out.transpose(1, 2).contiguous()
+
+
 def mot_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """The attention function registered as ``mot_viz``: SDPA, unless the active plan says otherwise."""
     plan = _ACTIVE_PLAN.get()
@@ -255,6 +292,10 @@ def mot_attention(module, query, key, value, attention_mask, scaling=None, dropo
         if out is None:
             out = sparse_attention(module, query, key, value, indices, scaling)
         return out, None
+    window = getattr(module, "sliding_window", None)
+    if window and query.shape[2] > 1 and key.shape[2] >= WINDOWED_MIN_WINDOWS * window and not (
+            dropout and module.training):
+        return windowed_attention(query, key, value, attention_mask, scaling, window), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
 
 
