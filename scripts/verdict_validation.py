@@ -7,7 +7,7 @@ agreement is reported on the second half, and on other genres never used for tun
     OMP_NUM_THREADS=1 .venv/bin/python scripts/verdict_validation.py signals --dataset coqa \\
         --checkpoint pretrained/smollm2-to-gemma3-mid --n 150 --out results/verdict/smollm2-to-gemma3-mid/coqa
     OMP_NUM_THREADS=1 .venv/bin/python scripts/verdict_validation.py signals --dataset stacks:512 \\
-        --checkpoint pretrained/smollm2-to-gemma3-mid --n 51 --out results/verdict/smollm2-to-gemma3-mid/stacks512
+        --checkpoint pretrained/smollm2-to-gemma3-mid --n 102 --out results/verdict/smollm2-to-gemma3-mid/stacks512
     .venv/bin/python scripts/verdict_validation.py report --out results/verdict/smollm2-to-gemma3-mid \\
         --eval results/eval/smollm2-to-gemma3-mid-squad300 \\
         --held_out results/verdict/smollm2-to-gemma3-mid/coqa results/verdict/smollm2-to-gemma3-mid/stacks512
@@ -269,6 +269,7 @@ def held_out_report(folders: list[str], tuned: VerdictThresholds, lens: pd.DataF
     summary = []
     for folder in folders:
         table = _scored_signals(Path(folder))
+        genre = describe(str(table.dataset.iloc[0]))
         keeps = (table.mot >= 0.9 * table.native).to_numpy()
         weakest = _per_example(table)
         candidates = lens_candidates(table, window)
@@ -281,11 +282,11 @@ def held_out_report(folders: list[str], tuned: VerdictThresholds, lens: pd.DataF
                                                                            <= best_lens.threshold)
         for rule, verdict in rules.items():
             c = _confusion(verdict, keeps)
-            lines.append(f"| {describe(str(table.dataset.iloc[0]))} | {c['n']} | {int(keeps.sum())} | {rule} | "
+            lines.append(f"| {genre} | {c['n']} | {int(keeps.sum())} | {rule} | "
                          f"{c['balanced_accuracy']:.2f} | {c['precision']:.2f} | {c['recall']:.2f} | "
                          f"{c['agreement']:.2f} |")
             if rule == "shipped defaults":
-                summary.append({"genre": describe(str(table.dataset.iloc[0])), "examples": c["n"], "keeps": int(keeps.sum()),
+                summary.append({"genre": genre, "examples": c["n"], "keeps": int(keeps.sum()),
                                 **{k: None if np.isnan(c[k]) else round(float(c[k]), 3)
                                    for k in ("balanced_accuracy", "precision", "recall", "agreement")}})
     return lines, summary
@@ -322,7 +323,7 @@ def report(args) -> None:
              f"checkpoint and F1 from `{args.eval}`). Label: MoT keeps ≥ 90% of native F1 "
              f"({int(keeps.sum())} of {len(keeps)} do).", "",
              "| thresholds | examples | n | agreement | balanced accuracy | precision | recall | reuse & keeps | "
-             "reuse but loses | re-prefill but keeps | re-prefill & loses |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "reuse but loses | re-prefill but keeps | re-prefill & loses |", "|---" * 11 + "|"]
     for r in result.itertuples():
         lines.append(f"| {r.thresholds} | {r.examples} | {r.n} | {r.agreement:.2f} | {r.balanced_accuracy:.2f} | "
                      f"{r.precision:.2f} | {r.recall:.2f} | {r.reuse_and_keeps} | {r.reuse_but_loses} | "

@@ -650,7 +650,8 @@ def test_cache_error_page_reuse_verdict_is_the_library_verdict_and_follows_the_t
     (tmp_path / "smollm2-to-gemma3").mkdir()
     (tmp_path / "smollm2-to-gemma3" / "validation.json").write_text(json.dumps(
         {"held_out": 85, "balanced_accuracy": 0.66, "agreement": 0.647,
-         "other_genres": [{"genre": "CoQA stories (their first question)", "examples": 98, "balanced_accuracy": 0.61}]}))
+         "other_genres": [{"genre": "CoQA stories (their first question)", "examples": 98,
+                           "balanced_accuracy": 0.61}]}))
     at = goto(start(), "2_cache_error")
     layers = next(d.value for d in at.dataframe if "layer verdict" in d.value.columns)
     assert any(b.value.startswith("**Verdict: ") for b in [*at.success, *at.warning])
