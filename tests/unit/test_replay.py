@@ -464,3 +464,7 @@ def test_windowed_attention_equals_the_stock_masked_path(monkeypatch, chunk):
     assert (windowed[1] - stock[1]).abs().max() <= 1e-5
     assert windowed[2] == stock[2]
     assert (windowed[3] - stock[3]).abs().max() <= 1e-5
+    # without a mask from the model: causal sliding-window attention, as the eager reference computes it
+    q, k, v = torch.randn(2, 4, 30, 8), torch.randn(2, 2, 40, 8), torch.randn(2, 2, 40, 8)
+    alone = original(q, k, v, None, 0.3, window, chunk=chunk)
+    assert (alone - hf.attention.attention_output(q, k, v, 0.3, window).transpose(1, 2)).abs().max() <= 1e-5

@@ -246,9 +246,7 @@ def windowed_attention(query, key, value, attention_mask, scaling, window: int,
         e = min(n, a + chunk)
         first, last = max(0, offset + a - window + 1), offset + e
         if attention_mask is None:
-            q_pos = torch.arange(offset + a, last, device=query.device)[:, None]
-            k_pos = torch.arange(first, last, device=query.device)[None, :]
-            mask = (k_pos <= q_pos) & ((q_pos - k_pos) < window)
+            mask = _allowed_positions(n, length, window, query.device)[a:e, first:last]
         else:
             mask = attention_mask[:, :, a:e, first:last]
         outputs.append(torch.nn.functional.scaled_dot_product_attention(
