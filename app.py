@@ -19,7 +19,7 @@ from mot_viz import app
 from mot_viz.analysis.cache_metrics import cost_table
 from mot_viz.engine.models import kv_cache_bytes
 
-PAGES_DIR = Path(__file__).parent / "pages"
+PAGES_DIR = Path(__file__).parent / "views"
 # file -> title, in the order a reader follows the data: answers first, then why they look like that
 PAGES = {
     "1_answers.py": "Answers",
@@ -92,7 +92,7 @@ def _overview() -> None:
         st.text(run.selection.text)
     st.markdown("**Pages**")
     for file, title in PAGES.items():
-        st.page_link(f"pages/{file}", label=title)
+        st.page_link(f"views/{file}", label=title)
 
 
 def _cost_panel(run) -> None:
@@ -129,9 +129,9 @@ def _cost_panel(run) -> None:
 
 def main() -> None:
     pages = [st.Page(overview, title="Overview", default=True)]
-    pages += [st.Page(f"pages/{file}", title=title) for file, title in PAGES.items()]
+    pages += [st.Page(f"views/{file}", title=title) for file, title in PAGES.items()]
     # pages added by other work appear after the built-in ones, titled by file name
-    pages += [st.Page(f"pages/{p.name}") for p in sorted(PAGES_DIR.glob("*.py"))
+    pages += [st.Page(f"views/{p.name}") for p in sorted(PAGES_DIR.glob("*.py"))
               if p.name not in PAGES and not p.name.startswith("_")]
     with app.navigation_frame():
         st.navigation(pages).run()

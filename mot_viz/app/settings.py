@@ -37,8 +37,8 @@ def test_mode() -> bool:
 @functools.cache  # the app watches no files: its pages are those it started with
 def page_option_groups() -> frozenset[str]:
     """The option groups the page files use: a page's widget keys are "pg.<group>.<name>" (in a link
-    <group>.<name>). Read from pages/*.py, so a page added there has its options linked like the others."""
-    return frozenset(group for path in (REPO_ROOT / "pages").glob("*.py")
+    <group>.<name>). Read from views/*.py, so a page added there has its options linked like the others."""
+    return frozenset(group for path in (REPO_ROOT / "views").glob("*.py")
                      for group in re.findall(r"[\"']pg\.([A-Za-z0-9_]+)\.", path.read_text(encoding="utf-8")))
 
 

@@ -71,7 +71,7 @@ def start() -> AppTest:
 
 
 def goto(at: AppTest, page: str) -> AppTest:
-    at.switch_page(f"pages/{page}.py").run()
+    at.switch_page(f"views/{page}.py").run()
     assert not at.exception, at.exception
     return at
 
@@ -579,7 +579,7 @@ def test_an_unexpected_error_in_a_page_is_a_message_with_details(monkeypatch):
         raise ZeroDivisionError("injected")
 
     monkeypatch.setattr(mot_viz.analysis.figures, "alignment_heatmap", broken)
-    at.switch_page("pages/4_alignment.py").run()
+    at.switch_page("views/4_alignment.py").run()
     assert not at.exception
     assert any("Unexpected error" in e and "ZeroDivisionError: injected" in e for e in errors(at))
     assert any(x.label == "Details" for x in at.expander)

@@ -20,7 +20,7 @@ from plotly_figures import figures
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 TIMEOUT = 300
-PAGE = "pages/8_long_context.py"
+PAGE = "views/8_long_context.py"
 BUDGET = 512  # the page's default length
 
 

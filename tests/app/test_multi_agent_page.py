@@ -18,7 +18,7 @@ from mot_viz.eval.conversation import ConversationSettings, conversation_rows
 from plotly_figures import figures
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
-PAGE = "pages/10_multi_agent.py"
+PAGE = "views/10_multi_agent.py"
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from plotly_figures import figures
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 TIMEOUT = 300
-PAGE = "pages/7_shift_analysis.py"
+PAGE = "views/7_shift_analysis.py"
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +138,7 @@ def test_after_the_answers_page_the_shift_and_per_layer_pages_reuse_its_question
 
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
     at.run()
-    at.switch_page("pages/1_answers.py").run()
+    at.switch_page("views/1_answers.py").run()
     assert not at.exception, at.exception
     sel = at.session_state["applied"]
     assert set(loaders._prompted(loaders.translation_key(sel), sel.suffix)) == {"native", "mot", "random"}
@@ -157,7 +157,7 @@ def test_after_the_answers_page_the_shift_and_per_layer_pages_reuse_its_question
                                                                          "KL(native ‖ MoT) next token")}
     assert metrics["Initial shift ‖s‖ (MoT)"] == pytest.approx(ws.summary("full_mix").initial_shift, rel=5e-3)
     assert metrics["KL(native ‖ MoT) next token"] == pytest.approx(run.kl["native||full_mix"], rel=5e-3)
-    at.switch_page("pages/2_cache_error.py").run()
+    at.switch_page("views/2_cache_error.py").run()
     assert not at.exception, at.exception
     kl = kl_divergence(*first_answer_logprobs(target, [translation.native_kv, translation.mixed_kv], sel.suffix))
     assert any(c.value.startswith(f"First answer token: KL(native ‖ translated) = {kl:.4f} nats") for c in at.caption)
