@@ -24,6 +24,7 @@ from mot_viz.train.bank import Bank, BankConfig, build_bank, context_blocks
 from mot_viz.train.fit import bank_loss, bank_stage, fit_linear
 from mot_viz.train.ridge import fit_ridge
 from mot_viz.train.train import TrainConfig, train
+from tolerance import close
 
 ROPE_FAMILIES = ("qwen2", "llama", "gemma3_text")
 SMALL_BANK = BankConfig(num_tokens=240, min_tokens=16, max_tokens=40, shard_contexts=3)
@@ -115,7 +116,7 @@ def test_a_reduced_rank_map_fits_saves_and_loads_as_two_factors(tmp_path):
     sk, sv, tk, tv = bank.context(bank.num_contexts - 1)
     with torch.no_grad():
         out = loaded.translator(sk, sv)
-        assert torch.allclose(out.keys, low.translator(sk, sv).keys, atol=1e-5)
+        assert close(out.keys, low.translator(sk, sv).keys)
         assert float(((out.values - tv) ** 2).mean()) < 1e-3 * float(tv.var())
     with pytest.raises(ConfigError, match="linear_rank"):
         MoT.build(source.spec, target.spec, channels, variant="linear", linear_rank=-1)
@@ -159,7 +160,7 @@ def test_cross_fitted_predictions_are_each_folds_fit_of_the_others(rank):
         for name, lam in (("k", 0.1), ("v", 1e-4)):
             fit = fit_ridge(x[rest], ys[name][rest], x[rows], ys[name][rows], lambdas=(lam,), refit_all=False,
                             rank=rank)
-            assert torch.allclose(out[name][rows], x[rows] @ fit.full_weight + fit.bias, atol=1e-4)
+            assert close(out[name][rows], x[rows] @ fit.full_weight + fit.bias)
 
 
 def test_a_bank_stage_on_cross_fitted_map_rows(tmp_path, monkeypatch):
@@ -405,7 +406,7 @@ def test_a_linear_map_over_the_previous_token_recovers_a_map_of_it(dims, tmp_pat
     loaded, _ = load_checkpoint(folder)
     sk, sv, tk, _ = bank.context(len(bank.lengths) - 1)  # a held-out context
     with torch.no_grad():
-        assert torch.allclose(loaded.translator(sk, sv).keys, wide.translator(sk, sv).keys, atol=1e-4)
+        assert close(loaded.translator(sk, sv).keys, wide.translator(sk, sv).keys)
         assert float(((wide.translator(sk, sv).keys - tk) ** 2).mean()) < 1e-3 * float(tk.var())
 
 
@@ -560,7 +561,7 @@ def test_the_linear_map_reads_extra_source_layers_and_the_experts_do_not(tmp_pat
     loaded, config = load_checkpoint(folder)
     assert config["translator"]["linear_extra_layers"] == [0] and loaded.input_layers == (2, 3, 0)
     with torch.no_grad():
-        assert torch.allclose(loaded.translator(sk, sv).values, mot.translator(sk, sv).values, atol=1e-5)
+        assert close(loaded.translator(sk, sv).values, mot.translator(sk, sv).values)
     for bad, match in (((2,), "outside the channel list"), ((9,), "outside the channel list"),
                        ((1, 1), "distinct")):
         with pytest.raises(ConfigError, match=match):
@@ -611,7 +612,7 @@ def test_a_bank_with_extra_layers_has_its_own_key_and_a_map_of_them_is_recovered
     loaded, _ = load_checkpoint(save_checkpoint(mapped, tmp_path / "mapped"))
     sk, sv, _, _ = synthetic.context(synthetic.num_contexts - 1)
     with torch.no_grad():
-        assert torch.allclose(loaded.translator(sk, sv).keys, mapped.translator(sk, sv).keys, atol=1e-4)
+        assert close(loaded.translator(sk, sv).keys, mapped.translator(sk, sv).keys)
     with pytest.raises(ConfigError, match="give the layers too"):
         MoT.build(source.spec, target.spec, channels, variant="linear", linear_extra_dims=4)
 

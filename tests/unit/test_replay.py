@@ -14,6 +14,7 @@ from mot_viz.engine.layout import window_blocks
 from mot_viz.engine.mot import (MoT, ReplayConfig, native_cache, prepare_source, replay, replay_window, sparse_indices,
                                 target_context_ids, translate, translate_again, translate_window, unread_window_layers)
 from mot_viz.engine.translator import GateOverride
+from tolerance import close
 
 TEXT = CORPUS[0] + " " + CORPUS[1]
 
@@ -90,11 +91,11 @@ def test_the_output_layer_gives_the_stock_logits_for_any_number_of_rows(family):
         x = torch.randn(*shape, head.in_features, generator=g)
         stock = torch.nn.functional.linear(x, head.weight, head.bias)
         got = head(x)
-        assert got.shape == stock.shape and torch.allclose(got, stock, atol=1e-5, rtol=1e-5), shape
+        assert got.shape == stock.shape and close(got, stock), shape
     if head.bias is None:  # no family here has an output bias: check it on a copy that has one
         biased = torch.nn.Linear(head.in_features, 7)
         x = torch.randn(3, 1, head.in_features, generator=g)
-        assert torch.allclose(hf.forward._output_layer_forward(biased, x), biased(x), atol=1e-5)
+        assert close(hf.forward._output_layer_forward(biased, x), biased(x))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -255,7 +256,7 @@ def test_masked_dense_sparse_attention_equals_the_gather_path(per_head, window, 
     masked = hf.sparse_mask_attention(module, q, key, value, idx, 0.35, chunk=chunk)
     gathered = hf.sparse_attention(module, q, key, value, idx, 0.35)
     if window is None or own:
-        assert masked is not None and torch.allclose(masked, gathered, atol=1e-5)
+        assert masked is not None and close(masked, gathered)
     else:  # the window hides position 0 from late queries: some keep no key, so the gather path's fallback rules
         assert masked is None
 
@@ -303,9 +304,9 @@ def test_chunked_gather_equals_the_masked_path_and_the_row_by_row_reference(per_
     masked = hf.sparse_mask_attention(module, q, key, value, idx, 0.35, chunk=4)
     for chunk in (1, 4, 64, 0):  # one query per step, steps that do not divide N, one step, all at once
         gathered = hf.sparse_attention(module, q, key, value, idx, 0.35, chunk=chunk)
-        assert gathered.shape == (batch, n, h, d) and torch.allclose(gathered, reference, atol=1e-5)
+        assert gathered.shape == (batch, n, h, d) and close(gathered, reference)
         if masked is not None:
-            assert torch.allclose(gathered, masked, atol=1e-5)
+            assert close(gathered, masked)
     assert (masked is None) == (window == 3)  # late queries lose position 0 to the window and keep nothing else
 
 

@@ -17,6 +17,7 @@ from mot_viz.engine.mot import MoT, ReplayConfig, replay, translate
 from mot_viz.engine.prompts import QAExample
 from mot_viz.errors import ConfigError
 from mot_viz.eval.answers import random_control_cache
+from tolerance import close
 
 EXAMPLE = QAExample(id="t", dataset="tiny/test", context=CORPUS[0] + " " + CORPUS[1], question="Where is the tower?",
                     answers=("in Paris, France",))
@@ -296,7 +297,7 @@ def test_the_answers_batch_prompt_step_feeds_the_trace_and_the_first_token_kl(fa
     assert set(prompted) == {"native", "mot", "random"}  # no_context was padded: left out
     alone = first_answer_logprobs(target, [tr.native_kv, tr.mixed_kv, built.kv["random"]], suffix)
     for row, condition in enumerate(("native", "mot", "random")):
-        assert torch.allclose(prompted[condition].first_logprobs, alone[row], atol=1e-4), condition
+        assert close(prompted[condition].first_logprobs, alone[row], rtol=2e-5), condition
     own, own_run = shift.analyse_translation(mot, source, target, case, tr, seed=3, random_kv=built.kv["random"],
                                              answer_likelihood=False)
     shared, shared_run = shift.analyse_translation(mot, source, target, case, tr, seed=3, random_kv=built.kv["random"],
