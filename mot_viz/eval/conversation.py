@@ -41,7 +41,7 @@ from ..engine.prompts import QAExample, build_prompt
 from ..errors import ConfigError, ContextError
 from ..fsutil import write_text_atomic
 from .answers import MAX_NEW_TOKENS, answers_from_caches
-from .evaluate import resumed_table, run_units
+from .results_folder import resumed_table, run_units
 from .long_context import paired_ratios
 from .qa_metrics import bootstrap_ci
 

@@ -14,13 +14,9 @@ of native quality (translated ÷ native), the mean KV cosine to the native cache
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
-import io
 import json
-import math
 import sys
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -28,7 +24,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..cli import logger, run_cli
+from ..cli import run_cli
 from ..data.corpus import split_sequence, training_sequences
 from ..data.eval_data import BUILTIN_DATASETS, load_dataset
 from ..engine.alignment import encode
@@ -41,9 +37,9 @@ from ..fsutil import remove_stale_temporaries, write_text_atomic
 from .answers import (CONDITIONS, EXTRA_CONDITIONS, MAX_NEW_TOKENS, answers_from_caches, condition_caches,
                       translated_seconds)
 from .qa_metrics import bootstrap_ci
+from .relay import RELAY_CONDITIONS, RELAY_TOKENS, Relay, check_relay_tokens
 from .report import markdown_table, paired_differences, paired_markdown, summarize
-
-log = logger(__name__)  # mot_viz.eval.evaluate under python -m too
+from .results_folder import check_out, complete_rows, earlier_run, whole_row
 
 
 def kv_cosine(a: list, b: list) -> float:
@@ -81,6 +77,7 @@ class EvalSettings:
     conditions: tuple[str, ...] = CONDITIONS  # native is always among them: retained shares divide by it
     prompt: str = "plain"  # "chat template" when the target is chat-tuned (data.build_prompt); set by run()
     replay: str = "checkpoint"  # each checkpoint's own replay, or "dense" / "sparse" for both (mot.replay_mode)
+    relay_tokens: int = RELAY_TOKENS  # the longest relay message, in source tokens (relay conditions only)
 
     @classmethod
     def from_json(cls, data: dict) -> EvalSettings:
@@ -95,13 +92,21 @@ class EvalSettings:
                 + f" --datasets {' '.join(self.datasets)} --n {self.n} --seed {self.seed}"
                 + ("" if self.conditions == CONDITIONS else f" --conditions {' '.join(self.conditions)}")
                 + ("" if self.replay == "checkpoint" else f" --replay {self.replay}")
+                + ("" if self.relay_tokens == RELAY_TOKENS or not set(self.conditions) & set(RELAY_CONDITIONS)
+                   else f" --relay_tokens {self.relay_tokens}")
                 + f" --max_new_tokens {self.max_new_tokens} --max_context_tokens {self.max_context_tokens}"
                 + (f" --out {out_dir}" if out_dir is not None else ""))
 
 
-# one column per field of a row; "error" (type and message) is set on skipped rows only
+# one column per field of a row; "error" (type and message) is set on skipped rows only, the message columns on the
+# relay conditions' rows only (the message, its source tokens and UTF-8 bytes, the source's seconds writing it and
+# the target's seconds prefilling it)
 ROW_COLUMNS = ("dataset", "id", "condition", "score", "exact_match", "answer", "gold", "kv_cosine", "seconds",
-               "context_tokens", "error")
+               "context_tokens", "error", "message", "message_tokens", "message_bytes", "message_generate_seconds",
+               "message_prefill_seconds")
+# the columns of earlier versions' examples.csv, which --resume still reads: before the message columns, and before
+# skipped rows had an "error"
+EARLIER_ROW_COLUMNS = (ROW_COLUMNS[:11], ROW_COLUMNS[:10])
 
 
 def example_rows(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample, settings: EvalSettings,
@@ -109,7 +114,7 @@ def example_rows(mot: MoT, source: LoadedModel, target: LoadedModel, example: QA
     """One row per condition of one example: score, exact match, answer text, KV cosine to native, seconds."""
     example = truncate_context(target, example, settings.max_context_tokens)
     built = condition_caches(mot, source, target, example, seed=settings.seed, conditions=settings.conditions,
-                             means=means)
+                             means=means, relay_tokens=settings.relay_tokens)
     translation, caches, build = built.translation, built.kv, built.seconds
     if second is not None:
         other = translate(second, source, target, translation.text, with_native=False)
@@ -122,11 +127,20 @@ def example_rows(mot: MoT, source: LoadedModel, target: LoadedModel, example: QA
             "dataset": example.dataset, "id": example.id, "condition": condition, "score": ans.score,
             "exact_match": ans.exact_match, "answer": ans.text,
             "gold": " | ".join(example.answers) if example.kind == "extractive" else example.choices[example.label],
-            "kv_cosine": kv_cosine(kv, translation.native_kv) if kv is not None and condition != "no_context" else np.nan,
+            # a relay cache holds the message, not the context: no cosine to the native cache
+            "kv_cosine": kv_cosine(kv, translation.native_kv)
+            if kv is not None and condition not in ("no_context", *RELAY_CONDITIONS) else np.nan,
             "seconds": build[condition] + ans.seconds,
             "context_tokens": int(translation.target_ids.shape[1]),
+            **(message_fields(built.relays[condition]) if condition in built.relays else {}),
         })
     return rows
+
+
+def message_fields(relay: Relay) -> dict:
+    """A relay row's message columns."""
+    return {"message": relay.message, "message_tokens": relay.tokens, "message_bytes": relay.bytes,
+            "message_generate_seconds": relay.generate_seconds, "message_prefill_seconds": relay.prefill_seconds}
 
 
 def evaluate_examples(mot: MoT, source: LoadedModel, target: LoadedModel, examples: list[QAExample],
@@ -185,8 +199,8 @@ def lm_losses(mot: MoT, source: LoadedModel, target: LoadedModel, rows: torch.Te
 
 # settings a --resume must share with the run it continues (n may grow or shrink)
 RESUME_KEYS = ("checkpoint", "second", "datasets", "seed", "max_new_tokens", "max_context_tokens", "conditions",
-               "replay")
-TEXT_COLUMNS = ("dataset", "id", "condition", "answer", "gold", "error")
+               "replay", "relay_tokens")
+TEXT_COLUMNS = ("dataset", "id", "condition", "answer", "gold", "error", "message")
 
 
 def checked_config(flag: str, path: str) -> dict:
@@ -206,6 +220,7 @@ def check_settings(settings: EvalSettings) -> None:
         if value < least:
             raise ConfigError(f"{flag} must be at least {least}, got {value}. Pass {flag} {least} or more.")
     config = checked_config("--checkpoint", settings.checkpoint)
+    check_relay_tokens(settings.relay_tokens, config["source"].get("max_positions"), settings.max_context_tokens)
     second = checked_config("--second", settings.second) if settings.second else config
     if any(second[k].get("fingerprint") != config[k].get("fingerprint") for k in ("source", "target")):
         raise CheckpointError(f"--second {settings.second} was made for another model pair than --checkpoint "
@@ -216,144 +231,16 @@ def check_settings(settings: EvalSettings) -> None:
                           f"target model '{config['target']['name']}' allows {limit} tokens. Pass a smaller value.")
 
 
-def check_out(out_dir: Path) -> None:
-    """Raise ConfigError unless out_dir is a folder this process can create and write into.
-
-    Nothing is created here (the folder appears with the first results): a run refused later leaves no empty folder.
-    """
-    existing = next(p for p in (out_dir, *out_dir.absolute().parents) if p.exists())
-    if not existing.is_dir():
-        what = "is a file" if existing == out_dir else f"lies inside the file {existing}"
-        raise ConfigError(f"--out {out_dir} {what}. Pass a folder (it is created when missing).")
-    try:
-        tempfile.TemporaryFile(dir=existing).close()
-    except OSError as exc:
-        raise ConfigError(f"Cannot write into --out {out_dir} ({exc.strerror}). Pass a folder you can write to.") from exc
-
-
-def earlier_run(out_dir: Path, settings, resume: bool, keys: tuple[str, ...], unit: str = "examples") -> bool:
-    """Whether out_dir holds results of an earlier run of `settings` to continue (--resume). Results of other settings
-    (any of `keys` differs), or of these without --resume, are refused with ConfigError; `settings` is a dataclass
-    with a from_json classmethod, as summary.json stores it."""
-    table, meta = out_dir / "examples.csv", out_dir / "summary.json"
-    if not (table.is_file() and meta.is_file()):
-        return False
-    try:
-        before = type(settings).from_json(json.loads(meta.read_text())["settings"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"--out {out_dir} holds an unreadable {meta.name} ({exc}). Pass another --out folder.") from exc
-    changed = [k for k in keys if getattr(before, k) != getattr(settings, k)]
-    if changed:
-        raise ConfigError(f"--out {out_dir} holds results of other settings ({', '.join(changed)} differ), which "
-                          "--resume cannot continue. Pass another --out folder.")
-    if not resume:
-        raise ConfigError(f"--out {out_dir} already holds results of these settings. Add --resume to keep them and "
-                          f"compute only the missing {unit}, or pass another --out folder.")
-    return True
-
-
-def resumed_table(out_dir: Path, settings, resume: bool, keys: tuple[str, ...], columns: tuple[str, ...],
-                  text_columns: tuple[str, ...], unit: str) -> pd.DataFrame | None:
-    """The examples.csv of an earlier run of `settings` in out_dir to continue (--resume, see earlier_run), for the
-    evaluations that write every file whole after each unit (a kill never tears one): a table that does not parse,
-    or has other columns than `columns`, is refused with ConfigError; `text_columns` are read as text."""
-    if not earlier_run(out_dir, settings, resume, keys, unit=unit):
-        return None
-    path = out_dir / "examples.csv"
-    try:
-        rows = pd.read_csv(path, dtype=dict.fromkeys(text_columns, str), keep_default_na=False, na_values=[""],
-                           float_precision="round_trip")
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path} cannot be read as results ({exc}). Move it away to start again, or pass another "
-                          "--out folder.") from exc
-    if tuple(rows.columns) != tuple(columns):
-        raise ConfigError(f"{path} does not hold this evaluation's columns. Move it away to start again, or pass "
-                          "another --out folder.")
-    return rows
-
-
-def run_units(units, rows: list[dict], done: set, key, compute, skipped, write, desc: str, progress: bool):
-    """The loop of a resumable evaluation: every unit (document, conversation) whose key(unit) is not in `done`
-    adds compute(unit)'s rows to `rows`, or one "skipped" row (skipped(unit)'s fields and the error) when it raises a
-    MotVizError (e.g. a document a model cannot hold: counted with its reason); write() writes every result file
-    after each unit, and on Ctrl-C or a failure what was computed is written first. Returns write()'s result."""
-    from tqdm import tqdm
-
-    try:
-        for unit in tqdm(units, desc=desc, disable=not progress, dynamic_ncols=True):
-            if key(unit) in done:
-                continue
-            try:
-                rows += compute(unit)
-            except MotVizError as exc:
-                rows.append({**skipped(unit), "condition": "skipped", "error": f"{type(exc).__name__}: {exc}"})
-            write()
-    except BaseException:
-        if rows:
-            write()
-        raise
-    return write()
-
-
 def previous_rows(out_dir: Path, settings: EvalSettings, resume: bool) -> pd.DataFrame | None:
-    """The rows of an earlier run of these settings in out_dir, to keep (--resume); results of others are refused."""
-    return complete_rows(out_dir / "examples.csv", settings) if earlier_run(out_dir, settings, resume, RESUME_KEYS) \
-        else None
-
-
-def _whole(row: dict) -> bool:
-    """Whether a row of examples.csv parses completely: its keys set, and a scored row's numbers numbers."""
-    if not (row.get("dataset") and row.get("id") and row.get("condition")):
-        return False
-    if row["condition"] == "skipped":
-        return True
-    try:
-        numbers = [float(row[k]) for k in ("score", "seconds", "context_tokens")]
-        [float(row[k]) for k in ("exact_match", "kv_cosine") if row[k]]  # empty where a condition has none
-    except (KeyError, ValueError):
-        return False
-    return all(map(math.isfinite, numbers))
-
-
-def complete_rows(path: Path, settings: EvalSettings) -> pd.DataFrame:
-    """The rows of an earlier examples.csv that --resume keeps: those of every example with a whole row for each
-    condition (or its one "skipped" row). An example with a row cut short or damaged (a run killed while writing it,
-    by versions that wrote in place) is computed again, and a log line says so; a file that is not such a table at
-    all is refused with ConfigError."""
-    fix = "Move it away (or pass another --out folder) and run again without --resume."
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{path} cannot be read ({exc.strerror}). {fix}") from exc
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        text = None
-    if text is None or "\x00" in text:
-        raise ConfigError(f"{path} holds binary data, not the CSV table MoT Viz writes. {fix}")
-    # a file cut inside its header holds no row yet
-    header, *body = list(csv.reader(io.StringIO(text, newline=""))) if "\n" in text else [list(ROW_COLUMNS)]
-    if header not in (list(ROW_COLUMNS), list(ROW_COLUMNS[:-1])):  # runs before skipped rows had an "error"
-        raise ConfigError(f"{path} has the columns {', '.join(header[:12])}, not those of an examples.csv MoT Viz "
-                          f"writes ({', '.join(ROW_COLUMNS)}). {fix}")
-    if body and not text.endswith("\n"):  # every row ends with a newline: the last one was cut short
-        body.pop()
-    whole = [fields for fields in body if len(fields) == len(header) and _whole(dict(zip(header, fields)))]
-    conditions = {}
-    for fields in whole:
-        conditions.setdefault(tuple(fields[:2]), set()).add(fields[2])
-    wanted = set(settings.conditions) | ({"second"} if settings.second else set())
-    done = {key for key, found in conditions.items() if found in (wanted, {"skipped"})}
-    redo = {tuple(fields[:2]) for fields in body} - done
-    if redo or len(whole) < len(body) or not text.endswith("\n"):
-        log.warning(f"{path} was cut short or damaged (a run killed while writing it): {len(redo)} example(s) "
-                    "without a whole row per condition are computed again")
-    kept = io.StringIO()
-    csv.writer(kept, lineterminator="\n").writerows([header] + [f for f in whole if tuple(f[:2]) in done])
-    kept.seek(0)
-    # texts stay texts ("None", "1.50"), floats round-trip exactly: kept rows are written back unchanged
-    return pd.read_csv(kept, dtype=dict.fromkeys(TEXT_COLUMNS, str), keep_default_na=False, na_values=[""],
-                       float_precision="round_trip")
+    """The rows of an earlier run of these settings in out_dir, to keep (--resume); results of others are refused.
+    An example with a row cut short or damaged is computed again (results_folder.complete_rows)."""
+    if not earlier_run(out_dir, settings, resume, RESUME_KEYS):
+        return None
+    wanted = {(c,) for c in settings.conditions} | ({("second",)} if settings.second else set())
+    whole = lambda row: whole_row(row, ("dataset", "id"), ("score", "seconds", "context_tokens"),  # noqa: E731
+                                  ("exact_match", "kv_cosine"))
+    return complete_rows(out_dir / "examples.csv", (ROW_COLUMNS, *EARLIER_ROW_COLUMNS), TEXT_COLUMNS, ("dataset", "id"),
+                         ("condition",), wanted, whole)
 
 
 def check_run(settings: EvalSettings, out_dir: Path, resume: bool = False):
@@ -459,10 +346,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conditions", nargs="+", choices=CONDITIONS + EXTRA_CONDITIONS, default=list(CONDITIONS),
                         help="which conditions to answer under (native is always added); e.g. "
                              "'--conditions native mot' to evaluate a variant on examples a full run already covered; "
-                             "'mean' adds the mean-vector control (window = mean native K/V over LAMBADA prose)")
+                             "'mean' adds the mean-vector control (window = mean native K/V over LAMBADA prose); "
+                             "'relay' and 'relay_q' have the source write a text message the target reads instead "
+                             "of the context (see --relay_tokens)")
     parser.add_argument("--replay", choices=REPLAY_MODES, default="checkpoint",
                         help="replay as each checkpoint says (checkpoint), densely everywhere (dense), or with the "
                              "method's sparse top-32 attention from layer 2 up (sparse)")
+    parser.add_argument("--relay_tokens", type=int, default=RELAY_TOKENS,
+                        help="longest message the source writes under the relay conditions, in source tokens "
+                             "(relay: a summary of the context written before the question is known; relay_q: the "
+                             "background for the question)")
     parser.add_argument("--out", required=True, help="folder of the results (created when missing)")
     parser.add_argument("--resume", action="store_true",
                         help="keep the rows --out already holds from a run of the same settings (any --n) and "
@@ -471,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     conditions = tuple(c for c in CONDITIONS + EXTRA_CONDITIONS if c in {"native", *args.conditions})
     settings = EvalSettings(args.checkpoint, args.second, tuple(args.datasets), args.n, args.seed,
                             args.max_new_tokens, args.max_context_tokens, args.bootstrap, conditions,
-                            replay=args.replay)
+                            replay=args.replay, relay_tokens=args.relay_tokens)
     out_dir = Path(args.out)
 
     def body() -> None:

@@ -40,7 +40,7 @@ from ..engine.prompts import build_prompt
 from ..errors import ConfigError, ContextError, MotVizError
 from ..fsutil import write_text_atomic
 from .answers import MAX_NEW_TOKENS, answers_from_caches, condition_caches, linear_cache
-from .evaluate import resumed_table, run_units
+from .results_folder import resumed_table, run_units
 from .mean_vector import reference_means
 from .qa_metrics import bootstrap_ci
 from .report import paired_differences, paired_markdown

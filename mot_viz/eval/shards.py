@@ -48,7 +48,7 @@ from ..engine.shards import translate_shards
 from ..errors import ConfigError
 from ..fsutil import write_text_atomic
 from .answers import MAX_NEW_TOKENS, answers_from_caches
-from .evaluate import resumed_table, run_units
+from .results_folder import resumed_table, run_units
 from .long_context import check_budget, paired_ratios
 from .qa_metrics import bootstrap_ci
 from .report import paired_differences, paired_markdown

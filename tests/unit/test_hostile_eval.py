@@ -23,7 +23,7 @@ from mot_viz.engine.mot import MoT, native_cache, target_context_ids, translate
 from mot_viz.engine.prompts import QAExample
 from mot_viz.engine.testing import load_test_model, write_test_checkpoints
 from mot_viz.errors import CheckpointError, ConfigError, ContextError, DataFormatError, DataUnavailableError
-from mot_viz.eval import evaluate
+from mot_viz.eval import evaluate, results_folder
 from mot_viz.eval.answers import answer_from_cache
 
 ROWS = [{"id": f"q{i}", "context": CORPUS[i % 3], "question": "Is it so?", "choices": ["yes", "no"], "label": i % 2}
@@ -221,11 +221,11 @@ def sorted_rows(out) -> pd.DataFrame:
 
 @pytest.fixture()
 def warnings():
-    """What mot_viz.eval.evaluate logs (the mot_viz logger prints on stderr and does not propagate)."""
+    """What mot_viz.eval.results_folder logs (the mot_viz logger prints on stderr and does not propagate)."""
     messages = []
     handler = logging.Handler()
     handler.emit = lambda record: messages.append(record.getMessage())
-    logger = logging.getLogger(evaluate.__name__)
+    logger = logging.getLogger(results_folder.__name__)
     logger.addHandler(handler)
     yield messages
     logger.removeHandler(handler)
