@@ -8,7 +8,7 @@ natively, then the target decodes greedily (extractive) or scores each choice la
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -21,16 +21,21 @@ from ..engine.prompts import QAExample, build_prompt, choice_label_texts
 from ..errors import ConfigError, ContextError
 from .mean_vector import MeanVectors
 from .qa_metrics import exact_match, postprocess_generation, squad_f1
+from .relay import RELAY_CONDITIONS, RELAY_TOKENS, Relay, relay
 
 CONDITIONS = ("native", "no_context", "mot", "random")  # what every evaluation and the app answer under
 MAX_NEW_TOKENS = 24  # greedy answer length of the evaluator, the app and the benchmarks
-EXTRA_CONDITIONS = ("mean",)  # on request: needs the mean native window (mot_viz.eval.mean_vector.mean_vectors)
+# on request: mean needs the mean native window (mot_viz.eval.mean_vector.mean_vectors); relay and relay_q have the
+# source write a message the target reads instead of the context (mot_viz.eval.relay)
+EXTRA_CONDITIONS = ("mean", *RELAY_CONDITIONS)
 CONDITION_LABELS = {
     "native": "Native context (target prefilled the text itself)",
     "no_context": "No context (question only)",
     "mot": "MoT-translated cache",
     "random": "Random-window control (norm-matched noise)",
     "mean": "Mean-vector control (window = mean native K/V, no context-specific content)",
+    "relay": "Text relay (the source's summary of the context, read by the target)",
+    "relay_q": "Question-aware text relay (the source's background for the question, read by the target)",
 }
 
 
@@ -187,12 +192,14 @@ class ConditionCaches:
     no_context = the empty cache; mot = every stage of the translation but the native prefill
     (:func:`translated_seconds`); random = the same plus its own replay (its noise is norm-matched to the
     translation's error, so it needs the translation); mean = its own replay (the mean native window is
-    computed once per target and window, not per context).
+    computed once per target and window, not per context); relay and relay_q = the source writing its message
+    and the target's prefill of it (``relays`` holds the messages).
     """
 
     translation: Translation
     kv: dict[str, list[hf.KV] | None]
     seconds: dict[str, float]
+    relays: dict[str, Relay] = field(default_factory=dict)  # relay conditions only
 
 
 def translated_seconds(translation: Translation) -> float:
@@ -202,10 +209,12 @@ def translated_seconds(translation: Translation) -> float:
 
 def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample | None,
                      translation: Translation | None = None, seed: int = 0,
-                     conditions: tuple[str, ...] = CONDITIONS, means: MeanVectors | None = None) -> ConditionCaches:
+                     conditions: tuple[str, ...] = CONDITIONS, means: MeanVectors | None = None,
+                     relay_tokens: int = RELAY_TOKENS) -> ConditionCaches:
     """The translation of the example's context (or the one given) and the cache of each requested condition.
 
-    The "mean" condition needs `means` (the mean native window of this target and window layers).
+    The "mean" condition needs `means` (the mean native window of this target and window layers); the relay
+    conditions need the example (its passage and question), their messages at most `relay_tokens` source tokens.
     """
     known = CONDITIONS + EXTRA_CONDITIONS
     unknown = set(conditions) - set(known)
@@ -213,6 +222,8 @@ def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example
         raise ConfigError(f"unknown conditions {sorted(unknown)}; choose from {known}")
     if "mean" in conditions and means is None:
         raise ConfigError("the 'mean' condition needs the mean native window: pass means=mean_vectors(...)")
+    if example is None and set(conditions) & set(RELAY_CONDITIONS):
+        raise ConfigError("the relay conditions need the example (the source writes about its passage): pass example")
     if translation is None:
         translation = translate(mot, source, target, build_prompt(example, target.chat_frame).context_text)
     build = {
@@ -225,13 +236,18 @@ def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example
     # what each cache needed from the translation (native and MoT caches are built by translate itself)
     before = {"native": translation.timings.get("native_prefill", 0.0), "mot": translated_seconds(translation),
               "random": translated_seconds(translation)}
-    kv, seconds = {}, {}
+    kv, seconds, relays = {}, {}, {}
     for condition in (c for c in known if c in conditions):
+        if condition in RELAY_CONDITIONS:  # the source writes from the passage the MoT's source read, the target reads
+            relays[condition] = relay(source, target, example, condition, relay_tokens)
+            kv[condition] = relays[condition].kv
+            seconds[condition] = relays[condition].generate_seconds + relays[condition].prefill_seconds
+            continue
         start = time.perf_counter()
         kv[condition] = build[condition]()
         own = time.perf_counter() - start if condition not in ("native", "mot") else 0.0
         seconds[condition] = before.get(condition, 0.0) + own
-    return ConditionCaches(translation, kv, seconds)
+    return ConditionCaches(translation, kv, seconds, relays)
 
 
 def answer_all(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample,

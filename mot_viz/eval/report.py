@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import CheckpointError
-from .answers import CONDITION_LABELS
+from .answers import CONDITION_LABELS, CONDITIONS, EXTRA_CONDITIONS
 from .qa_metrics import bootstrap_ci, retained
 
 
@@ -24,7 +24,7 @@ def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFra
         native = wide["native"].to_numpy()
         rng = np.random.default_rng(seed)
         boots = rng.integers(0, len(wide), size=(n_boot, len(wide)))
-        for condition in [c for c in ("native", "no_context", "mot", "random", "mean", "second") if c in wide]:
+        for condition in [c for c in (*CONDITIONS, *EXTRA_CONDITIONS, "second") if c in wide]:
             values = wide[condition].to_numpy()
             ci = bootstrap_ci(values, n_boot=n_boot, seed=seed)
             ratios = values[boots].mean(1) / np.maximum(native[boots].mean(1), 1e-12)
@@ -44,7 +44,8 @@ def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFra
 
 
 PAIRS = (("mot", "random"), ("mot", "no_context"), ("mot", "mean"), ("mot", "native"), ("mot", "second"),
-         ("second", "mean"), ("second", "no_context"))
+         ("second", "mean"), ("second", "no_context"), ("mot", "relay"), ("mot", "relay_q"), ("relay", "no_context"),
+         ("relay_q", "no_context"))
 
 
 def paired_differences(df: pd.DataFrame, pairs=PAIRS, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:

@@ -1,0 +1,126 @@
+"""Text relay: the source writes a message and the target reads only that message (method.md §15, "Text relay").
+
+The text counterpart of handing over a cache, in two protocols:
+
+* ``relay``: the source reads the context before any question is known and summarises it for another model
+  (KVComm's natural-language baseline instruction);
+* ``relay_q``: C2C's text-to-text protocol: the source sees the question and writes the background needed to solve
+  it (C2C's baseline instruction).
+
+Either way the source decodes greedily, inside its chat template when it has one, at most ``max_tokens`` tokens
+(stopping at its end of turn). The target then prefills the message as its context, in the prompt it answers
+``native`` in (mot_viz.engine.prompts.build_prompt, the message in the passage's place), and answers the question
+after it exactly as under ``native``. What is handed over is the message's bytes; what it costs is the source's
+writing (its reading of the prompt included, as the MoT's cost includes the source's prefill) and the target's
+prefill of the message.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+from ..engine import hf
+from ..engine.alignment import encode
+from ..engine.models import LoadedModel
+from ..engine.mot import native_cache, target_context_ids
+from ..engine.prompts import PLAIN, QAExample, build_prompt
+from ..errors import ConfigError, ContextError
+
+RELAY_CONDITIONS = ("relay", "relay_q")
+RELAY_TOKENS = 64  # the longest message, in source tokens (--relay_tokens)
+# KVComm's natural-language baseline (Zephyroam/KVComm, eval.py)
+SUMMARY_INSTRUCTION = ("Summarize the context passage in a concise way, as it will be used by another agent to answer "
+                       "the question.")
+# C2C's text-to-text baseline (thu-nics/C2C, rosetta/baseline/multi_stage.py)
+BACKGROUND_INSTRUCTION = "Briefly describe the most useful background to solve the problem:\n\n{question}"
+
+
+@dataclass(frozen=True)
+class Relay:
+    """One relay of one context: the source's message and the target's cache of it."""
+
+    condition: str  # "relay" or "relay_q"
+    message: str  # what the source wrote (special tokens dropped, outer blanks stripped): all the target reads
+    tokens: int  # source tokens generated (at most the relay's max_tokens)
+    generate_seconds: float  # the source reading its prompt and writing the message
+    kv: list[hf.KV]  # the target's own prefill of its prompt with the message as the context
+    prefill_seconds: float  # that prefill
+
+    @property
+    def bytes(self) -> int:
+        """What is handed over: the message in UTF-8."""
+        return len(self.message.encode("utf-8"))
+
+
+def source_prompt(source: LoadedModel, example: QAExample, condition: str) -> str:
+    """The text the source reads before it writes (after its BOS prefix, if any), in its chat turns when it has them.
+
+    ``relay``: the passage, then KVComm's summary instruction; no question. ``relay_q``: the passage, then C2C's
+    instruction with the question. This departs from C2C, whose source sees the question alone (its task has no
+    passage): here the source has read the context, which is what it could add. C2C's target then reads a three-turn
+    chat (the instruction, the background as the assistant's turn, the question); here the target reads the background
+    in the passage's place of the ``native`` prompt and then the question, so every condition is answered from the
+    same prompt.
+    """
+    if condition == "relay":
+        request = SUMMARY_INSTRUCTION
+    elif condition == "relay_q":
+        request = BACKGROUND_INSTRUCTION.format(question=example.question)
+    else:
+        raise ConfigError(f"unknown relay condition {condition!r}; choose from {RELAY_CONDITIONS}")
+    frame = source.chat_frame or PLAIN
+    return f"{frame.head}Passage: {example.context}\n\n{request}{frame.foot}"
+
+
+def write_message(source: LoadedModel, example: QAExample, condition: str,
+                  max_tokens: int = RELAY_TOKENS) -> tuple[str, int, float]:
+    """The source's message about the example (greedy, at most max_tokens tokens): (text, tokens, seconds).
+
+    Raises ContextError when the prompt and the message do not fit the source's positions.
+    """
+    ids = source.prefix_ids + encode(source.tokenizer, source_prompt(source, example, condition))
+    if len(ids) + max_tokens > source.spec.max_positions:
+        raise ContextError(
+            f"The source's {condition} prompt ({len(ids)} tokens) and a message of up to {max_tokens} tokens need "
+            f"{len(ids) + max_tokens} positions; the source model '{source.spec.name}' allows "
+            f"{source.spec.max_positions}. Shorten the context (--max_context_tokens) or the message (--relay_tokens).")
+    start = time.perf_counter()
+    tokens = hf.greedy_generate(source.model, None, source.ids_tensor(ids), max_tokens,
+                                hf.eos_ids(source.model, source.tokenizer))
+    seconds = time.perf_counter() - start
+    return source.tokenizer.decode(tokens, skip_special_tokens=True).strip(), len(tokens), seconds
+
+
+def target_prompt_example(example: QAExample, message: str) -> QAExample:
+    """The example the target answers under a relay: the message in the passage's place, the same question."""
+    return replace(example, context=message)
+
+
+def read_message(target: LoadedModel, example: QAExample, message: str) -> tuple[list[hf.KV], float]:
+    """The target's cache of its native prompt with the message as the context, and the seconds of that prefill."""
+    text = build_prompt(target_prompt_example(example, message), target.chat_frame).context_text
+    ids = target_context_ids(target, text)
+    start = time.perf_counter()
+    kv = native_cache(target, ids)
+    return kv, time.perf_counter() - start
+
+
+def relay(source: LoadedModel, target: LoadedModel, example: QAExample, condition: str,
+          max_tokens: int = RELAY_TOKENS) -> Relay:
+    """The source writes its message about the example and the target reads it (only it)."""
+    message, tokens, generate_seconds = write_message(source, example, condition, max_tokens)
+    kv, prefill_seconds = read_message(target, example, message)
+    return Relay(condition, message, tokens, generate_seconds, kv, prefill_seconds)
+
+
+def check_relay_tokens(relay_tokens: int, source_positions: int | None, context_tokens: int,
+                       flag: str = "--relay_tokens") -> None:
+    """Raise ConfigError for a message length no relay can write: below 1, or more than the source can generate
+    after a context of `context_tokens` tokens within its `source_positions` (unknown: None)."""
+    if relay_tokens < 1:
+        raise ConfigError(f"{flag} must be at least 1, got {relay_tokens}. Pass {flag} {RELAY_TOKENS} (the default).")
+    if source_positions and relay_tokens + context_tokens > source_positions:
+        raise ConfigError(
+            f"{flag} {relay_tokens} is more than the source can write after a context of {context_tokens} tokens: "
+            f"it holds {source_positions} positions. Pass {flag} {max(source_positions - context_tokens, 1)} or less.")

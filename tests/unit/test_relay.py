@@ -1,0 +1,172 @@
+"""The text relay (relay, relay_q): the source writes the message, the target reads it and only it; relay_q's source
+sees the question; the evaluator refuses a message length no relay can write and keeps relay rows across --resume."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import CORPUS, FAMILIES, tiny_model
+from mot_viz.engine import hf
+from mot_viz.engine.alignment import encode
+from mot_viz.engine.checkpoint import load_checkpoint
+from mot_viz.engine.prompts import ChatFrame, QAExample, build_prompt
+from mot_viz.engine.testing import load_test_model, write_test_checkpoints
+from mot_viz.eval import evaluate
+from mot_viz.eval.answers import answer_from_cache, condition_caches
+from mot_viz.eval.relay import (BACKGROUND_INSTRUCTION, SUMMARY_INSTRUCTION, read_message, relay, source_prompt,
+                                write_message)
+
+EXAMPLE = QAExample("q0", "toy/jsonl", CORPUS[0] + " " + CORPUS[1], "Who designed the tower?", ("Gustave Eiffel",))
+OTHER_CONTEXT = CORPUS[3] + " " + CORPUS[4]
+
+
+def scale_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |actual − expected| relative to the reference's largest magnitude."""
+    return float((actual - expected).abs().max() / expected.abs().max())
+
+
+def greedy_without_cache(lm, ids: list[int], max_tokens: int) -> list[int]:
+    """Greedy decoding that runs the whole sequence at every step (no cache): a second computation of the message."""
+    stop, out = hf.eos_ids(lm.model, lm.tokenizer), []
+    with torch.no_grad():
+        for _ in range(max_tokens):
+            token = int(lm.model(input_ids=torch.tensor([ids + out])).logits[0, -1].argmax())
+            if token in stop:
+                break
+            out.append(token)
+    return out
+
+
+@pytest.mark.parametrize("source_family", FAMILIES)
+def test_the_source_writes_the_message_and_the_target_reads_only_it(source_family):
+    target_family = FAMILIES[(FAMILIES.index(source_family) + 1) % len(FAMILIES)]
+    source = tiny_model(source_family, 300, seed=3)
+    target = tiny_model(target_family, 400, seed=4, bos=target_family == "gemma3_text")
+    sent = relay(source, target, EXAMPLE, "relay", max_tokens=6)
+
+    # the message is the source's own greedy continuation of its prompt, at most max_tokens tokens
+    prompt_ids = source.prefix_ids + encode(source.tokenizer, source_prompt(source, EXAMPLE, "relay"))
+    tokens = greedy_without_cache(source, prompt_ids, 6)
+    assert sent.tokens == len(tokens) <= 6
+    assert sent.message == source.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+    assert sent.bytes == len(sent.message.encode("utf-8"))
+    assert sent.generate_seconds > 0 and sent.prefill_seconds > 0
+
+    # the target's cache is its own prefill of the native prompt with the message in the passage's place
+    read = build_prompt(replace(EXAMPLE, context=sent.message), target.chat_frame).context_text
+    ids = torch.tensor([target.prefix_ids + encode(target.tokenizer, read)])
+    with torch.no_grad():
+        expected = hf.run(target.model, ids, logits_to_keep=None).kv
+    assert len(sent.kv) == len(expected)
+    for (k, v), (k_ref, v_ref) in zip(sent.kv, expected):
+        assert k.shape == k_ref.shape and v.shape == v_ref.shape  # the message's positions, not the context's
+        assert scale_error(k, k_ref) < 1e-5 and scale_error(v, v_ref) < 1e-5
+
+    # another context with the same message: the target reads the same cache and gives the same answer
+    other = replace(EXAMPLE, context=OTHER_CONTEXT)
+    kv_other, _ = read_message(target, other, sent.message)
+    for (k, v), (k2, v2) in zip(sent.kv, kv_other):
+        assert torch.equal(k, k2) and torch.equal(v, v2)
+    assert answer_from_cache(target, kv_other, other, "relay", 4).text == \
+        answer_from_cache(target, sent.kv, EXAMPLE, "relay", 4).text
+
+
+def test_relay_q_carries_the_question_and_relay_does_not(checkpoints):
+    source = tiny_model("llama", 300, seed=3)
+    summary, background = source_prompt(source, EXAMPLE, "relay"), source_prompt(source, EXAMPLE, "relay_q")
+    assert EXAMPLE.context in summary and EXAMPLE.context in background
+    assert SUMMARY_INSTRUCTION in summary and EXAMPLE.question not in summary
+    assert BACKGROUND_INSTRUCTION.format(question=EXAMPLE.question) in background
+    # a chat-tuned source writes inside its chat turns (its template's head, then the assistant's turn)
+    source.__dict__["chat_frame"] = ChatFrame("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n")
+    framed = source_prompt(source, EXAMPLE, "relay_q")
+    assert framed.startswith("<|im_start|>user\nPassage: ") and framed.endswith("<|im_start|>assistant\n")
+    # the evaluator's caches: each relay message written by the source about this example, its cost recorded
+    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
+    mot = load_checkpoint(checkpoints["smollm2-to-gemma3"], source, target)[0]
+    built = condition_caches(mot, source, target, EXAMPLE, conditions=("native", "relay", "relay_q"), relay_tokens=5)
+    for condition in ("relay", "relay_q"):
+        message, tokens, _ = write_message(source, EXAMPLE, condition, 5)
+        sent = built.relays[condition]
+        assert (sent.message, sent.tokens) == (message, tokens) and built.kv[condition] is sent.kv
+        assert built.seconds[condition] == pytest.approx(sent.generate_seconds + sent.prefill_seconds, rel=1e-9)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    return write_test_checkpoints(tmp_path_factory.mktemp("checkpoints"))
+
+
+@pytest.fixture()
+def data(tmp_path):
+    path = tmp_path / "toy.jsonl"
+    rows = [{"id": f"q{i}", "context": CORPUS[i % 4], "question": "Where is it?", "answers": ["in Paris"]}
+            for i in range(3)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def argv(checkpoints, data, out, n, *extra) -> list[str]:
+    return ["--checkpoint", str(checkpoints["smollm2-to-gemma3"]), "--datasets", str(data), "--n", str(n),
+            "--max_new_tokens", "2", "--bootstrap", "20", "--out", str(out), *extra]
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "5000"])
+def test_a_message_length_no_relay_can_write_is_one_line_before_any_model_loads(capsys, checkpoints, data, tmp_path,
+                                                                               monkeypatch, value):
+    def load_model(name):
+        raise AssertionError(f"a model ({name}) was loaded before the arguments were checked")
+
+    monkeypatch.setattr(evaluate, "load_model", load_model)
+    out = tmp_path / "out"
+    assert evaluate.main(argv(checkpoints, data, out, 2, "--conditions", "relay", "--relay_tokens", value)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ConfigError: --relay_tokens ") and err.count("\n") == 1 and "Pass --relay_tokens" in err
+    assert not out.exists()
+
+
+def table(out) -> pd.DataFrame:
+    """examples.csv exactly as written (every field a string), without the timings."""
+    rows = pd.read_csv(out / "examples.csv", dtype=str, keep_default_na=False)
+    return rows.drop(columns=[c for c in rows if c.endswith("seconds")])
+
+
+def test_relay_rows_survive_resume_and_old_folders_still_resume(checkpoints, data, tmp_path, monkeypatch):
+    monkeypatch.setattr(evaluate, "load_model", load_test_model)
+    relay_argv = lambda out, n, *extra: argv(checkpoints, data, out, n, "--conditions", "mot", "relay",  # noqa: E731
+                                             "relay_q", "--relay_tokens", "4", *extra)
+    assert evaluate.main(relay_argv(tmp_path / "whole", 3)) == 0
+    whole = table(tmp_path / "whole")
+    relayed = whole[whole["condition"].isin(["relay", "relay_q"])]
+    assert len(relayed) == 6 and (relayed["message_tokens"].astype(float) <= 4).all()
+    assert [len(m.encode("utf-8")) for m in relayed["message"]] == relayed["message_bytes"].astype(float).tolist()
+    assert (whole.loc[~whole["condition"].isin(["relay", "relay_q"]), "message"] == "").all()
+    seconds = pd.read_csv(tmp_path / "whole" / "examples.csv")
+    assert (seconds.loc[seconds["condition"] == "relay", "message_generate_seconds"] > 0).all()
+    # a shorter run resumed to the same rows: the relay rows kept as they were written
+    assert evaluate.main(relay_argv(tmp_path / "part", 2)) == 0
+    before = table(tmp_path / "part")
+    assert evaluate.main(relay_argv(tmp_path / "part", 3, "--resume")) == 0
+    pd.testing.assert_frame_equal(table(tmp_path / "part").iloc[: len(before)], before)
+    pd.testing.assert_frame_equal(table(tmp_path / "part"), whole)
+    # another message length is another run
+    assert evaluate.main(argv(checkpoints, data, tmp_path / "part", 3, "--conditions", "mot", "relay", "relay_q",
+                              "--relay_tokens", "5", "--resume")) == 2
+    # a folder written before the message columns existed resumes, and gains them
+    old = tmp_path / "old"
+    assert evaluate.main(argv(checkpoints, data, old, 2)) == 0
+    rows = pd.read_csv(old / "examples.csv", dtype=str, keep_default_na=False)
+    rows[list(evaluate.EARLIER_ROW_COLUMNS[0])].to_csv(old / "examples.csv", index=False)
+    settings = json.loads((old / "summary.json").read_text())
+    del settings["settings"]["relay_tokens"]
+    (old / "summary.json").write_text(json.dumps(settings))
+    kept = table(old)
+    assert evaluate.main(argv(checkpoints, data, old, 3, "--resume")) == 0
+    resumed = table(old)
+    assert list(resumed.columns) == [c for c in evaluate.ROW_COLUMNS if not c.endswith("seconds")]
+    pd.testing.assert_frame_equal(resumed[list(kept.columns)].iloc[: len(kept)], kept)
