@@ -14,13 +14,9 @@ of native quality (translated ÷ native), the mean KV cosine to the native cache
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
-import io
 import json
-import math
 import sys
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -28,7 +24,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..cli import logger, run_cli
+from ..cli import run_cli
 from ..data.corpus import split_sequence, training_sequences
 from ..data.eval_data import BUILTIN_DATASETS, load_dataset
 from ..engine.alignment import encode
@@ -43,8 +39,7 @@ from .answers import (CONDITIONS, EXTRA_CONDITIONS, MAX_NEW_TOKENS, answers_from
 from .qa_metrics import bootstrap_ci
 from .relay import RELAY_CONDITIONS, RELAY_TOKENS, Relay, check_relay_tokens
 from .report import markdown_table, paired_differences, paired_markdown, summarize
-
-log = logger(__name__)  # mot_viz.eval.evaluate under python -m too
+from .results_folder import check_out, complete_rows, earlier_run, whole_row
 
 
 def kv_cosine(a: list, b: list) -> float:
@@ -236,144 +231,16 @@ def check_settings(settings: EvalSettings) -> None:
                           f"target model '{config['target']['name']}' allows {limit} tokens. Pass a smaller value.")
 
 
-def check_out(out_dir: Path) -> None:
-    """Raise ConfigError unless out_dir is a folder this process can create and write into.
-
-    Nothing is created here (the folder appears with the first results): a run refused later leaves no empty folder.
-    """
-    existing = next(p for p in (out_dir, *out_dir.absolute().parents) if p.exists())
-    if not existing.is_dir():
-        what = "is a file" if existing == out_dir else f"lies inside the file {existing}"
-        raise ConfigError(f"--out {out_dir} {what}. Pass a folder (it is created when missing).")
-    try:
-        tempfile.TemporaryFile(dir=existing).close()
-    except OSError as exc:
-        raise ConfigError(f"Cannot write into --out {out_dir} ({exc.strerror}). Pass a folder you can write to.") from exc
-
-
-def earlier_run(out_dir: Path, settings, resume: bool, keys: tuple[str, ...], unit: str = "examples") -> bool:
-    """Whether out_dir holds results of an earlier run of `settings` to continue (--resume). Results of other settings
-    (any of `keys` differs), or of these without --resume, are refused with ConfigError; `settings` is a dataclass
-    with a from_json classmethod, as summary.json stores it."""
-    table, meta = out_dir / "examples.csv", out_dir / "summary.json"
-    if not (table.is_file() and meta.is_file()):
-        return False
-    try:
-        before = type(settings).from_json(json.loads(meta.read_text())["settings"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"--out {out_dir} holds an unreadable {meta.name} ({exc}). Pass another --out folder.") from exc
-    changed = [k for k in keys if getattr(before, k) != getattr(settings, k)]
-    if changed:
-        raise ConfigError(f"--out {out_dir} holds results of other settings ({', '.join(changed)} differ), which "
-                          "--resume cannot continue. Pass another --out folder.")
-    if not resume:
-        raise ConfigError(f"--out {out_dir} already holds results of these settings. Add --resume to keep them and "
-                          f"compute only the missing {unit}, or pass another --out folder.")
-    return True
-
-
-def resumed_table(out_dir: Path, settings, resume: bool, keys: tuple[str, ...], columns: tuple[str, ...],
-                  text_columns: tuple[str, ...], unit: str) -> pd.DataFrame | None:
-    """The examples.csv of an earlier run of `settings` in out_dir to continue (--resume, see earlier_run), for the
-    evaluations that write every file whole after each unit (a kill never tears one): a table that does not parse,
-    or has other columns than `columns`, is refused with ConfigError; `text_columns` are read as text."""
-    if not earlier_run(out_dir, settings, resume, keys, unit=unit):
-        return None
-    path = out_dir / "examples.csv"
-    try:
-        rows = pd.read_csv(path, dtype=dict.fromkeys(text_columns, str), keep_default_na=False, na_values=[""],
-                           float_precision="round_trip")
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path} cannot be read as results ({exc}). Move it away to start again, or pass another "
-                          "--out folder.") from exc
-    if tuple(rows.columns) != tuple(columns):
-        raise ConfigError(f"{path} does not hold this evaluation's columns. Move it away to start again, or pass "
-                          "another --out folder.")
-    return rows
-
-
-def run_units(units, rows: list[dict], done: set, key, compute, skipped, write, desc: str, progress: bool):
-    """The loop of a resumable evaluation: every unit (document, conversation) whose key(unit) is not in `done`
-    adds compute(unit)'s rows to `rows`, or one "skipped" row (skipped(unit)'s fields and the error) when it raises a
-    MotVizError (e.g. a document a model cannot hold: counted with its reason); write() writes every result file
-    after each unit, and on Ctrl-C or a failure what was computed is written first. Returns write()'s result."""
-    from tqdm import tqdm
-
-    try:
-        for unit in tqdm(units, desc=desc, disable=not progress, dynamic_ncols=True):
-            if key(unit) in done:
-                continue
-            try:
-                rows += compute(unit)
-            except MotVizError as exc:
-                rows.append({**skipped(unit), "condition": "skipped", "error": f"{type(exc).__name__}: {exc}"})
-            write()
-    except BaseException:
-        if rows:
-            write()
-        raise
-    return write()
-
-
 def previous_rows(out_dir: Path, settings: EvalSettings, resume: bool) -> pd.DataFrame | None:
-    """The rows of an earlier run of these settings in out_dir, to keep (--resume); results of others are refused."""
-    return complete_rows(out_dir / "examples.csv", settings) if earlier_run(out_dir, settings, resume, RESUME_KEYS) \
-        else None
-
-
-def _whole(row: dict) -> bool:
-    """Whether a row of examples.csv parses completely: its keys set, and a scored row's numbers numbers."""
-    if not (row.get("dataset") and row.get("id") and row.get("condition")):
-        return False
-    if row["condition"] == "skipped":
-        return True
-    try:
-        numbers = [float(row[k]) for k in ("score", "seconds", "context_tokens")]
-        [float(row[k]) for k in ("exact_match", "kv_cosine") if row[k]]  # empty where a condition has none
-    except (KeyError, ValueError):
-        return False
-    return all(map(math.isfinite, numbers))
-
-
-def complete_rows(path: Path, settings: EvalSettings) -> pd.DataFrame:
-    """The rows of an earlier examples.csv that --resume keeps: those of every example with a whole row for each
-    condition (or its one "skipped" row). An example with a row cut short or damaged (a run killed while writing it,
-    by versions that wrote in place) is computed again, and a log line says so; a file that is not such a table at
-    all is refused with ConfigError."""
-    fix = "Move it away (or pass another --out folder) and run again without --resume."
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{path} cannot be read ({exc.strerror}). {fix}") from exc
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        text = None
-    if text is None or "\x00" in text:
-        raise ConfigError(f"{path} holds binary data, not the CSV table MoT Viz writes. {fix}")
-    # a file cut inside its header holds no row yet
-    header, *body = list(csv.reader(io.StringIO(text, newline=""))) if "\n" in text else [list(ROW_COLUMNS)]
-    if header not in [list(c) for c in (ROW_COLUMNS, *EARLIER_ROW_COLUMNS)]:
-        raise ConfigError(f"{path} has the columns {', '.join(header[:12])}, not those of an examples.csv MoT Viz "
-                          f"writes ({', '.join(ROW_COLUMNS)}). {fix}")
-    if body and not text.endswith("\n"):  # every row ends with a newline: the last one was cut short
-        body.pop()
-    whole = [fields for fields in body if len(fields) == len(header) and _whole(dict(zip(header, fields)))]
-    conditions = {}
-    for fields in whole:
-        conditions.setdefault(tuple(fields[:2]), set()).add(fields[2])
-    wanted = set(settings.conditions) | ({"second"} if settings.second else set())
-    done = {key for key, found in conditions.items() if found in (wanted, {"skipped"})}
-    redo = {tuple(fields[:2]) for fields in body} - done
-    if redo or len(whole) < len(body) or not text.endswith("\n"):
-        log.warning(f"{path} was cut short or damaged (a run killed while writing it): {len(redo)} example(s) "
-                    "without a whole row per condition are computed again")
-    kept = io.StringIO()
-    csv.writer(kept, lineterminator="\n").writerows([header] + [f for f in whole if tuple(f[:2]) in done])
-    kept.seek(0)
-    # texts stay texts ("None", "1.50"), floats round-trip exactly: kept rows are written back unchanged
-    return pd.read_csv(kept, dtype=dict.fromkeys(TEXT_COLUMNS, str), keep_default_na=False, na_values=[""],
-                       float_precision="round_trip")
+    """The rows of an earlier run of these settings in out_dir, to keep (--resume); results of others are refused.
+    An example with a row cut short or damaged is computed again (results_folder.complete_rows)."""
+    if not earlier_run(out_dir, settings, resume, RESUME_KEYS):
+        return None
+    wanted = {(c,) for c in settings.conditions} | ({("second",)} if settings.second else set())
+    whole = lambda row: whole_row(row, ("dataset", "id"), ("score", "seconds", "context_tokens"),  # noqa: E731
+                                  ("exact_match", "kv_cosine"))
+    return complete_rows(out_dir / "examples.csv", (ROW_COLUMNS, *EARLIER_ROW_COLUMNS), TEXT_COLUMNS, ("dataset", "id"),
+                         ("condition",), wanted, whole)
 
 
 def check_run(settings: EvalSettings, out_dir: Path, resume: bool = False):
