@@ -21,7 +21,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save, save_file
 
 from ..errors import CheckpointError, ConfigError
-from ..fsutil import write_text_atomic
+from ..fsutil import temp_parts, write_text_atomic
 from .channels import Channels
 from .model_cache import file_sha256
 from .mot import MoT, ReplayConfig, check_pair, mot_config_json, spec_from_json
@@ -136,6 +136,12 @@ def read_config(path: str | Path) -> dict:
                 f"'{path}' holds {', '.join(pickles)} but no {CONFIG_FILE}: MoT Viz never loads pickles. "
                 "Convert the checkpoint to safetensors + config.json with mot_viz.engine.checkpoint.save_checkpoint."
             )
+        torn = sorted(p.name for p in path.parent.glob(f"{path.name}.*-*") if (parts := temp_parts(p))
+                      and parts[0] == path.name and p.is_dir()) if not path.exists() else []
+        if torn:  # a training run killed between a save's two renames: its state is whole in these folders
+            raise CheckpointError(f"'{path}' is missing: a save of its training run was interrupted between its two "
+                                  f"renames and left {', '.join(torn)}. `python -m mot_viz.train.train --output_dir "
+                                  f"{path.parent} --resume` recovers it, then continues the run to its max_steps.")
         raise CheckpointError(f"'{path}' is not a MoT checkpoint folder (no {CONFIG_FILE}).")
     try:
         config = json.loads(cfg_file.read_text())

@@ -5,7 +5,8 @@ window blocks (the translator's input) and the native target window blocks (what
 computed once and stored under the user cache (``<cache>/banks/<key>/``: safetensors shards and a JSON
 manifest naming both models' fingerprints). A build shows a progress bar, resumes after a kill (each
 shard is written atomically and listed in the manifest only once complete), and any change of model,
-window or settings gives another key, so a stale bank is never read.
+window or settings gives another key, so a stale bank is never read. The models compute it on their device, in
+float32; it is stored on disk and loaded onto the device the fits and steps run on.
 
 Contexts are whole passages joined until a drawn length between ``min_tokens`` and ``max_tokens``
 target tokens, so the bank covers the lengths the app and the evaluator use, not only 63 tokens.
@@ -137,7 +138,7 @@ class Bank:
     def rows(self, contexts) -> torch.Tensor:
         """Row indices [n_rows] of the given contexts."""
         offsets = self.offsets
-        return torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in contexts])
+        return torch.cat([torch.arange(offsets[i], offsets[i + 1], device=self.source_keys.device) for i in contexts])
 
     def context(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Context i's (source K, source V, target K, target V), each [1, N_i, W, H]."""
@@ -172,12 +173,15 @@ def context_blocks(mot: MoT, source: LoadedModel, target: LoadedModel, ids: torc
 
 def build_bank(mot: MoT, source: LoadedModel, target: LoadedModel, cfg: BankConfig = BankConfig(),
                root: Path | None = None, progress: bool = True,
-               on_progress: Callable[[int, int], None] | None = None) -> Bank:
+               on_progress: Callable[[int, int], None] | None = None, device: torch.device | None = None) -> Bank:
     """Load the bank for (mot's pair, window, key space, cfg), building whatever shards are missing first.
 
-    on_progress(tokens done, tokens in total) is called after each shard (the app's progress bar).
+    on_progress(tokens done, tokens in total) is called after each shard (the app's progress bar). The bank is loaded
+    onto `device` (default: the CPU); a GPU without room for it is refused before it is read (ConfigError).
     """
     from tqdm import tqdm
+
+    from .devices import check_fits
 
     folder = (root or cache_dir() / "banks") / bank_key(mot, cfg)
     folder.mkdir(parents=True, exist_ok=True)
@@ -221,7 +225,10 @@ def build_bank(mot: MoT, source: LoadedModel, target: LoadedModel, cfg: BankConf
         manifest["num_contexts"] = len(contexts)
         manifest["num_tokens"] = total
         write_text_atomic(manifest_path, json.dumps(manifest, indent=2))
-    shards = [load_file(str(folder / s["file"])) for s in manifest["shards"]]
+    device = torch.device("cpu") if device is None else device
+    check_fits(device, sum((folder / s["file"]).stat().st_size for s in manifest["shards"]), "the training bank",
+               "lower --bank_tokens, or train on the CPU (--device cpu)")
+    shards = [load_file(str(folder / s["file"]), device=str(device)) for s in manifest["shards"]]
     merged = {k: torch.cat([s[k] for s in shards]) for k in _FIELDS}
     return Bank(**merged, folder=folder, manifest=manifest)
 

@@ -16,6 +16,7 @@ from ..errors import ConfigError
 
 
 LAYER_WEIGHTINGS = ("none", "map_residual")  # bank_layer_weighting (mot_viz.train.fit.bank_stage)
+AUTOCAST_MODES = ("none", "bf16")  # autocast (mot_viz.train.devices.forward_autocast)
 
 
 @dataclass
@@ -83,6 +84,8 @@ class TrainConfig:
     output_activation: str = "none"  # none | gelu (the reference's last layer)
     topk_sparse_attn: int | None = 32  # None: dense replay
     num_bottom_full_attn: int = 2  # replay: layers below this attend densely, window layers excepted (method.md §6)
+    device: str = ""  # cpu | cuda | cuda:N: where models, bank, fits and translator run (empty: $MOT_VIZ_DEVICE, else cpu)
+    autocast: str = "none"  # none | bf16: bfloat16 autocast of the replay stage's forward passes (float32 weights kept)
 
     def __post_init__(self):
         if self.layer_alignment not in ("injection", "terminal", "depth-ratio"):
@@ -122,6 +125,11 @@ class TrainConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.autocast not in AUTOCAST_MODES:
+            raise ConfigError(f"autocast must be one of {AUTOCAST_MODES}, not {self.autocast!r}")
+        if not isinstance(self.device, str):
+            raise ConfigError(f"device must be a text like 'cpu', 'cuda' or 'cuda:1' (empty: $MOT_VIZ_DEVICE), got "
+                              f"{self.device!r}")
         if self.log_every < 1 or self.save_every < 1 or self.warmup_steps < 0:
             raise ConfigError("log_every and save_every must be >= 1, warmup_steps >= 0")
 
@@ -138,6 +146,29 @@ class TrainConfig:
     @property
     def uses_bank(self) -> bool:
         return self.init == "linear" or self.variant == "linear" or self.bank_steps > 0
+
+    def check_bank_length(self, limits: dict[str, int]) -> None:
+        """Refuse (ConfigError) a bank whose longest context exceeds what a model allows: `limits` maps each model's
+        name to its longest context in tokens. Checked once the models are loaded, before a bank or a run folder."""
+        if not self.uses_bank:
+            return
+        name, limit = min(limits.items(), key=lambda item: item[1])
+        if self.bank_max_tokens > limit:
+            raise ConfigError(f"bank_max_tokens {self.bank_max_tokens} is longer than the model '{name}' allows "
+                              f"({limit} tokens): set --bank_max_tokens to at most {limit} (and --bank_min_tokens "
+                              "no higher).")
+
+    def check_linear_widths(self, token_features: int, extra_features: int) -> None:
+        """Refuse (ConfigError) projections wider than what they project: linear_extra_dims above the extra layers'
+        `extra_features`, linear_previous_dims above a token's `token_features` (the pair's K/V widths and the window
+        decide both; 0: no such projection). Checked once the window is known, before a bank or a run folder."""
+        if self.linear_extra_dims and extra_features and self.linear_extra_dims > extra_features:
+            raise ConfigError(f"linear_extra_dims {self.linear_extra_dims} is more than the {extra_features} features "
+                              f"of the extra layers: set --linear_extra_dims to at most {extra_features}.")
+        if self.linear_previous_dims and token_features and self.linear_previous_dims > token_features:
+            raise ConfigError(f"linear_previous_dims {self.linear_previous_dims} is more than the {token_features} "
+                              "features of a token this pair and window give the map: set --linear_previous_dims to "
+                              f"at most {token_features} (0: earlier tokens unprojected).")
 
     def bank_config(self):
         from .bank import BankConfig
@@ -184,6 +215,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, bool, bool]:
     data = _read_json(Path(args.config), "--config") if args.config else {}
     if args.resume and args.output_dir and not args.config and (Path(args.output_dir) / "train_config.json").exists():
         data = _read_json(Path(args.output_dir) / "train_config.json", "the run's train_config.json")
+        data.pop("device", None)  # a run resumes on this machine's device (--device, else $MOT_VIZ_DEVICE)
     types = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
     for name in types:
         raw = getattr(args, name)

@@ -141,7 +141,7 @@ def _crops(bank: Bank, contexts: list[int], crop: int, gen: torch.Generator,
     rows = []
     for i in contexts:
         start = offsets[i] + int(torch.randint(0, offsets[i + 1] - offsets[i] - length + 1, (1,), generator=gen))
-        rows.append(torch.arange(start, start + length))
+        rows.append(torch.arange(start, start + length, device=bank.source_keys.device))
     rows = torch.stack(rows)  # (B, L)
     blocks = (bank.source_keys, bank.source_values, bank.target_keys, bank.target_values) + tuple(linear_rows or ())
     return tuple(t[rows] for t in blocks)

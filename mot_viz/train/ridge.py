@@ -1,7 +1,8 @@
 """Closed-form ridge regression: the linear translator and the start of every trained one (method.md §13).
 
-Pure tensor functions. Features and targets are centred, so the intercept is not penalised; the penalty
-is relative (λ · mean eigenvalue of the feature covariance), so one grid fits every pair's scale.
+Pure tensor functions, in float64 on the features' device (the targets join them there). Features and targets are
+centred, so the intercept is not penalised; the penalty is relative (λ · mean eigenvalue of the feature covariance),
+so one grid fits every pair's scale.
 One eigendecomposition serves every λ of the grid; λ is chosen on held-out rows. With a rank, the fit is reduced-rank
 ridge: the ridge weights projected on the top principal directions of their own fitted values, stored as two factors.
 """
@@ -44,7 +45,7 @@ class NormalEquations:
     def __init__(self, x: torch.Tensor):
         self.x = x
         self.x_mean = sum(c.double().sum(0) for c in self._chunks(x)) / len(x)
-        gram = torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64)
+        gram = torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64, device=x.device)
         for c in self._chunks(x):
             c = c.double() - self.x_mean
             gram.addmm_(c.T, c)
@@ -55,10 +56,10 @@ class NormalEquations:
         return (t[i:i + self.CHUNK] for i in range(0, len(t), self.CHUNK))
 
     def project(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        y_mean = y.double().mean(0)
-        xty = torch.zeros(self.x.shape[1], y.shape[1], dtype=torch.float64)
+        y_mean = y.to(self.x.device, torch.float64).mean(0)
+        xty = torch.zeros(self.x.shape[1], y.shape[1], dtype=torch.float64, device=self.x.device)
         for c, t in zip(self._chunks(self.x), self._chunks(y)):
-            xty.addmm_((c.double() - self.x_mean).T, t.double() - y_mean)
+            xty.addmm_((c.double() - self.x_mean).T, t.to(c.device, torch.float64) - y_mean)
         return self.eigvecs.T @ xty, y_mean  # (F, O), (O,)
 
     def solve(self, projected: torch.Tensor, y_mean: torch.Tensor, lam: float, rank: int = 0,
@@ -79,7 +80,7 @@ class NormalEquations:
                       lambdas: Sequence[float], rank: int = 0, out_weight: torch.Tensor | None = None
                       ) -> tuple[float, dict[float, float]]:
         """(the λ with the lowest MSE on (x_val, y_val), that MSE per λ) of the fits solve gives."""
-        xv, yv = x_val.double(), y_val.double()
+        xv, yv = x_val.double(), y_val.to(x_val.device, torch.float64)
         val_mse = {lam: float(((predict(xv, *self.solve(projected, y_mean, lam, rank, out_weight)) - yv) ** 2).mean())
                    for lam in lambdas}
         return min(val_mse, key=val_mse.get), val_mse
@@ -92,7 +93,8 @@ def reduce_rank(weight: torch.Tensor, fitted_cov, rank: int, out_weight: torch.T
     unchanged unless 0 < rank < O."""
     if not 0 < rank < weight.shape[1]:
         return weight, None
-    w = torch.ones(weight.shape[1], dtype=weight.dtype) if out_weight is None else out_weight.to(weight.dtype)
+    w = (torch.ones(weight.shape[1], dtype=weight.dtype, device=weight.device) if out_weight is None
+         else out_weight.to(weight.device, weight.dtype))
     values, vectors = torch.linalg.eigh(fitted_cov(weight * w))
     top = vectors[:, values.argsort(descending=True)[:rank]]  # [O, rank], orthonormal columns
     return (weight * w) @ top, top.T / w
@@ -150,7 +152,7 @@ def cross_fitted(x: torch.Tensor, ys: dict[str, torch.Tensor], folds: Sequence[t
     stats = [_fold_sums(x, ys, rows) for rows in folds]
     total = _FoldSums(sum(f.n for f in stats), sum(f.sx for f in stats), sum(f.gram for f in stats),
                       {k: sum(f.sy[k] for f in stats) for k in ys}, {k: sum(f.xty[k] for f in stats) for k in ys})
-    out = {k: torch.zeros(x.shape[0], y.shape[1]) for k, y in ys.items()}
+    out = {k: torch.zeros(x.shape[0], y.shape[1], device=x.device) for k, y in ys.items()}
     for rows, fold in zip(folds, stats):
         m = total.n - fold.n
         x_mean = (total.sx - fold.sx) / m
@@ -159,7 +161,7 @@ def cross_fitted(x: torch.Tensor, ys: dict[str, torch.Tensor], folds: Sequence[t
         for k in ys:
             y_mean = (total.sy[k] - fold.sy[k]) / m
             rhs = (total.xty[k] - fold.xty[k]) - m * torch.outer(x_mean, y_mean)
-            chol = torch.linalg.cholesky(g + lams[k] * scale * torch.eye(len(g), dtype=g.dtype))
+            chol = torch.linalg.cholesky(g + lams[k] * scale * torch.eye(len(g), dtype=g.dtype, device=g.device))
             weight, up = reduce_rank(torch.cholesky_solve(rhs, chol), lambda w: w.T @ g @ w, rank)
             bias = y_mean - x_mean @ (weight if up is None else weight @ up)
             for i in range(0, len(rows), NormalEquations.CHUNK):
@@ -180,17 +182,17 @@ class _FoldSums:
 
 
 def _fold_sums(x: torch.Tensor, ys: dict[str, torch.Tensor], rows: torch.Tensor) -> _FoldSums:
-    f = x.shape[1]
-    sums = _FoldSums(len(rows), torch.zeros(f, dtype=torch.float64), torch.zeros(f, f, dtype=torch.float64),
-                     {k: torch.zeros(y.shape[1], dtype=torch.float64) for k, y in ys.items()},
-                     {k: torch.zeros(f, y.shape[1], dtype=torch.float64) for k, y in ys.items()})
+    f, like = x.shape[1], {"dtype": torch.float64, "device": x.device}
+    sums = _FoldSums(len(rows), torch.zeros(f, **like), torch.zeros(f, f, **like),
+                     {k: torch.zeros(y.shape[1], **like) for k, y in ys.items()},
+                     {k: torch.zeros(f, y.shape[1], **like) for k, y in ys.items()})
     for i in range(0, len(rows), NormalEquations.CHUNK):
         idx = rows[i:i + NormalEquations.CHUNK]
         c = x[idx].double()
         sums.sx += c.sum(0)
         sums.gram.addmm_(c.T, c)
         for k, y in ys.items():
-            t = y[idx].double()
+            t = y[idx].to(x.device, torch.float64)
             sums.sy[k] += t.sum(0)
             sums.xty[k].addmm_(c.T, t)
     return sums

@@ -41,7 +41,8 @@ def is_run(run_dir: Path) -> bool:
     return any((run_dir / name).exists() for name in (CONFIG_FILE, CHECKPOINT, LOG_FILE))
 
 
-RESUMABLE_CHANGES = ("output_dir", "max_steps", "log_every", "save_every")  # a resumed run may extend its steps
+# a resumed run may extend its steps, and continue on another device
+RESUMABLE_CHANGES = ("output_dir", "max_steps", "log_every", "save_every", "device")
 
 
 def check_same_config(run_dir: Path, config: dict, defaults: dict) -> None:
@@ -76,9 +77,7 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
                 f"'{run_dir}' already holds a training run. Continue it with --resume, replace it with --overwrite, "
                 "or choose another --output_dir."
             )
-        for name in RUN_FILES:
-            p = run_dir / name
-            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+        remove_run_files(run_dir, remove_folder=False)
     return False
 
 
@@ -129,8 +128,17 @@ def save_state(run_dir: Path, mot: MoT, optimizer: torch.optim.Optimizer, step: 
     tmp = final.with_name(final.name + f".tmp-{os.getpid()}")
     write_checkpoint(mot, tmp, training={**training, "steps_done": step}, metrics=metrics)
     save_file(tensors, str(tmp / OPTIMIZER_FILE))
-    write_text_atomic(tmp / STATE_FILE, json.dumps({"step": step, "optimizer": values}))
+    device = str(next(mot.translator.parameters()).device)  # a resume elsewhere says it continues to rounding only
+    write_text_atomic(tmp / STATE_FILE, json.dumps({"step": step, "optimizer": values, "device": device}))
     return swap_into_place(tmp, final)
+
+
+def saved_device(run_dir: Path) -> str | None:
+    """The device the run's state unit was saved on (None for a unit that does not say)."""
+    try:
+        return json.loads((run_dir / CHECKPOINT / STATE_FILE).read_text()).get("device")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _unit_step(folder: Path) -> int | None:
@@ -238,6 +246,16 @@ def truncate_log(path: Path, step: int) -> None:
     """Keep the log rows of steps up to the resumed one, so a resumed run never logs a step twice."""
     rows = [r for r in read_log(path) if isinstance(r.get("step"), int) and r["step"] <= step]
     write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def remove_run_files(run_dir: Path, remove_folder: bool) -> None:
+    """Remove what a run writes (RUN_FILES: --overwrite, or a run refused before its first save, which then leaves
+    nothing that blocks a rerun or --resume), and the folder too if remove_folder and it is then empty."""
+    for name in RUN_FILES:
+        p = run_dir / name
+        shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+    if remove_folder and run_dir.is_dir() and not any(run_dir.iterdir()):
+        run_dir.rmdir()
 
 
 def clean_run_dir(run_dir: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -302,6 +303,8 @@ def no_models(monkeypatch):
     (["--save_every", "0"], None, "save_every must be >= 1"),
     (["--config", "{cfg}"], '{"max_steps": "ten"}', "invalid training config"),
     (["--resume", "--output_dir", "{dir}/empty"], None, "Nothing to resume"),
+    (["--device", "gpu"], None, "not a torch device: use cpu, cuda or cuda:N"),
+    (["--autocast", "fp8"], None, "autocast must be one of"),
 ])
 def test_train_cli_mistakes_give_one_message_before_loading_models(tmp_path, capsys, no_models, args, config, fix):
     cfg = tmp_path / "c.json"
@@ -407,3 +410,61 @@ def test_a_refused_export_leaves_no_output_folder(tmp_path, capsys):
     assert export_mod.main([str(ckpt), str(tmp_path / "new" / "deep" / "out")]) == 2
     assert "NaN/Inf" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+# ----- settings the pair refuses: refused before the bank, and nothing left behind ------------------------------
+
+
+def test_a_bank_longer_than_a_model_allows_is_refused_before_the_bank_and_leaves_no_folder(tmp_path, private_cache):
+    source, target = _pair()  # both allow 256 positions; the recipe's bank reaches 448 target tokens
+    cfg = _cfg(tmp_path, init="linear", bank_tokens=400, bank_min_tokens=32, bank_max_tokens=448, max_steps=1)
+    with pytest.raises(ConfigError, match=r"bank_max_tokens 448 .*allows \(256 tokens\).*--bank_max_tokens to at most"):
+        train(cfg, source=source, target=target, bank=_bank(), progress=False)
+    assert not (tmp_path / "run").exists() and not private_cache.exists()  # no run folder, no bank begun
+
+
+def test_a_bank_context_the_source_tokenizes_longer_than_it_allows_names_this_commands_flag(tmp_path, private_cache):
+    """Within the target's limit but re-tokenized longer than the source's: found while the bank is built; the
+    message names --bank_max_tokens (not another command's flag) and the run folder is removed, so the corrected
+    config reruns without --overwrite."""
+    source = tiny_model("gpt2", vocab_size=280, layers=4, seed=1, max_positions=60)  # ~7% more tokens than the target
+    target = tiny_model("llama", layers=4)
+    cfg = _cfg(tmp_path, init="linear", bank_tokens=600, bank_min_tokens=58, bank_max_tokens=60, max_steps=1)
+    with pytest.raises(ConfigError, match="too long for the source model once re-tokenized.*lower --bank_max_tokens") as e:
+        train(cfg, source=source, target=target, bank=_bank(), progress=False)
+    assert "max_context_tokens" not in str(e.value)
+    assert not (tmp_path / "run").exists()
+    fixed = _cfg(tmp_path, init="linear", bank_tokens=160, bank_min_tokens=16, bank_max_tokens=32, max_steps=1,
+                 linear_previous=0)
+    assert (train(fixed, source=source, target=target, bank=_bank(), progress=False) / "checkpoint").is_dir()
+
+
+def test_linear_previous_dims_wider_than_the_pairs_token_features_is_refused_before_the_bank(tmp_path, private_cache):
+    source, target = _pair()  # 2 window layers × (K + V) × 32 = 128 features per source token
+    cfg = _cfg(tmp_path, init="linear", bank_tokens=160, bank_min_tokens=16, bank_max_tokens=32, linear_previous=1,
+               linear_previous_dims=256)
+    with pytest.raises(ConfigError, match="linear_previous_dims 256 is more than the 128 .*--linear_previous_dims to at "
+                                          "most 128"):
+        train(cfg, source=source, target=target, bank=_bank(), progress=False)
+    assert not (tmp_path / "run").exists() and not private_cache.exists()
+    ok = _cfg(tmp_path, init="linear", bank_tokens=160, bank_min_tokens=16, bank_max_tokens=32, linear_previous=1,
+              linear_previous_dims=128, max_steps=1)
+    assert (train(ok, source=source, target=target, bank=_bank(), progress=False) / "checkpoint").is_dir()
+
+
+def test_a_save_killed_between_its_renames_says_resume_recovers_it(tmp_path, capsys):
+    """A kill between swap_into_place's renames leaves checkpoint.old-PID and checkpoint.tmp-PID, no checkpoint/:
+    export and load_checkpoint name --resume, which recovers the run."""
+    source, target = _pair()
+    run_dir = train(_cfg(tmp_path, max_steps=2), source=source, target=target, bank=_bank(), progress=False)
+    dead = 999999999
+    shutil.copytree(run_dir / "checkpoint", run_dir / f"checkpoint.tmp-{dead}")
+    os.replace(run_dir / "checkpoint", run_dir / f"checkpoint.old-{dead}")
+    with pytest.raises(CheckpointError, match=r"interrupted between its two renames.*--resume` recovers it"):
+        load_checkpoint(run_dir / "checkpoint")
+    assert export_mod.main([str(run_dir), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: CheckpointError: ") and f"--output_dir {run_dir} --resume" in err
+    train(_cfg(tmp_path, max_steps=2), resume=True, source=source, target=target, bank=_bank(), progress=False)
+    assert load_checkpoint(run_dir / "checkpoint")[1]["training"]["steps_done"] == 2
+    assert export_mod.main([str(run_dir), str(tmp_path / "out")]) == 0

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -106,9 +107,27 @@ def test_training_lowers_the_loss_and_writes_logs_and_checkpoints(tmp_path):
     assert config["training"]["steps_done"] == 8 and mot.channels.target_layers == (2, 3)
 
 
+SAFETY_S = 1800  # only a safety net against a hung child: every wait below ends on an event of the child
+
+
+def _stderr_lines(proc: subprocess.Popen) -> queue.Queue:
+    """The child's stderr lines as it writes them (tqdm's carriage returns end lines too), then None once it closes;
+    read by a thread, so the pipe never fills while the test waits."""
+    lines: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        for line in proc.stderr:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
 def test_the_train_command_run_with_dash_m_prints_its_status_lines(tmp_path):
     """`python -m` runs the module as __main__; its lines must still reach stderr: Ctrl-C (a real SIGINT) names
-    --resume, and the resumed run says where it resumed and that it is done."""
+    --resume, and the resumed run says where it resumed and that it is done. Each wait ends on the child's own output
+    (a line after its first logged step; its "continue with --resume" line; its exit), never on a clock."""
     source, target = _pair()
     for lm, name in ((source, "src"), (target, "tgt")):
         lm.model.save_pretrained(tmp_path / name)
@@ -123,25 +142,91 @@ def test_the_train_command_run_with_dash_m_prints_its_status_lines(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([*command, "--max_steps", "100000"], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    err: list[str] = []
     try:
-        deadline = time.monotonic() + 300
-        while not ((run_dir / "log.jsonl").is_file() and (run_dir / "log.jsonl").read_text()):  # a step is done
-            assert proc.poll() is None and time.monotonic() < deadline, "training ended or stalled before its first step"
-            time.sleep(0.2)
+        lines = _stderr_lines(proc)
+        # the progress bar writes a line as steps complete: after each, is a step logged yet?
+        while not ((run_dir / "log.jsonl").is_file() and (run_dir / "log.jsonl").read_text()):
+            line = lines.get(timeout=SAFETY_S)
+            assert line is not None, "training ended before its first step: " + "".join(err)[-3000:]
+            err.append(line)
         proc.send_signal(signal.SIGINT)
-        err = proc.communicate(timeout=300)[1]
+        while (line := lines.get(timeout=SAFETY_S)) is not None:  # to the child's exit (its stderr closes)
+            err.append(line)
+        proc.wait(timeout=SAFETY_S)
     finally:
         proc.kill()
+    err = "".join(err)
     assert proc.returncode == 130, err[-3000:]
     saved = re.search(r"\[mot_viz\.train\.train\] interrupted: checkpoint of step (\d+) saved in .*"
                       r"\(continue with --resume\)", err)
     assert saved, err[-3000:]
     step = int(saved[1])
     resumed = subprocess.run([*command, "--max_steps", str(step + 1), "--resume"], env=env, capture_output=True,
-                             text=True, timeout=300, cwd=tmp_path)
+                             text=True, timeout=SAFETY_S, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"[mot_viz.train.train] resumed from step {step}\n" in resumed.stderr
+    assert "[mot_viz.train.train] resumed on cpu, the device it was saved on: the steps continue bit for bit" in (
+        resumed.stderr)
     assert f"[mot_viz.train.train] done: {step + 1} steps in " in resumed.stderr
+
+
+def test_training_through_the_device_argument_equals_the_default_run(tmp_path, private_cache, monkeypatch):
+    """--device cpu (and MOT_VIZ_DEVICE=cpu) take the device path — the run loads the models there, the bank is
+    loaded there, the map is fitted there in float64, the translator and the optimiser live there — and give the
+    default run's checkpoint bit for bit, bank stage and replay stage both."""
+    source, target = _pair()
+    for lm, name in ((source, "src"), (target, "tgt")):
+        lm.model.save_pretrained(tmp_path / name)
+        lm.tokenizer.save_pretrained(tmp_path / name)
+    common = ["--source", str(tmp_path / "src"), "--target", str(tmp_path / "tgt"), "--max_steps", "2",
+              "--batch_size", "1", "--total_tokens", "24", "--prefix_tokens", "12", "--num_sequences", "4",
+              "--translator_dim", "16", "--translator_heads", "2", "--mot_num_translators", "2", "--mot_top_k", "1",
+              "--max_window_size_ratio", "0.5", "--topk_sparse_attn", "4", "--num_bottom_full_attn", "1",
+              *(f"--{k}={v}" for k, v in TINY_RECIPE.items()), "--init", "linear", "--linear_previous", "1",
+              "--linear_previous_dims", "8", "--bank_tokens", "160", "--bank_min_tokens", "16",
+              "--bank_max_tokens", "32", "--bank_steps", "3", "--bank_batch", "2", "--bank_crop", "12"]
+    monkeypatch.delenv("MOT_VIZ_DEVICE", raising=False)
+    runs_ = {"default": [], "argument": ["--device", "cpu"], "variable": []}
+    for name, extra in runs_.items():
+        if name == "variable":
+            monkeypatch.setenv("MOT_VIZ_DEVICE", "cpu")
+        assert train_mod.main([*common, "--output_dir", str(tmp_path / name), *extra]) == 0
+    weights = {name: load_file(str(tmp_path / name / "checkpoint" / "translator.safetensors")) for name in runs_}
+    assert weights["default"].keys() == weights["argument"].keys() == weights["variable"].keys()
+    for name in ("argument", "variable"):
+        assert all(torch.equal(weights["default"][k], weights[name][k]) for k in weights["default"])
+    state = json.loads((tmp_path / "argument" / "checkpoint" / "train_state.json").read_text())
+    assert state["device"] == "cpu"  # a resume elsewhere can say it continues to rounding only
+    fit = json.loads((tmp_path / "argument" / "bank_stage.json").read_text())["linear_fit"]
+    assert fit == {**json.loads((tmp_path / "default" / "bank_stage.json").read_text())["linear_fit"],
+                   "seconds": fit["seconds"]}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="refusing a missing GPU needs a machine without one")
+def test_a_device_that_is_not_there_is_refused_before_any_model_loads(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(train_mod, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    assert train_mod.main(["--device", "cuda", "--output_dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ModelLoadError: Device 'cuda' was asked for (from the device argument)")
+    assert not (tmp_path / "run").exists()
+
+
+def test_bf16_autocast_trains_close_to_float32_with_float32_weights(tmp_path):
+    """--autocast bf16: the forward passes run in bfloat16 (the losses move by bfloat16's rounding, not more), the
+    translator's weights and optimiser state stay float32."""
+    source, target = _pair()
+    logs, weights = {}, {}
+    for mode in ("none", "bf16"):
+        run_dir = train(_cfg(tmp_path / mode, max_steps=3, autocast=mode), source=source, target=target,
+                        bank=_bank(n=6), progress=False)
+        logs[mode] = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
+        weights[mode] = load_file(str(run_dir / "checkpoint" / "translator.safetensors"))
+    first = {mode: logs[mode][0] for mode in logs}
+    for key in ("ce", "mse_k", "mse_v"):  # the first step's terms: same weights, only the forward's precision differs
+        assert first["bf16"][key] == pytest.approx(first["none"][key], rel=0.05), key
+        assert first["bf16"][key] != first["none"][key]  # bfloat16 did run
+    assert all(w.dtype == torch.float32 and torch.isfinite(w).all() for w in weights["bf16"].values())
 
 
 @pytest.mark.parametrize("extra", ["", ", init='linear', bank_steps=3, bank_batch=2, bank_crop=12, bank_tokens=160, "
