@@ -1,0 +1,503 @@
+"""Evaluation results folders as tables: a run's settings and summary, one row per example, the summary of any
+slice of its examples, and two runs of the same examples compared example by example.
+
+Opens every folder the evaluations write with ``--out`` (``python -m mot_viz.eval.evaluate``, ``long_context``,
+``conversation``, ``shards``); what kind a folder holds is read from its examples.csv header, which each writer
+fixes (its ``ROW_COLUMNS``). The numbers come from the writers' own code: a slice is summarised by the writer's
+``summarize`` (so the whole run's slice is the folder's own summary), two runs are compared by
+``mot_viz.eval.report.paired_differences`` (as ``scripts/paired_runs.py`` does). Pure functions: no Streamlit.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..errors import DataFormatError, DataUnavailableError, MotVizError
+from ..eval import conversation, evaluate, long_context, shards
+from ..eval.report import paired_differences
+from ..eval.results_folder import RESULTS_TABLE, SETTINGS_FILE
+
+RIGHT = 0.5  # a score at least this is "right" (F1 ≥ 0.5, or a closed question answered): the lost-answer filter
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class ResultsFolderError(DataFormatError):
+    """A folder that is not an evaluation's results folder, or one whose files are damaged."""
+
+    title = "Results folder problem"
+
+
+@dataclass(frozen=True)
+class RunKind:
+    """One evaluation command's results folder: its table's columns, what one example is, and how it is summarised."""
+
+    name: str  # the evaluation module: "evaluate", "long_context", "conversation", "shards"
+    headers: tuple[tuple[str, ...], ...]  # the examples.csv headers this command writes (the current one first)
+    text_columns: tuple[str, ...]  # read as text, as --resume reads them
+    unit: tuple[str, ...]  # the columns that name one example (a row per condition each)
+    group: Callable[[pd.DataFrame], pd.Series]  # the summary's group of each row (as the writer's paired.csv names it)
+    translated: str  # the condition whose score − native's is "MoT − native"
+    settings: type  # the settings dataclass summary.json stores (from_json, command)
+
+    @property
+    def command(self) -> str:
+        return f"python -m mot_viz.eval.{self.name}"
+
+
+def _budget_label(source: pd.Series, budget: pd.Series) -> pd.Series:
+    return source.astype(str) + " " + budget.astype(str) + " tokens"
+
+
+KINDS = (
+    RunKind("evaluate", (evaluate.ROW_COLUMNS, *evaluate.EARLIER_ROW_COLUMNS), evaluate.TEXT_COLUMNS,
+            ("dataset", "id"), lambda rows: rows["dataset"].astype(str), "mot", evaluate.EvalSettings),
+    RunKind("long_context", (long_context.ROW_COLUMNS,), long_context.TEXT_COLUMNS, ("source", "budget", "id"),
+            lambda rows: _budget_label(rows["source"], rows["budget"]), "mot", long_context.LongSettings),
+    RunKind("conversation", (conversation.ROW_COLUMNS,), conversation.TEXT_COLUMNS, ("id", "turn"),
+            lambda rows: "turn " + rows["turn"].astype(str), "mot", conversation.ConversationSettings),
+    RunKind("shards", (shards.ROW_COLUMNS,), shards.TEXT_COLUMNS, ("budget", "id"),
+            lambda rows: _budget_label(pd.Series("stacks", index=rows.index), rows["budget"]), "whole",
+            shards.ShardSettings),
+)
+
+
+@dataclass
+class EvalRun:
+    """One results folder, read: the run's settings and summary as summary.json states them, and its examples."""
+
+    folder: Path
+    kind: RunKind
+    settings: dict  # summary.json's "settings", as written
+    meta: dict  # the whole of summary.json
+    summary: pd.DataFrame  # summary.json's "summary": one row per group and condition, as the run wrote it
+    rows: pd.DataFrame  # examples.csv (skipped rows dropped), plus "group" and "example" (one example's name)
+    skipped: pd.DataFrame  # the examples a model could not hold, with the reason
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.folder.name
+
+    @property
+    def conditions(self) -> list[str]:
+        return list(dict.fromkeys(self.rows["condition"]))
+
+    @property
+    def translated(self) -> str:
+        return self.kind.translated
+
+    @property
+    def command(self) -> str:
+        """The command that wrote this folder."""
+        return self.kind.settings.from_json(self.settings).command(self.folder)
+
+
+# ----- reading a folder ------------------------------------------------------------------------------------------
+
+
+def _refuse(folder: Path, what: str) -> ResultsFolderError:
+    return ResultsFolderError(
+        f"{folder} {what}. Pick a folder that `python -m mot_viz.eval.evaluate`, `long_context`, `conversation` or "
+        "`shards` wrote with --out (it holds examples.csv and summary.json), e.g. results/eval/smollm2-to-gemma3-mid-"
+        "squad300.")
+
+
+def _read_table(folder: Path) -> tuple[RunKind, pd.DataFrame]:
+    path = folder / RESULTS_TABLE
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is None or "\x00" in text:
+        raise _refuse(folder, f"holds a binary {RESULTS_TABLE}, not the table an evaluation writes")
+    header = text.split("\n", 1)[0].rstrip("\r").split(",")
+    kind = next((k for k in KINDS if tuple(header) in k.headers), None)
+    if kind is None:
+        raise _refuse(folder, f"holds an {RESULTS_TABLE} with the columns {', '.join(header[:8])}…, which no "
+                              "evaluation of MoT Viz writes")
+    if not text.endswith("\n"):  # the writers end every row with a newline: this one was cut short
+        raise ResultsFolderError(
+            f"{path} is cut short (its last row ends without a newline): the run that wrote it was stopped, or the "
+            f"file was damaged since. Complete it with `{kind.command} … --out {folder} --resume`, which recomputes "
+            "the examples without a whole row.")
+    try:
+        rows = pd.read_csv(io.StringIO(text), dtype=dict.fromkeys(kind.text_columns, str), keep_default_na=False,
+                           na_values=[""], float_precision="round_trip")
+    except (ValueError, pd.errors.ParserError) as exc:
+        raise ResultsFolderError(f"{path} cannot be read as results ({exc}). Run the evaluation again with --out "
+                                 f"{folder} --resume to rewrite it.") from exc
+    scored = rows[rows["condition"] != "skipped"]
+    bad = scored[pd.to_numeric(scored["score"], errors="coerce").isna()]
+    if len(bad):
+        raise ResultsFolderError(
+            f"{path} has {len(bad)} row(s) without a numeric score (the first: example {bad['id'].iloc[0]!r}): the "
+            f"file was edited or damaged. Run the evaluation again with --out {folder} --resume to rewrite it.")
+    return kind, rows
+
+
+def open_run(folder: str | Path) -> EvalRun:
+    """Read a results folder. Raises ResultsFolderError (one line, with the fix) for a missing folder, one that is
+    not a results folder, or one whose examples.csv or summary.json is torn, foreign or unreadable."""
+    folder = Path(folder).expanduser()
+    if not folder.exists():
+        raise ResultsFolderError(f"There is no folder {folder}. Type the path of a results folder (absolute, or "
+                                 f"relative to {Path.cwd()}), e.g. results/eval/smollm2-to-gemma3-mid-squad300.")
+    if not folder.is_dir():
+        raise _refuse(folder, "is a file, not a folder")
+    missing = [name for name in (RESULTS_TABLE, SETTINGS_FILE) if not (folder / name).is_file()]
+    if missing:
+        raise _refuse(folder, f"has no {' and no '.join(missing)}, so it is not a results folder")
+    try:
+        kind, rows = _read_table(folder)
+        meta = json.loads((folder / SETTINGS_FILE).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise _refuse(folder, f"cannot be read ({exc.strerror})") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _refuse(folder, f"holds a {SETTINGS_FILE} that is not JSON ({exc})") from exc
+    try:
+        kind.settings.from_json(meta["settings"])
+        summary = pd.DataFrame(meta["summary"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _refuse(folder, f"holds a {SETTINGS_FILE} without the settings and summary its evaluation writes "
+                              f"({type(exc).__name__}: {exc})") from exc
+    skipped = rows[rows["condition"] == "skipped"]
+    rows = rows[rows["condition"] != "skipped"].reset_index(drop=True)
+    rows["group"] = kind.group(rows)
+    rows["example"] = _example_names(kind, rows)
+    return EvalRun(folder, kind, meta["settings"], meta, summary, rows,
+                   skipped[[c for c in (*kind.unit, "error") if c in skipped]].reset_index(drop=True))
+
+
+def _example_names(kind: RunKind, rows: pd.DataFrame) -> pd.Series:
+    """One name per example, unique within the run: the id (ids of long documents name their length already), or
+    for a conversation its id and turn."""
+    if kind.name == "conversation":
+        return rows["id"] + " turn " + rows["turn"].astype(int).astype(str)
+    if kind.name == "evaluate" and rows["dataset"].nunique() > 1:
+        return rows["dataset"] + " " + rows["id"]
+    return rows["id"].astype(str)
+
+
+# ----- one row per example ---------------------------------------------------------------------------------------
+
+
+def questions(run: EvalRun) -> dict[str, str]:
+    """The question of each example (by its name in run.rows["example"]), from the installed data the run sampled;
+    examples whose data is not installed here (a .jsonl moved away) have none."""
+    out: dict[str, str] = {}
+    names = run.rows.drop_duplicates("example")
+    try:
+        if run.kind.name == "evaluate":
+            from ..data.eval_data import load_dataset
+
+            for name in run.settings.get("datasets", []):
+                for e in load_dataset(name, n=run.settings["n"], seed=run.settings["seed"]):
+                    out[(e.dataset, e.id)] = e.question
+            return {r.example: out[(r.dataset, r.id)] for r in names.itertuples() if (r.dataset, r.id) in out}
+        if run.kind.name == "conversation":
+            from ..data.coqa import _conversations
+
+            stories = {c.id: c for c in _conversations()}
+            return {r.example: stories[r.id].turns[int(r.turn) - 1].question for r in names.itertuples()
+                    if r.id in stories and int(r.turn) <= len(stories[r.id].turns)}
+        source = run.settings.get("source", "stacks")
+        if source == "qasper":
+            from ..data.long_context import _qasper_docs
+
+            by_id = {d["id"]: d["question"].strip() for d in _qasper_docs()}
+            return {r.example: by_id[r.id.rsplit("-", 1)[0]] for r in names.itertuples()
+                    if r.id.rsplit("-", 1)[0] in by_id}
+        from ..data.eval_data import load_dataset
+
+        if source == "stacks":  # a stack's id is its SQuAD question's, its budget and its depth
+            by_id = {e.id: e.question for e in load_dataset("squad")}
+            return {r.example: by_id[r.id.rsplit("-", 2)[0]] for r in names.itertuples()
+                    if r.id.rsplit("-", 2)[0] in by_id}
+        by_id = {e.id: e.question for e in load_dataset(source)}  # a user's .jsonl keeps its ids
+        return {r.example: by_id[r.id] for r in names.itertuples() if r.id in by_id}
+    except (MotVizError, OSError, ValueError):  # the data is not installed here: no questions, the rest stands
+        return {}
+
+
+def wide_table(run: EvalRun, asked: dict[str, str] | None = None) -> pd.DataFrame:
+    """One row per example: its group, id, dataset or genre, context tokens, evidence depth where the run knows it,
+    the question (`asked`, default questions(run)), the gold answer, each condition's answer and score, and
+    "MoT − native" (the run's translated condition's score minus native's)."""
+    rows, kind = run.rows, run.kind
+    first = rows.drop_duplicates("example").set_index("example")
+    out = pd.DataFrame(index=first.index)
+    out["group"] = first["group"]
+    out["id"] = first["id"]
+    if kind.name == "conversation":
+        out["turn"] = first["turn"].astype(int)
+    out["dataset"] = {"evaluate": first.get("dataset"), "long_context": first.get("source"),
+                      "conversation": first.get("genre"),
+                      "shards": pd.Series("stacks", index=first.index)}[kind.name]
+    tokens = {"evaluate": "context_tokens", "long_context": "context_tokens", "conversation": "story_tokens",
+              "shards": "hub_tokens"}[kind.name]
+    out["context_tokens"] = first[tokens].astype(float)
+    if "depth" in first:
+        out["depth"] = first["depth"]
+        out["evidence_fraction"] = first["evidence_fraction"].astype(float)
+    asked = questions(run) if asked is None else asked
+    out["question"] = pd.Series(asked, dtype=object).reindex(out.index)
+    out["gold"] = first["gold"]
+    answers = rows.pivot(index="example", columns="condition", values="answer")
+    scores = rows.pivot(index="example", columns="condition", values="score").astype(float)
+    for condition in run.conditions:
+        out[f"{condition} answer"] = answers[condition].reindex(out.index)
+        out[f"{condition} score"] = scores[condition].reindex(out.index)
+    if {"native", run.translated} <= set(run.conditions):
+        out[delta_column(run)] = out[f"{run.translated} score"] - out["native score"]
+    return out.reset_index()
+
+
+def delta_column(run: EvalRun) -> str:
+    return f"{run.translated} − native"
+
+
+def select(table: pd.DataFrame, condition: str, low: float = 0.0, high: float = 1.0, lost: bool = False,
+           search: str = "", translated: str = "mot") -> pd.DataFrame:
+    """The rows of a wide table whose `condition` score lies in [low, high], only those native answered right and
+    `translated` wrong when `lost` (right: a score of at least RIGHT), and whose question contains `search` (any
+    case; no question known: no match)."""
+    keep = table[f"{condition} score"].between(low, high)
+    if lost:
+        keep &= (table["native score"] >= RIGHT) & (table[f"{translated} score"] < RIGHT)
+    if search.strip():
+        keep &= table["question"].fillna("").str.contains(search.strip(), case=False, regex=False)
+    return table[keep]
+
+
+# ----- summaries of a slice --------------------------------------------------------------------------------------
+
+SLICE_COLUMNS = ("group", "condition", "n", "mean", "ci_low", "ci_high", "retention", "retention_ci_low",
+                 "retention_ci_high")
+
+
+def _summarize(run: EvalRun, rows: pd.DataFrame) -> pd.DataFrame:
+    """The writer's own summary of `rows` (its columns), with its bootstrap settings."""
+    n_boot, seed = run.settings.get("bootstrap", 1000), run.settings.get("seed", 0)
+    if run.kind.name == "evaluate":
+        from ..eval.report import summarize
+
+        return summarize(rows, n_boot, seed).rename(columns={"retained": "retention", "retained_ci_low":
+                                                             "retention_ci_low", "retained_ci_high": "retention_ci_high"})
+    if run.kind.name == "long_context":
+        return long_context.summarize(rows, n_boot, seed)
+    if run.kind.name == "conversation":
+        sizes = run.meta.get("sizes") or {}
+        return conversation.summarize(rows, sizes.get("target_mb_per_token", np.nan),
+                                      sizes.get("source_mb_per_token", np.nan), sizes.get("translator_mb", np.nan),
+                                      n_boot, seed)
+    return shards.summarize(rows, tuple(run.settings["shards"]), n_boot, seed)
+
+
+def slice_summary(run: EvalRun, examples: Iterable[str] | None = None) -> pd.DataFrame:
+    """Each group's and condition's mean score with its 95% bootstrap interval and the share of native kept
+    (retention, with its paired interval), over the examples named (default: all), computed by the writer's own
+    summary (mot_viz.eval.report.summarize, long_context, conversation or shards.summarize): over every example it
+    is the folder's own summary."""
+    rows = run.rows if examples is None else run.rows[run.rows["example"].isin(set(examples))]
+    if rows.empty:
+        return pd.DataFrame(columns=SLICE_COLUMNS)
+    summary = _summarize(run, rows.drop(columns=["group", "example"]))
+    return _as_slice(run, summary)
+
+
+def stated_summary(run: EvalRun) -> pd.DataFrame:
+    """The folder's own summary (summary.json) in slice_summary's columns."""
+    summary = run.summary.rename(columns={"retained": "retention", "retained_ci_low": "retention_ci_low",
+                                          "retained_ci_high": "retention_ci_high"})
+    return _as_slice(run, summary)
+
+
+def _as_slice(run: EvalRun, summary: pd.DataFrame) -> pd.DataFrame:
+    groups = {"evaluate": lambda s: s["dataset"], "long_context": lambda s: _budget_label(s["source"], s["budget"]),
+              "conversation": lambda s: "turn " + s["turn"].astype(int).astype(str),
+              "shards": lambda s: pd.Series(f"stacks {run.settings['budget']} tokens", index=s.index)}
+    out = summary.assign(group=groups[run.kind.name](summary))
+    for column in SLICE_COLUMNS:
+        if column not in out:
+            out[column] = np.nan
+    return out[list(SLICE_COLUMNS)].reset_index(drop=True)
+
+
+# ----- two runs of the same examples ----------------------------------------------------------------------------
+
+
+def condition_rows(run: EvalRun, condition: str, label: str) -> pd.DataFrame:
+    """One condition's rows of a run renamed `label`, with "dataset" naming each row's group (as the run's own
+    paired.csv does): what mot_viz.eval.report.paired_differences compares across runs."""
+    part = run.rows[run.rows["condition"] == condition]
+    if part.empty:
+        raise ResultsFolderError(f"{run.folder} has no rows of condition {condition!r}; it has "
+                                 f"{', '.join(run.conditions)}. Pick one of those.")
+    return part.assign(condition=label, dataset=part["group"], id=part["example"])
+
+
+@dataclass
+class RunComparison:
+    """Two runs' scores of the same examples under one condition each."""
+
+    labels: tuple[str, str]  # the two runs' labels in `pairs` and `paired`
+    pairs: pd.DataFrame  # one row per example both ran: example, group, score_a, score_b, diff (a − b)
+    a_wins: pd.DataFrame  # the rows of `pairs` where a scores higher
+    b_wins: pd.DataFrame
+    paired: pd.DataFrame  # paired_differences: per group, mean of a − b with its 95% interval and the wins
+
+
+def compare_runs(a: EvalRun, b: EvalRun, condition_a: str | None = None, condition_b: str | None = None,
+                 examples: Iterable[str] | None = None, n_boot: int = 1000, seed: int = 0) -> RunComparison:
+    """Per example, run a's score under condition_a against run b's under condition_b (default: each run's
+    translated condition), over the examples both ran (and among `examples` when given), and the paired difference
+    a − b per group with its bootstrap interval: mot_viz.eval.report.paired_differences, as scripts/paired_runs.py
+    computes it. A pair of runs with no example in common is a ResultsFolderError."""
+    condition_a, condition_b = condition_a or a.translated, condition_b or b.translated
+    label_a, label_b = a.name, b.name if b.name != a.name else f"{b.name} (second)"
+    rows_a, rows_b = condition_rows(a, condition_a, label_a), condition_rows(b, condition_b, label_b)
+    if examples is not None:
+        chosen = set(examples)
+        rows_a, rows_b = rows_a[rows_a["example"].isin(chosen)], rows_b[rows_b["example"].isin(chosen)]
+    pairs = rows_a[["example", "group", "score"]].merge(rows_b[["example", "group", "score"]], on=["example", "group"],
+                                                         suffixes=("_a", "_b"))
+    if pairs.empty and examples is None:
+        raise ResultsFolderError(f"{a.folder} and {b.folder} have no example in common (the same dataset, n and "
+                                 "seed give the same examples). Pick a second run of the same examples.")
+    pairs["diff"] = pairs["score_a"] - pairs["score_b"]
+    paired = paired_differences(pd.concat([rows_a, rows_b]), pairs=[(label_a, label_b)], n_boot=n_boot, seed=seed) \
+        if len(pairs) else pd.DataFrame(columns=["dataset", "a", "b", "n", "diff", "ci_low", "ci_high", "a_better",
+                                                 "b_better"])
+    return RunComparison((label_a, label_b), pairs, pairs[pairs["diff"] > 0], pairs[pairs["diff"] < 0], paired)
+
+
+# ----- where the app shows one example ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AppView:
+    """The app's view of one example: the page, the sidebar's models, checkpoint and dataset example, and the page's
+    own options (widget keys "pg.<page>.<name>"); `reason` says why an example has none."""
+
+    page: str | None = None  # the page's file name in views/ without ".py", e.g. "1_answers"
+    source: str | None = None
+    target: str | None = None
+    checkpoint: str | None = None  # the checkpoint's folder name
+    dataset: str | None = None
+    example: int | None = None
+    options: dict = field(default_factory=dict)
+    reason: str = ""
+
+
+def _checkpoint_models(checkpoint: str) -> tuple[str, str] | None:
+    """The source and target model names of a run's checkpoint (a path as the run was given it, from the working
+    folder or the repository), or None when it is not here."""
+    from ..engine.checkpoint import read_config
+
+    for path in (Path(checkpoint), REPO_ROOT / checkpoint):
+        if (path / "config.json").is_file():
+            try:
+                config = read_config(str(path))
+                return config["source"]["name"], config["target"]["name"]
+            except (MotVizError, OSError, KeyError, TypeError, ValueError):
+                return None
+    return None
+
+
+def app_views(run: EvalRun, table: pd.DataFrame, *, checkpoints: Iterable[str], examples_per_dataset: int,
+              long_documents: int, conversations: int, shard_documents: int) -> list[AppView]:
+    """For each row of a wide table of `run`, the app's view of that example, or why there is none yet.
+
+    `checkpoints`: the checkpoint names the app offers; the other arguments: how many dataset examples (the
+    sidebar's, load_dataset(name, n, seed=0)), long documents, conversations and sharded documents the app's pages
+    offer, each the first of the evaluations' own sample with seed 0."""
+    checkpoint = str(run.settings.get("checkpoint", ""))
+    name = Path(checkpoint.rstrip("/")).name
+    models = _checkpoint_models(checkpoint)
+    if name not in set(checkpoints) or models is None:
+        why = (f"the run's checkpoint {checkpoint} is not among the app's checkpoints (pretrained/): copy it there "
+               "to open its examples in the app")
+        return [AppView(reason=why)] * len(table)
+    base = dict(source=models[0], target=models[1], checkpoint=name)
+    seed = run.settings.get("seed", 0)
+    if seed != 0:
+        return [AppView(reason=f"the app offers the examples of seed 0; this run sampled seed {seed}")] * len(table)
+    kind = run.kind.name
+    if kind == "evaluate":
+        return _dataset_views(run, table, base, examples_per_dataset)
+    # a document's number is its place in the run's sample: the app's are the first of the same seeded draw
+    order = run.rows.drop_duplicates("example")
+    if kind == "conversation":  # a conversation's number is its story's, whatever the turn
+        stories = {story: k for k, story in enumerate(dict.fromkeys(order["id"]))}
+        number = dict(zip(order["example"], order["id"].map(stories)))
+    else:  # a document's number is its place among the documents of its length
+        number = dict(zip(order["example"], order.groupby("group").cumcount()))
+    views = []
+    for r in table.itertuples():
+        k = int(number[r.example])
+        if kind == "long_context":
+            source = run.settings.get("source")
+            budget = int(r.group.split()[-2])
+            if source not in ("stacks", "qasper"):
+                views.append(AppView(reason="the Long context page offers the built-in stacks and Qasper papers only"))
+            elif k >= long_documents:
+                views.append(AppView(reason=f"the Long context page offers the first {long_documents} documents"))
+            else:
+                views.append(AppView("8_long_context", **base, options={"pg.long.source": source,
+                                                                         "pg.long.budget": budget, "pg.long.doc": k}))
+        elif kind == "conversation":
+            turns = int(run.settings.get("turns", 5))
+            if k >= conversations or run.settings.get("max_story_tokens", 512) != 512:
+                views.append(AppView(reason=f"the Multi-agent page offers the first {conversations} conversations "
+                                            "of stories up to 512 tokens"))
+            else:
+                views.append(AppView("10_multi_agent", **base, options={"pg.agents.conversation": k,
+                                                                         "pg.agents.turns": turns}))
+        else:
+            shard_counts = run.settings.get("shards", [2])
+            if k >= shard_documents or int(run.settings.get("budget", 0)) != 1024:
+                views.append(AppView(reason=f"the Multi-agent page reads the first {shard_documents} documents of "
+                                            "1,024 tokens in shards"))
+            else:
+                views.append(AppView("10_multi_agent", **base, options={
+                    "pg.agents.sharded": True, "pg.agents.shards": int(shard_counts[0]), "pg.agents.doc": k}))
+    return views
+
+
+def _dataset_views(run: EvalRun, table: pd.DataFrame, base: dict, examples_per_dataset: int) -> list[AppView]:
+    """The sidebar's dataset example of each row of an `evaluate` run (its place among the examples offered)."""
+    from ..data.eval_data import BUILTIN_DATASETS, load_dataset
+
+    offered = {}
+    for name in run.settings.get("datasets", []):
+        if name in BUILTIN_DATASETS:
+            try:
+                for index, e in enumerate(load_dataset(name, n=examples_per_dataset, seed=0)):
+                    offered[(e.dataset, e.id)] = (name, index)
+            except (MotVizError, OSError, ValueError):
+                continue
+    views = []
+    for r in table.itertuples():
+        found = offered.get((r.dataset, r.id))
+        if found is None:
+            views.append(AppView(reason=f"the sidebar offers the first {examples_per_dataset} examples of each "
+                                        "built-in dataset; this is not one of them"))
+        else:
+            views.append(AppView("1_answers", **base, dataset=found[0], example=found[1]))
+    return views
+
+
+def shipped_runs(root: str | Path = REPO_ROOT / "results") -> list[Path]:
+    """The results folders under `root` (those holding examples.csv and summary.json), sorted."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DataUnavailableError(f"There is no results folder {root}. Type a results folder's path instead.")
+    return sorted(p.parent for p in root.glob(f"*/*/{RESULTS_TABLE}") if (p.parent / SETTINGS_FILE).is_file())
