@@ -32,6 +32,7 @@ PAGES = {
     "8_long_context.py": "Long context",
     "9_logit_lens.py": "Logit lens",
     "10_multi_agent.py": "Multi-agent",
+    "11_evaluations.py": "Evaluations",
 }
 
 

@@ -1,0 +1,129 @@
+"""The Evaluations page driven by AppTest on the shipped results folders: what it shows is checked against
+mot_viz.analysis.eval_runs and scripts/paired_runs.py. The page loads no model, so it runs on its own (its file, no
+navigation: the sidebar is drawn but nothing is translated) with the real checkpoint list, which its links name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from mot_viz.analysis import eval_runs
+from mot_viz.data.eval_data import load_dataset
+from tolerance import assert_close
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = str(ROOT / "views/11_evaluations.py")
+MID = "results/eval/smollm2-to-gemma3-mid-squad300"
+LINEAR = "results/eval/smollm2-to-gemma3-mid-linear-squad300"
+NUMBERS = ["n", "mean", "ci_low", "ci_high", "retention", "retention_ci_low", "retention_ci_high"]
+
+
+@pytest.fixture(autouse=True)
+def test_env(monkeypatch, app_cache):
+    monkeypatch.setenv("MOT_VIZ_TEST_MODELS", "1")
+    monkeypatch.setenv("MOT_VIZ_CACHE", str(app_cache))
+    monkeypatch.delenv("MOT_VIZ_PRETRAINED", raising=False)
+
+
+def open_page() -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=300)
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def frame(at: AppTest, key: str) -> pd.DataFrame:
+    """A table of the page, named by the columns only it has (AppTest does not give a dataframe's key); "wins a" /
+    "wins b": the examples the first / second run wins (its difference positive / negative)."""
+    if key.startswith("wins"):
+        sign = 1 if key == "wins a" else -1
+        return next(d.value for d in at.dataframe if {"diff", "question"} <= set(d.value.columns)
+                    and len(d.value) and (d.value["diff"] * sign > 0).all())
+    signature = {"table": {"example", "app", "question"}, "slice": {"group", "retention", "ci_low"},
+                 "paired": {"a_better", "b_better"}}[key]
+    return next(d.value for d in at.dataframe if signature <= set(d.value.columns))
+
+
+def test_the_mid_squad_run_filtered_to_its_lost_answers_matches_the_library():
+    at = open_page()
+    assert at.title[0].value == "Evaluations" and not at.error
+    run = eval_runs.open_run(ROOT / MID)
+    assert any(c.value == f"python -m mot_viz.eval.evaluate --checkpoint pretrained/smollm2-to-gemma3-mid --datasets "
+                           f"squad --n 300 --seed 0 --conditions native mot random --max_new_tokens 24 "
+                           f"--max_context_tokens 448 --out {ROOT / MID}" for c in at.code)
+    whole = frame(at, "slice")
+    assert_close(whole[NUMBERS].to_numpy(float), eval_runs.stated_summary(run)[NUMBERS].to_numpy(float), rtol=1e-12)
+
+    at.checkbox(key="pg.evals.lost").check().run()
+    assert not at.exception
+    table = frame(at, "table")
+    expected = eval_runs.select(eval_runs.wide_table(run), "mot", lost=True)
+    assert table["example"].tolist() == expected["example"].tolist() and len(table) > 0
+    assert_close(frame(at, "slice")[NUMBERS].to_numpy(float),
+                 eval_runs.slice_summary(run, expected["example"])[NUMBERS].to_numpy(float), rtol=1e-12)
+    assert at.query_params.get("evals.lost") == "true"
+
+    # every linked row opens the Answers page on that example: the sidebar's dataset and its index there
+    offered = [e.id for e in load_dataset("squad", n=50, seed=0)]
+    links = table.dropna(subset=["app"])
+    assert len(links) == sum(i in offered for i in table["id"])
+    for row in links.itertuples():
+        assert row.app == (f"./answers?src=smollm2-135m&tgt=gemma3-270m&ckpt=smollm2-to-gemma3-mid&ds=squad"
+                           f"&ex={offered.index(row.id)}")
+
+    at.text_input(key="pg.evals.search").input("what").run()
+    searched = frame(at, "table")
+    assert searched["question"].str.lower().str.contains("what").all() and len(searched) < len(table)
+    assert frame(at, "slice")["n"].tolist() == [len(searched)] * 3
+
+
+def test_two_runs_side_by_side_match_scripts_paired_runs():
+    from scripts.paired_runs import paired_runs
+
+    at = open_page()
+    at.selectbox(key="pg.evals.second").set_value(LINEAR).run()
+    assert not at.exception and not at.error
+    a, b = Path(MID).name, Path(LINEAR).name
+    script = paired_runs([f"{ROOT / MID}:mot={a}", f"{ROOT / LINEAR}:mot={b}"], [f"{a}:{b}"])
+    shown = frame(at, "paired")
+    assert shown[["n", "a_better", "b_better"]].to_numpy().tolist() == \
+        script[["n", "a_better", "b_better"]].to_numpy().tolist()
+    assert_close(shown[["diff", "ci_low", "ci_high"]].to_numpy(float),
+                 script[["diff", "ci_low", "ci_high"]].to_numpy(float), rtol=1e-12)
+    wins = frame(at, "wins a")
+    assert len(wins) == int(script["a_better"].iloc[0]) and (wins[f"score in {a}"] > wins[f"score in {b}"]).all()
+
+    # the slice's paired difference: the same code over the examples the filters keep
+    at.number_input(key="pg.evals.low").set_value(0.5).run()
+    kept = frame(at, "table")
+    sliced = eval_runs.compare_runs(eval_runs.open_run(ROOT / MID), eval_runs.open_run(ROOT / LINEAR),
+                                    examples=kept["example"])
+    shown = frame(at, "paired")
+    assert int(shown["n"].iloc[0]) == len(kept) < 300
+    assert_close(shown[["diff", "ci_low", "ci_high"]].to_numpy(float),
+                 sliced.paired[["diff", "ci_low", "ci_high"]].to_numpy(float), rtol=1e-12)
+
+
+def test_a_folder_that_is_not_a_results_folder_is_one_message(tmp_path):
+    at = open_page()
+    at.selectbox(key="pg.evals.folder").set_value("other folder (type its path below)").run()
+    at.text_input(key="pg.evals.path").input(str(tmp_path)).run()
+    assert not at.exception
+    assert len(at.error) == 1 and "not a results folder" in at.error[0].value
+    at.text_input(key="pg.evals.path").input(str(tmp_path / "nowhere")).run()
+    assert len(at.error) == 1 and "There is no folder" in at.error[0].value
+
+
+def test_a_long_context_run_links_each_document_on_the_long_context_page():
+    at = open_page()
+    at.selectbox(key="pg.evals.folder").set_value("results/long/smollm2-to-gemma3-mid-stacks").run()
+    assert not at.exception and not at.error
+    table = frame(at, "table")
+    first = table[table["group"] == "stacks 1024 tokens"].iloc[0]
+    assert first["app"] == ("./long_context?src=smollm2-135m&tgt=gemma3-270m&ckpt=smollm2-to-gemma3-mid"
+                            "&long.budget=1024&long.doc=0&long.source=stacks")
+    assert at.radio(key="pg.evals.x").options == ["context length (target tokens)",
+                                                  "evidence depth (share of the document before the evidence)"]

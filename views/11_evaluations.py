@@ -1,0 +1,252 @@
+"""Evaluations: a results folder example by example — which answers a translation lost, a slice's summary, the
+app's view of one example, and two runs of the same examples side by side."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from mot_viz import app
+from mot_viz.analysis import eval_runs
+from mot_viz.app.multi_agent import CONVERSATIONS
+from mot_viz.app.permalink import SidebarLink, fit_link, page_params, query_string, sidebar_params
+from mot_viz.errors import MotVizError
+
+OTHER = "other folder (type its path below)"
+NONE = "(none)"
+DEFAULT_RUN = "results/eval/smollm2-to-gemma3-mid-squad300"
+LONG_DOCUMENTS = 48  # the Long context page's document numbers (0–47)
+SHARD_DOCUMENTS = 50  # the Multi-agent page's sharded document numbers (0–49)
+ORDER = "the run's order"
+
+
+def main() -> None:
+    st.title("Evaluations")
+    app.explain(
+        "An evaluation's results folder, example by example: which answers the translated cache lost, what they "
+        "have in common, and the app's view of any one of them. It opens every folder that "
+        "`python -m mot_viz.eval.evaluate`, `long_context`, `conversation` or `shards` writes with `--out` — the "
+        "shipped ones under results/, or a folder of your own (choose *other folder* and type its path).\n\n"
+        "- **Settings and summary** — as the folder's summary.json states them.\n"
+        "- **Examples** — one row per example (a conversation: per turn): each condition's answer and score and "
+        f"*MoT − native*. Filter by a score range, by the answers native got right and MoT wrong (a score of at "
+        f"least {eval_runs.RIGHT} is right), or by a word of the question; click a column's header to sort by it.\n"
+        "- **The slice** — each condition's mean with its 95% bootstrap interval and retention (÷ native, with its "
+        "paired interval), recomputed for the examples the filters keep by the evaluation's own summary code: with "
+        "no filter it is the folder's own summary.\n"
+        "- **Two runs side by side** — a second folder of the same examples (another checkpoint, the linear map, "
+        "another window): the paired difference over the slice, as `scripts/paired_runs.py` computes it."
+    )
+    run, table = _pick_run("pg.evals.folder", "pg.evals.path", "Results folder")
+    if run is None:
+        st.stop()
+    _settings(run)
+    table, shown = _examples(run, table)
+    _slice(run, shown)
+    _two_runs(run, table, shown)
+
+
+# ----- the folder --------------------------------------------------------------------------------------------------
+
+
+def _shipped() -> list[str]:
+    return [str(p.relative_to(app.REPO_ROOT)) for p in eval_runs.shipped_runs(app.REPO_ROOT / "results")]
+
+
+@st.cache_resource(max_entries=16, show_spinner="Reading the results folder …")
+def _opened(folder: str, stamp: tuple) -> tuple[eval_runs.EvalRun, pd.DataFrame]:
+    """A results folder read and its wide table, kept while its files are unchanged (`stamp`); never mutated."""
+    run = eval_runs.open_run(folder)
+    return run, eval_runs.wide_table(run)
+
+
+def _stamp(folder: Path) -> tuple:
+    return tuple((p.stat().st_mtime_ns, p.stat().st_size) if p.is_file() else None
+                 for p in (folder / "examples.csv", folder / "summary.json"))
+
+
+def _resolve(typed: str) -> Path:
+    """A typed folder: as given (from the working folder), else from the repository."""
+    path = Path(typed.strip()).expanduser()
+    return path if path.is_absolute() or path.exists() else app.REPO_ROOT / path
+
+
+def _pick_run(key: str, path_key: str, label: str, optional: bool = False):
+    """A folder chosen among the shipped results (or typed), read: (run, wide table), or (None, None)."""
+    shipped = _shipped()
+    options = ([NONE] if optional else []) + shipped + [OTHER]
+    app.widget_default(key, NONE if optional else (DEFAULT_RUN if DEFAULT_RUN in shipped else options[0]), options)
+    choice = st.selectbox(label, options, key=key)
+    app.widget_default(path_key, "")
+    typed = st.text_input("Folder path", key=path_key, disabled=choice != OTHER,
+                          placeholder="e.g. /home/me/runs/mid-squad (a folder an evaluation's --out wrote)")
+    if choice == NONE or (choice == OTHER and not typed.strip()):
+        if choice == OTHER:
+            st.info("Type the path of a results folder.")
+        return None, None
+    folder = _resolve(typed) if choice == OTHER else app.REPO_ROOT / choice
+    try:
+        return _opened(str(folder), _stamp(folder))
+    except MotVizError as exc:
+        app.show_error(exc)
+        return None, None
+
+
+def _settings(run: eval_runs.EvalRun) -> None:
+    st.subheader("Settings and summary")
+    meta = run.meta
+    skipped = len(run.skipped)
+    st.markdown(f"**{app.escape_markdown(run.name)}** — written by `{run.kind.command}` on {meta.get('date', '?')}; "
+                f"{run.rows['example'].nunique()} examples, {skipped} skipped.")
+    st.code(run.command, language="bash", wrap_lines=True)
+    with st.expander("Settings (summary.json)"):
+        st.json(run.settings)
+    st.dataframe(run.summary, hide_index=True)
+    if skipped:
+        with st.expander(f"Skipped ({skipped})"):
+            st.dataframe(run.skipped, hide_index=True)
+
+
+# ----- the examples ------------------------------------------------------------------------------------------------
+
+
+def _link(view: eval_runs.AppView) -> str | None:
+    """The address of the app's view of one example (a page's path, as the navigation names it, and its link)."""
+    if view.page is None:
+        return None
+    sidebar = sidebar_params(SidebarLink(view.source, view.target, view.checkpoint, dataset=view.dataset,
+                                         example=view.example))
+    params, _ = fit_link({**sidebar, **page_params(view.options)})
+    return "./" + re.sub(r"^[0-9]+_", "", view.page) + query_string(params)
+
+
+def _examples(run: eval_runs.EvalRun, table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The filters and the table of examples: (every example with its app link, those the filters keep)."""
+    st.subheader("Examples")
+    conditions = run.conditions
+    cols = st.columns(4)
+    app.widget_default("pg.evals.condition", run.translated if run.translated in conditions else conditions[0],
+                       conditions)
+    condition = cols[0].selectbox("Score of", conditions, key="pg.evals.condition")
+    app.widget_default("pg.evals.low", 0.0)
+    low = cols[1].number_input("from", 0.0, 1.0, step=0.05, key="pg.evals.low")
+    app.widget_default("pg.evals.high", 1.0)
+    high = cols[2].number_input("to", 0.0, 1.0, step=0.05, key="pg.evals.high")
+    app.widget_default("pg.evals.lost", False)
+    can_lose = "native" in conditions and run.translated in conditions
+    lost = cols[3].checkbox(f"native right, {run.translated} wrong", key="pg.evals.lost", disabled=not can_lose,
+                            help=f"native scored at least {eval_runs.RIGHT}, {run.translated} less")
+    cols = st.columns([2, 1, 1])
+    app.widget_default("pg.evals.search", "")
+    search = cols[0].text_input("Question contains", key="pg.evals.search")
+    delta = eval_runs.delta_column(run)
+    sorts = [ORDER, *([delta] if delta in table else []), "context_tokens", *(f"{c} score" for c in conditions)]
+    app.widget_default("pg.evals.sort", ORDER, sorts)
+    sort = cols[1].selectbox("Sort by", sorts, key="pg.evals.sort")
+    app.widget_default("pg.evals.descending", False)
+    descending = cols[2].checkbox("descending", key="pg.evals.descending")
+
+    views = eval_runs.app_views(run, table, checkpoints=list(app.available_checkpoints()),
+                                examples_per_dataset=app.EXAMPLES_PER_DATASET, long_documents=LONG_DOCUMENTS,
+                                conversations=CONVERSATIONS, shard_documents=SHARD_DOCUMENTS)
+    table = table.assign(app=[_link(v) for v in views])
+    shown = eval_runs.select(table, condition, low, high, lost and can_lose, search, run.translated)
+    if sort != ORDER:
+        shown = shown.sort_values(sort, ascending=not descending, kind="stable")
+    if table["question"].isna().all():
+        st.caption("The questions are not shown: the data this run sampled is not installed here.")
+    st.caption(f"{len(shown)} of {len(table)} examples.")
+    scores = {c: st.column_config.NumberColumn(format="%.3f") for c in shown.columns if c.endswith(" score")}
+    st.dataframe(shown, hide_index=True, key="evals.table", column_order=["app", *[c for c in shown if c != "app"]],
+                 column_config={"app": st.column_config.LinkColumn("open", display_text="Open in the app"),
+                                delta: st.column_config.NumberColumn(format="%+.3f"), **scores})
+    _not_linkable(views)
+    return table, shown
+
+
+def _not_linkable(views: list[eval_runs.AppView]) -> None:
+    reasons = pd.Series([v.reason for v in views if v.page is None], dtype=object)
+    linked = len(views) - len(reasons)
+    text = f"**Open in the app** sets the sidebar (pair, checkpoint, dataset example) and the page's options to " \
+           f"that example: {linked} of {len(views)} examples open this way."
+    if len(reasons):
+        text += " Not linkable yet: " + "; ".join(f"{n} because {app.escape_markdown(r)}"
+                                                  for r, n in reasons.value_counts().items()) + "."
+    st.caption(text + " The app cuts a context at its own limit (1,024 target tokens), an evaluation at its "
+                      "--max_context_tokens: a passage longer than both limits reads differently.")
+
+
+# ----- the slice ---------------------------------------------------------------------------------------------------
+
+
+def _slice(run: eval_runs.EvalRun, shown: pd.DataFrame) -> None:
+    st.subheader("The slice")
+    summary = eval_runs.slice_summary(run, shown["example"])
+    if summary.empty:
+        st.info("No example passes the filters.")
+        return
+    st.caption(f"Over the {len(shown)} examples shown ({run.settings.get('bootstrap', 1000)} bootstrap resamples, "
+               "seed as the run's): mean score with its 95% interval; retention = mean ÷ native's, with its paired "
+               "interval.")
+    st.dataframe(summary, hide_index=True, key="evals.slice",
+                 column_config={c: st.column_config.NumberColumn(format="%.3f") for c in
+                                ("mean", "ci_low", "ci_high", "retention", "retention_ci_low", "retention_ci_high")})
+    delta = eval_runs.delta_column(run)
+    if delta not in shown:
+        return
+    axes = [x for x in eval_runs.X_AXES if x in shown and shown[x].notna().any()]
+    app.widget_default("pg.evals.x", axes[0], axes)
+    x = st.radio("Against", axes, format_func=eval_runs.X_AXES.get, key="pg.evals.x", horizontal=True)
+    data = shown[["example", "group", x, delta]]
+    app.show_figure(eval_runs.delta_figure(shown, delta, x), data, "evaluation_delta")
+
+
+# ----- two runs ----------------------------------------------------------------------------------------------------
+
+
+def _two_runs(run: eval_runs.EvalRun, table: pd.DataFrame, shown: pd.DataFrame) -> None:
+    st.subheader("Two runs side by side")
+    other, _ = _pick_run("pg.evals.second", "pg.evals.second_path", "Second results folder (the same examples)",
+                         optional=True)
+    if other is None:
+        return
+    cols = st.columns(2)
+    app.widget_default("pg.evals.condition_a", run.translated if run.translated in run.conditions
+                       else run.conditions[0], run.conditions)
+    condition_a = cols[0].selectbox(f"Condition of {run.name}", run.conditions, key="pg.evals.condition_a")
+    app.widget_default("pg.evals.condition_b", other.translated if other.translated in other.conditions
+                       else other.conditions[0], other.conditions)
+    condition_b = cols[1].selectbox(f"Condition of {other.name}", other.conditions, key="pg.evals.condition_b")
+    try:
+        comparison = eval_runs.compare_runs(run, other, condition_a, condition_b)
+    except MotVizError as exc:
+        app.show_error(exc)
+        return
+    sliced = eval_runs.compare_runs(run, other, condition_a, condition_b, examples=shown["example"])
+    a, b = sliced.labels
+    st.caption(f"{len(comparison.pairs)} examples in both runs, {len(sliced.pairs)} of them in the slice. "
+               f"The paired difference {a} − {b} per group over the slice, with its 95% bootstrap interval (1,000 "
+               "resamples, seed 0) and the examples each side wins; over every example it is `scripts/paired_runs.py "
+               f"{run.folder}:{condition_a}={a} {other.folder}:{condition_b}={b} --pairs {a}:{b}`.")
+    if sliced.pairs.empty:
+        st.info("No example of the slice is in both runs.")
+        return
+    st.dataframe(sliced.paired, hide_index=True, key="evals.paired",
+                 column_config={c: st.column_config.NumberColumn(format="%+.3f") for c in ("diff", "ci_low", "ci_high")})
+    app.show_figure(eval_runs.comparison_figure(sliced.pairs, sliced.labels), sliced.pairs, "evaluation_two_runs")
+    links = table.set_index("example")
+    for title, wins in ((f"{a} wins", sliced.a_wins), (f"{b} wins", sliced.b_wins)):
+        with st.expander(f"{title} ({len(wins)})"):
+            listed = wins.assign(question=wins["example"].map(links["question"]),
+                                 app=wins["example"].map(links["app"])).rename(
+                columns={"score_a": f"score in {a}", "score_b": f"score in {b}"})
+            st.dataframe(listed, hide_index=True, key=f"evals.wins.{title}",
+                         column_order=["app", *[c for c in listed if c != "app"]],
+                         column_config={"app": st.column_config.LinkColumn("open", display_text="Open in the app"),
+                                        "diff": st.column_config.NumberColumn(format="%+.3f")})
+
+
+app.run_page(main)
