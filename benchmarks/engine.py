@@ -1,13 +1,16 @@
 """Benchmark of the MoT engine on the bundled pair (a measurement, not a test).
 
-    .venv/bin/python benchmarks/engine.py [--lengths 64 128 256 512] [--repeats 3] [--checkpoint pretrained/smollm2-to-gemma3]
-        [--label "what changed"] [--chunks 0 32 64 128 256] [--split] [--out benchmarks/engine.md]
+    .venv/bin/python benchmarks/engine.py [--lengths 128 256 512 1024 2048 4096 8000] [--repeats 3]
+        [--checkpoint pretrained/smollm2-to-gemma3] [--label "what changed"] [--chunks 0 32 64 128 256] [--split]
+        [--out benchmarks/engine.md]
 
 For each context length (target tokens) it times, on the machine it runs on: source prefill, token
 alignment, translator, replay into the target, and the target's own (native) prefill; it reports the
 ratios translator ÷ native prefill and (translate + replay) ÷ native prefill, measured in the same run,
-and the process's peak resident memory after each length. Medians over --repeats runs after one warm-up.
-The table goes to --out under --label (git keeps earlier runs; an A/B is measured in one run, e.g. --chunks).
+the process's peak resident memory after each length, and how each stage's time grows from one length to
+the next beside the tokens' growth. Medians over --repeats runs after one warm-up. A length the source
+model cannot hold is skipped with its reason. The table goes to --out under --label (git keeps earlier
+runs; an A/B is measured in one run, e.g. --chunks).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from mot_viz.engine import hf
 from mot_viz.engine.alignment import encode
 from mot_viz.engine.checkpoint import load_checkpoint
 from mot_viz.engine.models import DEFAULT_SOURCE, DEFAULT_TARGET, load_model
+from mot_viz.errors import ContextError
 from mot_viz.engine.mot import native_cache, prepare_source, replay, translate
 from mot_viz.fsutil import write_text_atomic
 
@@ -40,6 +44,10 @@ PASSAGE = (
     "assimilation and mixing with the native Frankish and Roman-Gaulish populations, their descendants would "
     "gradually merge with the Carolingian-based cultures of West Francia. "
 )
+
+
+STAGE_NAMES = {"source_prefill": "source prefill", "alignment": "alignment", "translator": "translator",
+               "replay": "replay", "native_prefill": "native prefill", "stock_native": "stock native prefill"}
 
 
 def context_of(target, n_tokens: int) -> str:
@@ -86,8 +94,9 @@ def stock_attention():
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 256, 512],
-                        help="context lengths in target tokens")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512, 1024, 2048, 4096, 8000],
+                        help="context lengths in target tokens (8,000: about the longest the source's 8,192 positions "
+                             "hold of this text)")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per length (the median is reported)")
     parser.add_argument("--checkpoint", default="pretrained/smollm2-to-gemma3", help="the MoT checkpoint timed")
     parser.add_argument("--label", default="the engine as it is", help="heading of the new table (what changed)")
@@ -110,6 +119,7 @@ def main() -> int:
     args = parser.parse_args()
 
     torch.manual_seed(0)
+    load_at_start = os.getloadavg()[0]
     source, target = load_model(DEFAULT_SOURCE), load_model(DEFAULT_TARGET)
     mot, config = load_checkpoint(args.checkpoint, source, target)
     mot.eval()
@@ -146,10 +156,16 @@ def main() -> int:
             measured.setdefault("native_attention", []).append(spent[0])
         return {key: statistics.median(r) for key, r in measured.items()}
 
-    rows, split_rows = [], []
+    rows, split_rows, skipped, lengths = [], [], [], []
     for n in args.lengths:
         text = context_of(target, n)
-        translate(mot, source, target, text)  # warm-up
+        try:
+            translate(mot, source, target, text)  # warm-up
+        except ContextError as exc:  # longer than the source holds: the other lengths still run
+            skipped.append(f"{n}: {exc}")
+            print(f"{n} tokens skipped: {exc}", flush=True)
+            continue
+        lengths.append(n)
         translations, stock = [], []
         for _ in range(args.repeats):  # each translation, then the stock native prefill of the same ids
             translations.append(translate(mot, source, target, text))
@@ -173,7 +189,7 @@ def main() -> int:
         """Per length: the median of measure(timings) over --repeats translations that take each value of the
         attention module's `setting` (set to value_of(value)) in turn, the shipped value restored after."""
         shipped, out = getattr(hf.attention, setting), []
-        for n in args.lengths:
+        for n in lengths:
             text = context_of(target, n)
             measured: dict[int, list[float]] = {v: [] for v in values}
             for _ in range(args.repeats):
@@ -194,7 +210,7 @@ def main() -> int:
     stop_rows = []
     if args.whole_last_layer:  # the same translation with and without the cache-only stop, in turn within each repeat
         compared = ("source_prefill", "replay", "native_prefill")
-        for n in args.lengths:
+        for n in lengths:
             text = context_of(target, n)
             runs_by = {False: [], True: []}
             for _ in range(args.repeats):
@@ -221,7 +237,9 @@ def main() -> int:
         f"dim {cfg.dim}, {paths}; {replay_kind}). The source prefill chooses the top-k source positions of the "
         "sparse replay as it runs (its column includes that); the replay column includes mapping them to the target "
         f"grid. Median of {args.repeats} runs after a warm-up. Timings on shared "
-        "2-core machines are noisy: read the ratios, which come from the same run. Two native prefills: the "
+        "2-core machines are noisy: read the ratios, which come from the same run (1-minute load average "
+        f"{load_at_start:.1f} when it started, {os.getloadavg()[0]:.1f} when it ended, on {os.cpu_count()} cores: "
+        "above the cores, other processes shared the machine). Two native prefills: the "
         "engine's (its sliding-window layers attend over only the keys a query may see: hf.windowed_attention, "
         "as the replay's dense layers do) and the stock one (transformers' SDPA under the model's [N, N] mask on "
         "every layer, how the target prefills a text without MoT Viz), timed after each translation.",
@@ -240,6 +258,16 @@ def main() -> int:
             f"| {(med['translator'] + med['replay'])/med['stock_native']:.2f} | {peak:.0f} |"
         )
     lines += ["", "Peak RSS is the whole process (both models loaded) after that length, so it only grows down the table."]
+    if skipped:
+        lines += ["", "Skipped: " + "; ".join(skipped)]
+    if len(rows) > 1:  # a stage linear in N grows by the tokens' ratio; faster than that is super-linear
+        growth = [*stages, "stock_native"]
+        lines += ["", "Growth from the row above: each stage's time ÷ its time at the previous length, beside the "
+                  "tokens' ratio (a stage linear in the length grows by the tokens' ratio):", "",
+                  "| target tokens | tokens × | " + " | ".join(STAGE_NAMES[s] + " ×" for s in growth) + " |",
+                  "|---:|---:|" + "---:|" * len(growth)]
+        for (n0, m0, _), (n1, m1, _) in zip(rows, rows[1:]):
+            lines.append(f"| {n1} | {n1 / n0:.2f} | " + " | ".join(f"{m1[s] / m0[s]:.2f}" for s in growth) + " |")
     if split_rows:
         lines += ["", "Where the time goes (`--split`): the replay alone (indices mapped already) and the native "
                   "prefill again, each split into its attention kernels and the rest of its layers (projections, "
