@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 import pandas as pd
 
-from mot_viz.analysis.figures import conversation_figure
+from mot_viz.analysis.multi_agent_figures import conversation_figure
 from mot_viz.analysis.long_context import retention_curve_figure
 from mot_viz.analysis.shift import SweepResult
 from mot_viz.analysis.shift.figures import (correction_vs_start_figure, metric_kl_figure, rho_trajectory_figure,

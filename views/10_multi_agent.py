@@ -3,7 +3,7 @@
 import streamlit as st
 
 from mot_viz import app
-from mot_viz.analysis.figures import conversation_figure, shard_error_figure
+from mot_viz.analysis.multi_agent_figures import conversation_figure, shard_error_figure
 from mot_viz.app.multi_agent import CONVERSATIONS, SHARD_BUDGET
 from mot_viz.errors import MotVizError
 
