@@ -4,6 +4,7 @@ navigation: the sidebar is drawn but nothing is translated) with the real checkp
 
 from __future__ import annotations
 
+import urllib.parse
 from pathlib import Path
 
 import pandas as pd
@@ -11,7 +12,11 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from mot_viz.analysis import eval_runs
-from mot_viz.data.eval_data import load_dataset
+from mot_viz.app.loaders import available_checkpoints
+from mot_viz.app.permalink import parse_link
+from mot_viz.app.settings import EXAMPLES_PER_DATASET, page_option_groups
+from mot_viz.data.eval_data import BUILTIN_DATASETS, load_dataset
+from mot_viz.engine.models import BUNDLED_MODELS
 from tolerance import assert_close
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,6 +31,16 @@ def test_env(monkeypatch, app_cache):
     monkeypatch.setenv("MOT_VIZ_TEST_MODELS", "1")
     monkeypatch.setenv("MOT_VIZ_CACHE", str(app_cache))
     monkeypatch.delenv("MOT_VIZ_PRETRAINED", raising=False)
+
+
+def restored(link: str):
+    """What the app restores from a link's query (as a fresh session opened on it does): nothing may be ignored."""
+    query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(link).query))
+    parsed = parse_link(query, models=list(BUNDLED_MODELS), checkpoints=list(available_checkpoints()),
+                        datasets=list(BUILTIN_DATASETS), examples=EXAMPLES_PER_DATASET,
+                        option_groups=page_option_groups())
+    assert not parsed.ignored and not parsed.typed, parsed.ignored
+    return parsed
 
 
 def open_page() -> AppTest:
@@ -73,6 +88,9 @@ def test_the_mid_squad_run_filtered_to_its_lost_answers_matches_the_library():
     for row in links.itertuples():
         assert row.app == (f"./answers?src=smollm2-135m&tgt=gemma3-270m&ckpt=smollm2-to-gemma3-mid&ds=squad"
                            f"&ex={offered.index(row.id)}")
+        sidebar = restored(row.app).sidebar
+        assert (sidebar.dataset, sidebar.example, sidebar.checkpoint) == ("squad", offered.index(row.id),
+                                                                         "smollm2-to-gemma3-mid")
 
     at.text_input(key="pg.evals.search").input("what").run()
     searched = frame(at, "table")
@@ -125,5 +143,6 @@ def test_a_long_context_run_links_each_document_on_the_long_context_page():
     first = table[table["group"] == "stacks 1024 tokens"].iloc[0]
     assert first["app"] == ("./long_context?src=smollm2-135m&tgt=gemma3-270m&ckpt=smollm2-to-gemma3-mid"
                             "&long.budget=1024&long.doc=0&long.source=stacks")
+    assert restored(first["app"]).page == {"pg.long.budget": 1024, "pg.long.doc": 0, "pg.long.source": "stacks"}
     assert at.radio(key="pg.evals.x").options == ["context length (target tokens)",
                                                   "evidence depth (share of the document before the evidence)"]
