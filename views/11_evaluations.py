@@ -234,8 +234,9 @@ def _two_runs(run: eval_runs.EvalRun, table: pd.DataFrame, shown: pd.DataFrame) 
     if sliced.pairs.empty:
         st.info("No example of the slice is in both runs.")
         return
+    signed = st.column_config.NumberColumn(format="%+.3f")
     st.dataframe(sliced.paired, hide_index=True, key="evals.paired",
-                 column_config={c: st.column_config.NumberColumn(format="%+.3f") for c in ("diff", "ci_low", "ci_high")})
+                 column_config=dict.fromkeys(("diff", "ci_low", "ci_high"), signed))
     app.show_figure(eval_runs.comparison_figure(sliced.pairs, sliced.labels), sliced.pairs, "evaluation_two_runs")
     links = table.set_index("example")
     for title, wins in ((f"{a} wins", sliced.a_wins), (f"{b} wins", sliced.b_wins)):

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..errors import DataFormatError, DataUnavailableError, MotVizError
+from ..errors import DataFormatError, MotVizError
 from ..eval import conversation, evaluate, long_context, shards
 from ..eval.report import paired_differences
 from ..eval.results_folder import RESULTS_TABLE, SETTINGS_FILE
@@ -279,6 +279,8 @@ def select(table: pd.DataFrame, condition: str, low: float = 0.0, high: float = 
 
 # ----- summaries of a slice --------------------------------------------------------------------------------------
 
+# the evaluator names the share of native kept "retained", the other evaluations "retention"
+_RETAINED = {"retained": "retention", "retained_ci_low": "retention_ci_low", "retained_ci_high": "retention_ci_high"}
 SLICE_COLUMNS = ("group", "condition", "n", "mean", "ci_low", "ci_high", "retention", "retention_ci_low",
                  "retention_ci_high")
 
@@ -289,8 +291,7 @@ def _summarize(run: EvalRun, rows: pd.DataFrame) -> pd.DataFrame:
     if run.kind.name == "evaluate":
         from ..eval.report import summarize
 
-        return summarize(rows, n_boot, seed).rename(columns={"retained": "retention", "retained_ci_low":
-                                                             "retention_ci_low", "retained_ci_high": "retention_ci_high"})
+        return summarize(rows, n_boot, seed).rename(columns=_RETAINED)
     if run.kind.name == "long_context":
         return long_context.summarize(rows, n_boot, seed)
     if run.kind.name == "conversation":
@@ -315,9 +316,7 @@ def slice_summary(run: EvalRun, examples: Iterable[str] | None = None) -> pd.Dat
 
 def stated_summary(run: EvalRun) -> pd.DataFrame:
     """The folder's own summary (summary.json) in slice_summary's columns."""
-    summary = run.summary.rename(columns={"retained": "retention", "retained_ci_low": "retention_ci_low",
-                                          "retained_ci_high": "retention_ci_high"})
-    return _as_slice(run, summary)
+    return _as_slice(run, run.summary.rename(columns=_RETAINED))
 
 
 def _as_slice(run: EvalRun, summary: pd.DataFrame) -> pd.DataFrame:
@@ -496,10 +495,9 @@ def _dataset_views(run: EvalRun, table: pd.DataFrame, base: dict, examples_per_d
 
 
 def shipped_runs(root: str | Path = REPO_ROOT / "results") -> list[Path]:
-    """The results folders under `root` (those holding examples.csv and summary.json), sorted."""
+    """The results folders under `root` (those holding examples.csv and summary.json), sorted; none when there is
+    no such folder (an installed copy without the repository's results)."""
     root = Path(root)
-    if not root.is_dir():
-        raise DataUnavailableError(f"There is no results folder {root}. Type a results folder's path instead.")
     return sorted(p.parent for p in root.glob(f"*/*/{RESULTS_TABLE}") if (p.parent / SETTINGS_FILE).is_file())
 
 
