@@ -175,6 +175,9 @@ def _view_link() -> tuple[dict[str, str], list[str]]:
     state = st.session_state
     link = state.get(LINK)
     pages = {k: state[k] for k in state.keys() if isinstance(k, str) and k.startswith(PAGE_PREFIX)}
+    for value in pages.values():  # a page's text too long for the link goes by its digest: remember it, as th's
+        if isinstance(value, str) and value and not text_in_link(value):
+            _remember_text(value)
     return fit_link({**(sidebar_params(link) if link is not None else {}), **page_params(pages)})
 
 

@@ -5,7 +5,8 @@ Pure functions (no Streamlit): mot_viz.app.links reads and writes ``st.query_par
 A link holds the *applied* sidebar choice under short keys — ``src``, ``tgt``, ``ckpt``, then either a dataset
 example (``ds``, ``ex``) or free text (``text``, or ``th`` = its sha256 prefix when longer than
 :data:`MAX_TEXT_IN_LINK` characters or :data:`MAX_TEXT_QUERY_CHARS` once percent-encoded; ``q``, ``gold``) — and
-every page option (a widget key ``pg.<page>.<name>``) under ``<page>.<name>``. Page option values keep their type:
+every page option (a widget key ``pg.<page>.<name>``) under ``<page>.<name>`` (a text too long to carry, e.g. a
+document pasted on a page, as ``sha256:<digest>``, restored like ``th``). Page option values keep their type:
 a string is written as is unless it would read back as a number, a boolean or a list (then JSON-quoted); numbers,
 booleans and lists are JSON. A link's query string stays within :data:`MAX_QUERY_CHARS` (:func:`fit_link`), so the
 app's server accepts it.
@@ -33,6 +34,8 @@ MAX_TEXT_QUERY_CHARS = 4 * 1024  # and so is text that percent-encodes longer (u
 # path, or as the Referer of each file the page loads) beside 1-2 KiB of other headers and cookies: 4 KiB are left.
 MAX_QUERY_CHARS = 12 * 1024
 DIGEST_CHARS = 16  # hex characters of the sha256 prefix: 64 bits, never guessed
+FINGERPRINT = "sha256:"  # a page option's text too long to carry goes in a link as "sha256:<digest>" (like ``th``)
+_FINGERPRINTED = re.compile(f"^{FINGERPRINT}[0-9a-f]{{{DIGEST_CHARS}}}$")
 PAGE_PREFIX = "pg."  # page widget keys; in a link without the prefix
 SIDEBAR_KEYS = ("src", "tgt", "ckpt", "ds", "ex", "text", "th", "q", "gold")
 _PAGE_KEY = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+$")  # "error.metric"
@@ -103,7 +106,8 @@ def encode_value(value: object) -> str | None:
         if not _is_scalar(value):  # a lone surrogate: no URL can hold it
             return None
         parses, _ = _json_value(value)
-        return json.dumps(value) if parses else value  # "1" stays a string: '"1"'
+        # "1" stays a string: '"1"'; so does a text that looks like a fingerprint
+        return json.dumps(value) if parses or _FINGERPRINTED.match(value) else value
     if _is_scalar(value) or (isinstance(value, list) and all(_is_scalar(v) for v in value)):
         return json.dumps(value)
     return None
@@ -171,11 +175,14 @@ def sidebar_params(link: SidebarLink) -> dict[str, str]:
 
 
 def page_params(values: Mapping[str, object]) -> dict[str, str]:
-    """The query parameters of every page option (``pg.*`` key) in `values` that a link can carry."""
+    """The query parameters of every page option (``pg.*`` key) in `values` that a link can carry; a text too long
+    for a link (:func:`text_in_link`, e.g. a pasted document) by its fingerprint, ``sha256:<digest>``."""
     params = {}
     for key in sorted(values):
         if isinstance(key, str) and key.startswith(PAGE_PREFIX) and _PAGE_KEY.match(key[len(PAGE_PREFIX):]):
-            encoded = encode_value(values[key])
+            value = values[key]
+            long_text = isinstance(value, str) and _is_scalar(value) and not text_in_link(value)
+            encoded = FINGERPRINT + text_digest(value) if long_text else encode_value(value)
             if encoded is not None:
                 params[key[len(PAGE_PREFIX):]] = encoded
     return params
@@ -268,6 +275,14 @@ def parse_link(params: Mapping[str, str], *, models: Collection[str], checkpoint
             continue
         if _PAGE_KEY.match(key) and option_groups is not None and key.split(".")[0] not in option_groups:
             ignored.append(f"the page option {_short(key, 30)} (no page of this app has it)")
+        elif _PAGE_KEY.match(key) and _FINGERPRINTED.match(raw):  # a long text: restored where this app saw it
+            text = recall_text(raw[len(FINGERPRINT):])
+            if text is None:
+                ignored.append(f"the page option {_short(key, 30)} (a text too long for a link, so the link holds "
+                               f"only its fingerprint {raw}, and this app has not seen it since it started): paste "
+                               "the text again on its page")
+            else:
+                page[PAGE_PREFIX + key] = text
         elif _PAGE_KEY.match(key):
             page[PAGE_PREFIX + key] = decode_value(raw)
         else:

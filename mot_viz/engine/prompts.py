@@ -139,6 +139,11 @@ def choice_label_texts(example: QAExample) -> tuple[str, ...]:
     return tuple(CHOICE_MARKERS[: len(example.choices)])
 
 
+def gold_answers(gold: str) -> tuple[str, ...]:
+    """Typed gold answers, '|' between them (blank ones dropped)."""
+    return tuple(a.strip() for a in gold.split("|") if a.strip())
+
+
 def free_text_selection(text: str, question: str, gold: str,
                         chat: ChatFrame | None = None) -> tuple[str, QAExample | None, str | None]:
     """The translated context, example and suffix of a typed text: the question is asked after it, '|' separates
@@ -147,8 +152,7 @@ def free_text_selection(text: str, question: str, gold: str,
     context = (chat or PLAIN).head + text
     if not question.strip():
         return context, None, None
-    answers = tuple(a.strip() for a in gold.split("|") if a.strip())
-    example = QAExample("free-text", "free text", text, question.strip(), answers)
+    example = QAExample("free-text", "free text", text, question.strip(), gold_answers(gold))
     # the question starts on its own line, as in the dataset prompts
     suffix = ("" if text.endswith("\n") else "\n") + question_suffix(question.strip(), chat)
     return context, example, suffix
