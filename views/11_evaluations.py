@@ -160,8 +160,8 @@ def _examples(run: eval_runs.EvalRun, table: pd.DataFrame) -> tuple[pd.DataFrame
         st.caption("The questions are not shown: the data this run sampled is not installed here.")
     st.caption(f"{len(shown)} of {len(table)} examples.")
     scores = {c: st.column_config.NumberColumn(format="%.3f") for c in shown.columns if c.endswith(" score")}
-    st.dataframe(shown, hide_index=True, key="evals.table", column_order=["app", *[c for c in shown if c != "app"]],
-                 column_config={"app": st.column_config.LinkColumn("open", display_text="Open in the app"),
+    st.dataframe(shown, hide_index=True, column_order=["app", *[c for c in shown if c != "app"]],
+                 column_config={"app": st.column_config.LinkColumn("open", display_text="Open in the app", width="medium"),
                                 delta: st.column_config.NumberColumn(format="%+.3f"), **scores})
     _not_linkable(views)
     return table, shown
@@ -175,8 +175,8 @@ def _not_linkable(views: list[eval_runs.AppView]) -> None:
     if len(reasons):
         text += " Not linkable yet: " + "; ".join(f"{n} because {app.escape_markdown(r)}"
                                                   for r, n in reasons.value_counts().items()) + "."
-    st.caption(text + " The app cuts a context at its own limit (1,024 target tokens), an evaluation at its "
-                      "--max_context_tokens: a passage longer than both limits reads differently.")
+    st.caption(text + f" The app cuts a context at {app.MAX_CONTEXT_TOKENS:,} target tokens, an evaluation at its "
+                      "--max_context_tokens: a passage longer than the smaller limit reads differently there.")
 
 
 # ----- the slice ---------------------------------------------------------------------------------------------------
@@ -191,7 +191,7 @@ def _slice(run: eval_runs.EvalRun, shown: pd.DataFrame) -> None:
     st.caption(f"Over the {len(shown)} examples shown ({run.settings.get('bootstrap', 1000)} bootstrap resamples, "
                "seed as the run's): mean score with its 95% interval; retention = mean ÷ native's, with its paired "
                "interval.")
-    st.dataframe(summary, hide_index=True, key="evals.slice",
+    st.dataframe(summary, hide_index=True,
                  column_config={c: st.column_config.NumberColumn(format="%.3f") for c in
                                 ("mean", "ci_low", "ci_high", "retention", "retention_ci_low", "retention_ci_high")})
     delta = eval_runs.delta_column(run)
@@ -235,7 +235,7 @@ def _two_runs(run: eval_runs.EvalRun, table: pd.DataFrame, shown: pd.DataFrame) 
         st.info("No example of the slice is in both runs.")
         return
     signed = st.column_config.NumberColumn(format="%+.3f")
-    st.dataframe(sliced.paired, hide_index=True, key="evals.paired",
+    st.dataframe(sliced.paired, hide_index=True,
                  column_config=dict.fromkeys(("diff", "ci_low", "ci_high"), signed))
     app.show_figure(eval_runs.comparison_figure(sliced.pairs, sliced.labels), sliced.pairs, "evaluation_two_runs")
     links = table.set_index("example")
@@ -244,9 +244,9 @@ def _two_runs(run: eval_runs.EvalRun, table: pd.DataFrame, shown: pd.DataFrame) 
             listed = wins.assign(question=wins["example"].map(links["question"]),
                                  app=wins["example"].map(links["app"])).rename(
                 columns={"score_a": f"score in {a}", "score_b": f"score in {b}"})
-            st.dataframe(listed, hide_index=True, key=f"evals.wins.{title}",
+            st.dataframe(listed, hide_index=True,
                          column_order=["app", *[c for c in listed if c != "app"]],
-                         column_config={"app": st.column_config.LinkColumn("open", display_text="Open in the app"),
+                         column_config={"app": st.column_config.LinkColumn("open", display_text="Open in the app", width="medium"),
                                         "diff": st.column_config.NumberColumn(format="%+.3f")})
 
 
