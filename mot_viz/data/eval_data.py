@@ -391,7 +391,8 @@ def load_dataset(
         if loaded.errors:
             message = _describe_errors(path, loaded.errors)
             if strict or not loaded.examples:
-                raise DataFormatError(message + " Fix those lines, or load without strict to skip them.")
+                raise DataFormatError(message + (" Fix or delete those lines." if loaded.examples
+                                                 else " Fix those lines: no line holds a usable example."))
             warnings.warn(message, stacklevel=2)
         if not loaded.examples:
             raise DataFormatError(f"{path} holds no example.")

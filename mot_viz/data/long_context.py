@@ -29,6 +29,8 @@ from .olmo_files import read_requests
 SOURCES = ("stacks", "qasper")  # the built-in long sources; anything ending in .jsonl is a user's file
 DEPTHS = ("start", "middle", "end")  # where a stack's evidence paragraph sits, balanced over a stack set
 BUDGETS = (512, 1024, 2048, 4096)  # the long-context evaluation's default target-token budgets
+MIN_BUDGET = 64  # the shortest budget, in target tokens
+FILLED = 0.98  # a document at least this share of its budget long is reported at that budget
 SEPARATOR = "\n\n"  # between a document's paragraphs
 _QASPER_REQUESTS = "oe_eval_tasks/qasper_yesno/rc_5shot/requests.jsonl.gz"
 
@@ -202,8 +204,17 @@ def _qasper_document(tokenizer, doc: dict, budget: int) -> LongExample:
 
 
 def _fills(doc: LongExample) -> bool:
-    """Whether the whole paper was at least its budget long (else it was not cut and cannot fill it)."""
-    return doc.tokens >= doc.budget * 0.98
+    """Whether the whole document was at least its budget long (else it was not cut and cannot fill it)."""
+    return doc.tokens >= doc.budget * FILLED
+
+
+def check_fills(doc: LongExample) -> None:
+    """Raise ContextError when a document is shorter than its budget: it is never reported under a length it does
+    not have (a user's .jsonl context shorter than the budget keeps its own length)."""
+    if not _fills(doc):
+        raise ContextError(f"document {doc.example.id} is {doc.tokens} target tokens long, shorter than the budget "
+                           f"{doc.budget}, so it is left out of that budget. Give a longer document, or a budget of "
+                           f"at most {doc.tokens} tokens.")
 
 
 def qasper_yesno(tokenizer, budget: int, n: int, seed: int = 0) -> list[LongExample]:
@@ -249,7 +260,8 @@ def qasper_ids() -> list[str]:
 
 
 def jsonl_documents(tokenizer, path: str | Path, budget: int, n: int | None = None, seed: int = 0) -> list[LongExample]:
-    """The examples of a user's .jsonl (mot_viz.data.eval_data's format), each context cut to `budget` tokens."""
+    """The examples of a user's .jsonl (mot_viz.data.eval_data's format), each context cut to `budget` tokens; a
+    shorter context keeps its length (`tokens`: check_fills tells whether it fills the budget)."""
     _check_budget(budget)
     out = []
     for example in load_dataset(str(path), n=n, seed=seed, strict=True):
@@ -272,8 +284,8 @@ def long_examples(source: str, tokenizer, budget: int, n: int, seed: int = 0) ->
 
 
 def _check_budget(budget: int) -> None:
-    if not isinstance(budget, int) or budget < 64:
-        raise ContextError(f"a budget is a number of target tokens of at least 64, got {budget!r}.")
+    if not isinstance(budget, int) or budget < MIN_BUDGET:
+        raise ContextError(f"a budget is a number of target tokens of at least {MIN_BUDGET}, got {budget!r}.")
 
 
 # ----- a document split among several readers ----------------------------------------------------------------------

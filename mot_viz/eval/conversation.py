@@ -41,7 +41,7 @@ from ..engine.prompts import QAExample, build_prompt
 from ..errors import ConfigError, ContextError
 from ..fsutil import write_text_atomic
 from .answers import MAX_NEW_TOKENS, answers_from_caches
-from .results_folder import resumed_table, run_units
+from .results_folder import ResultsTable, resumed_table, run_units
 from .long_context import paired_ratios
 from .qa_metrics import bootstrap_ci
 
@@ -51,6 +51,10 @@ ROW_COLUMNS = ("id", "genre", "turn", "condition", "score", "answer", "gold", "t
                "native_prefill", "error")
 TEXT_COLUMNS = ("id", "genre", "condition", "answer", "gold", "error")
 RESUME_KEYS = ("checkpoint", "turns", "seed", "max_new_tokens", "max_story_tokens")
+RESULTS = ResultsTable(ROW_COLUMNS, TEXT_COLUMNS, ("id",),
+                       ("turn", "score", "turn_seconds", "cache_tokens", "story_tokens", "source_tokens"),
+                       ("source_prefill", "alignment", "translator", "replay", "native_prefill"))
+RESULT_FILES = ("examples.csv", "summary.csv", "summary.json", "summary.md")
 HISTORY_ROOM = 24  # target tokens allowed per turn for its question and reference answer in the position check
 
 
@@ -86,9 +90,10 @@ def check_settings(settings: ConversationSettings) -> dict:
     for role in ("source", "target"):
         limit = config[role].get("max_positions")
         if role == "target" and limit and needed > limit:
-            raise ConfigError(f"a {settings.max_story_tokens}-token story and {settings.turns} turns need about "
-                              f"{needed} positions; the target model '{config[role]['name']}' allows {limit}. Lower "
-                              "--max_story_tokens or --turns.")
+            raise ConfigError(f"a {settings.max_story_tokens}-token story and {settings.turns} turns of answers up to "
+                              f"{settings.max_new_tokens} tokens need about {needed} positions; the target model "
+                              f"'{config[role]['name']}' allows {limit}. Lower --max_new_tokens, --max_story_tokens or "
+                              "--turns.")
         if role == "source" and limit and settings.max_story_tokens + 64 > limit:
             raise ConfigError(f"a {settings.max_story_tokens}-token story does not fit the source model "
                               f"'{config[role]['name']}' ({limit} positions). Lower --max_story_tokens.")
@@ -231,11 +236,15 @@ def write(out_dir: Path, rows: pd.DataFrame, settings: ConversationSettings, siz
     return summary
 
 
-def run(settings: ConversationSettings, out_dir: Path, resume: bool = False, progress: bool = True) -> pd.DataFrame:
+def run(settings: ConversationSettings, out_dir: Path, resume: bool = False, progress: bool = True,
+        overwrite: bool = False) -> pd.DataFrame:
     """Evaluate the conversations (those out_dir already holds are kept with --resume) and write the results;
-    partial results are written after every conversation and on an interruption."""
+    partial results are written after every conversation and on an interruption. overwrite: write into an out_dir
+    that holds other files (results_folder.check_results_folder)."""
     config = check_settings(settings)
-    previous = resumed_table(out_dir, settings, resume, RESUME_KEYS, ROW_COLUMNS, TEXT_COLUMNS, "conversations")
+    wanted = {(turn, c) for turn in range(1, settings.turns + 1) for c in CONDITIONS}
+    previous = resumed_table(out_dir, settings, resume, overwrite, RESUME_KEYS, RESULT_FILES, RESULTS, wanted,
+                             "conversations", label=lambda row: (int(float(row["turn"])), row["condition"]))
     source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
     conversations = coqa_conversations(target.tokenizer, settings.n, settings.turns, settings.seed,
                                        settings.max_story_tokens)
@@ -247,7 +256,7 @@ def run(settings: ConversationSettings, out_dir: Path, resume: bool = False, pro
                      lambda c: conversation_rows(mot, source, target, c, settings),
                      lambda c: {"id": c.id, "genre": c.source},
                      lambda: write(out_dir, pd.DataFrame(rows, columns=ROW_COLUMNS), settings, sizes),
-                     "conversations", progress)
+                     "conversations", progress, "conversations")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -261,10 +270,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of each interval")
     parser.add_argument("--out", required=True, help="folder of the results (created when missing)")
     parser.add_argument("--resume", action="store_true", help="keep the conversations --out already holds")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into an --out folder that holds other files, replacing those of the same names")
     args = parser.parse_args(argv)
     settings = ConversationSettings(args.checkpoint, args.n, args.turns, args.seed, args.max_new_tokens,
                                     args.max_story_tokens, args.bootstrap)
-    return run_cli(lambda: print(markdown(run(settings, Path(args.out), args.resume))))
+    return run_cli(lambda: print(markdown(run(settings, Path(args.out), args.resume, overwrite=args.overwrite))))
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from .answers import (CONDITIONS, EXTRA_CONDITIONS, MAX_NEW_TOKENS, answers_from
 from .qa_metrics import bootstrap_ci
 from .relay import RELAY_CONDITIONS, RELAY_TOKENS, Relay, check_relay_tokens
 from .report import markdown_table, paired_differences, paired_markdown, summarize
-from .results_folder import check_out, complete_rows, earlier_run, whole_row
+from .results_folder import ResultsTable, check_results_folder, resumed_table
 
 
 def kv_cosine(a: list, b: list) -> float:
@@ -201,6 +201,9 @@ def lm_losses(mot: MoT, source: LoadedModel, target: LoadedModel, rows: torch.Te
 RESUME_KEYS = ("checkpoint", "second", "datasets", "seed", "max_new_tokens", "max_context_tokens", "conditions",
                "replay", "relay_tokens")
 TEXT_COLUMNS = ("dataset", "id", "condition", "answer", "gold", "error", "message")
+RESULTS = ResultsTable(ROW_COLUMNS, TEXT_COLUMNS, ("dataset", "id"), ("score", "seconds", "context_tokens"),
+                       ("exact_match", "kv_cosine"), EARLIER_ROW_COLUMNS)
+RESULT_FILES = ("examples.csv", "summary.csv", "paired.csv", "summary.json", "summary.md", "lm.csv", "lm.md")
 
 
 def checked_config(flag: str, path: str) -> dict:
@@ -229,28 +232,30 @@ def check_settings(settings: EvalSettings) -> None:
     if limit and settings.max_context_tokens >= limit:
         raise ConfigError(f"--max_context_tokens {settings.max_context_tokens} leaves no room for the question: the "
                           f"target model '{config['target']['name']}' allows {limit} tokens. Pass a smaller value.")
+    if limit and settings.max_context_tokens + settings.max_new_tokens >= limit:
+        raise ConfigError(f"--max_new_tokens {settings.max_new_tokens} with --max_context_tokens "
+                          f"{settings.max_context_tokens} leaves no room for the question: the target model "
+                          f"'{config['target']['name']}' allows {limit} tokens. Pass a smaller --max_new_tokens "
+                          "(answers are a few words) or --max_context_tokens.")
 
 
-def previous_rows(out_dir: Path, settings: EvalSettings, resume: bool) -> pd.DataFrame | None:
-    """The rows of an earlier run of these settings in out_dir, to keep (--resume); results of others are refused.
-    An example with a row cut short or damaged is computed again (results_folder.complete_rows)."""
-    if not earlier_run(out_dir, settings, resume, RESUME_KEYS):
-        return None
-    wanted = {(c,) for c in settings.conditions} | ({("second",)} if settings.second else set())
-    whole = lambda row: whole_row(row, ("dataset", "id"), ("score", "seconds", "context_tokens"),  # noqa: E731
-                                  ("exact_match", "kv_cosine"))
-    return complete_rows(out_dir / "examples.csv", (ROW_COLUMNS, *EARLIER_ROW_COLUMNS), TEXT_COLUMNS, ("dataset", "id"),
-                         ("condition",), wanted, whole)
+def previous_rows(out_dir: Path, settings: EvalSettings, resume: bool, overwrite: bool = False) -> pd.DataFrame | None:
+    """The rows of an earlier run of these settings in out_dir, to keep (--resume); results of others, and files
+    that are not this command's results, are refused (unless overwrite). An example with a row cut short or damaged
+    is computed again (results_folder.resumed_table)."""
+    wanted = set(settings.conditions) | ({"second"} if settings.second else set())
+    return resumed_table(out_dir, settings, resume, overwrite, RESUME_KEYS, RESULT_FILES, RESULTS, wanted, "examples")
 
 
-def check_run(settings: EvalSettings, out_dir: Path, resume: bool = False):
+def check_run(settings: EvalSettings, out_dir: Path, resume: bool = False, overwrite: bool = False):
     """Everything checked before a model is loaded. Returns the examples of each dataset and the rows to keep."""
     check_settings(settings)
     model_device()  # an unavailable device ($MOT_VIZ_DEVICE) is refused before anything is read or written
     examples = {name: load_dataset(name, n=settings.n, seed=settings.seed) for name in settings.datasets}
-    check_out(out_dir)
+    previous = (previous_rows(out_dir, settings, resume, overwrite) if settings.datasets
+                else check_results_folder(out_dir, settings, RESULT_FILES, overwrite, resume))
     remove_stale_temporaries(out_dir)  # results files of runs killed while writing them
-    return examples, previous_rows(out_dir, settings, resume) if settings.datasets else None
+    return examples, previous
 
 
 def load_evaluated(path: str, settings: EvalSettings, source: LoadedModel, target: LoadedModel) -> MoT:
@@ -261,12 +266,12 @@ def load_evaluated(path: str, settings: EvalSettings, source: LoadedModel, targe
 
 
 def run(settings: EvalSettings, out_dir: Path, progress: bool = True, resume: bool = False,
-        checked=None) -> pd.DataFrame:
+        checked=None, overwrite: bool = False) -> pd.DataFrame:
     """Evaluate and write the results; with resume, examples out_dir already has rows for are not recomputed.
 
-    checked: what check_run returned for these arguments (it is called when not given).
+    checked: what check_run returned for these arguments (it is called when not given, with overwrite).
     """
-    examples, previous = checked or check_run(settings, out_dir, resume)
+    examples, previous = checked or check_run(settings, out_dir, resume, overwrite)
     config = read_config(settings.checkpoint)
     source = load_model(config["source"]["name"])
     target = load_model(config["target"]["name"])
@@ -360,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true",
                         help="keep the rows --out already holds from a run of the same settings (any --n) and "
                              "compute only the missing examples")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into an --out folder that holds other files, replacing those of the same names")
     args = parser.parse_args(argv)
     conditions = tuple(c for c in CONDITIONS + EXTRA_CONDITIONS if c in {"native", *args.conditions})
     settings = EvalSettings(args.checkpoint, args.second, tuple(args.datasets), args.n, args.seed,
@@ -370,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> None:
         if args.lm_sequences < 0:
             raise ConfigError(f"--lm_sequences must be at least 0, got {args.lm_sequences}. Pass 0 to skip the LM check.")
-        checked = check_run(settings, out_dir, args.resume)  # before any model is loaded
+        checked = check_run(settings, out_dir, args.resume, args.overwrite)  # before any model is loaded
         if args.lm_sequences:
             run_lm(settings, out_dir, args.lm_sequences)
         if args.datasets:

@@ -30,7 +30,7 @@ import pandas as pd
 import torch
 
 from ..cli import run_cli
-from ..data.long_context import BUDGETS, SOURCES, LongExample, long_examples
+from ..data.long_context import BUDGETS, MIN_BUDGET, SOURCES, LongExample, check_fills, long_examples
 from ..engine import hf
 from ..engine.alignment import encode
 from ..engine.checkpoint import load_checkpoint, read_config
@@ -40,7 +40,7 @@ from ..engine.prompts import build_prompt
 from ..errors import ConfigError, ContextError, MotVizError
 from ..fsutil import write_text_atomic
 from .answers import MAX_NEW_TOKENS, answers_from_caches, condition_caches, linear_cache
-from .results_folder import resumed_table, run_units
+from .results_folder import ResultsTable, resumed_table, run_units
 from .mean_vector import reference_means
 from .qa_metrics import bootstrap_ci
 from .report import paired_differences, paired_markdown
@@ -52,6 +52,11 @@ ROW_COLUMNS = ("budget", "source", "id", "depth", "evidence_fraction", "conditio
                "alignment", "translator", "replay", "native_prefill", "peak_rss_mb", "error")
 TEXT_COLUMNS = ("source", "id", "depth", "condition", "answer", "gold", "error")
 RESUME_KEYS = ("checkpoint", "linear", "source", "seed", "max_new_tokens", "conditions")
+RESULTS = ResultsTable(ROW_COLUMNS, TEXT_COLUMNS, ("budget", "id"),
+                       ("score", "context_tokens", "text_bytes", "build_seconds", "first_token_seconds", "peak_rss_mb"),
+                       ("evidence_fraction", "exact_match", "source_prefill", "alignment", "translator", "replay",
+                        "native_prefill"))
+RESULT_FILES = ("examples.csv", "summary.csv", "stages.csv", "paired.csv", "summary.json", "summary.md")
 # the paired tests: does the translation beat its own map, a window with no context in it, and no context at all?
 PAIRS = (("mot", "linear"), ("mot", "mean"), ("mot", "no_context"), ("mot", "native"), ("linear", "mean"))
 
@@ -95,6 +100,11 @@ def check_settings(settings: LongSettings) -> dict:
         raise ConfigError("--n, --bootstrap and --max_new_tokens must each be at least 1.")
     if not settings.budgets:
         raise ConfigError(f"give at least one budget, e.g. --budgets {' '.join(map(str, BUDGETS))}")
+    twice = sorted({b for b in settings.budgets if settings.budgets.count(b) > 1})
+    if twice or min(settings.budgets) < MIN_BUDGET:
+        raise ConfigError(f"--budgets takes distinct numbers of target tokens of at least {MIN_BUDGET} (each is "
+                          f"evaluated once), e.g. --budgets {' '.join(map(str, BUDGETS))}; got "
+                          f"{' '.join(map(str, settings.budgets))}.")
     if settings.source not in SOURCES and not settings.source.endswith(".jsonl"):
         raise ConfigError(f"--source {settings.source!r}: use one of {SOURCES} or a .jsonl file path.")
     unknown = set(settings.conditions) - set(CONDITIONS)
@@ -120,6 +130,11 @@ def check_budget(budget: int, models: dict[str, tuple[str, int | None]], max_new
     models: role -> (name, max_positions)."""
     room = QUESTION_ROOM + max_new_tokens
     for role, (name, limit) in models.items():
+        if limit and budget + room > limit and limit - room < MIN_BUDGET:  # no document fits beside such an answer
+            longest = limit - QUESTION_ROOM - MIN_BUDGET
+            raise error(f"answers of up to {max_new_tokens} tokens leave no room for a document in the {role} model "
+                        f"'{name}', which allows {limit} positions. "
+                        + (f"Pass --max_new_tokens {longest} or less." if longest > 0 else "Choose another model."))
         if limit and budget + room > limit:
             raise error(f"a {budget}-token document does not fit the {role} model '{name}': it allows {limit} "
                         f"positions and the question and answer need about {room} more. Choose a length of at most "
@@ -144,7 +159,9 @@ class DocumentResult:
 
 def evaluate_document(mot: MoT, linear: MoT | None, source: LoadedModel, target: LoadedModel, doc: LongExample,
                       settings: LongSettings, means=None) -> DocumentResult:
-    """Every condition's cache of one document, its answer, the time to its first answer token, and the stages."""
+    """Every condition's cache of one document, its answer, the time to its first answer token, and the stages.
+    A document shorter than its budget is refused (check_fills): the run counts it as skipped, with its length."""
+    check_fills(doc)
     example = doc.example
     built = condition_caches(mot, source, target, example, seed=settings.seed, means=means,
                              conditions=tuple(c for c in settings.conditions if c != "linear"))
@@ -254,7 +271,7 @@ def _fmt(value: float, spec: str, missing: str = "n/a") -> str:
 def markdown(summary: pd.DataFrame, stages: pd.DataFrame, cache_mb: dict[str, float]) -> str:
     """The run's tables: one per source and budget, then the stages."""
     lines = []
-    for (src, budget), part in summary.groupby(["source", "budget"], sort=True):
+    for (src, budget), part in summary.groupby(["source", "budget"], sort=True) if len(summary) else ():
         metric = part["metric"].iloc[0]
         n = int(part["n"].iloc[0])
         lines += ["", f"### {src}, {budget} target tokens ({n} document{'s' * (n != 1)}, {metric})", "",
@@ -294,17 +311,22 @@ def write(out_dir: Path, rows: pd.DataFrame, settings: LongSettings, cache_mb: d
             "cache_mb_per_1000_tokens": cache_mb}
     write_text_atomic(out_dir / "summary.json", json.dumps(meta, indent=2, default=str))
     write_text_atomic(out_dir / "summary.md", f"Command: `{settings.command(out_dir)}`\n\nDate: {meta['date']}. "
-                      f"Skipped documents: {len(skipped)}.\n" + markdown(summary, stages, cache_mb)
+                      f"Skipped documents: {len(skipped)}.\n"
+                      + "".join(f"* skipped {r['budget']} tokens {r['id']}: {r['error']}\n" for r in skipped)
+                      + markdown(summary, stages, cache_mb)
                       + ("\nPaired differences over the same documents:\n\n" + paired_markdown(paired) + "\n"
                          if len(paired) else ""))
     return summary
 
 
-def run(settings: LongSettings, out_dir: Path, resume: bool = False, progress: bool = True) -> pd.DataFrame:
+def run(settings: LongSettings, out_dir: Path, resume: bool = False, progress: bool = True,
+        overwrite: bool = False) -> pd.DataFrame:
     """Evaluate every budget's documents (those out_dir already holds are kept with --resume) and write the results;
-    partial results are written after every document and on an interruption."""
+    partial results are written after every document and on an interruption. overwrite: write into an out_dir that
+    holds other files (results_folder.check_results_folder)."""
     config = check_settings(settings)
-    previous = resumed_table(out_dir, settings, resume, RESUME_KEYS, ROW_COLUMNS, TEXT_COLUMNS, "documents")
+    previous = resumed_table(out_dir, settings, resume, overwrite, RESUME_KEYS, RESULT_FILES, RESULTS,
+                             set(settings.conditions), "documents")
     source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
     docs = [d for b in settings.budgets for d in long_examples(settings.source, target.tokenizer, b, settings.n,
                                                                 settings.seed)]
@@ -335,12 +357,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of each interval")
     parser.add_argument("--out", required=True, help="folder of the results (created when missing)")
     parser.add_argument("--resume", action="store_true", help="keep the documents --out already holds")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into an --out folder that holds other files, replacing those of the same names")
     args = parser.parse_args(argv)
     conditions = tuple(c for c in CONDITIONS if c in {"native", *args.conditions})
     linear = args.linear or (default_linear(args.checkpoint) if "linear" in conditions else None)
     settings = LongSettings(args.checkpoint, linear, args.source, tuple(args.budgets), args.n, args.seed,
                             args.max_new_tokens, args.bootstrap, conditions)
-    return run_cli(lambda: print(markdown(run(settings, Path(args.out), args.resume), pd.DataFrame(), {})))
+    return run_cli(lambda: print(markdown(run(settings, Path(args.out), args.resume,
+                                                            overwrite=args.overwrite), pd.DataFrame(), {})))
 
 
 if __name__ == "__main__":

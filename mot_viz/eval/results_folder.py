@@ -11,13 +11,16 @@ import csv
 import io
 import json
 import math
+import re
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from ..cli import logger
-from ..errors import ConfigError, MotVizError
+from ..errors import ConfigError, ContextError, MotVizError
+from ..fsutil import temp_parts
 
 log = logger(__name__)
 
@@ -38,6 +41,63 @@ def check_out(out_dir: Path) -> None:
         tempfile.TemporaryFile(dir=existing).close()
     except OSError as exc:
         raise ConfigError(f"Cannot write into --out {out_dir} ({exc.strerror}). Pass a folder you can write to.") from exc
+
+
+def command_of(settings) -> str:
+    """The command that writes results of `settings` ("python -m mot_viz.eval.evaluate")."""
+    return " ".join(settings.command().split()[:3])
+
+
+def writer_of(out_dir: Path) -> str | None:
+    """The command whose results out_dir holds, as its summary.md's first line names it ("Command: `python -m …`"),
+    or None."""
+    try:
+        first = (out_dir / "summary.md").read_text(errors="replace").split("\n", 1)[0]
+    except OSError:
+        return None
+    found = re.match(r"Command: `(python -m [\w.]+)", first)
+    return found[1] if found else None
+
+
+def check_results_folder(out_dir: Path, settings, files: tuple[str, ...], overwrite: bool = False,
+                         resume: bool = False) -> None:
+    """Raise ConfigError, before any model loads, unless out_dir is a folder this run may write its `files` into:
+    a folder it can write (check_out), empty or missing, or holding only results of this command (its summary.json
+    holds settings of this command, and every file is one of `files`). A folder holding anything else (a user's
+    files, another evaluation's results) is written into only with `overwrite`, which cannot go with `resume`."""
+    check_out(out_dir)
+    if overwrite and resume:
+        raise ConfigError("--resume keeps the results --out holds and --overwrite replaces them. Pass one of them.")
+    if overwrite or not out_dir.is_dir():
+        return
+    present = sorted(p.name for p in out_dir.iterdir())
+    if not present:
+        return
+    command, writer = command_of(settings), writer_of(out_dir)
+    if writer is not None and writer != command:
+        raise ConfigError(f"--out {out_dir} holds the results of another evaluation ({writer}), not of {command}"
+                          + (", so --resume cannot continue them" if resume else "") + ". Pass another --out folder, "
+                          "or --overwrite to replace them.")
+    ours = _holds_settings_of(out_dir, settings)
+    if not ours and writer == command and SETTINGS_FILE in present:
+        raise ConfigError(f"--out {out_dir} holds a {SETTINGS_FILE} that does not read as settings of {command} (it "
+                          "was damaged or edited). Pass another --out folder, or --overwrite to replace its results.")
+    leftovers = [name for name in present if (temp_parts(Path(name)) or ("",))[0] in files]  # of killed writes
+    foreign = [name for name in present if name not in leftovers and (not ours or name not in files)]
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise ConfigError(f"--out {out_dir} holds files that are not results of this {command} run ({shown}), which "
+                          "it could overwrite. Pass a new or empty folder, or --overwrite to write into this one "
+                          "(files of the same names are replaced).")
+
+
+def _holds_settings_of(out_dir: Path, settings) -> bool:
+    """Whether out_dir's summary.json holds settings of the command of `settings` (from_json reads them)."""
+    try:
+        type(settings).from_json(json.loads((out_dir / SETTINGS_FILE).read_text())["settings"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return True
 
 
 def earlier_run(out_dir: Path, settings, resume: bool, keys: tuple[str, ...], unit: str = "examples") -> bool:
@@ -61,24 +121,35 @@ def earlier_run(out_dir: Path, settings, resume: bool, keys: tuple[str, ...], un
     return True
 
 
-def resumed_table(out_dir: Path, settings, resume: bool, keys: tuple[str, ...], columns: tuple[str, ...],
-                  text_columns: tuple[str, ...], unit: str) -> pd.DataFrame | None:
-    """The examples.csv of an earlier run of `settings` in out_dir to continue (--resume, see earlier_run), for the
-    evaluations that write every file whole after each unit (a kill never tears one): a table that does not parse,
-    or has other columns than `columns`, is refused with ConfigError; `text_columns` are read as text."""
-    if not earlier_run(out_dir, settings, resume, keys, unit=unit):
+@dataclass(frozen=True)
+class ResultsTable:
+    """The examples.csv of an evaluation (a row per unit and condition) and what --resume checks of its rows."""
+
+    columns: tuple[str, ...]
+    text_columns: tuple[str, ...]  # read as text (ids, answers), never as numbers
+    units: tuple[str, ...]  # the columns naming one unit (a document, a budget and a document, a conversation)
+    numbers: tuple[str, ...]  # finite numbers on every scored row
+    optional: tuple[str, ...] = ()  # numbers where not empty (a stage or a metric some conditions lack)
+    earlier: tuple[tuple[str, ...], ...] = ()  # the columns of earlier versions' tables, which --resume still reads
+
+
+def condition_label(row: dict) -> str:
+    """The label of a scored row among its unit's rows: its condition."""
+    return row["condition"]
+
+
+def resumed_table(out_dir: Path, settings, resume: bool, overwrite: bool, keys: tuple[str, ...],
+                  files: tuple[str, ...], table: ResultsTable, wanted: set, unit: str,
+                  label=condition_label) -> pd.DataFrame | None:
+    """Check out_dir (check_results_folder: it
+    may hold only results of this command, whose `files` these are, unless `overwrite`), and return the rows of an
+    earlier run of `settings` there to continue (--resume, see earlier_run; None when there is none): every unit
+    with a whole row for each of the `wanted` labels (label(row)), or its one skipped row (complete_rows)."""
+    check_results_folder(out_dir, settings, files, overwrite, resume)
+    if overwrite or not earlier_run(out_dir, settings, resume, keys, unit=unit):
         return None
-    path = out_dir / RESULTS_TABLE
-    try:
-        rows = pd.read_csv(path, dtype=dict.fromkeys(text_columns, str), keep_default_na=False, na_values=[""],
-                           float_precision="round_trip")
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path} cannot be read as results ({exc}). Move it away to start again, or pass another "
-                          "--out folder.") from exc
-    if tuple(rows.columns) != tuple(columns):
-        raise ConfigError(f"{path} does not hold this evaluation's columns. Move it away to start again, or pass "
-                          "another --out folder.")
-    return rows
+    return complete_rows(out_dir / RESULTS_TABLE, (table.columns, *table.earlier), table.text_columns, table.units,
+                         label, wanted, lambda row: whole_row(row, table.units, table.numbers, table.optional), unit)
 
 
 def whole_row(row: dict, keys: tuple[str, ...], numbers: tuple[str, ...], optional: tuple[str, ...] = ()) -> bool:
@@ -97,14 +168,13 @@ def whole_row(row: dict, keys: tuple[str, ...], numbers: tuple[str, ...], option
 
 
 def complete_rows(path: Path, headers: tuple[tuple[str, ...], ...], text_columns: tuple[str, ...],
-                  keys: tuple[str, ...], labels: tuple[str, ...], wanted: set[tuple[str, ...]], whole,
-                  units: str = "examples") -> pd.DataFrame:
+                  keys: tuple[str, ...], label, wanted: set, whole, units: str = "examples") -> pd.DataFrame:
     """The rows of an earlier results table that --resume keeps: those of every unit (its `keys` columns) with a whole
-    row (whole(row as a dict of texts)) for each of the `wanted` labels (values of its `labels` columns), or its one
+    row (whole(row as a dict of texts)) for each of the `wanted` labels (label(row) of its scored rows), or its one
     "skipped" row. A unit with a row cut short or damaged (a run killed while writing it, by versions that wrote in
-    place) is computed again, and a log line says so; a file that is not such a table at all (another header than
-    one of `headers`, binary data) is refused with ConfigError. `text_columns` are read as text; `units` names the
-    units in the log line."""
+    place, or an edit) is computed again, and a log line says so; a file that is not such a table at all (another
+    header than one of `headers`, binary data) is refused with ConfigError. `text_columns` are read as text; `units`
+    names the units in the log line."""
     fix = "Move it away (or pass another --out folder) and run again without --resume."
     try:
         raw = path.read_bytes()
@@ -123,36 +193,33 @@ def complete_rows(path: Path, headers: tuple[tuple[str, ...], ...], text_columns
                           f"writes ({', '.join(headers[0])}). {fix}")
     if body and not text.endswith("\n"):  # every row ends with a newline: the last one was cut short
         body.pop()
-    at_key, at_label = [header.index(k) for k in keys], [header.index(k) for k in labels]
+    at_key = [header.index(k) for k in keys]
     unit = lambda fields: tuple(fields[i] for i in at_key)  # noqa: E731
-    whole = [fields for fields in body if len(fields) == len(header) and whole(dict(zip(header, fields)))]
+    kept_rows = [fields for fields in body if len(fields) == len(header) and whole(dict(zip(header, fields)))]
     found = {}
-    for fields in whole:
-        found.setdefault(unit(fields), set()).add(tuple(fields[i] for i in at_label))
-    done = {key for key, got in found.items() if got == wanted or _skipped_only(got, labels)}
+    for fields in kept_rows:
+        row = dict(zip(header, fields))
+        found.setdefault(unit(fields), []).append(None if row["condition"] == "skipped" else label(row))
+    done = {key for key, got in found.items() if set(got) in ({None}, wanted)}
     redo = {unit(fields) for fields in body} - done
-    if redo or len(whole) < len(body) or not text.endswith("\n"):
+    if redo or len(kept_rows) < len(body) or not text.endswith("\n"):
         log.warning(f"{path} was cut short or damaged (a run killed while writing it): {len(redo)} {units} "
                     "without a whole row per condition are computed again")
     kept = io.StringIO()
-    csv.writer(kept, lineterminator="\n").writerows([header] + [f for f in whole if unit(f) in done])
+    csv.writer(kept, lineterminator="\n").writerows([header] + [f for f in kept_rows if unit(f) in done])
     kept.seek(0)
     # texts stay texts ("None", "1.50"), floats round-trip exactly: kept rows are written back unchanged
     return pd.read_csv(kept, dtype=dict.fromkeys(text_columns, str), keep_default_na=False, na_values=[""],
                        float_precision="round_trip")
 
 
-def _skipped_only(found: set[tuple[str, ...]], labels: tuple[str, ...]) -> bool:
-    """Whether a unit's labels are its one "skipped" row's (the condition column "skipped", whatever the others)."""
-    at = labels.index("condition")
-    return len(found) == 1 and next(iter(found))[at] == "skipped"
-
-
-def run_units(units, rows: list[dict], done: set, key, compute, skipped, write, desc: str, progress: bool):
+def run_units(units, rows: list[dict], done: set, key, compute, skipped, write, desc: str, progress: bool,
+              what: str = "documents"):
     """The loop of a resumable evaluation: every unit (document, conversation) whose key(unit) is not in `done`
     adds compute(unit)'s rows to `rows`, or one "skipped" row (skipped(unit)'s fields and the error) when it raises a
     MotVizError (e.g. a document a model cannot hold: counted with its reason); write() writes every result file
-    after each unit, and on Ctrl-C or a failure what was computed is written first. Returns write()'s result."""
+    after each unit, and on Ctrl-C or a failure what was computed is written first. Returns write()'s result; a run
+    whose every unit was skipped (`what` names them) raises ContextError once its results are written."""
     from tqdm import tqdm
 
     try:
@@ -168,4 +235,9 @@ def run_units(units, rows: list[dict], done: set, key, compute, skipped, write, 
         if rows:
             write()
         raise
-    return write()
+    result = write()
+    if rows and all(row["condition"] == "skipped" for row in rows):
+        raise ContextError(f"all {what} ({len(rows)}) were skipped, so there is nothing to report (the first: "
+                           f"{rows[0]['error']}). The results folder lists each with its reason; fix what they name "
+                           "and run again.")
+    return result

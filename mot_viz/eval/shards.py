@@ -37,7 +37,7 @@ import pandas as pd
 import torch
 
 from ..cli import run_cli
-from ..data.long_context import LongExample, distractor_stacks, shard_document
+from ..data.long_context import MIN_BUDGET, LongExample, distractor_stacks, shard_document
 from ..engine import hf
 from ..engine.alignment import encode
 from ..engine.checkpoint import load_checkpoint, read_config
@@ -48,7 +48,7 @@ from ..engine.shards import translate_shards
 from ..errors import ConfigError
 from ..fsutil import write_text_atomic
 from .answers import MAX_NEW_TOKENS, answers_from_caches
-from .results_folder import resumed_table, run_units
+from .results_folder import ResultsTable, resumed_table, run_units
 from .long_context import check_budget, paired_ratios
 from .qa_metrics import bootstrap_ci
 from .report import paired_differences, paired_markdown
@@ -59,7 +59,14 @@ ROW_COLUMNS = ("budget", "id", "depth", "evidence_fraction", "condition", "shard
                "hub_mb", "peak_rss_mb", "error")
 TEXT_COLUMNS = ("id", "depth", "condition", "answer", "gold", "error")
 RESUME_KEYS = ("checkpoint", "budget", "shards", "seed", "max_new_tokens")
+RESULTS = ResultsTable(ROW_COLUMNS, TEXT_COLUMNS, ("id",),
+                       ("score", "hub_tokens", "source_tokens", "answer_seconds", "source_mb", "source_max_mb",
+                        "hub_mb", "peak_rss_mb"), ("evidence_fraction", "exact_match", *STAGES))
+RESULT_FILES = ("examples.csv", "summary.csv", "paired.csv", "summary.json", "summary.md")
 NO_ROPE = ("gpt2", "opt")  # model types whose positions live in the hidden states: a shard cannot be moved
+# target tokens a stack's paragraph holds at the least (a SQuAD paragraph is a few sentences): a shard holds at least
+# one paragraph, so a budget holds at most budget // PARAGRAPH_TOKENS shards
+PARAGRAPH_TOKENS = 16
 
 
 def conditions(shards: tuple[int, ...]) -> tuple[str, ...]:
@@ -107,8 +114,13 @@ def check_settings(settings: ShardSettings) -> dict:
     if not settings.shards or min(settings.shards) < 2 or len(set(settings.shards)) != len(settings.shards):
         raise ConfigError(f"--shards takes distinct shard counts of at least 2 (one reader is the 'whole' setting), "
                           f"e.g. --shards 2 4; got {list(settings.shards)}.")
-    if settings.budget < 64:
-        raise ConfigError(f"--budget is a number of target tokens of at least 64, got {settings.budget}.")
+    if settings.budget < MIN_BUDGET:
+        raise ConfigError(f"--budget is a number of target tokens of at least {MIN_BUDGET}, got {settings.budget}.")
+    most = settings.budget // PARAGRAPH_TOKENS
+    if max(settings.shards) > most:
+        raise ConfigError(f"--shards {max(settings.shards)}: a {settings.budget}-token document holds far fewer "
+                          f"paragraphs, and shards are cut between paragraphs. Ask for at most {most} shards (a few "
+                          "per document is what the comparison is for), or a larger --budget.")
     config = read_config(settings.checkpoint)
     if config["target"]["model_type"] in NO_ROPE:
         raise ConfigError(f"the target model '{config['target']['name']}' ({config['target']['model_type']}) has no "
@@ -285,11 +297,14 @@ def write(out_dir: Path, rows: pd.DataFrame, settings: ShardSettings) -> pd.Data
     return summary
 
 
-def run(settings: ShardSettings, out_dir: Path, resume: bool = False, progress: bool = True) -> pd.DataFrame:
+def run(settings: ShardSettings, out_dir: Path, resume: bool = False, progress: bool = True,
+        overwrite: bool = False) -> pd.DataFrame:
     """Evaluate the documents (those out_dir already holds are kept with --resume) and write the results; partial
-    results are written after every document and on an interruption."""
+    results are written after every document and on an interruption. overwrite: write into an out_dir that holds
+    other files (results_folder.check_results_folder)."""
     config = check_settings(settings)
-    previous = resumed_table(out_dir, settings, resume, RESUME_KEYS, ROW_COLUMNS, TEXT_COLUMNS, "documents")
+    previous = resumed_table(out_dir, settings, resume, overwrite, RESUME_KEYS, RESULT_FILES, RESULTS,
+                             set(conditions(settings.shards)), "documents")
     source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
     docs = distractor_stacks(target.tokenizer, settings.budget, settings.n, settings.seed)
     mot = load_checkpoint(settings.checkpoint, source, target)[0]
@@ -311,10 +326,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of each interval")
     parser.add_argument("--out", required=True, help="folder of the results (created when missing)")
     parser.add_argument("--resume", action="store_true", help="keep the documents --out already holds")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into an --out folder that holds other files, replacing those of the same names")
     args = parser.parse_args(argv)
     settings = ShardSettings(args.checkpoint, args.budget, tuple(args.shards), args.n, args.seed, args.max_new_tokens,
                              args.bootstrap)
-    return run_cli(lambda: print(markdown(run(settings, Path(args.out), args.resume))))
+    return run_cli(lambda: print(markdown(run(settings, Path(args.out), args.resume, overwrite=args.overwrite))))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -22,8 +23,9 @@ from mot_viz.engine.channels import Channels
 from mot_viz.engine.mot import MoT, native_cache, target_context_ids, translate
 from mot_viz.engine.prompts import QAExample
 from mot_viz.engine.testing import load_test_model, write_test_checkpoints
-from mot_viz.errors import CheckpointError, ConfigError, ContextError, DataFormatError, DataUnavailableError
-from mot_viz.eval import evaluate, results_folder
+from mot_viz.errors import (CheckpointError, ConfigError, ContextError, DataFormatError, DataUnavailableError,
+                            ModelLoadError)
+from mot_viz.eval import conversation, evaluate, long_context, results_folder, shards
 from mot_viz.eval.answers import answer_from_cache
 
 ROWS = [{"id": f"q{i}", "context": CORPUS[i % 3], "question": "Is it so?", "choices": ["yes", "no"], "label": i % 2}
@@ -357,3 +359,197 @@ def test_a_run_refused_for_a_model_that_does_not_load_creates_nothing(capsys, ch
     err = cli_error(capsys, {"smollm2-to-gemma3": moved}, data, out)
     assert err.startswith("error: ModelLoadError: Cannot load model 'no-such-model'")
     assert not out.exists()
+
+
+# --- the results folder: every evaluation command --------------------------------------------------------------------
+
+
+COMMANDS = {  # a quick run of each command: (module, its arguments but --out)
+    "evaluate": (evaluate, lambda ck, data: ["--checkpoint", str(ck["smollm2-to-gemma3"]), "--datasets", str(data),
+                                             "--n", "1", "--max_new_tokens", "2", "--bootstrap", "20"]),
+    "long_context": (long_context, lambda ck, data: ["--checkpoint", str(ck["smollm2-to-gemma3"]), "--linear",
+                                                     str(ck["smollm2-to-gemma3-linear"]), "--budgets", "900", "--n", "1",
+                                                     "--max_new_tokens", "2", "--bootstrap", "20"]),
+    "conversation": (conversation, lambda ck, data: ["--checkpoint", str(ck["smollm2-to-gemma3"]), "--n", "1",
+                                                     "--turns", "2", "--max_story_tokens", "3000",
+                                                     "--max_new_tokens", "2", "--bootstrap", "20"]),
+    "shards": (shards, lambda ck, data: ["--checkpoint", str(ck["smollm2-to-gemma3"]), "--budget", "1500",
+                                         "--shards", "2", "--n", "1", "--max_new_tokens", "2", "--bootstrap", "20"]),
+}
+
+
+def _loading_refused(name):
+    raise ModelLoadError(f"a model ({name}) was loaded: the folder checks passed")
+
+
+def command_error(capsys, monkeypatch, command, checkpoints, data, out, *extra) -> str:
+    """The one-line error of a command whose arguments are refused (status 2) before any model loads."""
+    module, argv = COMMANDS[command]
+    monkeypatch.setattr(module, "load_model", _loading_refused)
+    assert module.main([*argv(checkpoints, data), "--out", str(out), *extra]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1
+    return err
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_command_refuses_an_out_that_is_a_file_before_loading(capsys, monkeypatch, checkpoints, data, tmp_path,
+                                                                    command):
+    out = tmp_path / "results.txt"
+    out.write_text("not a folder")
+    err = command_error(capsys, monkeypatch, command, checkpoints, data, out)
+    assert err.startswith(f"error: ConfigError: --out {out} is a file. Pass a folder")
+    err = command_error(capsys, monkeypatch, command, checkpoints, data, out / "inside")
+    assert f"lies inside the file {out}" in err
+    assert out.read_text() == "not a folder" and sorted(p.name for p in tmp_path.iterdir()) == ["results.txt", "toy.jsonl"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders, so chmod cannot make one")
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_command_refuses_a_read_only_out_before_loading(capsys, monkeypatch, checkpoints, data, tmp_path,
+                                                              command):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        err = command_error(capsys, monkeypatch, command, checkpoints, data, locked / "out")
+    finally:
+        locked.chmod(0o700)
+    assert err.startswith("error: ConfigError: Cannot write into --out") and not (locked / "out").exists()
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_a_folder_of_a_users_files_is_written_into_only_with_overwrite(capsys, monkeypatch, checkpoints, data,
+                                                                       tmp_path, command):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "examples.csv").write_text("my,own\n1,2\n")
+    (out / "summary.md").write_text("my notes\n")
+    for extra in ([], ["--resume"]):
+        err = command_error(capsys, monkeypatch, command, checkpoints, data, out, *extra)
+        assert err.startswith(f"error: ConfigError: --out {out} holds files that are not results of this python -m "
+                              f"mot_viz.eval.{command} run (examples.csv, summary.md)")
+        assert "Pass a new or empty folder, or --overwrite" in err
+    assert (out / "examples.csv").read_text() == "my,own\n1,2\n" and (out / "summary.md").read_text() == "my notes\n"
+    err = command_error(capsys, monkeypatch, command, checkpoints, data, out, "--overwrite", "--resume")
+    assert "--resume keeps the results --out holds and --overwrite replaces them. Pass one of them." in err
+    err = command_error(capsys, monkeypatch, command, checkpoints, data, out, "--overwrite")
+    assert "the folder checks passed" in err  # refused by the stand-in loader: --overwrite passed the folder
+
+
+def test_overwrite_replaces_a_users_results_files(checkpoints, data, tmp_path, test_models):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "examples.csv").write_text("my,own\n1,2\n")
+    (out / "notes.txt").write_text("kept\n")
+    assert evaluate.main(eval_argv(checkpoints, data, out, 1, "--overwrite")) == 0
+    assert len(rows(out)) == 4 and (out / "notes.txt").read_text() == "kept\n"
+
+
+@pytest.mark.parametrize("command, other", [("long_context", "conversation"), ("shards", "long_context"),
+                                            ("conversation", "evaluate"), ("evaluate", "shards")])
+def test_resume_into_another_evaluations_folder_says_so(capsys, monkeypatch, checkpoints, data, tmp_path, command,
+                                                        other):
+    out = tmp_path / "other"
+    out.mkdir()
+    (out / "examples.csv").write_text("id,condition\nx,native\n")
+    (out / "summary.json").write_text(json.dumps({"settings": {"checkpoint": "x", "n": 1}}))
+    (out / "summary.md").write_text(f"Command: `python -m mot_viz.eval.{other} --checkpoint x --out {out}`\n")
+    for extra in (["--resume"], []):
+        err = command_error(capsys, monkeypatch, command, checkpoints, data, out, *extra)
+        assert err.startswith(f"error: ConfigError: --out {out} holds the results of another evaluation (python -m "
+                              f"mot_viz.eval.{other}), not of python -m mot_viz.eval.{command}")
+        assert ("--resume cannot continue them" in err) == bool(extra) and "--overwrite to replace them" in err
+
+
+@pytest.mark.parametrize("command, flags, message", [
+    ("long_context", ["--max_new_tokens", "100000"], "answers of up to 100000 tokens leave no room for a document"),
+    ("shards", ["--max_new_tokens", "100000"], "answers of up to 100000 tokens leave no room for a document"),
+    ("conversation", ["--max_new_tokens", "100000"], "Lower --max_new_tokens, --max_story_tokens or --turns."),
+    ("evaluate", ["--max_new_tokens", "100000"], "--max_new_tokens 100000 with --max_context_tokens 448 leaves no room"),
+    ("long_context", ["--budgets", "900", "900"], "--budgets takes distinct numbers of target tokens"),
+    ("long_context", ["--budgets", "32"], "of at least 64"),
+    ("shards", ["--shards", "1000"], "--shards 1000: a 1500-token document holds far fewer paragraphs"),
+])
+def test_settings_no_run_can_use_are_refused_in_plain_words(capsys, monkeypatch, checkpoints, data, tmp_path, command,
+                                                            flags, message):
+    err = command_error(capsys, monkeypatch, command, checkpoints, data, tmp_path / "out", *flags)
+    assert err.startswith("error: ConfigError: ") and message in err
+    assert not re.search(r"(?<![\w/])-\d", err)  # no negative number of tokens (a name may hold "-2")
+    assert not (tmp_path / "out").exists()
+
+
+def _cut_last_line(path: Path) -> None:
+    text = path.read_text()
+    path.write_text(text[: text.rstrip("\n").rindex("\n") + 25])  # the last row cut short
+
+
+@pytest.mark.parametrize("command", ["long_context", "conversation", "shards"])
+def test_resume_computes_again_a_unit_whose_row_was_cut(monkeypatch, checkpoints, data, tmp_path, warnings, command):
+    module, argv = COMMANDS[command]
+    monkeypatch.setattr(module, "load_model", load_test_model)
+    out = tmp_path / "out"
+    assert module.main([*argv(checkpoints, data), "--out", str(out)]) == 0
+    whole = pd.read_csv(out / "examples.csv")
+    _cut_last_line(out / "examples.csv")
+    computed = []
+    name = "conversation_rows" if command == "conversation" else "document_rows"
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **k: computed.append(1) or real(*a, **k))
+    assert module.main([*argv(checkpoints, data), "--out", str(out), "--resume"]) == 0
+    again = pd.read_csv(out / "examples.csv")
+    assert computed == [1] and len(again) == len(whole)  # the one unit, whose last row was cut, computed again
+    assert list(again["condition"]) == list(whole["condition"]) and again["id"].nunique() == 1
+    assert any("was cut short or damaged" in w for w in warnings)
+
+
+def long_jsonl(path: Path, contexts: dict[str, str]) -> Path:
+    path.write_text("".join(json.dumps({"id": i, "context": c, "question": "Where is the tower?", "answers": ["Paris"]})
+                            + "\n" for i, c in contexts.items()))
+    return path
+
+
+def long_argv(checkpoints, source, out, budget=300) -> list[str]:
+    return ["--checkpoint", str(checkpoints["smollm2-to-gemma3"]), "--linear", str(checkpoints["smollm2-to-gemma3-linear"]),
+            "--source", str(source), "--budgets", str(budget), "--n", "2", "--max_new_tokens", "2", "--bootstrap", "20",
+            "--out", str(out)]
+
+
+def test_a_document_shorter_than_the_budget_is_a_counted_skip_never_filed_under_it(monkeypatch, checkpoints, tmp_path):
+    monkeypatch.setattr(long_context, "load_model", load_test_model)
+    source = long_jsonl(tmp_path / "docs.jsonl", {"long": " ".join(CORPUS * 6), "short": CORPUS[0]})
+    out = tmp_path / "out"
+    assert long_context.main(long_argv(checkpoints, source, out)) == 0
+    df = pd.read_csv(out / "examples.csv")
+    skipped = df[df["condition"] == "skipped"]
+    assert list(skipped["id"]) == ["short"] and set(df.loc[df["condition"] != "skipped", "id"]) == {"long"}
+    reason = skipped["error"].iloc[0]
+    assert re.match(r"ContextError: document short is \d+ target tokens long, shorter than the budget 300", reason)
+    meta = json.loads((out / "summary.json").read_text())
+    assert [s["id"] for s in meta["skipped"]] == ["short"] and meta["summary"][0]["n"] == 1
+    md = (out / "summary.md").read_text()
+    assert "Skipped documents: 1." in md and f"* skipped 300 tokens short: {reason}" in md
+
+
+def test_a_run_whose_every_document_is_skipped_fails_with_the_reason(capsys, monkeypatch, checkpoints, tmp_path):
+    monkeypatch.setattr(long_context, "load_model", load_test_model)
+    source = long_jsonl(tmp_path / "docs.jsonl", {"short": CORPUS[0]})
+    assert long_context.main(long_argv(checkpoints, source, tmp_path / "out")) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: ContextError: all documents (1) were skipped, so there is nothing to report (the "
+                          "first: ContextError: document short is")
+    assert (tmp_path / "out" / "summary.md").is_file()  # the skip and its reason are written
+
+
+def test_a_jsonl_with_bad_rows_gets_advice_that_exists(capsys, monkeypatch, checkpoints, tmp_path):
+    monkeypatch.setattr(long_context, "load_model", load_test_model)
+    source = long_jsonl(tmp_path / "docs.jsonl", {"long": " ".join(CORPUS * 6)})
+    source.write_text(source.read_text() + "{not json\n")
+    assert long_context.main(long_argv(checkpoints, source, tmp_path / "out")) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: DataFormatError: ") and err.endswith("Fix or delete those lines.")
+    assert "strict" not in err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n")
+    with pytest.raises(DataFormatError, match="Fix those lines: no line holds a usable example.$"):
+        load_dataset(str(bad))
