@@ -21,6 +21,7 @@ DEFAULT_RUN = "results/eval/smollm2-to-gemma3-mid-squad300"
 LONG_DOCUMENTS = 48  # the Long context page's document numbers (0–47)
 SHARD_DOCUMENTS = 50  # the Multi-agent page's sharded document numbers (0–49)
 ORDER = "the run's order"
+LINK = st.column_config.LinkColumn("open", display_text="Open in the app", width="medium")
 
 
 def main() -> None:
@@ -161,7 +162,7 @@ def _examples(run: eval_runs.EvalRun, table: pd.DataFrame) -> tuple[pd.DataFrame
     st.caption(f"{len(shown)} of {len(table)} examples.")
     scores = {c: st.column_config.NumberColumn(format="%.3f") for c in shown.columns if c.endswith(" score")}
     st.dataframe(shown, hide_index=True, column_order=["app", *[c for c in shown if c != "app"]],
-                 column_config={"app": st.column_config.LinkColumn("open", display_text="Open in the app", width="medium"),
+                 column_config={"app": LINK,
                                 delta: st.column_config.NumberColumn(format="%+.3f"), **scores})
     _not_linkable(views)
     return table, shown
@@ -246,7 +247,7 @@ def _two_runs(run: eval_runs.EvalRun, table: pd.DataFrame, shown: pd.DataFrame) 
                 columns={"score_a": f"score in {a}", "score_b": f"score in {b}"})
             st.dataframe(listed, hide_index=True,
                          column_order=["app", *[c for c in listed if c != "app"]],
-                         column_config={"app": st.column_config.LinkColumn("open", display_text="Open in the app", width="medium"),
+                         column_config={"app": LINK,
                                         "diff": st.column_config.NumberColumn(format="%+.3f")})
 
 
