@@ -170,6 +170,10 @@ def open_run(folder: str | Path) -> EvalRun:
                               f"({type(exc).__name__}: {exc})") from exc
     skipped = rows[rows["condition"] == "skipped"]
     rows = rows[rows["condition"] != "skipped"].reset_index(drop=True)
+    if rows.empty:
+        why = f" (the first skipped: {skipped['error'].iloc[0]})" if len(skipped) else ""
+        raise ResultsFolderError(f"{folder} holds no scored example yet: {len(skipped)} skipped{why}. Run the "
+                                 f"evaluation with other settings, or with --out {folder} --resume to continue it.")
     rows["group"] = kind.group(rows)
     rows["example"] = _example_names(kind, rows)
     return EvalRun(folder, kind, meta["settings"], meta, summary, rows,

@@ -192,6 +192,13 @@ def test_a_damaged_score_or_summary_is_refused(tmp_path):
     _refused(folder, "without the settings")
 
 
+def test_a_run_with_no_scored_example_is_refused(tmp_path):
+    folder = _copy(tmp_path)
+    header = (MID / "examples.csv").read_text().split("\n", 1)[0]
+    (folder / "examples.csv").write_text(header + "\nsquad/validation,x,skipped,,,,,,,,ContextError: too long\n")
+    _refused(folder, "no scored example", "1 skipped", "ContextError: too long", "--resume")
+
+
 def test_runs_without_a_shared_example_or_condition_are_refused():
     squad, boolq = open_run(MID), open_run(ROOT / "results/eval/smollm2-to-gemma3-mid-boolq300")
     with pytest.raises(ResultsFolderError, match="no example in common"):
