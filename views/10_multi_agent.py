@@ -4,8 +4,12 @@ import streamlit as st
 
 from mot_viz import app
 from mot_viz.analysis.multi_agent_figures import conversation_figure, shard_error_figure
-from mot_viz.app.multi_agent import CONVERSATIONS, SHARD_BUDGET
+from mot_viz.app.long_context import take_upload
+from mot_viz.app.multi_agent import CONVERSATIONS, SHARD_BUDGET, your_conversation_view
+from mot_viz.data.user_documents import UPLOAD_TYPES, document_label, questions_text
 from mot_viz.errors import MotVizError
+
+STORIES = {"coqa": "CoQA story", "yours": "your text (paste or upload)"}
 
 
 def main() -> None:
@@ -25,20 +29,36 @@ def main() -> None:
         "hub's own prefill of the story), then add each turn; the source's own prefill is not counted, since it "
         "read the story for its own work. **Memory** counts fp16 bytes: the hub's cache, and for MoT the "
         "translator's weights; *retain* also keeps the source's cache of the story, *free* drops it once handed over."
+        "\n\n**Your text**: paste a story (or upload a `.txt` file) and type its questions, one per line, each with "
+        "its reference answer after `|`; or upload a `.jsonl` file of `context`, `question`, `answers` lines (one "
+        "story, its questions in order)."
     )
     run = app.current_run()  # the sidebar's pair and checkpoint; the conversation is this page's own
-    app.run_caption(run)
-    cols = st.columns(2)
+    caption = st.empty()  # names the story shown, once it is chosen
+    cols = st.columns(3)
+    app.widget_default("pg.agents.story", "coqa", list(STORIES))
+    yours = cols[0].selectbox("Story", list(STORIES), format_func=STORIES.get, key="pg.agents.story") == "yours"
     app.widget_default("pg.agents.conversation", 0)
-    index = cols[0].number_input("Conversation number", 0, CONVERSATIONS - 1, step=1, key="pg.agents.conversation",
-                                 help="CoQA validation stories of at most 512 target tokens (seed 0), as the "
-                                      "shipped evaluation samples them.")
+    index = cols[1].number_input("Conversation number", 0, CONVERSATIONS - 1, step=1, key="pg.agents.conversation",
+                                 disabled=yours, help="CoQA validation stories of at most 512 target tokens (seed 0), "
+                                                      "as the shipped evaluation samples them.")
     app.widget_default("pg.agents.turns", 5, list(range(1, 11)))
-    turns = cols[1].selectbox("Turns", list(range(1, 11)), key="pg.agents.turns")
+    turns = cols[2].selectbox("Turns", list(range(1, 11)), key="pg.agents.turns", disabled=yours,
+                              help="Your own text: one turn per question.")
+    for key in ("pg.agents.text", "pg.agents.questions"):  # kept (and linked) while a CoQA story is shown
+        app.widget_default(key, "")
     try:
-        with st.status(f"Reading, translating and answering {turns} turns …", expanded=False) as status:
-            view = app.conversation_view(run, int(index), int(turns), status.write)
-            status.update(label=f"{turns} turns answered from each cache", state="complete")
+        if yours:
+            _your_text()
+        label = (document_label(st.session_state["pg.agents.text"]) if yours
+                 else f"CoQA story #{int(index)}, its first {turns} turns")
+        with caption:
+            app.run_caption(run, document=label)
+        with st.status("Reading, translating and answering the conversation …", expanded=False) as status:
+            view = (your_conversation_view(run, st.session_state["pg.agents.text"],
+                                           st.session_state["pg.agents.questions"], status.write) if yours
+                    else app.conversation_view(run, int(index), int(turns), status.write))
+            status.update(label=f"{len(view.conversation.turns)} turns answered from each cache", state="complete")
     except MotVizError as exc:
         app.show_error(exc)
         st.stop()
@@ -62,6 +82,20 @@ def main() -> None:
     st.caption(f"Translator weights: {view.translator_mb:.1f} MB (fp16). Cumulative seconds are one run on this "
                "machine.")
     _several_readers(run)
+
+
+def _your_text() -> None:
+    """The user's story and questions: pasted, or filled in from an uploaded file (then editable)."""
+    upload = st.file_uploader("Upload a story (.txt), or a story with its questions (.jsonl)",
+                              type=list(UPLOAD_TYPES), key="agents.upload",
+                              help="A .jsonl file holds one story: every line {\"context\": …, \"question\": …, "
+                                   "\"answers\": […]} with the same context, the questions in the order asked.")
+    take_upload(upload, lambda f: {"pg.agents.text": f.text,
+                                   **({"pg.agents.questions": questions_text(f.questions)} if f.questions else {})},
+                "agents.upload_taken")
+    st.text_area("Story (read whole)", key="pg.agents.text", height=200)
+    st.text_area("Questions, one per line, in order: question | reference answer (| another reference …)",
+                 key="pg.agents.questions", height=120, placeholder="Who built the tower? | Gustave Eiffel")
 
 
 SETTINGS = {"native": "the hub read the whole document itself", "whole": "one source agent read it all",

@@ -4,12 +4,15 @@ import pandas as pd
 import streamlit as st
 
 from mot_viz import app
+from mot_viz.app.long_context import take_upload, your_long_document
 from mot_viz.analysis.long_context import (first_token_figure, first_token_table, position_error_figure,
                                            retention_curve_figure)
 from mot_viz.data.long_context import BUDGETS, DEPTHS
+from mot_viz.data.user_documents import UPLOAD_TYPES, document_label
 from mot_viz.errors import MotVizError
 
-SOURCES = {"stacks": "distractor stack (SQuAD)", "qasper": "Qasper paper (yes / no)"}
+SOURCES = {"stacks": "distractor stack (SQuAD)", "qasper": "Qasper paper (yes / no)",
+           "yours": "your text (paste or upload)"}
 
 
 def main() -> None:
@@ -23,7 +26,10 @@ def main() -> None:
         "- **Distractor stack** — one SQuAD paragraph that holds the answer, at the start, the middle or the end "
         "of other SQuAD paragraphs, until the budget is filled (document *i* puts its evidence at "
         f"{' / '.join(DEPTHS)} by *i* mod 3).\n"
-        "- **Qasper paper** — an NLP paper cut to the budget, with a yes/no question about it.\n\n"
+        "- **Qasper paper** — an NLP paper cut to the budget, with a yes/no question about it.\n"
+        "- **Your text** — a document you paste or upload (a `.txt` file, or a `.jsonl` file of `context`, "
+        "`question`, `answers` lines: its first question is asked), read at its own length, with your question and, "
+        "to score the answers, the gold answer(s).\n\n"
         "The answers come from five caches of the same document: **native** (the target read it: the ceiling), "
         "**no context**, **MoT**, the closed-form **linear map** on the same source context, and the **mean-vector "
         "window** (no context in the window). *Retention* is a score ÷ native, *gap closed* (score − no context) ÷ "
@@ -33,28 +39,57 @@ def main() -> None:
         "what the target's own prefill costs."
     )
     run = app.current_run()  # the sidebar's pair and checkpoint; the document is this page's own
-    app.run_caption(run)
+    caption = st.empty()  # names the document shown, once it is chosen
     cols = st.columns(3)
     app.widget_default("pg.long.source", "stacks", list(SOURCES))
     source = cols[0].selectbox("Document", list(SOURCES), format_func=SOURCES.get, key="pg.long.source")
+    yours = source == "yours"
     app.widget_default("pg.long.budget", BUDGETS[0], list(BUDGETS))
-    budget = cols[1].selectbox("Length (target tokens)", list(BUDGETS), key="pg.long.budget",
+    budget = cols[1].selectbox("Length (target tokens)", list(BUDGETS), key="pg.long.budget", disabled=yours,
                                help="Longer documents take longer: on two CPU cores about 20 s at 512 tokens and "
-                                    "a few minutes at 4,096.")
+                                    "a few minutes at 4,096. Your own text is read at its own length.")
     app.widget_default("pg.long.doc", 0)
-    index = cols[2].number_input("Document number", 0, 47, step=1, key="pg.long.doc")
+    index = cols[2].number_input("Document number", 0, 47, step=1, key="pg.long.doc", disabled=yours)
+    for key in ("pg.long.text", "pg.long.question", "pg.long.gold"):  # kept (and linked) while another is shown
+        app.widget_default(key, "")
     try:
-        with st.status(f"Reading, translating and answering a {budget}-token document …", expanded=False) as status:
-            view = app.long_document(run, source, budget, int(index), status.write)
+        if yours:
+            _your_text()
+            label = document_label(st.session_state["pg.long.text"])
+        else:
+            label = f"{SOURCES[source]} #{int(index)} at {budget} target tokens"
+        with caption:
+            app.run_caption(run, document=label)
+        with st.status("Reading, translating and answering the document …", expanded=False) as status:
+            view = (your_long_document(run, st.session_state["pg.long.text"], st.session_state["pg.long.question"],
+                                       st.session_state["pg.long.gold"], status.write) if yours
+                    else app.long_document(run, source, budget, int(index), status.write))
             status.update(label=f"{view.document.tokens} target tokens translated and answered", state="complete")
     except MotVizError as exc:
         app.show_error(exc)
         st.stop()
     _document(view)
     _answers(view)
-    _curve(run, view, source, budget)
+    _curve(run, view, source)
     _cost(view)
     _positions(run, view)
+
+
+def _your_text() -> None:
+    """The user's document and question: pasted, or filled in from an uploaded file (then editable)."""
+    upload = st.file_uploader("Upload a document (.txt), or a document with its questions (.jsonl)",
+                              type=list(UPLOAD_TYPES), key="long.upload",
+                              help="A .jsonl file holds one document: every line {\"context\": …, \"question\": …, "
+                                   "\"answers\": […]} with the same context; its first question is asked here (the "
+                                   "Multi-agent page asks them all, in turn).")
+    take_upload(upload, lambda f: {"pg.long.text": f.text,
+                                   **({"pg.long.question": f.questions[0].question,
+                                       "pg.long.gold": " | ".join(f.questions[0].answers)} if f.questions else {})},
+                "long.upload_taken")
+    st.text_area("Document (read whole, at its own length)", key="pg.long.text", height=200)
+    cols = st.columns(2)
+    cols[0].text_input("Question", key="pg.long.question")
+    cols[1].text_input("Gold answer(s), separated by | (optional: without, answers are not scored)", key="pg.long.gold")
 
 
 def _document(view) -> None:
@@ -73,10 +108,13 @@ def _answers(view) -> None:
     st.dataframe(table, hide_index=True)  # a table shows every cell as plain text
 
 
-def _curve(run, view, source: str, budget: int) -> None:
+def _curve(run, view, source: str) -> None:
     st.subheader("Retention against length")
-    shipped = app.shipped_long_results(run.selection.checkpoint, source)
+    shipped = app.shipped_long_results(run.selection.checkpoint, "stacks" if source == "yours" else source)
     live = view.retention
+    if pd.isna(view.native_score):  # no gold answer (your text) to score against
+        st.caption("Your question has no gold answer, so the answers are not scored and this document has no "
+                   "retention: give one (or more, separated by |) to place it on the curve.")
     if shipped is None:
         st.caption("No shipped long-context results for this checkpoint and document kind: only this document's "
                    "point is drawn. `python -m mot_viz.eval.long_context` measures them.")
@@ -84,10 +122,11 @@ def _curve(run, view, source: str, budget: int) -> None:
                                         "n"])
     else:
         counts = sorted({int(n) for n in shipped["n"]})
-        st.caption(f"Lines: the shipped results ({'–'.join(map(str, counts[::max(1, len(counts) - 1)]))} documents "
-                   "per length, paired 95% bootstrap intervals). Stars: this document "
+        st.caption(f"Lines: the shipped results ({'–'.join(map(str, counts[::max(1, len(counts) - 1)]))} "
+                   f"{'distractor stacks' if source == 'yours' else 'documents'} per length, paired 95% bootstrap "
+                   "intervals). Stars: this document "
                    + ("(its native score is 0, so it has no retention)." if view.native_score == 0 else "."))
-    app.show_figure(retention_curve_figure(shipped, live, budget), shipped, "long_retention")
+    app.show_figure(retention_curve_figure(shipped, live, view.document.budget), shipped, "long_retention")
 
 
 def _cost(view) -> None:

@@ -1,6 +1,6 @@
-"""The Long context page's loaders: one long document of a source kind and budget, evaluated under every condition
-with the sidebar's pair and checkpoint (cached on hashable keys: the pair, the checkpoint's stamp, the document), and
-the shipped long-context results of a checkpoint."""
+"""The Long context page's loaders: one long document of a source kind and budget, or the user's own document, evaluated
+under every condition with the sidebar's pair and checkpoint (cached on hashable keys: the pair, the checkpoint's
+stamp, the document), and the shipped long-context results of a checkpoint; a page's upload into its text widgets."""
 
 from __future__ import annotations
 
@@ -14,13 +14,16 @@ import pandas as pd
 import streamlit as st
 
 from ..analysis.long_context import evidence_token_range, position_error_table
-from ..data.long_context import LongExample, long_examples
-from ..engine.models import kv_cache_bytes
-from ..eval.long_context import CONDITIONS, LongSettings, check_budget, evaluate_document
+from ..data.long_context import BUDGETS, LongExample, long_examples
+from ..data.user_documents import Readers, UserFile, read_upload, user_long_document
+from ..engine.models import LoadedModel, kv_cache_bytes
+from ..eval.answers import MAX_NEW_TOKENS
+from ..eval.long_context import CONDITIONS, QUESTION_ROOM, LongSettings, check_budget, evaluate_document
 from .loaders import cached_mean_vectors, checkpoint_stamp, get_checkpoint, get_model, linear_baseline_for
 from .settings import REPO_ROOT, test_mode
 from .state import Run
 
+USER_MAX_TOKENS = max(BUDGETS)  # the longest document of the user's own that the page reads, in target tokens
 
 
 class LongView(NamedTuple):
@@ -48,6 +51,40 @@ def long_document(run: Run, source: str, budget: int, index: int,
                           for role, lm in (("source", run.source), ("target", run.target))})
     say(f"Building document {index} of {source} at {budget} target tokens …")
     doc = cached_document(sel.target, test_mode(), source, budget, index)
+    return _evaluate(run, doc, say)
+
+
+def your_long_document(run: Run, text: str, question: str, gold: str,
+                       progress: Callable[[str], None] | None = None) -> LongView:
+    """The user's document (pasted or uploaded) with its question (gold answers optional, '|'-separated), read at its
+    own length under the run's pair and checkpoint; checked first (mot_viz.data.user_documents: empty, not valid
+    Unicode, longer than either model reads beside the question and its answer: one ContextError)."""
+    room = QUESTION_ROOM + MAX_NEW_TOKENS
+    doc = user_long_document(text, question, gold, readers(run.source, run.target, room, USER_MAX_TOKENS))
+    return _evaluate(run, doc, progress or (lambda message: None))
+
+
+def readers(source: LoadedModel, target: LoadedModel, room: int, most: int) -> Readers:
+    """Both models as readers of a user's document: each reads at most its positions less `room` (and the prompt's
+    first tokens), the target at most `most` tokens (the page's cap: CPU time grows with the length)."""
+    def limit(lm: LoadedModel) -> int:
+        return lm.spec.max_positions - len(lm.prefix_ids) - room
+    return {"target": (target.spec.name, target.tokenizer, min(most, limit(target))),
+            "source": (source.spec.name, source.tokenizer, limit(source))}
+
+
+def take_upload(upload, fill: Callable[[UserFile], dict[str, str]], seen: str) -> None:
+    """A file just uploaded (st.file_uploader's value) into the page's text widgets, before they are drawn: `fill`
+    maps it to widget key -> value. Once per file (`seen`: the state key of the last file taken), so later edits
+    stay; a file that cannot be read raises its MotVizError on every run while it is there."""
+    if upload is None or st.session_state.get(seen) == upload.file_id:
+        return
+    st.session_state.update(fill(read_upload(upload.name, upload.getvalue())))
+    st.session_state[seen] = upload.file_id
+
+
+def _evaluate(run: Run, doc: LongExample, say: Callable[[str], None]) -> LongView:
+    sel = run.selection
     say(f"{doc.tokens} target tokens: the source reads them; its window is translated and replayed; the target reads "
         "them too; then every condition's cache answers …")
     return _cached_long_document(sel.source, sel.target, sel.checkpoint, checkpoint_stamp(sel.checkpoint), test_mode(),
@@ -72,7 +109,7 @@ def _cached_long_document(source_model: str, target_model: str, checkpoint: str,
     means = cached_mean_vectors(target_model, tuple(mot.channels.target_layers), test)
     result = evaluate_document(mot, linear, src, tgt, doc, settings, means)
     rows = pd.DataFrame(result.rows)
-    scores = rows.set_index("condition")["score"]
+    scores = pd.to_numeric(rows.set_index("condition")["score"])  # NaN: a user's question without a gold answer
     native = float(scores["native"])
     translation = result.translation
     n_source = int(translation.source.source_ids.shape[1])
@@ -84,7 +121,7 @@ def _cached_long_document(source_model: str, target_model: str, checkpoint: str,
         {"what": f"target KV cache ({tgt.spec.name}): native or translated", "tokens": n_target,
          "MB": kv_cache_bytes(tgt.spec, n_target) / 1e6}])
     first = dict(zip(rows["condition"], rows["first_token_seconds"]))
-    return LongView(doc, rows, "F1" if rows["exact_match"].notna().any() else "accuracy", native,
+    return LongView(doc, rows, "F1" if doc.example.kind == "extractive" else "accuracy", native,
                     {c: float(v) / native if native else np.nan for c, v in scores.items()},
                     dict(translation.timings), first, sizes,
                     position_error_table(translation, mot.channels, tgt.spec, bin_tokens=max(16, doc.budget // 32)),

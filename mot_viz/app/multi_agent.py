@@ -1,5 +1,6 @@
-"""The Multi-agent page's loaders: one CoQA conversation answered turn by turn from the native, MoT and no-story
-caches with the sidebar's pair and checkpoint (cached on hashable keys), and the shipped conversation results."""
+"""The Multi-agent page's loaders: one CoQA conversation, or the user's own story and questions, answered turn by turn
+from the native, MoT and no-story caches with the sidebar's pair and checkpoint (cached on hashable keys), and the
+shipped conversation results."""
 
 from __future__ import annotations
 
@@ -14,15 +15,19 @@ import streamlit as st
 from ..analysis.cache_metrics import span_error_table
 from ..data.coqa import Conversation, coqa_conversations
 from ..data.long_context import LongExample
+from ..data.user_documents import parse_questions, user_conversation
 from ..engine.testing import TEST_MAX_POSITIONS
-from ..eval.conversation import ConversationSettings, cache_mb, conversation_rows, summarize, translator_mb
+from ..eval.answers import MAX_NEW_TOKENS
+from ..eval.conversation import (HISTORY_ROOM, ConversationSettings, cache_mb, conversation_rows, summarize,
+                                 translator_mb)
 from ..eval.shards import ShardSettings, evaluate_document, shard_spans
-from .long_context import cached_document
+from .long_context import cached_document, readers
 from .loaders import checkpoint_stamp, get_checkpoint, get_model
 from .settings import REPO_ROOT, test_mode
 from .state import Run
 
 STORY_TOKENS = 512  # the longest story offered, in target tokens (the evaluation's default)
+USER_STORY_TOKENS = 2048  # the longest story of the user's own, in target tokens (CPU time grows with it)
 SHARD_BUDGET = 1024  # the sharded documents' length in target tokens (the shipped shard evaluation's)
 CONVERSATIONS = 30  # conversations offered (the evaluation's sample, seed 0)
 
@@ -50,6 +55,24 @@ def conversation_view(run: Run, index: int, turns: int,
     conversation = _cached_conversation(sel.target, test_mode(), index, turns)
     say(f"The source reads the story ({len(conversation.story)} characters) once; its window is translated and "
         f"replayed; the target also reads it itself; then {turns} turns are answered from each cache …")
+    return _cached_view(sel.source, sel.target, sel.checkpoint, checkpoint_stamp(sel.checkpoint), test_mode(),
+                        conversation)
+
+
+def your_conversation_view(run: Run, story: str, questions: str,
+                           progress: Callable[[str], None] | None = None) -> ConversationView:
+    """The user's story (pasted or uploaded) and questions (one per line, each with its reference answer after '|')
+    answered turn by turn under the run's pair and checkpoint; checked first (mot_viz.data.user_documents: empty, not
+    valid Unicode, no question or reference, a story longer than either model reads beside every turn: one
+    ContextError)."""
+    sel = run.selection
+    turns = max(1, len(parse_questions(questions)))
+    room = turns * (HISTORY_ROOM + MAX_NEW_TOKENS) + 64  # every turn's question, answer and history (check_settings)
+    most = TEST_MAX_POSITIONS // 2 if test_mode() else USER_STORY_TOKENS
+    conversation = user_conversation(story, questions, readers(run.source, run.target, room, most))
+    (progress or (lambda message: None))(
+        f"The source reads your story ({len(story):,} characters) once; its window is translated and replayed; the "
+        f"target also reads it itself; then {len(conversation.turns)} turns are answered from each cache …")
     return _cached_view(sel.source, sel.target, sel.checkpoint, checkpoint_stamp(sel.checkpoint), test_mode(),
                         conversation)
 

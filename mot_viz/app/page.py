@@ -56,12 +56,14 @@ def explain(markdown: str) -> None:
         st.markdown(markdown)
 
 
-def run_caption(run: Run) -> None:
-    """One line naming the pair, checkpoint and context the page shows."""
+def run_caption(run: Run, document: str | None = None) -> None:
+    """One line naming the pair, checkpoint and context the page shows: the sidebar's, or `document`, a page's own."""
     sel = run.selection
+    shown = (f"document: {escape_markdown(document)}" if document is not None else
+             f"context: {escape_markdown(sel.label)} ({len(run.target_tokens)} target / {len(run.source_tokens)} "
+             "source tokens)")
     st.caption(f"{escape_markdown(sel.source)} → {escape_markdown(sel.target)} · checkpoint "
-               f"{escape_markdown(Path(sel.checkpoint).name)} · context: {escape_markdown(sel.label)} "
-               f"({len(run.target_tokens)} target / {len(run.source_tokens)} source tokens)")
+               f"{escape_markdown(Path(sel.checkpoint).name)} · {shown}")
 
 
 def show_figure(fig: go.Figure, data: pd.DataFrame, name: str) -> None:

@@ -4,19 +4,24 @@ mot_viz.analysis.long_context computed directly; the shipped results are a tiny 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from mot_viz import app
 from mot_viz.analysis.long_context import position_error_table
+from mot_viz.app.permalink import FINGERPRINT, MAX_TEXT_IN_LINK, text_digest
 from mot_viz.data.long_context import distractor_stacks
+from mot_viz.data.user_documents import document_label, user_long_document
 from mot_viz.engine.checkpoint import load_checkpoint
 from mot_viz.engine.testing import load_test_model, write_test_checkpoints
 from mot_viz.eval.long_context import LongSettings, evaluate_document
 from mot_viz.eval.mean_vector import reference_means
 from plotly_figures import figures
+from test_app_pages import errors, shown
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 TIMEOUT = 300
@@ -108,3 +113,97 @@ def test_the_view_lives_in_the_url_and_another_document_is_another_computation()
     first, second = distractor_stacks(target.tokenizer, BUDGET, 2, seed=0)
     assert first.example.question in texts and second.example.question in {t.value for t in at.text}
     assert second.depth == "middle" and at.query_params.get("long.doc") == "1"
+
+
+# ----- the user's own document -------------------------------------------------------------------------------------
+
+STORY = ("The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris. It is named after the "
+         "engineer Gustave Eiffel, whose company designed and built the tower from 1887 to 1889.\n")
+
+
+def your_text(at: AppTest, text: str, question: str = "", gold: str = "") -> AppTest:
+    """Choose "your text" and type the document, question and gold answers."""
+    at.selectbox(key="pg.long.source").set_value("yours").run()
+    at.text_area(key="pg.long.text").input(text)
+    at.text_input(key="pg.long.question").input(question)
+    at.text_input(key="pg.long.gold").input(gold)
+    return at.run()
+
+
+def test_a_pasted_document_with_a_question_is_answered_as_the_library_answers_it(pretrained):
+    at = your_text(open_page(), STORY, "Who designed the tower?", "Gustave Eiffel | Eiffel")
+    assert not at.exception and not at.error, errors(at)
+    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
+    mot, _ = load_checkpoint(pretrained["smollm2-to-gemma3"], source, target)
+    linear, _ = load_checkpoint(pretrained["smollm2-to-gemma3-linear"], source, target)
+    readers = app.long_context.readers(source, target, 0, 10_000)
+    doc = user_long_document(STORY, "Who designed the tower?", "Gustave Eiffel | Eiffel", readers)
+    settings = LongSettings(str(pretrained["smollm2-to-gemma3"]), str(pretrained["smollm2-to-gemma3-linear"]),
+                            doc.source, (doc.budget,), 1, 0)
+    means = reference_means(target, mot.channels.target_layers, 16)
+    expected = pd.DataFrame(evaluate_document(mot, linear, source, target, doc, settings, means).rows)
+    shown_table = at.dataframe[0].value
+    assert shown_table["answer"].tolist() == expected["answer"].tolist()
+    assert shown_table["F1"].tolist() == pytest.approx(expected["score"].tolist())
+    assert "Who designed the tower?" in [t.value for t in at.text]
+    caption = next(shown(c.value) for c in at.caption if "checkpoint" in c.value)
+    assert caption.endswith(f"document: {document_label(STORY)}") and "SQuAD" not in caption  # not the sidebar's
+    assert document_label(STORY).startswith("your text “The Eiffel Tower is a")
+    assert at.query_params.get("long.text") == STORY and at.query_params.get("long.source") == "yours"
+
+
+def test_an_empty_too_long_or_binary_document_is_one_message_and_no_computation():
+    at = open_page()
+    at.selectbox(key="pg.long.source").set_value("yours").run()
+    assert errors(at) == ["**Context problem.** The document is empty. Paste a text, or upload a .txt or .jsonl file."]
+    assert not at.dataframe and not at.get("plotly_chart")
+    long = STORY * 300
+    tokens = len(load_test_model("gemma3-270m").tokenizer(long, add_special_tokens=False)["input_ids"])
+    at = your_text(at, long, "Who?")
+    assert not at.exception and len(at.error) == 1, errors(at)
+    assert f"The document is {tokens:,} tokens long for the target model" in errors(at)[0]
+    assert "Shorten the document" in errors(at)[0] and not at.dataframe
+    at = your_text(at, STORY, "")
+    assert errors(at) == ["**Context problem.** Ask a question about the document: type it under Question."]
+    at.file_uploader(key="long.upload").set_value(("model.txt", b"PK\x03\x04\x00\x00binary", "text/plain")).run()
+    assert not at.exception and len(at.error) == 1 and not at.dataframe
+    assert "'model.txt' is not a text file (it holds a NUL byte at byte 4)" in errors(at)[0]
+
+
+def test_an_uploaded_jsonl_fills_the_document_and_its_first_question():
+    at = open_page()
+    at.selectbox(key="pg.long.source").set_value("yours").run()
+    rows = [{"context": STORY, "question": "Who designed the tower?", "answers": ["Gustave Eiffel"]},
+            {"context": STORY, "question": "Where is it?", "answers": ["Paris"]}]
+    data = "\n".join(json.dumps(r) for r in rows).encode()
+    at.file_uploader(key="long.upload").set_value(("tower.jsonl", data, "application/json")).run()
+    assert not at.exception and not at.error, errors(at)
+    assert at.text_area(key="pg.long.text").value == STORY
+    assert at.text_input(key="pg.long.question").value == "Who designed the tower?"
+    assert at.text_input(key="pg.long.gold").value == "Gustave Eiffel"
+    assert at.dataframe[0].value["gold"].tolist() == ["Gustave Eiffel"] * 5
+
+
+def test_a_link_holding_a_long_documents_fingerprint_restores_it_where_the_app_saw_it(monkeypatch):
+    text = (STORY * 12)[: MAX_TEXT_IN_LINK + 40]
+    at = your_text(open_page(), text, "Who designed the tower?")
+    assert not at.error, errors(at)
+    params = dict(at.query_params)
+    assert params["long.text"] == FINGERPRINT + text_digest(text)
+
+    def reopen() -> AppTest:  # a new browser tab opened on the page's link
+        fresh = AppTest.from_file(APP, default_timeout=TIMEOUT)
+        fresh.query_params.update(params)
+        fresh.switch_page(PAGE).run()
+        assert not fresh.exception, fresh.exception
+        return fresh
+
+    fresh = reopen()
+    assert not fresh.error and not fresh.warning, errors(fresh)
+    assert fresh.text_area(key="pg.long.text").value == text
+    assert fresh.dataframe[0].value["answer"].tolist() == at.dataframe[0].value["answer"].tolist()
+    monkeypatch.setattr(app.links, "_LONG_TEXTS", type(app.links._LONG_TEXTS)())  # e.g. after a restart
+    lost = reopen()
+    notes = [shown(w.value) for w in lost.warning if w.value.startswith("This link holds values")]
+    assert len(notes) == 1 and params["long.text"] in notes[0] and "paste the text again" in notes[0]
+    assert errors(lost) == ["**Context problem.** The document is empty. Paste a text, or upload a .txt or .jsonl file."]

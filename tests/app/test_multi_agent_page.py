@@ -3,6 +3,7 @@ against mot_viz.eval.conversation computed directly; the shipped results are a t
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -10,12 +11,16 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from mot_viz import app
 from mot_viz.app.multi_agent import story_tokens
+from mot_viz.app.permalink import FINGERPRINT, MAX_TEXT_IN_LINK, text_digest
 from mot_viz.data.coqa import coqa_conversations
+from mot_viz.data.user_documents import document_label, user_conversation
 from mot_viz.engine.checkpoint import load_checkpoint
 from mot_viz.engine.testing import load_test_model, write_test_checkpoints
 from mot_viz.eval.conversation import ConversationSettings, conversation_rows
 from plotly_figures import figures
+from test_app_pages import errors, shown
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 PAGE = "views/10_multi_agent.py"
@@ -100,3 +105,97 @@ def test_several_readers_compose_shards_as_the_library_does(pretrained):
     fig = figures(at)[before]
     assert {t["name"].split(":")[0] for t in fig["data"]} == set(spans)
     assert at.query_params.get("agents.sharded") == "true"
+
+
+# ----- the user's own story ----------------------------------------------------------------------------------------
+
+STORY = ("The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris. It is named after the "
+         "engineer Gustave Eiffel, whose company designed and built the tower from 1887 to 1889.\n")
+QUESTIONS = "Who designed the tower? | Gustave Eiffel | Eiffel\nWhere is it? | Paris"
+
+
+def open_page() -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.run()
+    at.switch_page(PAGE).run()
+    assert not at.exception, at.exception
+    return at
+
+
+def your_story(at: AppTest, story: str, questions: str) -> AppTest:
+    at.selectbox(key="pg.agents.story").set_value("yours").run()
+    at.text_area(key="pg.agents.text").input(story)
+    at.text_area(key="pg.agents.questions").input(questions)
+    return at.run()
+
+
+def test_a_pasted_story_and_its_questions_are_answered_turn_by_turn_as_the_library_does(pretrained):
+    at = your_story(open_page(), STORY, QUESTIONS)
+    assert not at.exception and not at.error, errors(at)
+    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
+    mot, _ = load_checkpoint(pretrained["smollm2-to-gemma3"], source, target)
+    readers = app.long_context.readers(source, target, 0, 10_000)
+    conversation = user_conversation(STORY, QUESTIONS, readers)
+    rows = pd.DataFrame(conversation_rows(mot, source, target, conversation,
+                                          ConversationSettings(str(pretrained["smollm2-to-gemma3"]), 1, 2)))
+    table = next(d.value for d in at.dataframe if "question" in d.value.columns)
+    assert table["question"].tolist() == ["Who designed the tower?", "Where is it?"]
+    assert table["references"].tolist() == ["Gustave Eiffel | Eiffel", "Paris"]
+    expected = rows.pivot_table(index="turn", columns="condition", values="answer", aggfunc="first")
+    for condition in ("native", "mot", "no_context"):
+        assert table[condition].tolist() == expected[condition].tolist()
+    caption = next(shown(c.value) for c in at.caption if "checkpoint" in c.value)
+    assert caption.endswith(f"document: {document_label(STORY)}") and "SQuAD" not in caption  # not the sidebar's
+    assert at.query_params.get("agents.story") == "yours" and at.query_params.get("agents.text") == STORY
+
+
+def test_the_coqa_caption_names_the_story_not_the_sidebars_passage():
+    at = open_page()
+    at.selectbox(key="pg.agents.turns").set_value(1).run()
+    caption = next(shown(c.value) for c in at.caption if "checkpoint" in c.value)
+    assert caption.endswith("document: CoQA story #0, its first 1 turns") and "SQuAD" not in caption
+
+
+def test_an_empty_too_long_or_binary_story_is_one_message_and_no_computation():
+    at = open_page()
+    at = your_story(at, "", QUESTIONS)
+    assert errors(at) == ["**Context problem.** The story is empty. Paste a text, or upload a .txt or .jsonl file."]
+    assert not at.dataframe and not at.get("plotly_chart")
+    at = your_story(at, STORY * 300, QUESTIONS)
+    assert not at.exception and len(at.error) == 1 and not at.dataframe, errors(at)
+    assert "tokens long for the target model" in errors(at)[0] and "Shorten the story" in errors(at)[0]
+    at = your_story(at, STORY, "Who designed the tower?")
+    assert errors(at) == ["**Context problem.** Question 1 ('Who designed the tower?') has no reference answer: write "
+                          "it after a '|'. Each turn's question and reference answer are added to every cache as the "
+                          "history the next question reads, as CoQA's conversations carry it."]
+    at.file_uploader(key="agents.upload").set_value(("story.txt", b"\xff\xfe\x00b\x00i\x00n", "text/plain")).run()
+    assert not at.exception and len(at.error) == 1 and not at.dataframe
+    assert "'story.txt' is not a text file (it holds a NUL byte at byte 2)" in errors(at)[0]
+
+
+def test_an_uploaded_jsonl_fills_the_story_and_its_questions_in_order():
+    at = open_page()
+    at.selectbox(key="pg.agents.story").set_value("yours").run()
+    data = b"\n".join(json.dumps({"context": STORY, "question": q, "answers": a}).encode()
+                      for q, a in (("Who designed the tower?", ["Gustave Eiffel"]), ("Where is it?", ["Paris"])))
+    at.file_uploader(key="agents.upload").set_value(("tower.jsonl", data, "application/json")).run()
+    assert not at.exception and not at.error, errors(at)
+    assert at.text_area(key="pg.agents.text").value == STORY
+    assert at.text_area(key="pg.agents.questions").value == "Who designed the tower? | Gustave Eiffel\nWhere is it? | Paris"
+    table = next(d.value for d in at.dataframe if "question" in d.value.columns)
+    assert table["question"].tolist() == ["Who designed the tower?", "Where is it?"]
+
+
+def test_a_link_holding_a_long_storys_fingerprint_restores_it():
+    story = (STORY * 12)[: MAX_TEXT_IN_LINK + 40]
+    at = your_story(open_page(), story, QUESTIONS)
+    assert not at.error, errors(at)
+    params = dict(at.query_params)
+    assert params["agents.text"] == FINGERPRINT + text_digest(story) and params["agents.questions"] == QUESTIONS
+    fresh = AppTest.from_file(APP, default_timeout=300)  # a new browser tab opened on the page's link
+    fresh.query_params.update(params)
+    fresh.switch_page(PAGE).run()
+    assert not fresh.exception and not fresh.error and not fresh.warning, errors(fresh)
+    assert fresh.text_area(key="pg.agents.text").value == story
+    table = next(d.value for d in fresh.dataframe if "question" in d.value.columns)
+    assert table["mot"].tolist() == next(d.value for d in at.dataframe if "question" in d.value.columns)["mot"].tolist()
