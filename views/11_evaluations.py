@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from mot_viz import app
-from mot_viz.analysis import eval_runs
+from mot_viz.analysis import eval_run_links, eval_runs, figures
 from mot_viz.app.multi_agent import CONVERSATIONS
 from mot_viz.app.permalink import SidebarLink, fit_link, page_params, query_string, sidebar_params
 from mot_viz.errors import MotVizError
@@ -114,7 +114,7 @@ def _settings(run: eval_runs.EvalRun) -> None:
 # ----- the examples ------------------------------------------------------------------------------------------------
 
 
-def _link(view: eval_runs.AppView) -> str | None:
+def _link(view: eval_run_links.AppView) -> str | None:
     """The address of the app's view of one example (a page's path, as the navigation names it, and its link)."""
     if view.page is None:
         return None
@@ -150,7 +150,7 @@ def _examples(run: eval_runs.EvalRun, table: pd.DataFrame) -> tuple[pd.DataFrame
     app.widget_default("pg.evals.descending", False)
     descending = cols[2].checkbox("descending", key="pg.evals.descending")
 
-    views = eval_runs.app_views(run, table, checkpoints=list(app.available_checkpoints()),
+    views = eval_run_links.app_views(run, table, checkpoints=list(app.available_checkpoints()),
                                 examples_per_dataset=app.EXAMPLES_PER_DATASET, long_documents=LONG_DOCUMENTS,
                                 conversations=CONVERSATIONS, shard_documents=SHARD_DOCUMENTS)
     table = table.assign(app=[_link(v) for v in views])
@@ -168,7 +168,7 @@ def _examples(run: eval_runs.EvalRun, table: pd.DataFrame) -> tuple[pd.DataFrame
     return table, shown
 
 
-def _not_linkable(views: list[eval_runs.AppView]) -> None:
+def _not_linkable(views: list[eval_run_links.AppView]) -> None:
     reasons = pd.Series([v.reason for v in views if v.page is None], dtype=object)
     linked = len(views) - len(reasons)
     text = f"**Open in the app** sets the sidebar (pair, checkpoint, dataset example) and the page's options to " \
@@ -198,11 +198,11 @@ def _slice(run: eval_runs.EvalRun, shown: pd.DataFrame) -> None:
     delta = eval_runs.delta_column(run)
     if delta not in shown:
         return
-    axes = [x for x in eval_runs.X_AXES if x in shown and shown[x].notna().any()]
+    axes = [x for x in figures.X_AXES if x in shown and shown[x].notna().any()]
     app.widget_default("pg.evals.x", axes[0], axes)
-    x = st.radio("Against", axes, format_func=eval_runs.X_AXES.get, key="pg.evals.x", horizontal=True)
+    x = st.radio("Against", axes, format_func=figures.X_AXES.get, key="pg.evals.x", horizontal=True)
     data = shown[["example", "group", x, delta]]
-    app.show_figure(eval_runs.delta_figure(shown, delta, x), data, "evaluation_delta")
+    app.show_figure(figures.delta_figure(shown, delta, x), data, "evaluation_delta")
 
 
 # ----- two runs ----------------------------------------------------------------------------------------------------
@@ -238,7 +238,7 @@ def _two_runs(run: eval_runs.EvalRun, table: pd.DataFrame, shown: pd.DataFrame) 
     signed = st.column_config.NumberColumn(format="%+.3f")
     st.dataframe(sliced.paired, hide_index=True,
                  column_config=dict.fromkeys(("diff", "ci_low", "ci_high"), signed))
-    app.show_figure(eval_runs.comparison_figure(sliced.pairs, sliced.labels), sliced.pairs, "evaluation_two_runs")
+    app.show_figure(figures.comparison_figure(sliced.pairs, sliced.labels), sliced.pairs, "evaluation_two_runs")
     links = table.set_index("example")
     for title, wins in ((f"{a} wins", sliced.a_wins), (f"{b} wins", sliced.b_wins)):
         with st.expander(f"{title} ({len(wins)})"):

@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from mot_viz.analysis import eval_runs
-from mot_viz.analysis.eval_runs import (ResultsFolderError, app_views, compare_runs, open_run, select, shipped_runs,
+from mot_viz.analysis.eval_run_links import app_views
+from mot_viz.analysis.eval_runs import (ResultsFolderError, compare_runs, open_run, select, shipped_runs,
                                         slice_summary, stated_summary, wide_table)
 from mot_viz.data.eval_data import load_dataset
 from mot_viz.errors import MotVizError
