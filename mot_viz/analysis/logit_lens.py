@@ -23,10 +23,14 @@ from ..engine import hf
 from ..engine.alignment import encode
 from ..engine.models import LoadedModel
 from ..engine.mot import MoT, Translation, empty_context_cache
-from ..eval.answers import answer_is_complete, linear_cache
+from ..errors import ContextError
+from ..eval.answers import answer_is_complete, check_question_fits, linear_cache
 
 TOP_TOKENS = 5  # tokens listed per layer and condition
 LENS_ANSWER_TOKENS = 8  # native answer tokens the lens follows (each costs a decoding step)
+# the longest question (the prompt after the context) the lens reads: its trace keeps every layer's state at each of
+# the question's tokens under each cache, so what it holds grows with this length
+LENS_QUESTION_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -35,8 +39,9 @@ class LensTrace:
     context and question; the lens of any one position reads it)."""
 
     conditions: tuple[str, ...]
-    residual: dict[str, torch.Tensor]  # condition -> [L + 1, S + A - 1, D]: input of layer 0 … output of layer L-1
-    attention: dict[str, list[torch.Tensor]]  # condition -> per layer [H, S + A - 1, cache + S + A - 1] (float32)
+    # P = A (the positions the lens reads: the question's last, then each answer token but the last)
+    residual: dict[str, torch.Tensor]  # condition -> [L + 1, P, D]: input of layer 0 … output of layer L-1
+    attention: dict[str, list[torch.Tensor]]  # condition -> per layer [H, P, cache + S + A - 1] (float32)
     cache_len: dict[str, int]  # condition -> positions its context cache holds (its BOS prefix included)
     prefix_len: int  # BOS positions every context cache starts with (never translated)
     suffix_len: int  # S: the question's tokens
@@ -49,16 +54,31 @@ class LensTrace:
         return len(self.answer_ids)
 
 
+def check_lens_question(target: LoadedModel, native_kv: list[hf.KV], question_tokens: int, answer_tokens: int) -> None:
+    """Raise ContextError, before any work, unless the lens can read a question of `question_tokens` target tokens
+    followed by `answer_tokens`: at most LENS_QUESTION_TOKENS, and the context, question and answer within the
+    target's positions (answers.check_question_fits)."""
+    if question_tokens > LENS_QUESTION_TOKENS:
+        raise ContextError(f"The question is {question_tokens} target tokens long; the logit lens reads a question of "
+                           f"at most {LENS_QUESTION_TOKENS} (it keeps every layer's state at each of them). Shorten "
+                           "the question.")
+    check_question_fits(target, native_kv, question_tokens, answer_tokens)
+
+
 def lens_trace(target: LoadedModel, caches: dict[str, list[hf.KV] | None], suffix_ids: list[int],
                answer_ids: list[int] | None, prefix_len: int) -> LensTrace:
     """Run the question and the answer tokens over each cache with the residual stream and every layer's queries
     recorded. caches: condition -> the context's cache ("native" required; None = no context at all); answer_ids:
     the native cache's greedy answer (what every position is asked to predict), or None for the question alone:
-    then the one position is the question's last, and its token native's top prediction there (no decoding)."""
+    then the one position is the question's last, and its token native's top prediction there (no decoding).
+    Only the positions the lens reads are kept (their states and attention), so what the trace holds grows with the
+    question's length, not its square; a question the lens cannot read raises ContextError (check_lens_question)."""
     if "native" not in caches:
         raise ValueError("the lens compares every cache with the native one: caches needs 'native'")
     if answer_ids is not None and not answer_ids:
         raise ValueError("the lens needs at least one answer token to predict (or answer_ids=None)")
+    positions = len(answer_ids) if answer_ids else 1  # the question's last position, then each answer token's
+    check_lens_question(target, caches["native"], len(suffix_ids), positions)
     model = target.model
     layers = hf.decoder_layers(model)
     ids = target.ids_tensor(list(suffix_ids) + list(answer_ids[:-1] if answer_ids else []))
@@ -75,11 +95,11 @@ def lens_trace(target: LoadedModel, caches: dict[str, list[hf.KV] | None], suffi
         plan = hf.AttentionPlan(record_queries=set(range(len(layers))))
         trace = hf.residual_trace(model, ids.expand(len(members), -1), kv=kv, plan=plan, logits_to_keep=1)
         queries = trace.result.queries
-        probs = [hf.causal_probs(queries[layer][0], k, queries[layer][1], queries[layer][2])
-                 for layer, (k, _) in enumerate(trace.result.kv)]  # per layer (B, H, N_q, N_kv)
+        probs = [hf.causal_probs(queries[layer][0][:, :, -positions:], k, queries[layer][1], queries[layer][2])
+                 for layer, (k, _) in enumerate(trace.result.kv)]  # per layer (B, H, P, N_kv): the rows read only
         sliding = tuple(queries[layer][2] for layer in range(len(layers)))
         for row, condition in enumerate(members):
-            residual[condition] = trace.residual[:, row].float()
+            residual[condition] = trace.residual[:, row, -positions:].float()  # (L + 1, P, D)
             if condition == "native" and answer_ids is None:  # its logits at the question's last position
                 answer_ids = [int(trace.result.logits[row, -1].argmax())]
             attention[condition] = [p[row] for p in probs]
@@ -116,12 +136,13 @@ def translation_lens_trace(mot: MoT, source: LoadedModel, target: LoadedModel, t
     pair's closed-form map of the same window, is given), `others` (e.g. a second checkpoint's replayed cache of the
     same context) and no context, over the question `suffix_text` and the native cache's greedy answer (at most
     `answer_tokens` of it; 0: the question alone, no decoding)."""
+    suffix = encode(target.tokenizer, suffix_text)
+    check_lens_question(target, translation.native_kv, len(suffix), max(answer_tokens, 1))  # before any work
     caches = {"native": translation.native_kv, "mot": translation.mixed_kv}
     if linear is not None:
         caches["linear"] = linear_cache(mot, linear, source, target, translation)
     caches.update(others or {})
     caches["no_context"] = empty_context_cache(target)
-    suffix = encode(target.tokenizer, suffix_text)
     answer = native_answer_ids(target, translation.native_kv, suffix, answer_tokens) if answer_tokens else None
     return lens_trace(target, caches, suffix, answer, translation.prefix_len)
 
@@ -146,9 +167,8 @@ def logit_lens(target: LoadedModel, trace: LensTrace, position: int = 0, gold_to
     """
     if not 0 <= position < trace.positions:
         raise ValueError(f"position {position} is outside the {trace.positions} answer positions")
-    index = trace.suffix_len - 1 + position
     conditions = trace.conditions
-    states = torch.stack([trace.residual[c][1:, index] for c in conditions])  # (C, L, D): layer outputs
+    states = torch.stack([trace.residual[c][1:, position] for c in conditions])  # (C, L, D): layer outputs
     logprobs = hf.final_readout(target.model)(states).float().log_softmax(-1)  # (C, L, V)
     native = logprobs[conditions.index("native")]  # (L, V)
     final = native[-1]
@@ -210,14 +230,14 @@ def attention_shares(trace: LensTrace, position: int = 0) -> pd.DataFrame:
     (a sliding-window layer sees only its last `window` positions) and, for a cache of the context's own length
     other than native, `read_error_v`: the relative V error (to native) of the context positions, averaged with the
     query's attention on them as weights, i.e. how far from native what the query reads from the context is."""
-    index = trace.suffix_len - 1 + position
+    index = trace.suffix_len - 1 + position  # the query's place after the context
     rows = []
     for condition in trace.conditions:
         start, end = trace.prefix_len, trace.cache_len[condition]  # context positions [start, end)
         if trace.cache_len[condition] == 0:
             start = end = 0
         for layer, probs in enumerate(trace.attention[condition]):
-            p = probs[:, index]  # (H, keys)
+            p = probs[:, position]  # (H, keys)
             query_pos = trace.cache_len[condition] + index
             window = trace.sliding[layer]
             first_visible = max(0, query_pos - window + 1) if window else 0

@@ -17,7 +17,8 @@ import streamlit as st
 from ..analysis.figures import token_labels
 from ..engine.alignment import check_text
 from ..errors import MotVizError
-from .links import LINK_DROP, LINK_NOTES, begin_page_run, drop_linked_page_options, restore_link, sync_link
+from .links import (LINK_DROP, LINK_NOTES, begin_page_run, drop_linked_page_options, link_notes_text, restore_link,
+                    sync_link)
 from .loaders import get_checkpoint, get_model, get_translation
 from .page import escape_markdown, keep_widget_state, show_error
 from .sidebar import sidebar
@@ -68,7 +69,7 @@ def _setup() -> Selection:
     keep_widget_state()
     if st.session_state.get(LINK_NOTES):  # until a page run completes (a rerun may come first); quotes the URL
         st.warning("This link holds values the app cannot restore, so it shows the defaults instead of: "
-                   + escape_markdown("; ".join(st.session_state[LINK_NOTES])) + ".", icon="⚠️")
+                   + escape_markdown(link_notes_text(st.session_state[LINK_NOTES])) + ".", icon="⚠️")
     with _as_entry_script():
         return sidebar()
 

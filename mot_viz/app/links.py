@@ -9,6 +9,7 @@ sidebar's "Copy link" and "Copy as Python" (:func:`share`).
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -32,6 +33,9 @@ LINK_DROP = "link.drop"  # linked page options to forget at the start of the nex
 _LINK_RERUN = "link.rerun"  # a linked page option was dropped during the run: rerun to show the one warning
 _GROUPS_THIS_RUN = "link.groups"  # the option groups (pg.<group>.…) this page run offered: the running page's
 _OPTION_GROUPS_SEEN: set[str] = set()  # every group a page offered in this process (one built at run time too)
+EXCERPT_CHARS = 80  # the longest value (40: name) of a page option the link warning quotes; the rest is "…"
+# where a Markdown renderer would make a link of bare text (scheme://, www., an e-mail's @): a zero-width space goes there
+_AUTOLINK = re.compile(r"(?i)(?<=[a-z]:)(?=//)|(?<=www)(?=\.)|(?<=@)")
 # what a link leaves out, in words (the query parameters a server would refuse are the long typed ones)
 _LEFT_OUT = {"q": "the question", "gold": "the gold answer", "src": "the source model", "tgt": "the target model",
              "ckpt": "the checkpoint", "text": "the context text"}
@@ -90,6 +94,20 @@ def restore_link() -> None:
         state[LINK_NOTES] = parsed.ignored
 
 
+def _quoted_option(key: str, value: object = None, with_value: bool = True) -> str:
+    """A linked page option as the link warning quotes it: a short excerpt of its name and value (EXCERPT_CHARS)."""
+    name, shown = key[len(PAGE_PREFIX):], repr(value)
+    name = name if len(name) <= EXCERPT_CHARS // 2 else name[: EXCERPT_CHARS // 2 - 1] + "…"
+    shown = shown if len(shown) <= EXCERPT_CHARS else shown[: EXCERPT_CHARS - 1] + "…"
+    return f"{name}={shown}" if with_value else name
+
+
+def link_notes_text(notes: list[str]) -> str:
+    """What an opened link held that was ignored, as plain text for the one warning: bare URLs and addresses in it
+    broken by a zero-width space, so the app's own warning never shows a link (escape_markdown escapes the rest)."""
+    return _AUTOLINK.sub("\u200b", "; ".join(notes))
+
+
 def option_groups() -> set[str]:
     """The page option groups this app has: those its page files name and any a page offered in this process."""
     return {*page_option_groups(), *_OPTION_GROUPS_SEEN}
@@ -117,7 +135,7 @@ def check_linked_value(key: str, default: object, options: list | None) -> None:
         state[key] = value
         state.setdefault(_LINK_DRAWN, {})[key] = value
         return
-    state.setdefault(LINK_NOTES, []).append(f"the page option {key[len(PAGE_PREFIX):]}={state[key]!r} "
+    state.setdefault(LINK_NOTES, []).append(f"the page option {_quoted_option(key, state[key])} "
                                              f"(the option takes values like {default!r})")
     state[_LINK_RERUN] = True  # the warning is drawn above the page: show it in a fresh run
     del state[key]
@@ -142,7 +160,7 @@ def drop_linked_page_options(failed: bool) -> bool:
         if unknown:
             state[LINK_UNCHECKED] -= unknown
             many = len(unknown) > 1
-            names = ", ".join(f"{k[len(PAGE_PREFIX):]}={state[k]!r}" for k in sorted(unknown) if k in state)
+            names = ", ".join(_quoted_option(k, state[k]) for k in sorted(unknown) if k in state)
             state.setdefault(LINK_NOTES, []).append(f"the page option{'s' if many else ''} {names} (this page does "
                                                     "not offer it)")
             for key in unknown:  # out of the URL this run already
@@ -152,8 +170,7 @@ def drop_linked_page_options(failed: bool) -> bool:
         state.setdefault(LINK_DROP, set()).update(dropped)
         many = len(dropped) > 1
         why = f"the page failed with {'them' if many else 'it'}" if failed else "not among the choices"
-        names = ", ".join(f"{k[len(PAGE_PREFIX):]}={drawn[k]!r}" if k in drawn else k[len(PAGE_PREFIX):]
-                          for k in sorted(dropped))
+        names = ", ".join(_quoted_option(k, drawn.get(k), k in drawn) for k in sorted(dropped))
         state.setdefault(LINK_NOTES, []).append(f"the page option{'s' if many else ''} {names} ({why})")
     return state.pop(_LINK_RERUN, False) or bool(dropped)
 

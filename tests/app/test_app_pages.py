@@ -846,6 +846,15 @@ def test_logit_lens_page_second_checkpoint_and_no_question():
     assert not figures(at)
 
 
+def test_logit_lens_page_refuses_a_question_too_long_to_read_in_one_message():
+    from mot_viz.analysis.logit_lens import LENS_QUESTION_TOKENS
+
+    at = goto(use_free_text(start(), FREE_TEXT, "Who " * LENS_QUESTION_TOKENS), "9_logit_lens")
+    assert not at.exception and len(errors(at)) == 1 and not figures(at)
+    assert errors(at)[0].startswith("**Context problem.** The question is ")
+    assert f"the logit lens reads a question of at most {LENS_QUESTION_TOKENS}" in errors(at)[0]
+
+
 def test_logit_lens_page_on_a_linear_checkpoint():
     at = start()
     at.selectbox(key="sb.checkpoint").set_value("smollm2-to-gemma3-linear")

@@ -294,7 +294,7 @@ def test_user_text_from_a_link_is_shown_as_typed_never_as_markup():
     assert at.session_state["applied"].text == text  # restored, and translated as typed
     assert_no_markup_from(at)
     assert any(t.value.strip() == text.strip() for t in at.text)  # the overview's "translated context", verbatim
-    assert "source model '[click](https://evil" in link_warning(at)  # quoted (shortened) in the warning, escaped
+    assert "source model '[click](https:\u200b//evil" in link_warning(at)  # quoted short, escaped, no link
     at = goto(at, "1_answers")
     assert_no_markup_from(at)
     plain = [t.value for t in at.text]
@@ -374,6 +374,17 @@ def test_the_server_accepts_the_longest_link_and_refuses_past_its_header_limit(a
     with serve_app(env) as url:
         assert _request_status(url, longest) == 200
         assert _request_status(url, "/?text=" + "x" * 20_000) == 400  # past the 16 KiB MAX_QUERY_CHARS stays under
+
+
+def test_a_long_page_option_is_quoted_short_and_its_urls_never_become_links():
+    value = "see https://evil.example/a, www.evil.example and me@evil.example " + "x" * 5000
+    at = goto(start({"error.metric": value, "error." + "k" * 300: value}), "2_cache_error")
+    warning = link_warning(at)
+    assert len(warning) < 600 and "x" * 100 not in warning and "k" * 50 not in warning
+    quoted = warning.split("error.metric=", 1)[1].split(" (", 1)[0]
+    assert quoted.startswith("'see https:") and quoted.endswith("…") and len(quoted.replace("\u200b", "")) <= 80
+    for linkable, broken in (("https://", "https:\u200b//"), ("www.", "www\u200b."), ("me@evil", "me@\u200bevil")):
+        assert linkable not in warning and broken in warning  # a zero-width space: shown as typed, never a link
 
 
 def test_unknown_page_options_are_named_once_and_leave_the_url():

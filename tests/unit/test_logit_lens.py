@@ -9,6 +9,7 @@ import torch
 from transformers import Gemma3ForCausalLM, OPTConfig, OPTForCausalLM
 
 from conftest import CORPUS, FAMILIES, tiny_config, tiny_model, tiny_tokenizer
+from mot_viz.analysis import logit_lens as lens_module
 from mot_viz.analysis.logit_lens import (attention_shares, lens_trace, logit_lens, native_answer_ids,
                                          translation_lens_trace)
 from mot_viz.analysis.shift.metrics import kl_divergence
@@ -17,6 +18,7 @@ from mot_viz.engine.alignment import encode
 from mot_viz.engine.channels import Channels
 from mot_viz.engine.models import prepare_model
 from mot_viz.engine.mot import MoT, ReplayConfig, translate
+from mot_viz.errors import ContextError
 from mot_viz.eval.answers import first_answer_logprobs
 from tolerance import close
 
@@ -140,3 +142,40 @@ def test_the_question_alone_reads_what_following_the_answer_reads_at_its_first_p
     a, f = logit_lens(target, alone, 0).layers, logit_lens(target, followed, 0).layers
     assert (a.top1 == f.top1).all() and (a.token_rank == f.token_rank).all()
     assert a.kl_to_native_final.to_numpy() == pytest.approx(f.kl_to_native_final.to_numpy(), rel=1e-4, abs=1e-6)
+
+
+def test_the_trace_keeps_only_the_positions_the_lens_reads():
+    """What a trace holds grows with the question's length, not its square: the states and attention rows of the
+    positions read, equal to those rows of the whole computation."""
+    source, target, mot = _pair("gemma3_text")
+    translation = translate(mot, source, target, CORPUS[0])
+    for words in (1, 20):
+        suffix = encode(target.tokenizer, "\nQuestion: " + "Where " * words + "is it?\nAnswer:")
+        answer = native_answer_ids(target, translation.native_kv, suffix, 3)
+        trace = lens_trace(target, {"native": translation.native_kv}, suffix, answer, translation.prefix_len)
+        keys = translation.native_kv[0][0].shape[2] + len(suffix) + len(answer) - 1
+        assert trace.residual["native"].shape == (target.spec.num_layers + 1, len(answer), target.spec.hidden_size)
+        assert all(a.shape == (target.spec.num_heads, len(answer), keys) for a in trace.attention["native"])
+    plan = hf.AttentionPlan(record_queries=set(range(target.spec.num_layers)))
+    ids = target.ids_tensor(suffix + answer[:-1])
+    full = hf.residual_trace(target.model, ids, translation.native_kv, plan)
+    for layer, (k, _) in enumerate(full.result.kv):
+        query, scaling, window = full.result.queries[layer]
+        whole = hf.causal_probs(query, k, scaling, window)[0]  # (H, S + A - 1, keys): every row
+        assert close(trace.attention["native"][layer], whole[:, -len(answer):])
+    assert close(trace.residual["native"], full.residual[:, 0, -len(answer):].float())
+
+
+def test_a_question_the_lens_cannot_read_is_refused_before_any_work(monkeypatch):
+    source, target, mot = _pair("gemma3_text")  # the tiny target allows 256 positions
+    translation = translate(mot, source, target, CORPUS[0])
+    for name in ("linear_cache", "native_answer_ids", "lens_trace"):
+        monkeypatch.setattr(lens_module, name, lambda *a, **k: pytest.fail("the lens started its work"))
+    with pytest.raises(ContextError, match=r"allows at most 256 tokens\. Shorten the context or the question"):
+        translation_lens_trace(mot, source, target, translation, "\nQuestion: " + "Where " * 60 + "?\nAnswer:",
+                               linear=mot, answer_tokens=4)
+    monkeypatch.setattr(lens_module, "LENS_QUESTION_TOKENS", 20)
+    with pytest.raises(ContextError, match=r"The question is \d+ target tokens long; the logit lens reads a question "
+                                           r"of at most 20 .* Shorten the question\."):
+        translation_lens_trace(mot, source, target, translation, "\nQuestion: " + "Where " * 10 + "?\nAnswer:",
+                               linear=mot)
