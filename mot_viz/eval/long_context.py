@@ -159,9 +159,7 @@ class DocumentResult:
 
 def evaluate_document(mot: MoT, linear: MoT | None, source: LoadedModel, target: LoadedModel, doc: LongExample,
                       settings: LongSettings, means=None) -> DocumentResult:
-    """Every condition's cache of one document, its answer, the time to its first answer token, and the stages.
-    A document shorter than its budget is refused (check_fills): the run counts it as skipped, with its length."""
-    check_fills(doc)
+    """Every condition's cache of one document, its answer, the time to its first answer token, and the stages."""
     example = doc.example
     built = condition_caches(mot, source, target, example, seed=settings.seed, means=means,
                              conditions=tuple(c for c in settings.conditions if c != "linear"))
@@ -190,7 +188,9 @@ def evaluate_document(mot: MoT, linear: MoT | None, source: LoadedModel, target:
 
 def document_rows(mot: MoT, linear: MoT | None, source: LoadedModel, target: LoadedModel, doc: LongExample,
                   settings: LongSettings, means=None) -> list[dict]:
-    """One row per condition of one document: score, answer, time by stage, peak memory."""
+    """One row per condition of one document: score, answer, time by stage, peak memory. A document shorter than its
+    budget is refused (check_fills): the run counts it as skipped, with its length."""
+    check_fills(doc)
     return evaluate_document(mot, linear, source, target, doc, settings, means).rows
 
 
