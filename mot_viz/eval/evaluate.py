@@ -203,7 +203,9 @@ RESUME_KEYS = ("checkpoint", "second", "datasets", "seed", "max_new_tokens", "ma
 TEXT_COLUMNS = ("dataset", "id", "condition", "answer", "gold", "error", "message")
 RESULTS = ResultsTable(ROW_COLUMNS, TEXT_COLUMNS, ("dataset", "id"), ("score", "seconds", "context_tokens"),
                        ("exact_match", "kv_cosine"), EARLIER_ROW_COLUMNS)
-RESULT_FILES = ("examples.csv", "summary.csv", "paired.csv", "summary.json", "summary.md", "lm.csv", "lm.md")
+# what a results folder of this command holds (costs.*: python -m mot_viz.eval.relay's reading of these results)
+RESULT_FILES = ("examples.csv", "summary.csv", "paired.csv", "summary.json", "summary.md", "lm.csv", "lm.md",
+                "costs.csv", "costs.md")
 
 
 def checked_config(flag: str, path: str) -> dict:

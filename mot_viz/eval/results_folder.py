@@ -63,7 +63,8 @@ def check_results_folder(out_dir: Path, settings, files: tuple[str, ...], overwr
                          resume: bool = False) -> None:
     """Raise ConfigError, before any model loads, unless out_dir is a folder this run may write its `files` into:
     a folder it can write (check_out), empty or missing, or holding only results of this command (its summary.json
-    holds settings of this command, and every file is one of `files`). A folder holding anything else (a user's
+    holds settings of this command, and every file is one of `files`, what such a folder holds; summary.md's
+    "Command:" line names the evaluation of another's folder). A folder holding anything else (a user's
     files, another evaluation's results) is written into only with `overwrite`, which cannot go with `resume`."""
     check_out(out_dir)
     if overwrite and resume:
@@ -74,12 +75,14 @@ def check_results_folder(out_dir: Path, settings, files: tuple[str, ...], overwr
     if not present:
         return
     command, writer = command_of(settings), writer_of(out_dir)
-    if writer is not None and writer != command:
+    ours = _holds_settings_of(out_dir, settings)
+    # named by its module alone: older versions ran the same evaluation as "python -m mot_viz.evaluate"
+    same = writer is None or writer.rsplit(".", 1)[-1] == command.rsplit(".", 1)[-1]
+    if not ours and not same:
         raise ConfigError(f"--out {out_dir} holds the results of another evaluation ({writer}), not of {command}"
                           + (", so --resume cannot continue them" if resume else "") + ". Pass another --out folder, "
                           "or --overwrite to replace them.")
-    ours = _holds_settings_of(out_dir, settings)
-    if not ours and writer == command and SETTINGS_FILE in present:
+    if not ours and writer is not None and SETTINGS_FILE in present:
         raise ConfigError(f"--out {out_dir} holds a {SETTINGS_FILE} that does not read as settings of {command} (it "
                           "was damaged or edited). Pass another --out folder, or --overwrite to replace its results.")
     leftovers = [name for name in present if (temp_parts(Path(name)) or ("",))[0] in files]  # of killed writes

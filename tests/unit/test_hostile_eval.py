@@ -553,3 +553,13 @@ def test_a_jsonl_with_bad_rows_gets_advice_that_exists(capsys, monkeypatch, chec
     bad.write_text("{not json\n")
     with pytest.raises(DataFormatError, match="Fix those lines: no line holds a usable example.$"):
         load_dataset(str(bad))
+
+
+def test_a_folder_of_an_earlier_version_and_its_derived_files_still_resume(checkpoints, data, tmp_path, test_models):
+    out = tmp_path / "out"
+    assert evaluate.main(eval_argv(checkpoints, data, out, 1)) == 0
+    md = out / "summary.md"
+    md.write_text(md.read_text().replace("python -m mot_viz.eval.evaluate", "python -m mot_viz.evaluate", 1))
+    (out / "costs.md").write_text("what python -m mot_viz.eval.relay reads from these results\n")
+    assert evaluate.main(eval_argv(checkpoints, data, out, 2, "--resume")) == 0
+    assert rows(out)["id"].nunique() == 2
