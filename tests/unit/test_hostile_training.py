@@ -468,3 +468,14 @@ def test_a_save_killed_between_its_renames_says_resume_recovers_it(tmp_path, cap
     train(_cfg(tmp_path, max_steps=2), resume=True, source=source, target=target, bank=_bank(), progress=False)
     assert load_checkpoint(run_dir / "checkpoint")[1]["training"]["steps_done"] == 2
     assert export_mod.main([str(run_dir), str(tmp_path / "out")]) == 0
+
+
+def test_a_gpu_without_room_for_the_bank_is_refused_naming_the_fix(monkeypatch):
+    from mot_viz.train.devices import check_fits
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (3 * 2**30, 80 * 2**30))
+    check_fits(torch.device("cuda", 0), 2**30, "the training bank", "lower --bank_tokens")  # 1 GiB beside 3 free
+    with pytest.raises(ConfigError, match=r"the training bank \(2\.0 GiB\) does not fit on cuda:0 .*3\.0 GiB free\): "
+                                          "lower --bank_tokens"):
+        check_fits(torch.device("cuda", 0), 2 * 2**30, "the training bank", "lower --bank_tokens")
+    check_fits(torch.device("cpu"), 2**40, "the training bank", "lower --bank_tokens")  # the CPU's memory: the OS's
