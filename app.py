@@ -5,7 +5,9 @@
 The entry point draws the shared sidebar and declares the navigation (st.navigation). Every page is a
 ``main()`` run by ``mot_viz.app.run_page``, the one place an error becomes a message (it draws the sidebar
 too when Streamlit runs a page file on its own), and reads the one cached translation through
-``app.current_run()``. Extra pages dropped into pages/ are listed after the built-in ones.
+``app.current_run()``. The page files live in views/, a folder Streamlit does not discover by itself (it would
+run a pages/ folder through its legacy multipage mode first); a file added to views/ is listed after the built-in
+pages, titled by its name.
 """
 
 from __future__ import annotations
@@ -131,7 +133,7 @@ def _cost_panel(run) -> None:
 def main() -> None:
     pages = [st.Page(overview, title="Overview", default=True)]
     pages += [st.Page(f"views/{file}", title=title) for file, title in PAGES.items()]
-    # pages added by other work appear after the built-in ones, titled by file name
+    # a page file added to views/ appears after the built-in ones, titled by its file name
     pages += [st.Page(f"views/{p.name}") for p in sorted(PAGES_DIR.glob("*.py"))
               if p.name not in PAGES and not p.name.startswith("_")]
     with app.navigation_frame():

@@ -70,24 +70,7 @@ def _setup() -> Selection:
     if st.session_state.get(LINK_NOTES):  # until a page run completes (a rerun may come first); quotes the URL
         st.warning("This link holds values the app cannot restore, so it shows the defaults instead of: "
                    + escape_markdown(link_notes_text(st.session_state[LINK_NOTES])) + ".", icon="⚠️")
-    with _as_entry_script():
-        return sidebar()
-
-
-@contextlib.contextmanager
-def _as_entry_script():
-    """Draw as app.py does before st.navigation, so every sidebar widget keeps one ID in every run.
-
-    Streamlit puts the running page's hash into each widget's ID. Because of the pages/ folder, a server's first
-    runs go through Streamlit's legacy (v1) multipage shim, which runs app.py as a page "app" (until st.navigation
-    is called) or a page file on its own; every later run draws the sidebar under app.py's own hash. A sidebar
-    button clicked right after such a run was sent under an ID the next run no longer had: the click was lost.
-    """
-    from streamlit.runtime.scriptrunner import get_script_run_ctx  # internals: streamlit is pinned
-
-    ctx = get_script_run_ctx()
-    with ctx.run_with_active_hash(ctx.pages_manager.main_script_hash) if ctx else contextlib.nullcontext():
-        yield
+    return sidebar()
 
 
 @contextlib.contextmanager
@@ -153,8 +136,7 @@ def _show_failure(exc: Exception, in_page_run: bool) -> None:
 def page_setup() -> Selection:
     """The first call of every page: the shared sidebar, and the applied selection.
 
-    Inside app.py's navigation frame the sidebar is already drawn and this only returns the selection. Streamlit
-    also runs a file in pages/ on its own (a session that opens a page's URL before any session has run the entry
-    script, or AppTest.switch_page); then this draws the sidebar itself.
+    Inside app.py's navigation frame the sidebar is already drawn and this only returns the selection; a page file
+    run on its own (``streamlit run views/3_routing.py``: that one page, no navigation) draws the sidebar itself.
     """
     return applied_selection() if _FRAME_DREW_SIDEBAR.get() else _setup()

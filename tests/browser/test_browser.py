@@ -77,7 +77,7 @@ def fit_cache(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def fit_app_url(fit_cache):
     """A server of the fit test's own: its user cache is `fit_cache`, and the click comes in the first session
-    right after the server's first run (which Streamlit runs through its legacy pages/ shim)."""
+    right after the server's first run."""
     with _serve({**os.environ, "MOT_VIZ_CACHE": str(fit_cache)}, "fit") as url:
         yield url
 
@@ -249,14 +249,72 @@ def test_a_permalink_opens_the_same_view_and_another_tab_leaves_it_alone(app_url
         # the copied link (the address bar) reopens the same view in a third tab
         third = _open_alignment(context, first.url)
         _assert_view(third, "squad", "SQuAD", 2, "shared characters")
-        # another page keeps the view in its URL (the first link is the landing page; it is titled "app" instead of
-        # "Overview" when this server's first session opened a page's URL before any ran app.py)
-        third.locator('[data-testid="stSidebarNav"] a').first.click()
+        # another page keeps the view in its URL (the first link is the landing page)
+        third.locator('[data-testid="stSidebarNav"]').get_by_role("link", name="Overview", exact=True).click()
         third.get_by_text("Target tokens").wait_for()
         _wait_until_settled(third)
         assert _query(third) == _query(first)
     finally:
         context.close()
+
+
+LANDING_HEADING = "MoT Viz"  # the landing page's heading; every other page's heading is its title in the sidebar
+
+
+def _wait_for_path(page, path: str, timeout: int = 60_000) -> None:
+    """Until the address bar's path is `path` (the frontend writes it once it has handled the run's messages)."""
+    try:
+        page.wait_for_function("p => location.pathname === p", arg=path, timeout=timeout, polling=250)
+    except Exception:  # playwright's TimeoutError: say which address it shows instead
+        pytest.fail(f"the address bar shows {urlsplit(page.url).path!r}, not {path!r}: {page.url}")
+
+
+def test_the_address_bar_names_the_page_shown_and_reopens_it(app_url, browser):
+    """Every page of the sidebar's navigation in turn: once a click's run has finished, the address bar's path is
+    that page's, and reloading the address shows the same page with the same view (query parameters)."""
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    page.set_default_timeout(SLOW_MS)
+    runs = _Runs(page)  # before the first run (a reload's new connection is followed too)
+    try:
+        page.goto(app_url)
+        page.get_by_role("heading", name=LANDING_HEADING, exact=True).wait_for()
+        runs.wait(page, 0)
+        _wait_until_settled(page)
+        nav = page.locator('[data-testid="stSidebarNav"]')
+        failure = page.locator('[data-testid="stException"], [data-testid="stAlertContentError"]')
+        more = nav.get_by_test_id("stSidebarNavViewButton")  # past 12 pages the list shows 10 and "View N more"
+        if more.count() and more.inner_text().endswith("more"):
+            more.click()
+        links = nav.get_by_role("link")
+        entries = [(links.nth(i).inner_text().strip(), urlsplit(links.nth(i).get_attribute("href")).path)
+                   for i in range(links.count())]
+        titles = [title for title, _ in entries]
+        assert titles[0] == "Overview" and {"Answers", "Long context", "Multi-agent"} < set(titles), titles
+        assert len(set(titles)) == len({path for _, path in entries}) == len(entries), entries
+        # every page after the landing one, then the landing page again: each click leaves another page
+        for title, path in entries[1:] + entries[:1]:
+            heading = page.get_by_role("heading", name=LANDING_HEADING if title == "Overview" else title, exact=True)
+            since = len(runs.finished)
+            nav.get_by_role("link", name=title, exact=True).click()
+            heading.or_(failure).first.wait_for()
+            _assert_no_failure(page)
+            runs.wait(page, since)
+            _wait_until_settled(page)
+            _assert_no_failure(page)
+            _wait_for_path(page, path)
+            address, view = page.url, _query(page)
+            assert {"src", "tgt", "ckpt", "ds", "ex"} <= set(view), (title, address)
+            since = len(runs.finished)
+            page.reload()  # the address as copied: a new session restores the page and its view from it alone
+            heading.or_(failure).first.wait_for()
+            _assert_no_failure(page)
+            runs.wait(page, since)
+            _wait_until_settled(page)
+            _assert_no_failure(page)
+            assert urlsplit(page.url).path == path, (title, page.url)
+            assert _query(page) == view, title
+    finally:
+        page.close()
 
 
 def test_fit_a_linear_translator_for_the_bundled_pair(fit_app_url, fit_cache, browser):
