@@ -19,6 +19,7 @@ from ..engine.models import LoadedModel
 from ..engine.mot import MoT, Translation, empty_context_cache, replay_window, translate, translate_window
 from ..engine.prompts import QAExample, build_prompt, choice_label_texts
 from ..errors import ConfigError, ContextError
+from .kvcomm import KVCommSelection, kvcomm_cache
 from .mean_vector import MeanVectors
 from .qa_metrics import exact_match, postprocess_generation, squad_f1
 from .relay import RELAY_CONDITIONS, RELAY_TOKENS, Relay, relay
@@ -27,7 +28,7 @@ CONDITIONS = ("native", "no_context", "mot", "random")  # what every evaluation 
 MAX_NEW_TOKENS = 24  # greedy answer length of the evaluator, the app and the benchmarks
 # on request: mean needs the mean native window (mot_viz.eval.mean_vector.mean_vectors); relay and relay_q have the
 # source write a message the target reads instead of the context (mot_viz.eval.relay)
-EXTRA_CONDITIONS = ("mean", *RELAY_CONDITIONS)
+EXTRA_CONDITIONS = ("mean", *RELAY_CONDITIONS, "kvcomm")
 CONDITION_LABELS = {
     "native": "Native context (target prefilled the text itself)",
     "no_context": "No context (question only)",
@@ -36,6 +37,7 @@ CONDITION_LABELS = {
     "mean": "Mean-vector control (window = mean native K/V, no context-specific content)",
     "relay": "Text relay (the source's summary of the context, read by the target)",
     "relay_q": "Question-aware text relay (the source's background for the question, read by the target)",
+    "kvcomm": "Selective layer sharing (KVComm: the source's own K/V at the chosen layers, token 0 elsewhere)",
 }
 
 
@@ -98,8 +100,9 @@ def check_question_fits(target: LoadedModel, kv: list[hf.KV] | None, question_to
 
 
 def answer_from_cache(target: LoadedModel, kv: list[hf.KV] | None, example: QAExample, condition: str,
-                      max_new_tokens: int = MAX_NEW_TOKENS, suffix_text: str | None = None) -> Answer:
-    """The target's answer to `example` given a cache of its context (None: no context).
+                      max_new_tokens: int = MAX_NEW_TOKENS, suffix_text: str | None = None,
+                      plan: hf.AttentionPlan | None = None) -> Answer:
+    """The target's answer to `example` given a cache of its context (None: no context), under `plan` if given.
 
     Raises ContextError when the context, the question and the longest answer do not fit the target's positions.
     """
@@ -110,12 +113,13 @@ def answer_from_cache(target: LoadedModel, kv: list[hf.KV] | None, example: QAEx
     check_question_fits(target, kv, suffix_ids.shape[1], max(map(len, label_ids)) if labels else max_new_tokens)
     start = time.perf_counter()
     if example.kind == "closed":
-        logps = tuple(hf.continuation_logprob(target.model, kv, suffix_ids, ids) for ids in label_ids)
+        logps = tuple(hf.continuation_logprob(target.model, kv, suffix_ids, ids, plan) for ids in label_ids)
         pick = max(range(len(labels)), key=lambda i: logps[i])
         return Answer(condition, labels[pick], float(pick == example.label), None, logps, time.perf_counter() - start)
-    tokens = hf.greedy_generate(
-        target.model, kv, suffix_ids, max_new_tokens, hf.eos_ids(target.model, target.tokenizer),
-        stop_when=lambda generated: answer_is_complete(target.tokenizer.decode(generated, skip_special_tokens=True)))
+    with hf.active_plan(plan):
+        tokens = hf.greedy_generate(
+            target.model, kv, suffix_ids, max_new_tokens, hf.eos_ids(target.model, target.tokenizer),
+            stop_when=lambda generated: answer_is_complete(target.tokenizer.decode(generated, skip_special_tokens=True)))
     return _scored(example, condition, target.tokenizer.decode(tokens, skip_special_tokens=True),
                    time.perf_counter() - start)
 
@@ -137,13 +141,17 @@ class PromptedCache:
 
 def answers_from_caches(target: LoadedModel, caches: dict[str, list[hf.KV] | None], example: QAExample,
                         max_new_tokens: int = MAX_NEW_TOKENS, suffix_text: str | None = None,
-                        prompted: dict[str, PromptedCache] | None = None) -> dict[str, Answer]:
+                        prompted: dict[str, PromptedCache] | None = None,
+                        plans: dict[str, hf.AttentionPlan] | None = None) -> dict[str, Answer]:
     """answer_from_cache for every condition, with the extractive answers decoded as one batch (the no-context
     cache, shorter than the others, left-padded: hf.greedy_generate_batch). Each answer's seconds are the batch's
     decoding time shared evenly among its rows. prompted: filled with a PromptedCache per batch row that needed no
-    padding (the conditions whose caches hold the whole context), if given."""
+    padding (the conditions whose caches hold the whole context), if given. plans: condition -> the plan its cache is
+    read under (a kvcomm cache's hidden positions); those conditions are answered one by one, outside the batch."""
     suffix = suffix_text if suffix_text is not None else build_prompt(example, target.chat_frame).suffix_text
-    batch = list(caches) if example.kind == "extractive" and len(caches) > 1 else []
+    plans = plans or {}
+    batched = [c for c in caches if c not in plans]
+    batch = batched if example.kind == "extractive" and len(batched) > 1 else []
     out = {}
     if batch:
         suffix_ids = target.ids_tensor(encode(target.tokenizer, suffix))
@@ -172,7 +180,8 @@ def answers_from_caches(target: LoadedModel, caches: dict[str, list[hf.KV] | Non
                                      seconds)
     for condition, kv in caches.items():
         if condition not in out:
-            out[condition] = answer_from_cache(target, kv, example, condition, max_new_tokens, suffix)
+            out[condition] = answer_from_cache(target, kv, example, condition, max_new_tokens, suffix,
+                                               plans.get(condition))
     return {c: out[c] for c in caches}
 
 
@@ -200,6 +209,7 @@ class ConditionCaches:
     kv: dict[str, list[hf.KV] | None]
     seconds: dict[str, float]
     relays: dict[str, Relay] = field(default_factory=dict)  # relay conditions only
+    plans: dict[str, hf.AttentionPlan] = field(default_factory=dict)  # kvcomm: answer its cache under this plan
 
 
 def translated_seconds(translation: Translation) -> float:
@@ -210,16 +220,20 @@ def translated_seconds(translation: Translation) -> float:
 def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample | None,
                      translation: Translation | None = None, seed: int = 0,
                      conditions: tuple[str, ...] = CONDITIONS, means: MeanVectors | None = None,
-                     relay_tokens: int = RELAY_TOKENS) -> ConditionCaches:
+                     relay_tokens: int = RELAY_TOKENS, kvcomm: KVCommSelection | None = None) -> ConditionCaches:
     """The translation of the example's context (or the one given) and the cache of each requested condition.
 
     The "mean" condition needs `means` (the mean native window of this target and window layers); the relay
     conditions need the example (its passage and question), their messages at most `relay_tokens` source tokens.
+    The "kvcomm" condition needs `kvcomm`, its layer choice (mot_viz.eval.kvcomm.kvcomm_selection); its cache is
+    answered under ``plans["kvcomm"]`` (answers_from_caches(plans=...)).
     """
     known = CONDITIONS + EXTRA_CONDITIONS
     unknown = set(conditions) - set(known)
     if unknown:
         raise ConfigError(f"unknown conditions {sorted(unknown)}; choose from {known}")
+    if "kvcomm" in conditions and kvcomm is None:
+        raise ConfigError("the 'kvcomm' condition needs its layer choice: pass kvcomm=kvcomm_selection(...)")
     if "mean" in conditions and means is None:
         raise ConfigError("the 'mean' condition needs the mean native window: pass means=mean_vectors(...)")
     if example is None and set(conditions) & set(RELAY_CONDITIONS):
@@ -236,18 +250,22 @@ def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example
     # what each cache needed from the translation (native and MoT caches are built by translate itself)
     before = {"native": translation.timings.get("native_prefill", 0.0), "mot": translated_seconds(translation),
               "random": translated_seconds(translation)}
-    kv, seconds, relays = {}, {}, {}
+    kv, seconds, relays, plans = {}, {}, {}, {}
     for condition in (c for c in known if c in conditions):
         if condition in RELAY_CONDITIONS:  # the source writes from the passage the MoT's source read, the target reads
             relays[condition] = relay(source, target, example, condition, relay_tokens)
             kv[condition] = relays[condition].kv
             seconds[condition] = relays[condition].generate_seconds + relays[condition].prefill_seconds
             continue
+        if condition == "kvcomm":  # the source's own K/V of the target's tokens, read at the chosen layers only
+            shared = kvcomm_cache(source, target, translation.target_ids, kvcomm)
+            kv[condition], seconds[condition], plans[condition] = shared.kv, shared.seconds, shared.plan
+            continue
         start = time.perf_counter()
         kv[condition] = build[condition]()
         own = time.perf_counter() - start if condition not in ("native", "mot") else 0.0
         seconds[condition] = before.get(condition, 0.0) + own
-    return ConditionCaches(translation, kv, seconds, relays)
+    return ConditionCaches(translation, kv, seconds, relays, plans)
 
 
 def answer_all(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample,

@@ -36,6 +36,7 @@ from ..errors import CheckpointError, ConfigError, MotVizError
 from ..fsutil import remove_stale_temporaries, write_text_atomic
 from .answers import (CONDITIONS, EXTRA_CONDITIONS, MAX_NEW_TOKENS, answers_from_caches, condition_caches,
                       translated_seconds)
+from .kvcomm import KVCOMM_FRACTION, check_kvcomm_fraction, check_kvcomm_pair, kvcomm_selection
 from .qa_metrics import bootstrap_ci
 from .relay import RELAY_CONDITIONS, RELAY_TOKENS, Relay, check_relay_tokens
 from .report import markdown_table, paired_differences, paired_markdown, summarize
@@ -78,6 +79,9 @@ class EvalSettings:
     prompt: str = "plain"  # "chat template" when the target is chat-tuned (data.build_prompt); set by run()
     replay: str = "checkpoint"  # each checkpoint's own replay, or "dense" / "sparse" for both (mot.replay_mode)
     relay_tokens: int = RELAY_TOKENS  # the longest relay message, in source tokens (relay conditions only)
+    kvcomm_fraction: float = KVCOMM_FRACTION  # share of the layers the kvcomm condition shares (--kvcomm_fraction)
+    kvcomm_layers: tuple[int, ...] = ()  # the layers the kvcomm condition shared, chosen by the run (set by run())
+    kvcomm_scores: tuple[float, ...] = ()  # per layer, the calibration's attention on the context (set by run())
 
     @classmethod
     def from_json(cls, data: dict) -> EvalSettings:
@@ -94,6 +98,8 @@ class EvalSettings:
                 + ("" if self.replay == "checkpoint" else f" --replay {self.replay}")
                 + ("" if self.relay_tokens == RELAY_TOKENS or not set(self.conditions) & set(RELAY_CONDITIONS)
                    else f" --relay_tokens {self.relay_tokens}")
+                + ("" if self.kvcomm_fraction == KVCOMM_FRACTION or "kvcomm" not in self.conditions
+                   else f" --kvcomm_fraction {self.kvcomm_fraction}")
                 + f" --max_new_tokens {self.max_new_tokens} --max_context_tokens {self.max_context_tokens}"
                 + (f" --out {out_dir}" if out_dir is not None else ""))
 
@@ -110,17 +116,17 @@ EARLIER_ROW_COLUMNS = (ROW_COLUMNS[:11], ROW_COLUMNS[:10])
 
 
 def example_rows(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample, settings: EvalSettings,
-                 second: MoT | None = None, means=None) -> list[dict]:
+                 second: MoT | None = None, means=None, kvcomm=None) -> list[dict]:
     """One row per condition of one example: score, exact match, answer text, KV cosine to native, seconds."""
     example = truncate_context(target, example, settings.max_context_tokens)
     built = condition_caches(mot, source, target, example, seed=settings.seed, conditions=settings.conditions,
-                             means=means, relay_tokens=settings.relay_tokens)
+                             means=means, relay_tokens=settings.relay_tokens, kvcomm=kvcomm)
     translation, caches, build = built.translation, built.kv, built.seconds
     if second is not None:
         other = translate(second, source, target, translation.text, with_native=False)
         caches["second"], build["second"] = other.mixed_kv, translated_seconds(other)
     rows = []
-    answers = answers_from_caches(target, caches, example, settings.max_new_tokens)  # one batch (the no-context cache left-padded)
+    answers = answers_from_caches(target, caches, example, settings.max_new_tokens, plans=built.plans)  # one batch (the no-context cache left-padded)
     for condition, kv in caches.items():
         ans = answers[condition]
         rows.append({
@@ -129,7 +135,7 @@ def example_rows(mot: MoT, source: LoadedModel, target: LoadedModel, example: QA
             "gold": " | ".join(example.answers) if example.kind == "extractive" else example.choices[example.label],
             # a relay cache holds the message, not the context: no cosine to the native cache
             "kv_cosine": kv_cosine(kv, translation.native_kv)
-            if kv is not None and condition not in ("no_context", *RELAY_CONDITIONS) else np.nan,
+            if kv is not None and condition not in ("no_context", "kvcomm", *RELAY_CONDITIONS) else np.nan,
             "seconds": build[condition] + ans.seconds,
             "context_tokens": int(translation.target_ids.shape[1]),
             **(message_fields(built.relays[condition]) if condition in built.relays else {}),
@@ -145,7 +151,7 @@ def message_fields(relay: Relay) -> dict:
 
 def evaluate_examples(mot: MoT, source: LoadedModel, target: LoadedModel, examples: list[QAExample],
                       settings: EvalSettings, second: MoT | None = None, progress: bool = True,
-                      checkpoint_every: int = 0, on_checkpoint=None, means=None) -> pd.DataFrame:
+                      checkpoint_every: int = 0, on_checkpoint=None, means=None, kvcomm=None) -> pd.DataFrame:
     """example_rows of every example (ROW_COLUMNS); an example that fails for any reason is one "skipped" row.
 
     on_checkpoint(rows so far as a DataFrame) is called every checkpoint_every examples (partial results),
@@ -160,7 +166,7 @@ def evaluate_examples(mot: MoT, source: LoadedModel, target: LoadedModel, exampl
             if on_checkpoint is not None and checkpoint_every and i and i % checkpoint_every == 0:
                 on_checkpoint(pd.DataFrame(rows, columns=ROW_COLUMNS))
             try:
-                rows += example_rows(mot, source, target, example, settings, second, means)
+                rows += example_rows(mot, source, target, example, settings, second, means, kvcomm=kvcomm)
             except Exception as exc:  # e.g. a lone surrogate the tokenizer rejects: counted with its reason, never silent
                 rows.append({"dataset": example.dataset, "id": example.id, "condition": "skipped",
                              "error": f"{type(exc).__name__}: {exc}"})
@@ -199,7 +205,7 @@ def lm_losses(mot: MoT, source: LoadedModel, target: LoadedModel, rows: torch.Te
 
 # settings a --resume must share with the run it continues (n may grow or shrink)
 RESUME_KEYS = ("checkpoint", "second", "datasets", "seed", "max_new_tokens", "max_context_tokens", "conditions",
-               "replay", "relay_tokens")
+               "replay", "relay_tokens", "kvcomm_fraction")
 TEXT_COLUMNS = ("dataset", "id", "condition", "answer", "gold", "error", "message")
 RESULTS = ResultsTable(ROW_COLUMNS, TEXT_COLUMNS, ("dataset", "id"), ("score", "seconds", "context_tokens"),
                        ("exact_match", "kv_cosine"), EARLIER_ROW_COLUMNS)
@@ -227,6 +233,9 @@ def check_settings(settings: EvalSettings) -> None:
     config = checked_config("--checkpoint", settings.checkpoint)
     check_relay_tokens(settings.relay_tokens, config["source"].get("max_positions"), settings.max_context_tokens)
     second = checked_config("--second", settings.second) if settings.second else config
+    check_kvcomm_fraction(settings.kvcomm_fraction)
+    if "kvcomm" in settings.conditions:
+        check_kvcomm_pair(config["source"], config["target"])
     if any(second[k].get("fingerprint") != config[k].get("fingerprint") for k in ("source", "target")):
         raise CheckpointError(f"--second {settings.second} was made for another model pair than --checkpoint "
                               f"{settings.checkpoint}. Pass a second checkpoint of the same pair.")
@@ -279,6 +288,12 @@ def run(settings: EvalSettings, out_dir: Path, progress: bool = True, resume: bo
     target = load_model(config["target"]["name"])
     mot = load_evaluated(settings.checkpoint, settings, source, target)
     second = load_evaluated(settings.second, settings, source, target) if settings.second else None
+    kvcomm = None
+    first = next((part[:1] for part in examples.values() if part), [])
+    if "kvcomm" in settings.conditions and first:  # calibrated once, on the first example of the first dataset
+        kvcomm = kvcomm_selection(source, target, [truncate_context(target, e, settings.max_context_tokens)
+                                                   for e in first], settings.kvcomm_fraction)
+        settings.kvcomm_layers, settings.kvcomm_scores = kvcomm.layers, kvcomm.scores
     settings.prompt = "plain" if target.chat_frame is None else f"chat template of {target.spec.name}"
     means = None
     if "mean" in settings.conditions:
@@ -294,7 +309,8 @@ def run(settings: EvalSettings, out_dir: Path, progress: bool = True, resume: bo
         todo = [e for e in part if (e.dataset, e.id) not in done]
         # partial results (every 25 examples, after each dataset, and on an interruption) survive a stopped run
         partial = lambda df: _write(out_dir, frames + [df], settings)  # noqa: E731
-        frames.append(evaluate_examples(mot, source, target, todo, settings, second, progress, 25, partial, means))
+        frames.append(evaluate_examples(mot, source, target, todo, settings, second, progress, 25, partial, means,
+                                        kvcomm=kvcomm))
         _write(out_dir, frames, settings)
     return _write(out_dir, frames, settings)
 
@@ -363,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="longest message the source writes under the relay conditions, in source tokens "
                              "(relay: a summary of the context written before the question is known; relay_q: the "
                              "background for the question)")
+    parser.add_argument("--kvcomm_fraction", type=float, default=KVCOMM_FRACTION,
+                        help="share of the layers the 'kvcomm' condition reads the source's K/V at (in (0, 1]; the "
+                             "others keep token 0 only)")
     parser.add_argument("--out", required=True, help="folder of the results (created when missing)")
     parser.add_argument("--resume", action="store_true",
                         help="keep the rows --out already holds from a run of the same settings (any --n) and "
@@ -373,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     conditions = tuple(c for c in CONDITIONS + EXTRA_CONDITIONS if c in {"native", *args.conditions})
     settings = EvalSettings(args.checkpoint, args.second, tuple(args.datasets), args.n, args.seed,
                             args.max_new_tokens, args.max_context_tokens, args.bootstrap, conditions,
-                            replay=args.replay, relay_tokens=args.relay_tokens)
+                            replay=args.replay, relay_tokens=args.relay_tokens,
+                            kvcomm_fraction=args.kvcomm_fraction)
     out_dir = Path(args.out)
 
     def body() -> None:

@@ -30,6 +30,9 @@ class AttentionPlan:
     record_queries: set[int] = field(default_factory=set)  # layers whose post-RoPE queries are kept
     queries: dict[int, tuple[torch.Tensor, float, int | None]] = field(default_factory=dict)
     # layer -> (query [B, H, N_q, d_h], scaling, sliding window or None)
+    # layer -> (start, end): key positions [start, end) no query of this layer attends to (the cache holds them, every
+    # other layer reads them): a layer whose cache keeps fewer positions than the others (mot_viz.eval.kvcomm)
+    hide: dict[int, tuple[int, int]] = field(default_factory=dict)
     keep_start: int | None = None  # keep the hidden state entering this layer (ForwardResult.start)
     start: "LayerStart | None" = None  # do not run the layers below start.layer: take their result from it
     start_input: torch.Tensor | None = None  # keep_start's hidden state, once the forward reached that layer
@@ -291,10 +294,28 @@ def mot_attention(module, query, key, value, attention_mask, scaling=None, dropo
             out = sparse_attention(module, query, key, value, indices, scaling)
         return out, None
     window = getattr(module, "sliding_window", None)
+    if plan is not None and module.layer_idx in plan.hide:
+        return sdpa_attention_forward(module, query, key, value, _hidden_keys_mask(
+            attention_mask, query.shape[2], key.shape[2], window, plan.hide[module.layer_idx], query.device),
+            scaling=scaling, dropout=dropout, **kwargs)
     if window and query.shape[2] > 1 and key.shape[2] >= WINDOWED_MIN_WINDOWS * window and not (
             dropout and module.training):
         return windowed_attention(query, key, value, attention_mask, scaling, window), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+
+
+def _hidden_keys_mask(attention_mask, q_len: int, kv_len: int, window: int | None, hidden: tuple[int, int],
+                      device) -> torch.Tensor:
+    """The layer's boolean mask [B|1, 1, q_len, kv_len] (the model's own, else causal and sliding) with the key
+    positions [start, end) hidden from every query."""
+    if attention_mask is None:
+        mask = _allowed_positions(q_len, kv_len, window, device)[None, None].clone()
+    elif attention_mask.dtype == torch.bool:
+        mask = attention_mask[:, :, :, :kv_len].clone()
+    else:  # an additive float mask: 0 where a key is seen
+        mask = attention_mask[:, :, :, :kv_len] == 0
+    mask[..., hidden[0]: hidden[1]] = False
+    return mask
 
 
 AttentionInterface.register(ATTN_NAME, mot_attention)

@@ -260,10 +260,11 @@ def greedy_generate_batch(model, kvs: list[list[KV] | None], prompt_ids: torch.T
 
 
 @torch.no_grad()
-def continuation_logprob(model, kv: list[KV] | None, prompt_ids: torch.Tensor, continuation: list[int]) -> float:
-    """Mean log p(continuation | cache + prompt) per token (method.md §8 rule a, length-normalised)."""
+def continuation_logprob(model, kv: list[KV] | None, prompt_ids: torch.Tensor, continuation: list[int],
+                         plan: AttentionPlan | None = None) -> float:
+    """Mean log p(continuation | cache + prompt) per token (method.md §8 rule a, length-normalised), under `plan`."""
     ids = torch.cat([prompt_ids, torch.tensor([continuation], device=prompt_ids.device)], dim=1)
-    logits = run(model, ids, kv, logits_to_keep=len(continuation) + 1).logits[0, :-1].float()
+    logits = run(model, ids, kv, plan, logits_to_keep=len(continuation) + 1).logits[0, :-1].float()
     logp = logits.log_softmax(-1).gather(-1, torch.tensor(continuation, device=logits.device)[:, None])
     return float(logp.mean())
 
