@@ -479,3 +479,23 @@ def test_a_gpu_without_room_for_the_bank_is_refused_naming_the_fix(monkeypatch):
                                           "lower --bank_tokens"):
         check_fits(torch.device("cuda", 0), 2 * 2**30, "the training bank", "lower --bank_tokens")
     check_fits(torch.device("cpu"), 2**40, "the training bank", "lower --bank_tokens")  # the CPU's memory: the OS's
+
+
+def test_a_run_resumed_on_another_device_says_it_continues_to_rounding_only(tmp_path, caplog):
+    """The state unit records the device it was saved on; resuming it elsewhere still works (the optimiser state
+    follows the parameters) and the log says the steps match an uninterrupted run to rounding, not bit for bit."""
+    source, target = _pair()
+    run_dir = train(_cfg(tmp_path, max_steps=2), source=source, target=target, bank=_bank(), progress=False)
+    state_file = run_dir / "checkpoint" / "train_state.json"
+    state = json.loads(state_file.read_text())
+    assert state["device"] == "cpu"
+    state_file.write_text(json.dumps({**state, "device": "cuda:0"}))  # as a GPU run would have saved it
+    mot_viz_logger = logging.getLogger("mot_viz")  # prints on stderr and does not propagate to caplog's root handler
+    mot_viz_logger.addHandler(caplog.handler)
+    try:
+        train(_cfg(tmp_path, max_steps=3), resume=True, source=source, target=target, bank=_bank(), progress=False)
+    finally:
+        mot_viz_logger.removeHandler(caplog.handler)
+    assert "resumed on cpu, but it was saved on cuda:0" in caplog.text and "to rounding, not bit for bit" in caplog.text
+    assert json.loads(state_file.read_text())["device"] == "cpu"
+    assert [r["step"] for r in runs.read_log(run_dir / "log.jsonl")] == [1, 2, 3]
