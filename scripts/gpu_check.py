@@ -52,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mot_viz.analysis.logit_lens import logit_lens, translation_lens_trace  # noqa: E402
+from mot_viz.cli import run_cli  # noqa: E402
 from mot_viz.data.eval_data import load_dataset  # noqa: E402
 from mot_viz.engine.checkpoint import load_checkpoint  # noqa: E402
 from mot_viz.engine.models import DEFAULT_SOURCE, DEFAULT_TARGET, DEVICE_VARIABLE, load_model, model_device  # noqa: E402
@@ -275,4 +276,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))  # a missing GPU or data: one line, `error: <Type>: <message>`
