@@ -31,6 +31,9 @@ class ReplayConfig:
 
     topk_sparse_attn: int | None = 32  # k of sparse attention; None replays densely everywhere
     num_bottom_full_attn: int = 2  # layers below this stay dense (window layers are always sparse)
+    # no replay (method.md §15, full-depth mapping): the translated K/V of every target layer are the target's cache
+    # as they are, after its own BOS prefix; the target never runs over the context. Needs a window of every layer.
+    direct: bool = False
 
     def __post_init__(self):
         if self.topk_sparse_attn is not None and self.topk_sparse_attn < 1:
@@ -39,15 +42,17 @@ class ReplayConfig:
             raise ConfigError("num_bottom_full_attn must be >= 0")
 
 
-REPLAY_MODES = ("checkpoint", "dense", "sparse")
+REPLAY_MODES = ("checkpoint", "dense", "sparse", "none")
 
 
 def replay_mode(replay: ReplayConfig, mode: str) -> ReplayConfig:
-    """A checkpoint's replay under a mode: its own ("checkpoint"), dense everywhere, or the method's sparse
-    default (top-32 from layer 2 up, method.md §6). Whether sparse replay suits a pair is measured per pair."""
+    """A checkpoint's replay under a mode: its own ("checkpoint"), dense everywhere, the method's sparse
+    default (top-32 from layer 2 up, method.md §6), or none (the translated K/V are the cache: ReplayConfig.direct,
+    for a window of every target layer). Whether sparse replay suits a pair is measured per pair."""
     if mode not in REPLAY_MODES:
         raise ConfigError(f"replay mode must be one of {', '.join(REPLAY_MODES)}, not '{mode}'")
-    return {"checkpoint": replay, "dense": ReplayConfig(topk_sparse_attn=None), "sparse": ReplayConfig()}[mode]
+    return {"checkpoint": replay, "dense": ReplayConfig(topk_sparse_attn=None), "sparse": ReplayConfig(),
+            "none": ReplayConfig(topk_sparse_attn=None, direct=True)}[mode]
 
 
 class MoT(nn.Module):
@@ -67,6 +72,8 @@ class MoT(nn.Module):
         self.source, self.target, self.channels = source, target, channels
         self.replay = replay or ReplayConfig()
         self.translator = KVTranslator(translator)
+        if self.replay.direct:
+            check_direct(self)
 
     @classmethod
     def build(cls, source: ModelSpec, target: ModelSpec, channels: Channels, replay: ReplayConfig | None = None,
@@ -80,9 +87,14 @@ class MoT(nn.Module):
         extra layers (linear_extra_layers)."""
         return tuple(self.channels.source_layers) + self.translator.config.linear_extra_layers
 
+    @property
+    def full_depth(self) -> bool:
+        """Whether the window holds every target layer (what a direct map, ReplayConfig.direct, needs)."""
+        return self.channels.target_layers == tuple(range(self.target.num_layers))
+
     def sparse_layers(self) -> list[int]:
         """Target layers replayed with sparse attention: all from num_bottom_full_attn up, plus the window."""
-        if self.replay.topk_sparse_attn is None:
+        if self.replay.topk_sparse_attn is None or self.replay.direct:
             return []
         nb = self.replay.num_bottom_full_attn
         return [l for l in range(self.target.num_layers) if l >= nb or l in self.channels.target_layers]
@@ -344,6 +356,8 @@ def translate(mot: MoT, source: LoadedModel, target: LoadedModel, text: str, wit
               max_tokens: int | None = None, override: GateOverride | None = None) -> Translation:
     """Translate one context end to end (no grad). Timings in seconds per stage; override: see translate_window."""
     check_pair(mot, source, target)
+    if mot.replay.direct:
+        return translate_direct(mot, source, target, text, with_native, max_tokens)
     timings = {}
     with torch.no_grad():
         target_ids = target_context_ids(target, text, max_tokens)
@@ -369,6 +383,47 @@ def translate(mot: MoT, source: LoadedModel, target: LoadedModel, text: str, wit
     return Translation(text, src, translated, injected, mixed, native, sparse, prefix_len=len(target.prefix_ids),
                        timings=timings, native_queries=native_queries, replay_queries=replayed.queries,
                        window_start=replayed.start)
+
+
+def check_direct(mot: MoT) -> None:
+    """Raise ConfigError unless the MoT's window holds every target layer (a cache without replay needs them all)."""
+    if not mot.full_depth:
+        raise ConfigError(
+            f"Replay 'none' uses the translated K/V as the whole cache, but this checkpoint translates target layers "
+            f"{list(mot.channels.target_layers)} of {mot.target.num_layers}. Use a full-depth map (python -m "
+            "mot_viz.train.quickfit --direct), or another replay mode.")
+
+
+def translate_direct(mot: MoT, source: LoadedModel, target: LoadedModel, text: str, with_native: bool = True,
+                     max_tokens: int | None = None) -> Translation:
+    """translate without replay (ReplayConfig.direct, method.md §15): the translated K/V of every target layer after
+    the target's own BOS prefix are the cache (mixed_kv); the target runs over its BOS only, never over the context.
+    Timings: alignment, source_prefill, translator, "assemble" (the BOS prefix and the concatenation), and
+    native_prefill with with_native."""
+    check_direct(mot)
+    timings = {}
+    with torch.no_grad():
+        target_ids = target_context_ids(target, text, max_tokens)
+        src = prepare_source(mot, source, target, target_ids, timings, with_attention=False)
+        t0 = time.perf_counter()
+        translated = translate_window(mot, src, source, target)
+        timings["translator"] = time.perf_counter() - t0
+        check_finite("translated window", translated.keys, translated.values)
+        t0 = time.perf_counter()
+        injected = per_layer_kv(translated.keys, translated.values, mot.target.num_kv_heads)
+        prefix = empty_context_cache(target)
+        mixed = injected if prefix is None else [
+            (torch.cat([pk, k.to(pk.dtype)], 2), torch.cat([pv, v.to(pv.dtype)], 2))
+            for (pk, pv), (k, v) in zip(prefix, injected, strict=True)]
+        timings["assemble"] = time.perf_counter() - t0
+        native = native_queries = None
+        if with_native:
+            t0 = time.perf_counter()
+            plan = hf.AttentionPlan(record_queries=set(mot.channels.target_layers))
+            native, native_queries = native_cache(target, target_ids, plan), plan.queries
+            timings["native_prefill"] = time.perf_counter() - t0
+    return Translation(text, src, translated, injected, mixed, native, {}, prefix_len=len(target.prefix_ids),
+                       timings=timings, native_queries=native_queries)
 
 
 def translate_again(mot: MoT, source: LoadedModel, target: LoadedModel, base: Translation,

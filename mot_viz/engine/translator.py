@@ -39,6 +39,9 @@ class TranslatorConfig:
     # the map's K and V outputs each confined to this many principal directions of its fitted values on the bank
     # (reduced-rank ridge, mot_viz.train.ridge), its weights stored as two factors; 0: full rank
     linear_rank: int = 0
+    # the linear map block-diagonal: each window target layer's K and V from its own channel's source K and V only
+    # (a map per layer, as the full-depth closed-form map of method.md §15 fits them)
+    linear_per_layer: bool = False
 
     def __post_init__(self):
         limits = {"source_kv_hidden": 65536, "target_kv_hidden": 65536, "window": 512, "dim": 16384, "heads": 256,
@@ -75,6 +78,9 @@ class TranslatorConfig:
         if extra and not (self.variant == "linear" or self.linear_residual):
             raise ConfigError("linear_extra_layers are read by the linear map only: use variant 'linear' or "
                               "linear_residual=True (init 'linear'), or leave them empty")
+        if self.linear_per_layer and (self.variant != "linear" or extra or self.linear_previous or self.linear_rank):
+            raise ConfigError("linear_per_layer maps each window layer from its own source layer: it needs variant "
+                              "'linear' without linear_extra_layers, linear_previous or linear_rank")
 
     @property
     def factored_rank(self) -> int:
@@ -241,6 +247,7 @@ class LinearKVMap(nn.Module):
 
     def __init__(self, cfg: TranslatorConfig):
         super().__init__()
+        self.per_layer = cfg.linear_per_layer
         extra_features = 2 * len(cfg.linear_extra_layers) * cfg.source_kv_hidden
         # (linear_extra_dims is 0 without extra layers: TranslatorConfig checks)
         token_features = 2 * cfg.window * cfg.source_kv_hidden + (cfg.linear_extra_dims or extra_features)
@@ -259,8 +266,12 @@ class LinearKVMap(nn.Module):
         # reduced rank: features -> rank (key_down) -> window (key_proj); fitted by fit.fit_linear
         self.key_down = nn.Linear(n_features, rank, bias=False) if rank else None
         self.value_down = nn.Linear(n_features, rank, bias=False) if rank else None
-        self.key_proj = nn.Linear(rank or n_features, out)
-        self.value_proj = nn.Linear(rank or n_features, out)
+        if self.per_layer:  # one [2·H_S → H_T] map per window layer
+            self.key_proj = PerLayerLinear(cfg.window, 2 * cfg.source_kv_hidden, cfg.target_kv_hidden)
+            self.value_proj = PerLayerLinear(cfg.window, 2 * cfg.source_kv_hidden, cfg.target_kv_hidden)
+        else:
+            self.key_proj = nn.Linear(rank or n_features, out)
+            self.value_proj = nn.Linear(rank or n_features, out)
         for proj in (self.key_proj, self.value_proj):  # zeros until fitted: an unfitted map writes nothing
             nn.init.zeros_(proj.weight)
             nn.init.zeros_(proj.bias)
@@ -275,7 +286,10 @@ class LinearKVMap(nn.Module):
         return torch.cat([x, extra if self.extra_basis is None else extra @ self.extra_basis], dim=-1)
 
     def inputs(self, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """Aligned source blocks [B, N, W + extra layers, H_S] -> the map's input [B, N, n_features]."""
+        """Aligned source blocks [B, N, W + extra layers, H_S] -> the map's input [B, N, n_features] (per layer:
+        [B, N, W, 2·H_S], each window layer's own K and V)."""
+        if self.per_layer:
+            return torch.cat([keys, values], dim=-1)
         return previous_features(self.token_features(keys, values), self.previous, self.previous_basis)
 
     def forward(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -284,7 +298,20 @@ class LinearKVMap(nn.Module):
         shape = (b, n, self.window, self.out_hidden)
         keys = self.key_proj(x if self.key_down is None else self.key_down(x))
         values = self.value_proj(x if self.value_down is None else self.value_down(x))
-        return keys.view(shape), values.view(shape)
+        return keys.reshape(shape), values.reshape(shape)
+
+
+class PerLayerLinear(nn.Module):
+    """W affine maps side by side: [B, N, W, F] -> [B, N, W, O], window layer w through weight[w] and bias[w]
+    (zeros until fitted: an unfitted map writes nothing)."""
+
+    def __init__(self, window: int, in_features: int, out_features: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(window, in_features, out_features))
+        self.bias = nn.Parameter(torch.zeros(window, out_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("bnwf,wfo->bnwo", x, self.weight) + self.bias
 
 
 def linear_inputs_text(cfg: TranslatorConfig) -> str:
@@ -296,6 +323,8 @@ def linear_inputs_text(cfg: TranslatorConfig) -> str:
 
 
 def _linear_reads(cfg: TranslatorConfig) -> str:
+    if cfg.linear_per_layer:
+        return "each token's aligned source K and V of each window layer's own source layer (a map per layer)"
     extra = cfg.linear_extra_layers
     projected = (f", the latter projected on {cfg.linear_extra_dims} principal axes of the bank"
                  if cfg.linear_extra_dims else "")

@@ -28,7 +28,7 @@ CONDITIONS = ("native", "no_context", "mot", "random")  # what every evaluation 
 MAX_NEW_TOKENS = 24  # greedy answer length of the evaluator, the app and the benchmarks
 # on request: mean needs the mean native window (mot_viz.eval.mean_vector.mean_vectors); relay and relay_q have the
 # source write a message the target reads instead of the context (mot_viz.eval.relay)
-EXTRA_CONDITIONS = ("mean", *RELAY_CONDITIONS, "kvcomm")
+EXTRA_CONDITIONS = ("mean", *RELAY_CONDITIONS, "kvcomm", "direct")
 CONDITION_LABELS = {
     "native": "Native context (target prefilled the text itself)",
     "no_context": "No context (question only)",
@@ -38,6 +38,7 @@ CONDITION_LABELS = {
     "relay": "Text relay (the source's summary of the context, read by the target)",
     "relay_q": "Question-aware text relay (the source's background for the question, read by the target)",
     "kvcomm": "Selective layer sharing (KVComm: the source's own K/V at the chosen layers, token 0 elsewhere)",
+    "direct": "Full-depth direct map (every layer's K/V translated, no replay: the target never reads the context)",
 }
 
 
@@ -202,7 +203,8 @@ class ConditionCaches:
     (:func:`translated_seconds`); random = the same plus its own replay (its noise is norm-matched to the
     translation's error, so it needs the translation); mean = its own replay (the mean native window is
     computed once per target and window, not per context); relay and relay_q = the source writing its message
-    and the target's prefill of it (``relays`` holds the messages).
+    and the target's prefill of it (``relays`` holds the messages); direct = its own translation of the text by the
+    full-depth map (source prefill, alignment, the map; no replay).
     """
 
     translation: Translation
@@ -217,10 +219,18 @@ def translated_seconds(translation: Translation) -> float:
     return sum(v for stage, v in translation.timings.items() if stage != "native_prefill")
 
 
+def check_direct_map(direct: MoT | None) -> None:
+    """Raise ConfigError unless `direct` is a full-depth map without replay (the "direct" condition's cache)."""
+    if direct is None or not direct.replay.direct:
+        raise ConfigError("the 'direct' condition needs a full-depth map without replay: pass --direct "
+                          "pretrained/smollm2-to-gemma3-direct (or a fit of python -m mot_viz.train.quickfit --direct)")
+
+
 def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample | None,
                      translation: Translation | None = None, seed: int = 0,
                      conditions: tuple[str, ...] = CONDITIONS, means: MeanVectors | None = None,
-                     relay_tokens: int = RELAY_TOKENS, kvcomm: KVCommSelection | None = None) -> ConditionCaches:
+                     relay_tokens: int = RELAY_TOKENS, kvcomm: KVCommSelection | None = None,
+                     direct: MoT | None = None) -> ConditionCaches:
     """The translation of the example's context (or the one given) and the cache of each requested condition.
 
     The "mean" condition needs `means` (the mean native window of this target and window layers); the relay
@@ -232,6 +242,8 @@ def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example
     unknown = set(conditions) - set(known)
     if unknown:
         raise ConfigError(f"unknown conditions {sorted(unknown)}; choose from {known}")
+    if "direct" in conditions:
+        check_direct_map(direct)
     if "kvcomm" in conditions and kvcomm is None:
         raise ConfigError("the 'kvcomm' condition needs its layer choice: pass kvcomm=kvcomm_selection(...)")
     if "mean" in conditions and means is None:
@@ -246,6 +258,7 @@ def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example
         "mot": lambda: translation.mixed_kv,
         "random": lambda: random_control_cache(mot, target, translation, seed),
         "mean": lambda: mean_vector_cache(mot, target, translation, means),
+        "direct": lambda: translate(direct, source, target, translation.text, with_native=False).mixed_kv,
     }
     # what each cache needed from the translation (native and MoT caches are built by translate itself)
     before = {"native": translation.timings.get("native_prefill", 0.0), "mot": translated_seconds(translation),

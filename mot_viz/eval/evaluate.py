@@ -79,6 +79,7 @@ class EvalSettings:
     prompt: str = "plain"  # "chat template" when the target is chat-tuned (data.build_prompt); set by run()
     replay: str = "checkpoint"  # each checkpoint's own replay, or "dense" / "sparse" for both (mot.replay_mode)
     relay_tokens: int = RELAY_TOKENS  # the longest relay message, in source tokens (relay conditions only)
+    direct: str | None = None  # the full-depth map without replay the "direct" condition answers from (--direct)
     kvcomm_fraction: float = KVCOMM_FRACTION  # share of the layers the kvcomm condition shares (--kvcomm_fraction)
     kvcomm_layers: tuple[int, ...] = ()  # the layers the kvcomm condition shared, chosen by the run (set by run())
     kvcomm_scores: tuple[float, ...] = ()  # per layer, the calibration's attention on the context (set by run())
@@ -98,6 +99,7 @@ class EvalSettings:
                 + ("" if self.replay == "checkpoint" else f" --replay {self.replay}")
                 + ("" if self.relay_tokens == RELAY_TOKENS or not set(self.conditions) & set(RELAY_CONDITIONS)
                    else f" --relay_tokens {self.relay_tokens}")
+                + (f" --direct {self.direct}" if self.direct else "")
                 + ("" if self.kvcomm_fraction == KVCOMM_FRACTION or "kvcomm" not in self.conditions
                    else f" --kvcomm_fraction {self.kvcomm_fraction}")
                 + f" --max_new_tokens {self.max_new_tokens} --max_context_tokens {self.max_context_tokens}"
@@ -116,11 +118,11 @@ EARLIER_ROW_COLUMNS = (ROW_COLUMNS[:11], ROW_COLUMNS[:10])
 
 
 def example_rows(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample, settings: EvalSettings,
-                 second: MoT | None = None, means=None, kvcomm=None) -> list[dict]:
+                 second: MoT | None = None, means=None, direct: MoT | None = None, kvcomm=None) -> list[dict]:
     """One row per condition of one example: score, exact match, answer text, KV cosine to native, seconds."""
     example = truncate_context(target, example, settings.max_context_tokens)
     built = condition_caches(mot, source, target, example, seed=settings.seed, conditions=settings.conditions,
-                             means=means, relay_tokens=settings.relay_tokens, kvcomm=kvcomm)
+                             means=means, relay_tokens=settings.relay_tokens, direct=direct, kvcomm=kvcomm)
     translation, caches, build = built.translation, built.kv, built.seconds
     if second is not None:
         other = translate(second, source, target, translation.text, with_native=False)
@@ -151,12 +153,14 @@ def message_fields(relay: Relay) -> dict:
 
 def evaluate_examples(mot: MoT, source: LoadedModel, target: LoadedModel, examples: list[QAExample],
                       settings: EvalSettings, second: MoT | None = None, progress: bool = True,
-                      checkpoint_every: int = 0, on_checkpoint=None, means=None, kvcomm=None) -> pd.DataFrame:
+                      checkpoint_every: int = 0, on_checkpoint=None, means=None,
+                      direct: MoT | None = None, kvcomm=None) -> pd.DataFrame:
     """example_rows of every example (ROW_COLUMNS); an example that fails for any reason is one "skipped" row.
 
     on_checkpoint(rows so far as a DataFrame) is called every checkpoint_every examples (partial results),
     and before an interruption or an error between examples is re-raised.
-    means (mot_viz.eval.mean_vector.MeanVectors) is needed for the "mean" condition.
+    means (mot_viz.eval.mean_vector.MeanVectors) is needed for the "mean" condition, direct (a full-depth map without
+    replay) for the "direct" one.
     """
     from tqdm import tqdm
 
@@ -166,7 +170,7 @@ def evaluate_examples(mot: MoT, source: LoadedModel, target: LoadedModel, exampl
             if on_checkpoint is not None and checkpoint_every and i and i % checkpoint_every == 0:
                 on_checkpoint(pd.DataFrame(rows, columns=ROW_COLUMNS))
             try:
-                rows += example_rows(mot, source, target, example, settings, second, means, kvcomm=kvcomm)
+                rows += example_rows(mot, source, target, example, settings, second, means, direct, kvcomm=kvcomm)
             except Exception as exc:  # e.g. a lone surrogate the tokenizer rejects: counted with its reason, never silent
                 rows.append({"dataset": example.dataset, "id": example.id, "condition": "skipped",
                              "error": f"{type(exc).__name__}: {exc}"})
@@ -205,7 +209,7 @@ def lm_losses(mot: MoT, source: LoadedModel, target: LoadedModel, rows: torch.Te
 
 # settings a --resume must share with the run it continues (n may grow or shrink)
 RESUME_KEYS = ("checkpoint", "second", "datasets", "seed", "max_new_tokens", "max_context_tokens", "conditions",
-               "replay", "relay_tokens", "kvcomm_fraction")
+               "replay", "relay_tokens", "direct", "kvcomm_fraction")
 TEXT_COLUMNS = ("dataset", "id", "condition", "answer", "gold", "error", "message")
 RESULTS = ResultsTable(ROW_COLUMNS, TEXT_COLUMNS, ("dataset", "id"), ("score", "seconds", "context_tokens"),
                        ("exact_match", "kv_cosine"), EARLIER_ROW_COLUMNS)
@@ -223,6 +227,35 @@ def checked_config(flag: str, path: str) -> dict:
                               "(config.json + translator.safetensors), e.g. pretrained/smollm2-to-gemma3.") from exc
 
 
+def full_depth(config: dict) -> bool:
+    """Whether a checkpoint's config translates every target layer (what replay 'none' needs)."""
+    return [c["dst_layer_idx"] for c in config["channels"]] == list(range(config["target"]["num_layers"]))
+
+
+def check_direct_setting(settings: EvalSettings, config: dict) -> None:
+    """Raise ConfigError/CheckpointError unless the "direct" condition and --direct come together, with a full-depth map
+    without replay of --checkpoint's pair."""
+    if settings.replay == "none" and not full_depth(config):
+        raise ConfigError(f"--replay none uses the translated K/V as the whole cache, but --checkpoint "
+                          f"{settings.checkpoint} translates a window of {len(config['channels'])} of the target's "
+                          f"{config['target']['num_layers']} layers. Pass another --replay, or evaluate a full-depth map "
+                          "with --conditions direct --direct CHECKPOINT.")
+    wanted = "direct" in settings.conditions
+    if wanted != bool(settings.direct):
+        raise ConfigError("the 'direct' condition needs --direct CHECKPOINT (a full-depth map without replay, e.g. "
+                          "pretrained/smollm2-to-gemma3-direct)" if wanted else
+                          f"--direct {settings.direct} is read by the 'direct' condition: add direct to --conditions")
+    if not wanted:
+        return
+    direct = checked_config("--direct", settings.direct)
+    if any(direct[k].get("fingerprint") != config[k].get("fingerprint") for k in ("source", "target")):
+        raise CheckpointError(f"--direct {settings.direct} was made for another model pair than --checkpoint "
+                              f"{settings.checkpoint}. Pass a direct map of the same pair.")
+    if not (direct.get("replay") or {}).get("direct") or not full_depth(direct):
+        raise CheckpointError(f"--direct {settings.direct} replays its window; the 'direct' condition needs a full-depth "
+                              "map without replay: fit one with python -m mot_viz.train.quickfit --direct.")
+
+
 def check_settings(settings: EvalSettings) -> None:
     """Raise ConfigError/CheckpointError for settings no run can use, before any model is loaded."""
     for flag, value, least in (("--n", settings.n, 1), ("--bootstrap", settings.bootstrap, 1),
@@ -233,6 +266,7 @@ def check_settings(settings: EvalSettings) -> None:
     config = checked_config("--checkpoint", settings.checkpoint)
     check_relay_tokens(settings.relay_tokens, config["source"].get("max_positions"), settings.max_context_tokens)
     second = checked_config("--second", settings.second) if settings.second else config
+    check_direct_setting(settings, config)
     check_kvcomm_fraction(settings.kvcomm_fraction)
     if "kvcomm" in settings.conditions:
         check_kvcomm_pair(config["source"], config["target"])
@@ -288,6 +322,7 @@ def run(settings: EvalSettings, out_dir: Path, progress: bool = True, resume: bo
     target = load_model(config["target"]["name"])
     mot = load_evaluated(settings.checkpoint, settings, source, target)
     second = load_evaluated(settings.second, settings, source, target) if settings.second else None
+    direct = load_checkpoint(settings.direct, source, target)[0] if settings.direct else None
     kvcomm = None
     first = next((part[:1] for part in examples.values() if part), [])
     if "kvcomm" in settings.conditions and first:  # calibrated once, on the first example of the first dataset
@@ -310,7 +345,7 @@ def run(settings: EvalSettings, out_dir: Path, progress: bool = True, resume: bo
         # partial results (every 25 examples, after each dataset, and on an interruption) survive a stopped run
         partial = lambda df: _write(out_dir, frames + [df], settings)  # noqa: E731
         frames.append(evaluate_examples(mot, source, target, todo, settings, second, progress, 25, partial, means,
-                                        kvcomm=kvcomm))
+                                        direct, kvcomm=kvcomm))
         _write(out_dir, frames, settings)
     return _write(out_dir, frames, settings)
 
@@ -373,12 +408,16 @@ def main(argv: list[str] | None = None) -> int:
                              "'relay' and 'relay_q' have the source write a text message the target reads instead "
                              "of the context (see --relay_tokens)")
     parser.add_argument("--replay", choices=REPLAY_MODES, default="checkpoint",
-                        help="replay as each checkpoint says (checkpoint), densely everywhere (dense), or with the "
-                             "method's sparse top-32 attention from layer 2 up (sparse)")
+                        help="replay as each checkpoint says (checkpoint), densely everywhere (dense), with the "
+                             "method's sparse top-32 attention from layer 2 up (sparse), or not at all (none: a "
+                             "full-depth map's translated K/V are the cache)")
     parser.add_argument("--relay_tokens", type=int, default=RELAY_TOKENS,
                         help="longest message the source writes under the relay conditions, in source tokens "
                              "(relay: a summary of the context written before the question is known; relay_q: the "
                              "background for the question)")
+    parser.add_argument("--direct", default=None,
+                        help="the full-depth map without replay the 'direct' condition answers from (a checkpoint "
+                             "of python -m mot_viz.train.quickfit --direct, e.g. pretrained/smollm2-to-gemma3-direct)")
     parser.add_argument("--kvcomm_fraction", type=float, default=KVCOMM_FRACTION,
                         help="share of the layers the 'kvcomm' condition reads the source's K/V at (in (0, 1]; the "
                              "others keep token 0 only)")
@@ -392,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     conditions = tuple(c for c in CONDITIONS + EXTRA_CONDITIONS if c in {"native", *args.conditions})
     settings = EvalSettings(args.checkpoint, args.second, tuple(args.datasets), args.n, args.seed,
                             args.max_new_tokens, args.max_context_tokens, args.bootstrap, conditions,
-                            replay=args.replay, relay_tokens=args.relay_tokens,
+                            replay=args.replay, relay_tokens=args.relay_tokens, direct=args.direct,
                             kvcomm_fraction=args.kvcomm_fraction)
     out_dir = Path(args.out)
 

@@ -81,6 +81,8 @@ def fit_linear(mot: MoT, bank: Bank, lambdas=LAMBDAS, val_fraction: float = 0.1,
             (linear.token_features(*bank.context(i)[:2])[0] for i in train), linear.previous_basis.shape[1]))
     tr, va = bank.rows(train), bank.rows(val)
     x, x_val = map_inputs(mot, bank, train), map_inputs(mot, bank, val)
+    if linear.per_layer:
+        return _fit_per_layer(linear, x, x_val, bank, tr, va, lambdas, t0)
     report = {"train_tokens": len(tr), "val_tokens": len(va), "val_contexts": len(val), "features": x.shape[1]}
     targets = {"k": bank.target_keys, "v": bank.target_values}
     rank = mot.translator.config.factored_rank
@@ -100,6 +102,22 @@ def fit_linear(mot: MoT, bank: Bank, lambdas=LAMBDAS, val_fraction: float = 0.1,
         proj.bias.copy_(fit.bias)
         report[f"lambda_{name}"] = fit.lam
         report[f"val_mse_{name}"] = {str(k): v for k, v in fit.val_mse.items()}
+    report["seconds"] = round(time.perf_counter() - t0, 2)
+    return report
+
+
+def _fit_per_layer(linear, x, x_val, bank: Bank, tr, va, lambdas, t0: float) -> dict:
+    """fit_linear of a per-layer map (linear_per_layer): window layer w's K and V from its own rows x[:, w], one ridge
+    fit per layer (memory of one layer's features at a time), λ per layer and K/V; the report lists them by layer."""
+    report = {"train_tokens": len(tr), "val_tokens": len(va), "features": x.shape[-1], "per_layer": True}
+    for w in range(linear.window):
+        fits = fit_ridge_many(x[:, w], {"k": bank.target_keys[tr, w], "v": bank.target_values[tr, w]}, x_val[:, w],
+                              {"k": bank.target_keys[va, w], "v": bank.target_values[va, w]}, lambdas)
+        for name, proj in (("k", linear.key_proj), ("v", linear.value_proj)):
+            proj.weight[w].copy_(fits[name].weight)
+            proj.bias[w].copy_(fits[name].bias)
+            report.setdefault(f"lambda_{name}", []).append(fits[name].lam)
+            report.setdefault(f"val_mse_{name}", []).append(fits[name].val_mse[fits[name].lam])
     report["seconds"] = round(time.perf_counter() - t0, 2)
     return report
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -27,7 +28,7 @@ from ..engine.channels import Channels, terminal_channels
 from ..engine.checkpoint import CONFIG_FILE, save_checkpoint
 from ..engine.model_cache import cache_dir
 from ..engine.models import LoadedModel, load_model
-from ..engine.mot import MoT
+from ..engine.mot import MoT, replay_mode
 from ..errors import ConfigError, ContextError
 from ..fsutil import remove_stale_temporaries
 from .bank import BankConfig, build_bank
@@ -47,6 +48,9 @@ class QuickFitConfig:
     min_context_tokens: int = 32  # shortest bank context
     max_context_tokens: int = 256  # longest bank context (shorter contexts build faster)
     seed: int = 0
+    # a full-depth map without replay (method.md §15): every target layer from its depth-matched source layer, one
+    # ridge map per layer, the translated K/V used as the target's whole cache (ReplayConfig.direct)
+    direct: bool = False
 
     def __post_init__(self):
         if self.tokens < 256:
@@ -58,6 +62,11 @@ class QuickFitConfig:
 def quickfit_channels(source: LoadedModel, target: LoadedModel, cfg: QuickFitConfig) -> Channels:
     """The terminal window, or window_size target layers from window_start with source layers at the same depth."""
     ls, lt = source.spec.num_layers, target.spec.num_layers
+    if cfg.direct:
+        if ls < lt:
+            raise ConfigError(f"a direct map feeds each of the target's {lt} layers from its own source layer, but the "
+                              f"source has {ls}. Choose a source with at least as many layers as the target.")
+        cfg = replace(cfg, window_start=0, window_size=lt)
     if cfg.window_start is None:
         return terminal_channels(ls, lt, cfg.window_ratio)
     if not 0 <= cfg.window_start <= lt - cfg.window_size:
@@ -80,7 +89,8 @@ def quickfit_dir(source: LoadedModel, target: LoadedModel, cfg: QuickFitConfig) 
     """Where the fit of (pair, cfg) is saved: <cache>/fits/<source>-to-<target>-<hash>."""
     ident = json.dumps({"source": source.spec.fingerprint, "target": target.spec.fingerprint, **asdict(cfg)},
                        sort_keys=True)
-    name = f"{Path(source.spec.name).name}-to-{Path(target.spec.name).name}-linear-"
+    kind = "direct" if cfg.direct else "linear"
+    name = f"{Path(source.spec.name).name}-to-{Path(target.spec.name).name}-{kind}-"
     return fits_dir() / (name + hashlib.sha256(ident.encode()).hexdigest()[:12])
 
 
@@ -125,7 +135,10 @@ def _fit(source: LoadedModel, target: LoadedModel, cfg: QuickFitConfig, out: Pat
     t0 = time.perf_counter()
     channels = quickfit_channels(source, target, cfg)
     torch.manual_seed(cfg.seed)
-    mot = MoT.build(source.spec, target.spec, channels, variant="linear", key_space=cfg.key_space)
+    mot = MoT.build(source.spec, target.spec, channels, variant="linear", key_space=cfg.key_space,
+                    linear_per_layer=cfg.direct)
+    if cfg.direct:  # every page and evaluation that loads it uses the translated K/V as the cache
+        mot.replay = replay_mode(mot.replay, "none")
     bank_cfg = BankConfig(corpus=cfg.corpus, num_tokens=cfg.tokens, min_tokens=cfg.min_context_tokens,
                           max_tokens=cfg.max_context_tokens, seed=cfg.seed)
     report("building the bank: source prefill, alignment and the target's own window K/V", 0.0)
@@ -141,7 +154,8 @@ def _fit(source: LoadedModel, target: LoadedModel, cfg: QuickFitConfig, out: Pat
     report("fitting the ridge map in closed form", 0.9)
     fit = fit_linear(mot, bank)
     seconds = time.perf_counter() - t0
-    training = {"recipe": "quick linear fit (mot_viz.train.quickfit)", "source": source.spec.name,
+    recipe = "full-depth direct map, no replay" if cfg.direct else "quick linear fit"
+    training = {"recipe": f"{recipe} (mot_viz.train.quickfit)", "source": source.spec.name,
                 "target": target.spec.name, **asdict(cfg),
                 "data": f"{cfg.corpus} bank of {int(bank.lengths.sum())} target tokens in {bank.num_contexts} "
                         f"contexts of {cfg.min_context_tokens}-{cfg.max_context_tokens} tokens",
@@ -164,14 +178,26 @@ def main(argv: list[str] | None = None) -> int:
                         help="longest bank context, in target tokens (lower it for a model with a short context)")
     parser.add_argument("--key_space", choices=("pre_rope", "post_rope"), default=QuickFitConfig.key_space,
                         help="translate keys before rotation (pre_rope) or as cached (post_rope)")
+    parser.add_argument("--direct", action="store_true",
+                        help="fit a full-depth map without replay: every target layer's K/V from its depth-matched "
+                             "source layer, used as the target's whole cache (the target never reads the context)")
+    parser.add_argument("--out", default=None,
+                        help="also copy the fitted checkpoint folder here (a new folder, e.g. under pretrained/)")
     args = parser.parse_args(argv)
 
     def body() -> None:
         cfg = QuickFitConfig(tokens=args.tokens, window_start=args.window_start, window_size=args.window_size,
                              key_space=args.key_space, max_context_tokens=args.max_context_tokens,
-                             min_context_tokens=min(QuickFitConfig.min_context_tokens, args.max_context_tokens))
+                             min_context_tokens=min(QuickFitConfig.min_context_tokens, args.max_context_tokens),
+                             direct=args.direct)
         source, target = load_model(args.source), load_model(args.target)
-        print(fit_pair(source, target, cfg, progress=True))
+        fitted = fit_pair(source, target, cfg, progress=True)
+        if args.out:  # a copy of the cached fit (its config and weights), e.g. a shipped checkpoint
+            if Path(args.out).exists():
+                raise ConfigError(f"--out {args.out} exists. Pass a new folder, or remove it first.")
+            shutil.copytree(fitted, args.out)
+            fitted = Path(args.out)
+        print(fitted)
 
     return run_cli(body)
 
