@@ -6,8 +6,15 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 default="smollm2-to-gemma3-linear smollm2-to-gemma3 smollm2-to-gemma3-mid-linear smollm2-to-gemma3-mid
-smollm2-to-gemma3-mid-single gemma3-to-smollm2-linear smollm2-to-smollm2-linear gemma3-to-smollm2 smollm2-to-smollm2"
+smollm2-to-gemma3-mid-single gemma3-to-smollm2-linear smollm2-to-smollm2-linear gemma3-to-smollm2 smollm2-to-smollm2
+smollm2-to-gemma3-direct"
 for name in ${@:-$default}; do
+  if [[ "$name" == smollm2-to-gemma3-direct ]]; then  # a full-depth map without replay: a closed-form fit, no run
+    rm -rf "pretrained/$name"
+    OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" .venv/bin/python -m mot_viz.train.quickfit --direct --source smollm2-135m \
+      --target gemma3-270m --tokens 16384 --max_context_tokens 448 --out "pretrained/$name" || echo "$name failed"
+    continue
+  fi
   mkdir -p "runs/$name"
   resume=""; [ -f "runs/$name/train_config.json" ] && resume="--resume"  # continue an unfinished run
   OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" .venv/bin/python -m mot_viz.train.train --config "configs/$name.json" $resume >> "runs/$name/train.log" 2>&1 || { echo "$name failed"; continue; }

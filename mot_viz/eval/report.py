@@ -45,7 +45,8 @@ def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFra
 
 PAIRS = (("mot", "random"), ("mot", "no_context"), ("mot", "mean"), ("mot", "native"), ("mot", "second"),
          ("second", "mean"), ("second", "no_context"), ("mot", "relay"), ("mot", "relay_q"), ("relay", "no_context"),
-         ("relay_q", "no_context"), ("mot", "kvcomm"), ("kvcomm", "no_context"))
+         ("relay_q", "no_context"), ("mot", "kvcomm"), ("kvcomm", "no_context"), ("mot", "direct"),
+         ("direct", "no_context"))
 
 
 def paired_differences(df: pd.DataFrame, pairs=PAIRS, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
