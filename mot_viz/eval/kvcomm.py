@@ -6,9 +6,9 @@ Only a pair whose caches have the same shape per layer and whose tokenizers shar
 sender reads the receiver's own token ids, so its K/V sit at the positions the receiver's question expects); any
 other pair is refused before any work (check_kvcomm_pair).
 
-Layer choice, as KVComm's ``layer_importance.py`` does it: each layer's score is the attention mass that the
-receiver's question positions put on the sender's context positions (token 0, the sink, excluded), with the sender's
-K/V at every layer, averaged over heads, question positions and a calibration set; the scores are normalised to
+Layer choice, as method.md §15 reads KVComm's ``layer_importance.py``: each layer's score is the attention mass
+that the receiver's question positions put on the sender's context positions (token 0, the sink, excluded), with the
+sender's K/V at every layer, averaged over heads, question positions and a calibration set; the scores are normalised to
 [0, 1] (min–max) and mixed as ``alpha · score + (1 − alpha) · prior``, the prior a Gaussian over depth
 (μ = 0.5 (L − 1), σ = 10, peak 1); the top ``fraction`` of the layers (rounded, at least one) is kept.
 The attention mass is the "context" share of mot_viz.analysis.logit_lens.attention_shares, computed the same way
