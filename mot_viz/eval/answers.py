@@ -120,7 +120,8 @@ def answer_from_cache(target: LoadedModel, kv: list[hf.KV] | None, example: QAEx
     with hf.active_plan(plan):
         tokens = hf.greedy_generate(
             target.model, kv, suffix_ids, max_new_tokens, hf.eos_ids(target.model, target.tokenizer),
-            stop_when=lambda generated: answer_is_complete(target.tokenizer.decode(generated, skip_special_tokens=True)))
+            stop_when=lambda generated: answer_is_complete(
+                target.tokenizer.decode(generated, skip_special_tokens=True)))
     return _scored(example, condition, target.tokenizer.decode(tokens, skip_special_tokens=True),
                    time.perf_counter() - start)
 

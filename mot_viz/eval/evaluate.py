@@ -128,7 +128,8 @@ def example_rows(mot: MoT, source: LoadedModel, target: LoadedModel, example: QA
         other = translate(second, source, target, translation.text, with_native=False)
         caches["second"], build["second"] = other.mixed_kv, translated_seconds(other)
     rows = []
-    answers = answers_from_caches(target, caches, example, settings.max_new_tokens, plans=built.plans)  # one batch (the no-context cache left-padded)
+    # one batch (the no-context cache left-padded); a kvcomm cache alone, under its plan
+    answers = answers_from_caches(target, caches, example, settings.max_new_tokens, plans=built.plans)
     for condition, kv in caches.items():
         ans = answers[condition]
         rows.append({

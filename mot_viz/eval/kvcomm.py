@@ -66,8 +66,9 @@ def check_kvcomm_pair(source: ModelSpec | dict, target: ModelSpec | dict) -> Non
     if s.get("fingerprint") != t.get("fingerprint"):
         raise ConfigError(
             f"The kvcomm condition needs the source '{s['name']}' and the target '{t['name']}' to share one tokenizer "
-            "(the source's K/V must sit at the target's positions); their vocabularies or geometries differ. Use it "
-            "with a pair of one architecture (e.g. pretrained/smollm2-to-smollm2), or leave kvcomm out of --conditions.")
+            "(the source's K/V must sit at the target's positions); their vocabularies or geometries differ. Use "
+            "it with a pair of one architecture (e.g. pretrained/smollm2-to-smollm2), or leave kvcomm out of "
+            "--conditions.")
 
 
 def depth_prior(num_layers: int, sigma: float = PRIOR_SIGMA) -> torch.Tensor:
