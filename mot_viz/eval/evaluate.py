@@ -25,7 +25,6 @@ import pandas as pd
 import torch
 
 from ..cli import run_cli
-from ..data.corpus import split_sequence, training_sequences
 from ..data.eval_data import BUILTIN_DATASETS, load_dataset
 from ..engine.alignment import encode
 from ..engine.checkpoint import WEIGHTS_FILE, load_checkpoint, read_config, weights_sha256
@@ -37,7 +36,6 @@ from ..fsutil import remove_stale_temporaries, write_text_atomic
 from .answers import (CONDITIONS, EXTRA_CONDITIONS, MAX_NEW_TOKENS, answers_from_caches, condition_caches,
                       translated_seconds)
 from .kvcomm import KVCOMM_FRACTION, check_kvcomm_fraction, check_kvcomm_pair, kvcomm_selection
-from .qa_metrics import bootstrap_ci
 from .relay import RELAY_CONDITIONS, RELAY_TOKENS, Relay, check_relay_tokens
 from .report import markdown_table, paired_differences, paired_markdown, summarize
 from .results_folder import ResultsTable, check_results_folder, resumed_table
@@ -180,32 +178,6 @@ def evaluate_examples(mot: MoT, source: LoadedModel, target: LoadedModel, exampl
             on_checkpoint(pd.DataFrame(rows, columns=ROW_COLUMNS))
         raise
     return pd.DataFrame(rows, columns=ROW_COLUMNS)
-
-
-@torch.no_grad()
-def lm_losses(mot: MoT, source: LoadedModel, target: LoadedModel, rows: torch.Tensor, prefix_tokens: int = 64,
-              seed: int = 0, progress: bool = True) -> pd.DataFrame:
-    """Held-out language-modelling check (method.md §8, 'OpenWebText validation'): per row, the target's
-    cross-entropy on the prompt tokens given each condition's cache of the context (nats per token)."""
-    from tqdm import tqdm
-
-    from ..engine import hf
-
-    out = []
-    for i, row in enumerate(tqdm(rows, desc="lm", disable=not progress, dynamic_ncols=True)):
-        context, prompt, labels = split_sequence(row[None].to(target.device), prefix_tokens)
-        text = target.tokenizer.decode(context[0])
-        translation = translate(mot, source, target, text)
-        if not torch.equal(translation.target_ids, context):  # decode/re-encode changed the tokens: skip, counted
-            out.append({"row": i, "condition": "skipped"})
-            continue
-        caches = condition_caches(mot, source, target, None, translation, seed).kv  # the context is translated
-        for condition, kv in caches.items():
-            logits = hf.run(target.model, prompt, kv).logits[0].float()
-            ce = float(torch.nn.functional.cross_entropy(logits, labels[0]))
-            out.append({"row": i, "condition": condition, "ce": ce,
-                        "kv_cosine": kv_cosine(kv, translation.native_kv) if condition in ("mot", "random") else np.nan})
-    return pd.DataFrame(out)
 
 
 # settings a --resume must share with the run it continues (n may grow or shrink)
@@ -441,38 +413,13 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--lm_sequences must be at least 0, got {args.lm_sequences}. Pass 0 to skip the LM check.")
         checked = check_run(settings, out_dir, args.resume, args.overwrite)  # before any model is loaded
         if args.lm_sequences:
+            from .lm_check import run_lm  # it imports this module
+
             run_lm(settings, out_dir, args.lm_sequences)
         if args.datasets:
             print(markdown_table(run(settings, out_dir, resume=args.resume, checked=checked)))
 
     return run_cli(body)
-
-
-def run_lm(settings: EvalSettings, out_dir: Path, n: int) -> pd.DataFrame:
-    """The held-out LM check for a checkpoint; writes lm.csv and lm.md into out_dir."""
-    config = read_config(settings.checkpoint)
-    train_cfg = config.get("training", {})
-    source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
-    mot = load_evaluated(settings.checkpoint, settings, source, target)
-    bank = train_cfg.get("num_sequences", 2048)
-    # the same deterministic stream the translator trained on, continued past its bank: held out
-    rows = training_sequences(target.tokenizer, train_cfg.get("total_tokens", 128), n_sequences=bank + n,
-                              seed=train_cfg.get("seed", 42))[bank:]
-    df = lm_losses(mot, source, target, rows, train_cfg.get("prefix_tokens", 64), settings.seed)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out_dir / "lm.csv", df.to_csv(index=False))
-    scored = df[df["condition"] != "skipped"]
-    lines = [f"Held-out LM check: {scored['row'].nunique()} LAMBADA sequences after the training bank "
-             f"(skipped {int((df['condition'] == 'skipped').sum())}); target cross-entropy on the 64 prompt tokens, nats/token.", "",
-             "| condition | CE mean [95% CI] | KV cosine to native |", "|---|---|---:|"]
-    for condition in ("native", "no_context", "mot", "random"):
-        part = scored[scored["condition"] == condition]
-        ci = bootstrap_ci(part["ce"].to_numpy(), n_boot=settings.bootstrap, seed=settings.seed)
-        cos = part["kv_cosine"].mean()
-        lines.append(f"| {condition} | {ci.mean:.3f} [{ci.lo:.3f}, {ci.hi:.3f}] | {'' if np.isnan(cos) else f'{cos:.3f}'} |")
-    write_text_atomic(out_dir / "lm.md", "\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return df
 
 
 if __name__ == "__main__":

@@ -97,7 +97,7 @@ def test_kv_cosine_and_truncation(setup):
 
 def test_lm_losses_per_condition(setup):
     from mot_viz.engine.alignment import encode
-    from mot_viz.eval.evaluate import lm_losses
+    from mot_viz.eval.lm_check import lm_losses
 
     mot, source, target = setup
     ids = encode(target.tokenizer, " ".join(CORPUS))[:40]
