@@ -131,10 +131,12 @@ def check_budget(budget: int, models: dict[str, tuple[str, int | None]], max_new
     room = QUESTION_ROOM + max_new_tokens
     for role, (name, limit) in models.items():
         if limit and budget + room > limit and limit - room < MIN_BUDGET:  # no document fits beside such an answer
-            longest = limit - QUESTION_ROOM - MIN_BUDGET
+            longest = limit - QUESTION_ROOM - budget  # the longest answer beside this document
             raise error(f"answers of up to {max_new_tokens} tokens leave no room for a document in the {role} model "
                         f"'{name}', which allows {limit} positions. "
-                        + (f"Pass --max_new_tokens {longest} or less." if longest > 0 else "Choose another model."))
+                        + (f"Pass --max_new_tokens {longest} or less for {budget}-token documents." if longest > 0
+                           else f"Pass a smaller --max_new_tokens, and documents of under {limit - QUESTION_ROOM} "
+                           "tokens." if limit > QUESTION_ROOM + MIN_BUDGET else "Choose another model."))
         if limit and budget + room > limit:
             raise error(f"a {budget}-token document does not fit the {role} model '{name}': it allows {limit} "
                         f"positions and the question and answer need about {room} more. Choose a length of at most "
