@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import io
 import json
 import os
 import platform
@@ -42,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
+from contextlib import nullcontext, redirect_stderr
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -66,7 +67,10 @@ from mot_viz.train.train import train  # noqa: E402
 
 RTOL = 1e-3  # device vs CPU, float32: max |device - cpu| over max |cpu| of each compared tensor
 CHECKPOINT = "pretrained/smollm2-to-gemma3"
+DIRECT = "pretrained/smollm2-to-gemma3-direct"  # the evaluator's "direct" condition reads it (--direct)
 RECIPE = "configs/smollm2-to-gemma3.json"
+
+
 @dataclass(frozen=True)
 class Scale:
     """How much each section does: the full check, or --quick (the test suite's CPU mode)."""
@@ -91,6 +95,18 @@ QUICK = Scale(2, 64, 4, 1, dict(bank_tokens=320, bank_min_tokens=32, bank_max_to
               (64,), 1)
 SECTIONS = ("Same results as the CPU (float32)", "bfloat16 against the CPU's float32", "Training and resume",
             "SQuAD evaluation", "Engine benchmark")
+
+
+class Tee(io.TextIOBase):
+    """A text stream writing to several (the evaluator's messages go on to stderr and are kept for the table)."""
+
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for stream in self.streams:
+            stream.write(text)
+        return len(text)
 
 
 def scale_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -196,13 +212,18 @@ def squad_evaluation(device: str, out: Path, scale: Scale) -> list[str]:
     """Section 4: the evaluator's own command on the device, every condition."""
     # kvcomm shares K/V as they are: only a pair of one architecture has it, and this pair is not one
     conditions = [c for c in evaluate.CONDITIONS + evaluate.EXTRA_CONDITIONS if c != "kvcomm"]
+    # the "direct" condition answers from the pair's full-depth map without replay, shipped beside the checkpoint
+    direct = ["--direct", str(ROOT / DIRECT)] if "direct" in conditions else []
     n = scale.examples
     t0 = time.perf_counter()
-    status = evaluate.main(["--checkpoint", str(ROOT / CHECKPOINT), "--datasets", "squad", "--n", str(n),
-                            "--conditions", *conditions, *scale.eval_args, "--out", str(out)])
+    said = io.StringIO()
+    with redirect_stderr(Tee(said, sys.stderr)):
+        status = evaluate.main(["--checkpoint", str(ROOT / CHECKPOINT), "--datasets", "squad", "--n", str(n),
+                                "--conditions", *conditions, *direct, *scale.eval_args, "--out", str(out)])
     seconds = time.perf_counter() - t0
     if status != 0:
-        return [f"The evaluator exited with status {status} after {seconds:.0f} s."]
+        last = [line for line in said.getvalue().splitlines() if line.startswith("error: ")]
+        return [f"The evaluator exited with status {status} after {seconds:.0f} s: {' '.join(last[-1:])}"]
     summary = (out / "summary.md").read_text()
     return [f"{n} SQuAD example{'s' * (n != 1)} (seed 0), conditions {', '.join(conditions)}: {seconds:.0f} s.", "",
             summary]
