@@ -20,6 +20,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
+import pandas as pd
+
 from ..engine import hf
 from ..engine.alignment import encode
 from ..engine.models import LoadedModel
@@ -124,3 +126,120 @@ def check_relay_tokens(relay_tokens: int, source_positions: int | None, context_
         raise ConfigError(
             f"{flag} {relay_tokens} is more than the source can write after a context of {context_tokens} tokens: "
             f"it holds {source_positions} positions. Pass {flag} {max(source_positions - context_tokens, 1)} or less.")
+
+
+# ----- what each way of sharing the context hands over and costs, from an evaluation's examples.csv ----------------
+
+FP16_BYTES = 2  # bytes per value of a cache handed over (fp16 / bf16), as kv_cache_bytes counts
+
+
+def sharing_costs(rows: pd.DataFrame, config: dict) -> pd.DataFrame:
+    """Per condition of an evaluation with relay rows (mot_viz.eval.evaluate's examples.csv; `config`: its
+    checkpoint's config.json): what the target is handed (the message's tokens and bytes; the translated window's
+    bytes, the window's target layers' K and V at every context position; a full target cache of the context's
+    bytes) and the mean seconds of each stage (the source writing, the target's prefill of the message, building
+    the cache, answering), over the examples every condition answered.
+
+    The answer's seconds are the example's batch decoding shared evenly among its conditions (answers_from_caches),
+    so a relay row's seconds less its writing and prefill are every condition's answer share, and a cache's
+    building seconds are its row's seconds less that share (native: the target's prefill; mot: every stage of the
+    translation, the source's reading included).
+    """
+    from ..engine.models import kv_cache_bytes
+    from ..engine.mot import spec_from_json
+
+    scored = rows[rows["condition"] != "skipped"]
+    relayed = scored[scored["condition"].isin(RELAY_CONDITIONS)]
+    if relayed.empty:
+        raise ConfigError("these results have no relay rows: evaluate with --conditions ... relay relay_q")
+    share = (relayed["seconds"] - relayed["message_generate_seconds"] - relayed["message_prefill_seconds"])
+    answer = pd.Series(share.to_numpy(), index=list(zip(relayed["dataset"], relayed["id"]))).groupby(level=0).mean()
+    target = spec_from_json(config["target"])
+    window = len(config["channels"])
+    out = []
+    for condition, part in scored.groupby("condition", sort=False):
+        keys = list(zip(part["dataset"], part["id"]))
+        share_here = answer.reindex(keys).to_numpy()
+        tokens = part["context_tokens"].to_numpy()
+        relay_row = condition in RELAY_CONDITIONS
+        out.append({
+            "condition": condition, "n": len(part),
+            "context_tokens": float(tokens.mean()),
+            "message_tokens": float(part["message_tokens"].mean()) if relay_row else float("nan"),
+            "message_bytes": float(part["message_bytes"].mean()) if relay_row else float("nan"),
+            "window_bytes": float((tokens * window * 2 * target.kv_hidden * FP16_BYTES).mean()),
+            "full_cache_bytes": float(sum(kv_cache_bytes(target, int(t)) for t in tokens) / len(tokens)),
+            "write_seconds": float(part["message_generate_seconds"].mean()) if relay_row else float("nan"),
+            "read_seconds": float(part["message_prefill_seconds"].mean()) if relay_row else float("nan"),
+            "build_seconds": float((part["seconds"].to_numpy() - share_here).mean()),
+            "answer_seconds": float(share_here.mean()),
+            "seconds": float(part["seconds"].mean()),
+        })
+    return pd.DataFrame(out)
+
+
+def handed_over_bytes(cost) -> float:
+    """What a condition hands the target (a row of sharing_costs): relay: the message; mot: the translated window;
+    native: a full target cache of the context (what handing over a cache instead of the text would move); no
+    context: nothing."""
+    if cost.condition in RELAY_CONDITIONS:
+        return cost.message_bytes
+    return {"mot": cost.window_bytes, "native": cost.full_cache_bytes, "no_context": 0.0}.get(cost.condition,
+                                                                                            float("nan"))
+
+
+def costs_markdown(costs: pd.DataFrame) -> str:
+    """sharing_costs as a markdown table (bytes handed over, seconds per example by stage)."""
+    lines = ["| condition | n | context tokens | message tokens | handed over (bytes) "
+             "| building the cache, s (source writes + target reads) | answering, s | total, s |",
+             "|---|---:|---:|---:|---:|---|---:|---:|"]
+    for r in costs.itertuples():
+        relayed = r.condition in RELAY_CONDITIONS
+        build = f"{r.build_seconds:.2f} ({r.write_seconds:.2f} + {r.read_seconds:.2f})" if relayed \
+            else f"{r.build_seconds:.2f}"
+        lines.append(f"| {r.condition} | {r.n} | {r.context_tokens:.0f} | {f'{r.message_tokens:.1f}' if relayed else ''} "
+                     f"| {handed_over_bytes(r):,.0f} | {build} | {r.answer_seconds:.2f} | {r.seconds:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m mot_viz.eval.relay RESULTS: write costs.md / costs.csv (sharing_costs) into an evaluation folder."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    from ..cli import run_cli
+    from ..engine.checkpoint import read_config
+    from ..fsutil import write_text_atomic
+
+    parser = argparse.ArgumentParser(description="What each way of sharing the context hands over and costs, from "
+                                                 "an evaluation folder with relay rows (python -m mot_viz.eval.evaluate)")
+    parser.add_argument("results", help="the evaluation's --out folder (examples.csv, summary.json)")
+    args = parser.parse_args(argv)
+
+    def body() -> None:
+        folder = Path(args.results)
+        try:
+            settings = json.loads((folder / "summary.json").read_text())["settings"]
+            rows = pd.read_csv(folder / "examples.csv", dtype={"message": str}, keep_default_na=False,
+                               na_values=[""])
+        except (OSError, ValueError, KeyError) as exc:
+            raise ConfigError(f"{folder} is not an evaluation folder ({exc}). Pass the --out folder of "
+                              "python -m mot_viz.eval.evaluate.") from exc
+        costs = sharing_costs(rows, read_config(settings["checkpoint"]))
+        write_text_atomic(folder / "costs.csv", costs.to_csv(index=False))
+        table = costs_markdown(costs)
+        note = ("Means per example. Handed over: relay, the message (UTF-8); mot, the translated window (its target "
+                "layers' K and V at every context position, fp16); native, a full target cache of the context (fp16); "
+                "what the source reads is in every row's own build time (mot: the source's prefill; relay: its "
+                "reading and writing). Answering: the example's batch decoding shared evenly among its conditions.")
+        write_text_atomic(folder / "costs.md", f"Results: {folder}. {note}\n\n{table}\n")
+        print(table)
+
+    return run_cli(body)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -13,13 +13,13 @@ import torch
 from conftest import CORPUS, FAMILIES, tiny_model
 from mot_viz.engine import hf
 from mot_viz.engine.alignment import encode
-from mot_viz.engine.checkpoint import load_checkpoint
+from mot_viz.engine.checkpoint import load_checkpoint, read_config
 from mot_viz.engine.prompts import ChatFrame, QAExample, build_prompt
 from mot_viz.engine.testing import load_test_model, write_test_checkpoints
 from mot_viz.eval import evaluate
 from mot_viz.eval.answers import answer_from_cache, condition_caches
-from mot_viz.eval.relay import (BACKGROUND_INSTRUCTION, SUMMARY_INSTRUCTION, read_message, relay, source_prompt,
-                                write_message)
+from mot_viz.eval.relay import (BACKGROUND_INSTRUCTION, SUMMARY_INSTRUCTION, main, read_message, relay,
+                                source_prompt, write_message)
 
 EXAMPLE = QAExample("q0", "toy/jsonl", CORPUS[0] + " " + CORPUS[1], "Who designed the tower?", ("Gustave Eiffel",))
 OTHER_CONTEXT = CORPUS[3] + " " + CORPUS[4]
@@ -148,6 +148,19 @@ def test_relay_rows_survive_resume_and_old_folders_still_resume(checkpoints, dat
     assert (whole.loc[~whole["condition"].isin(["relay", "relay_q"]), "message"] == "").all()
     seconds = pd.read_csv(tmp_path / "whole" / "examples.csv")
     assert (seconds.loc[seconds["condition"] == "relay", "message_generate_seconds"] > 0).all()
+    # what each condition is handed and costs, read back from the rows
+    assert main([str(tmp_path / "whole")]) == 0
+    costs = pd.read_csv(tmp_path / "whole" / "costs.csv").set_index("condition")
+    config = read_config(checkpoints["smollm2-to-gemma3"])
+    assert costs.loc["relay", "message_bytes"] == pytest.approx(relayed[relayed["condition"] == "relay"][
+        "message_bytes"].astype(float).mean(), rel=1e-9)
+    per_token = len(config["channels"]) * 2 * config["target"]["num_kv_heads"] * config["target"]["head_dim"] * 2
+    assert costs.loc["mot", "window_bytes"] == pytest.approx(costs.loc["mot", "context_tokens"] * per_token, rel=1e-9)
+    assert costs.loc["mot", "full_cache_bytes"] > costs.loc["mot", "window_bytes"]
+    relay_costs = costs.loc["relay"]
+    assert relay_costs["build_seconds"] == pytest.approx(relay_costs["write_seconds"] + relay_costs["read_seconds"],
+                                                         rel=1e-6)
+    assert (costs["answer_seconds"] > 0).all() and costs.loc["mot", "answer_seconds"] == relay_costs["answer_seconds"]
     # a shorter run resumed to the same rows: the relay rows kept as they were written
     assert evaluate.main(relay_argv(tmp_path / "part", 2)) == 0
     before = table(tmp_path / "part")
