@@ -46,6 +46,7 @@ PASSAGE = (
 )
 
 
+DIRECT_STAGES = ("source_prefill", "alignment", "translator", "assemble")  # a direct map's cache, stage by stage
 STAGE_NAMES = {"source_prefill": "source prefill", "alignment": "alignment", "translator": "translator",
                "replay": "replay", "native_prefill": "native prefill", "stock_native": "stock native prefill"}
 
@@ -114,6 +115,10 @@ def main() -> int:
                              "kernels vs the rest of the layers), the replay with the sparse path chosen by length and "
                              "with the masked path only, and the source prefill without the top-k selection, in turn "
                              "within each repeat")
+    parser.add_argument("--direct", default=None,
+                        help="also time a full-depth map without replay (a checkpoint of python -m "
+                             "mot_viz.train.quickfit --direct, e.g. pretrained/smollm2-to-gemma3-direct) after each "
+                             "translation: its map alone and its whole cache ÷ the same run's native prefill")
     parser.add_argument("--out", default="benchmarks/engine.md",
                         help="markdown file the table is written to (the current table; git keeps earlier ones)")
     args = parser.parse_args()
@@ -123,6 +128,7 @@ def main() -> int:
     source, target = load_model(DEFAULT_SOURCE), load_model(DEFAULT_TARGET)
     mot, config = load_checkpoint(args.checkpoint, source, target)
     mot.eval()
+    direct = load_checkpoint(args.direct, source, target)[0] if args.direct else None
     channels, cfg = mot.channels, mot.translator.config
     paths = f"{cfg.num_experts} experts top-{cfg.top_k}" if cfg.variant == "mot" else cfg.variant
     if cfg.variant != "linear" and cfg.linear_residual:
@@ -156,7 +162,7 @@ def main() -> int:
             measured.setdefault("native_attention", []).append(spent[0])
         return {key: statistics.median(r) for key, r in measured.items()}
 
-    rows, split_rows, skipped, lengths = [], [], [], []
+    rows, split_rows, skipped, lengths, direct_rows = [], [], [], [], []
     for n in args.lengths:
         text = context_of(target, n)
         try:
@@ -166,9 +172,11 @@ def main() -> int:
             print(f"{n} tokens skipped: {exc}", flush=True)
             continue
         lengths.append(n)
-        translations, stock = [], []
+        translations, stock, direct_runs = [], [], []
         for _ in range(args.repeats):  # each translation, then the stock native prefill of the same ids
             translations.append(translate(mot, source, target, text))
+            if direct is not None:  # the full-depth map's cache of the same text (the target never reads it)
+                direct_runs.append(translate(direct, source, target, text, with_native=False).timings)
             with stock_attention():
                 t0 = time.perf_counter()
                 native_cache(target, translations[-1].target_ids)
@@ -178,6 +186,9 @@ def main() -> int:
         n_t = len(encode(target.tokenizer, text))
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         rows.append((n_t, med, peak_mb))
+        if direct_runs:
+            direct_rows.append((n_t, {s: statistics.median(r[s] for r in direct_runs) for s in DIRECT_STAGES},
+                                med["native_prefill"]))
         print(f"{n_t} tokens: " + ", ".join(f"{s} {med[s]*1000:.0f} ms" for s in [*stages, "stock_native"]), flush=True)
         if args.split:
             split_rows.append((n_t, med["translator"], where_time_goes(translations[-1])))
@@ -287,6 +298,21 @@ def main() -> int:
                 f"| {rest*1e3:.0f} | {m['replay_masked_attention']*1e3:.0f} | {m['native_attention']*1e3:.0f} "
                 f"| {(native - m['native_attention'])*1e3:.0f} | {(translator + m['replay'])/native:.2f} "
                 f"| {(translator + m['replay_masked'])/native:.2f} | {(translator + rest)/native:.2f} |")
+    if direct_rows:
+        lines += ["", f"Full-depth map without replay (`--direct {args.direct}`: every target layer's K/V mapped from "
+                  "its source layer and used as the cache, the target never reading the context), timed after each "
+                  f"translation on the same text; median of {args.repeats}. Map = the per-layer ridge maps and the "
+                  "target's RoPE; assemble = the target's BOS prefix and the concatenation; the native prefill is the "
+                  "same run's (engine's):", "",
+                  "| target tokens | source prefill (ms) | alignment (ms) | map (ms) | assemble (ms) | native prefill (ms) "
+                  "| map ÷ native | (map + assemble) ÷ native | whole direct cache ÷ native |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for n_t, d, native in direct_rows:
+            whole = sum(d.values())
+            lines.append(f"| {n_t} | {d['source_prefill']*1e3:.0f} | {d['alignment']*1e3:.0f} "
+                         f"| {d['translator']*1e3:.0f} | {d['assemble']*1e3:.0f} | {native*1e3:.0f} "
+                         f"| {d['translator']/native:.3f} | {(d['translator'] + d['assemble'])/native:.3f} "
+                         f"| {whole/native:.2f} |")
     if chunk_rows:
         label = lambda c: "one SDPA call" if c <= 0 else f"chunks of {c}"
         lines += ["", f"Replay ÷ native prefill by the masked sparse replay's query chunk size (`--chunks "
