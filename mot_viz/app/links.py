@@ -31,6 +31,7 @@ LINK_UNCHECKED = "link.unchecked"  # page options an opened link set that no wid
 _LINK_DRAWN = "link.drawn"  # linked page options that fit their widget's type this run: key -> value (checked at the end)
 LINK_DROP = "link.drop"  # linked page options to forget at the start of the next run (a widget holds them now)
 _LINK_RERUN = "link.rerun"  # a linked page option was dropped during the run: rerun to show the one warning
+_LINK_SHOWN = "link.shown"  # the query parameters last written to this session's URL: what its address shows
 _GROUPS_THIS_RUN = "link.groups"  # the option groups (pg.<group>.…) this page run offered: the running page's
 _OPTION_GROUPS_SEEN: set[str] = set()  # every group a page offered in this process (one built at run time too)
 EXCERPT_CHARS = 80  # the longest value (40: name) of a page option the link warning quotes; the rest is "…"
@@ -207,9 +208,14 @@ def link_params() -> dict[str, str]:
 def sync_link() -> dict[str, str]:
     """Write the view to the URL when it differs (setting query parameters does not rerun the script)."""
     params = link_params()
+    _write_link(params)
+    return params
+
+
+def _write_link(params: dict[str, str]) -> None:
     if st.query_params.to_dict() != params:
         st.query_params.from_dict(params)
-    return params
+    st.session_state[_LINK_SHOWN] = params
 
 
 def python_code(sel: Selection) -> str:
@@ -222,9 +228,21 @@ def python_code(sel: Selection) -> str:
                           max_context_tokens=MAX_CONTEXT_TOKENS)
 
 
-def share(sel: Selection) -> None:
-    """The sidebar's "Copy link" and "Copy as Python" for the applied selection `sel`."""
-    params = sync_link()
+def share(sel: Selection, applied_now: bool) -> None:
+    """The sidebar's "Copy link" and "Copy as Python" for the applied selection `sel`.
+
+    applied_now: `sel` was applied in this run (a Translate press, a first visit): the URL gets the view at once,
+    on the page shown. Otherwise the URL gets back the view it showed: a click in the navigation starts a run whose
+    query parameters Streamlit has emptied, and the sidebar is drawn before st.navigation names the new page, so the
+    browser would write anything new under the previous page's address (a history entry naming the page left).
+    Writing what it shows changes no address, and the navigation then carries it to the new page's; the page's
+    completed run writes the rest (mot_viz.app.frame.run_page).
+    """
+    if applied_now:
+        sync_link()
+    elif _LINK_SHOWN in st.session_state:
+        _write_link(st.session_state[_LINK_SHOWN])
+    params = link_params()
     left_out = _view_link()[1]
     with st.expander("Copy link", expanded=bool(left_out)):
         st.caption("The address bar holds this view's link. Or append this to the app's address and page "

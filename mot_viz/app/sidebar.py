@@ -142,10 +142,11 @@ def sidebar() -> Selection:
         text, example, suffix, label = _context_picker(target)
         chosen = Selection(source, target, checkpoint, text, example, suffix, label)
         pressed = st.button("Translate", type="primary", width="stretch")
-        if pressed or "applied" not in st.session_state:
+        applied_now = pressed or "applied" not in st.session_state
+        if applied_now:
             st.session_state["applied"] = chosen  # the first visit runs on the defaults without a click
             st.session_state[LINK] = link_of_widgets(source, target)
         elif st.session_state["applied"] != chosen:
             st.info("The inputs changed. Press **Translate** to apply them.", icon="ℹ️")
-        share(st.session_state["applied"])
+        share(st.session_state["applied"], applied_now)
     return st.session_state["applied"]

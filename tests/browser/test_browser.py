@@ -275,6 +275,16 @@ def test_the_address_bar_names_the_page_shown_and_reopens_it(app_url, browser):
     page = browser.new_page(viewport={"width": 1440, "height": 1000})
     page.set_default_timeout(SLOW_MS)
     runs = _Runs(page)  # before the first run (a reload's new connection is followed too)
+    # every address the tab showed (history entries included), with how many runs had started when it did
+    addresses: list[tuple[str, int]] = []
+    page.on("framenavigated", lambda frame: addresses.append((frame.url, runs.kinds.count("new_session")))
+            if frame == page.main_frame else None)
+
+    def named_elsewhere(shown: int, started: int, path: str) -> list[str]:
+        """The addresses since the `shown`-th that runs after the `started`-th showed with another path than `path`
+        (each is a history entry: Back goes there)."""
+        return [url for url, runs_seen in addresses[shown:] if runs_seen > started and urlsplit(url).path != path]
+
     try:
         page.goto(app_url)
         page.get_by_role("heading", name=LANDING_HEADING, exact=True).wait_for()
@@ -291,10 +301,23 @@ def test_the_address_bar_names_the_page_shown_and_reopens_it(app_url, browser):
         titles = [title for title, _ in entries]
         assert titles[0] == "Overview" and {"Answers", "Long context", "Multi-agent"} < set(titles), titles
         assert len(set(titles)) == len({path for _, path in entries}) == len(entries), entries
+        # a click while a page's first run still computes, as a reader on two cores does (the run is cut short
+        # before it writes its options to the URL): the next run never writes the view under the page left
+        nav.get_by_role("link", name="Answers", exact=True).click()
+        page.get_by_role("heading", name="Answers", exact=True).wait_for()
+        since, shown, started = len(runs.finished), len(addresses), runs.kinds.count("new_session")
+        nav.get_by_role("link", name="Per-layer cache error", exact=True).click()
+        page.get_by_role("heading", name="Per-layer cache error", exact=True).or_(failure).first.wait_for()
+        runs.wait(page, since)
+        _wait_until_settled(page)
+        _assert_no_failure(page)
+        path = entries[titles.index("Per-layer cache error")][1]
+        _wait_for_path(page, path)
+        assert not named_elsewhere(shown, started, path), named_elsewhere(shown, started, path)
         # every page after the landing one, then the landing page again: each click leaves another page
         for title, path in entries[1:] + entries[:1]:
             heading = page.get_by_role("heading", name=LANDING_HEADING if title == "Overview" else title, exact=True)
-            since = len(runs.finished)
+            since, shown, started = len(runs.finished), len(addresses), runs.kinds.count("new_session")
             nav.get_by_role("link", name=title, exact=True).click()
             heading.or_(failure).first.wait_for()
             _assert_no_failure(page)
@@ -302,6 +325,9 @@ def test_the_address_bar_names_the_page_shown_and_reopens_it(app_url, browser):
             _wait_until_settled(page)
             _assert_no_failure(page)
             _wait_for_path(page, path)
+            # never the previous page's path, not even for a moment
+            wrong = named_elsewhere(shown, started, path)
+            assert not wrong, f"after the click on {title!r} the address named another page: {wrong}"
             address, view = page.url, _query(page)
             assert {"src", "tgt", "ckpt", "ds", "ex"} <= set(view), (title, address)
             since = len(runs.finished)
@@ -366,12 +392,14 @@ class _Runs:
         self._message = ForwardMsg
         self.full, self.fragment = ForwardMsg.FINISHED_SUCCESSFULLY, ForwardMsg.FINISHED_FRAGMENT_RUN_SUCCESSFULLY
         self.finished: list[int] = []
+        self.kinds: list[str] = []  # every message's type, in order ("new_session" starts a run)
         page.on("websocket", lambda ws: ws.on("framereceived", self._frame))
 
     def _frame(self, payload) -> None:
         if isinstance(payload, bytes):
             msg = self._message()
             msg.ParseFromString(payload)
+            self.kinds.append(msg.WhichOneof("type"))
             if msg.WhichOneof("type") == "script_finished":
                 self.finished.append(msg.script_finished)
 
