@@ -12,6 +12,7 @@ reads them from there. ``checkpoint_zip`` always writes a self-contained copy.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 import os
 import shutil
 from pathlib import Path
@@ -24,7 +25,9 @@ from ..errors import CheckpointError, ConfigError
 from ..fsutil import temp_parts, write_text_atomic
 from .channels import Channels
 from .model_cache import file_sha256
-from .mot import MoT, ReplayConfig, check_pair, mot_config_json, spec_from_json
+from .models import ModelSpec
+from .mot import MoT, check_pair
+from .replay_config import ReplayConfig
 from .translator import TranslatorConfig
 
 CONFIG_FILE = "config.json"
@@ -310,3 +313,21 @@ def copy_linear_path(mot: MoT, path: str | Path) -> dict:
     fit = (config.get("metrics") or {}).get("linear_fit") or (config.get("metrics") or {}).get("bank", {})
     return {"from": str(path), "sha256": weights_sha256(Path(path)),
             **{k: fit[k] for k in ("lambda_k", "lambda_v", "train_tokens") if k in fit}}
+
+
+def spec_from_json(d: dict) -> ModelSpec:
+    """A model spec as a checkpoint's config.json stores it."""
+    d = dict(d)
+    d["sliding_layers"] = tuple(d.get("sliding_layers", ()))
+    return ModelSpec(**d)
+
+
+def mot_config_json(mot: MoT) -> dict:
+    """What a checkpoint's config.json says of a MoT: the two model specs, channels, translator and replay."""
+    return {
+        "source": mot.source.to_json(),
+        "target": mot.target.to_json(),
+        "channels": mot.channels.to_json(),
+        "translator": mot.translator.config.to_json(),
+        "replay": asdict(mot.replay),
+    }

@@ -8,7 +8,7 @@ figure and page reads from, so the work is done once per input.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -20,39 +20,10 @@ from .alignment import (TokenAlignment, align_ids, apply_alignment, decode, enco
 from .channels import Channels, sparse_source_layer
 from .layout import context_positions, from_block, to_block, window_blocks
 from .models import LoadedModel, ModelSpec
+from .replay_config import ReplayConfig
 from .translator import GateOverride, KVTranslator, TranslatorConfig, TranslatorOutput
 
 KV = hf.KV
-
-
-@dataclass
-class ReplayConfig:
-    """How the target replays the context with the injected window (method.md §6)."""
-
-    topk_sparse_attn: int | None = 32  # k of sparse attention; None replays densely everywhere
-    num_bottom_full_attn: int = 2  # layers below this stay dense (window layers are always sparse)
-    # no replay (method.md §15, full-depth mapping): the translated K/V of every target layer are the target's cache
-    # as they are, after its own BOS prefix; the target never runs over the context. Needs a window of every layer.
-    direct: bool = False
-
-    def __post_init__(self):
-        if self.topk_sparse_attn is not None and self.topk_sparse_attn < 1:
-            raise ConfigError("topk_sparse_attn must be >= 1 (or None for dense replay)")
-        if self.num_bottom_full_attn < 0:
-            raise ConfigError("num_bottom_full_attn must be >= 0")
-
-
-REPLAY_MODES = ("checkpoint", "dense", "sparse", "none")
-
-
-def replay_mode(replay: ReplayConfig, mode: str) -> ReplayConfig:
-    """A checkpoint's replay under a mode: its own ("checkpoint"), dense everywhere, the method's sparse
-    default (top-32 from layer 2 up, method.md §6), or none (the translated K/V are the cache: ReplayConfig.direct,
-    for a window of every target layer). Whether sparse replay suits a pair is measured per pair."""
-    if mode not in REPLAY_MODES:
-        raise ConfigError(f"replay mode must be one of {', '.join(REPLAY_MODES)}, not '{mode}'")
-    return {"checkpoint": replay, "dense": ReplayConfig(topk_sparse_attn=None), "sparse": ReplayConfig(),
-            "none": ReplayConfig(topk_sparse_attn=None, direct=True)}[mode]
 
 
 class MoT(nn.Module):
@@ -346,6 +317,15 @@ def native_cache(target: LoadedModel, target_ids: torch.Tensor, plan: hf.Attenti
     return hf.run(target.model, _with_bos(target, target_ids), plan=plan, logits_to_keep=None).kv
 
 
+def _timed_native(mot: MoT, target: LoadedModel, target_ids: torch.Tensor, timings: dict) -> tuple[list[KV], dict]:
+    """The target's own cache of the context with the window layers' queries recorded, timed as "native_prefill"."""
+    t0 = time.perf_counter()
+    plan = hf.AttentionPlan(record_queries=set(mot.channels.target_layers))
+    native = native_cache(target, target_ids, plan)
+    timings["native_prefill"] = time.perf_counter() - t0
+    return native, plan.queries
+
+
 @torch.no_grad()
 def empty_context_cache(lm: LoadedModel) -> list[KV] | None:
     """The cache a model starts from with no context: its BOS prefix, or nothing."""
@@ -373,12 +353,7 @@ def translate(mot: MoT, source: LoadedModel, target: LoadedModel, text: str, wit
         mixed = replayed.kv
         timings["replay"] = time.perf_counter() - t0
         check_finite("replayed cache", *(t for kv in mixed for t in kv))
-        native = native_queries = None
-        if with_native:
-            t0 = time.perf_counter()
-            plan = hf.AttentionPlan(record_queries=set(mot.channels.target_layers))
-            native, native_queries = native_cache(target, target_ids, plan), plan.queries
-            timings["native_prefill"] = time.perf_counter() - t0
+        native, native_queries = _timed_native(mot, target, target_ids, timings) if with_native else (None, None)
     injected = per_layer_kv(translated.keys, translated.values, mot.target.num_kv_heads)
     return Translation(text, src, translated, injected, mixed, native, sparse, prefix_len=len(target.prefix_ids),
                        timings=timings, native_queries=native_queries, replay_queries=replayed.queries,
@@ -416,12 +391,7 @@ def translate_direct(mot: MoT, source: LoadedModel, target: LoadedModel, text: s
             (torch.cat([pk, k.to(pk.dtype)], 2), torch.cat([pv, v.to(pv.dtype)], 2))
             for (pk, pv), (k, v) in zip(prefix, injected, strict=True)]
         timings["assemble"] = time.perf_counter() - t0
-        native = native_queries = None
-        if with_native:
-            t0 = time.perf_counter()
-            plan = hf.AttentionPlan(record_queries=set(mot.channels.target_layers))
-            native, native_queries = native_cache(target, target_ids, plan), plan.queries
-            timings["native_prefill"] = time.perf_counter() - t0
+        native, native_queries = _timed_native(mot, target, target_ids, timings) if with_native else (None, None)
     return Translation(text, src, translated, injected, mixed, native, {}, prefix_len=len(target.prefix_ids),
                        timings=timings, native_queries=native_queries)
 
@@ -468,19 +438,3 @@ def check_pair(mot: MoT, source: LoadedModel, target: LoadedModel) -> None:
                 f"{got.num_layers} layers, fingerprint {got.fingerprint}). Choose a checkpoint trained for this pair, "
                 "or pick the models it was trained for."
             )
-
-
-def spec_from_json(d: dict) -> ModelSpec:
-    d = dict(d)
-    d["sliding_layers"] = tuple(d.get("sliding_layers", ()))
-    return ModelSpec(**d)
-
-
-def mot_config_json(mot: MoT) -> dict:
-    return {
-        "source": mot.source.to_json(),
-        "target": mot.target.to_json(),
-        "channels": mot.channels.to_json(),
-        "translator": mot.translator.config.to_json(),
-        "replay": asdict(mot.replay),
-    }

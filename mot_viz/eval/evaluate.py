@@ -29,7 +29,8 @@ from ..data.eval_data import BUILTIN_DATASETS, load_dataset
 from ..engine.alignment import encode
 from ..engine.checkpoint import WEIGHTS_FILE, load_checkpoint, read_config, weights_sha256
 from ..engine.models import LoadedModel, load_model, model_device
-from ..engine.mot import REPLAY_MODES, MoT, replay_mode, translate
+from ..engine.mot import MoT, translate
+from ..engine.replay_config import REPLAY_MODES, replay_mode
 from ..engine.prompts import QAExample, build_prompt
 from ..errors import CheckpointError, ConfigError, MotVizError
 from ..fsutil import remove_stale_temporaries, write_text_atomic
@@ -75,7 +76,7 @@ class EvalSettings:
     bootstrap: int
     conditions: tuple[str, ...] = CONDITIONS  # native is always among them: retained shares divide by it
     prompt: str = "plain"  # "chat template" when the target is chat-tuned (data.build_prompt); set by run()
-    replay: str = "checkpoint"  # each checkpoint's own replay, or "dense" / "sparse" for both (mot.replay_mode)
+    replay: str = "checkpoint"  # each checkpoint's own replay, or "dense" / "sparse" for both (replay_config.replay_mode)
     relay_tokens: int = RELAY_TOKENS  # the longest relay message, in source tokens (relay conditions only)
     direct: str | None = None  # the full-depth map without replay the "direct" condition answers from (--direct)
     kvcomm_fraction: float = KVCOMM_FRACTION  # share of the layers the kvcomm condition shares (--kvcomm_fraction)

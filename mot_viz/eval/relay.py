@@ -146,7 +146,7 @@ def sharing_costs(rows: pd.DataFrame, config: dict) -> pd.DataFrame:
     translation, the source's reading included).
     """
     from ..engine.models import kv_cache_bytes
-    from ..engine.mot import spec_from_json
+    from ..engine.checkpoint import spec_from_json
 
     scored = rows[rows["condition"] != "skipped"]
     relayed = scored[scored["condition"].isin(RELAY_CONDITIONS)]

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from ..engine.checkpoint import CONFIG_FILE, SHARED_LINEAR, load_checkpoint, save_checkpoint
-from ..engine.mot import REPLAY_MODES, mot_config_json, replay_mode
+from ..engine.checkpoint import CONFIG_FILE, SHARED_LINEAR, load_checkpoint, mot_config_json, save_checkpoint
+from ..engine.replay_config import REPLAY_MODES, replay_mode
 from ..errors import ConfigError
 from .runs import CONFIG_FILE as RUN_CONFIG_FILE, STATE_FILE
 
@@ -71,7 +71,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, shared_linear: str | Pa
 
     From a run: how it was trained and its final log row are added to config.json. From a checkpoint folder:
     its config is kept as it is (every key but the weights' storage), so this re-saves it, e.g. with a shared
-    linear path. replay: how the exported checkpoint replays (mot.replay_mode; "checkpoint" keeps the run's).
+    linear path. replay: how the exported checkpoint replays (replay_config.replay_mode; "checkpoint" keeps the run's).
     overwrite: replace an out_dir that already holds files (check_output says what is never replaced).
     """
     src = Path(run_dir)

@@ -28,7 +28,8 @@ from ..engine.channels import Channels, terminal_channels
 from ..engine.checkpoint import CONFIG_FILE, save_checkpoint
 from ..engine.model_cache import cache_dir
 from ..engine.models import LoadedModel, load_model
-from ..engine.mot import MoT, replay_mode
+from ..engine.mot import MoT
+from ..engine.replay_config import replay_mode
 from ..errors import ConfigError, ContextError
 from ..fsutil import remove_stale_temporaries
 from .bank import BankConfig, build_bank

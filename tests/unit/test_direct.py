@@ -8,7 +8,8 @@ import torch
 from conftest import FAMILIES, tiny_model
 from mot_viz.engine import hf
 from mot_viz.engine.checkpoint import load_checkpoint
-from mot_viz.engine.mot import MoT, replay_mode, target_context_ids, translate
+from mot_viz.engine.mot import MoT, target_context_ids, translate
+from mot_viz.engine.replay_config import replay_mode
 from mot_viz.engine.prompts import QAExample
 from mot_viz.engine.testing import load_test_model, write_test_checkpoints
 from mot_viz.errors import ConfigError

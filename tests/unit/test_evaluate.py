@@ -158,7 +158,7 @@ def test_batched_answers_equal_one_by_one(family):
 
 def test_replay_mode_overrides_the_checkpoints_replay_and_is_in_the_command(setup, tmp_path):
     from mot_viz.engine.checkpoint import save_checkpoint
-    from mot_viz.engine.mot import ReplayConfig, replay_mode
+    from mot_viz.engine.replay_config import ReplayConfig, replay_mode
     from mot_viz.eval.evaluate import load_evaluated
     from mot_viz.train.export import export_run
 
