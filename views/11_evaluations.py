@@ -3,7 +3,6 @@ app's view of one example, and two runs of the same examples side by side."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pandas as pd
@@ -12,7 +11,7 @@ import streamlit as st
 from mot_viz import app
 from mot_viz.analysis import eval_run_links, eval_runs, figures
 from mot_viz.app.multi_agent import CONVERSATIONS
-from mot_viz.app.permalink import SidebarLink, fit_link, page_params, query_string, sidebar_params
+from mot_viz.app.permalink import example_link
 from mot_viz.errors import MotVizError
 
 OTHER = "other folder (type its path below)"
@@ -114,16 +113,6 @@ def _settings(run: eval_runs.EvalRun) -> None:
 # ----- the examples ------------------------------------------------------------------------------------------------
 
 
-def _link(view: eval_run_links.AppView) -> str | None:
-    """The address of the app's view of one example (a page's path, as the navigation names it, and its link)."""
-    if view.page is None:
-        return None
-    sidebar = sidebar_params(SidebarLink(view.source, view.target, view.checkpoint, dataset=view.dataset,
-                                         example=view.example))
-    params, _ = fit_link({**sidebar, **page_params(view.options)})
-    return "./" + re.sub(r"^[0-9]+_", "", view.page) + query_string(params)
-
-
 def _examples(run: eval_runs.EvalRun, table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The filters and the table of examples: (every example with its app link, those the filters keep)."""
     st.subheader("Examples")
@@ -153,7 +142,7 @@ def _examples(run: eval_runs.EvalRun, table: pd.DataFrame) -> tuple[pd.DataFrame
     views = eval_run_links.app_views(run, table, checkpoints=list(app.available_checkpoints()),
                                 examples_per_dataset=app.EXAMPLES_PER_DATASET, long_documents=LONG_DOCUMENTS,
                                 conversations=CONVERSATIONS, shard_documents=SHARD_DOCUMENTS)
-    table = table.assign(app=[_link(v) for v in views])
+    table = table.assign(app=[example_link(v) for v in views])
     shown = eval_runs.select(table, condition, low, high, lost and can_lose, search, run.translated)
     if sort != ORDER:
         shown = shown.sort_values(sort, ascending=not descending, kind="stable")

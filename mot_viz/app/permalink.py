@@ -208,6 +208,18 @@ def fit_link(params: Mapping[str, str], limit: int = MAX_QUERY_CHARS) -> tuple[d
     return kept, left_out
 
 
+
+def example_link(view) -> str | None:
+    """The address, relative to the app, of an example's view (analysis.eval_run_links.AppView): its page's path as
+    the navigation names it, the sidebar's pair, checkpoint and dataset example, and the page's options; None when
+    the app cannot show it (the view's reason says why)."""
+    if view.page is None:
+        return None
+    sidebar = sidebar_params(SidebarLink(view.source, view.target, view.checkpoint, dataset=view.dataset,
+                                         example=view.example))
+    params, _ = fit_link({**sidebar, **page_params(view.options)})
+    return "./" + re.sub(r"^[0-9]+_", "", view.page) + query_string(params)
+
 def _short(value: str, limit: int = 60) -> str:
     return repr(value if len(value) <= limit else value[:limit] + "…")
 

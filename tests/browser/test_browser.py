@@ -584,3 +584,44 @@ def test_instrument_screenshots_and_fragment_links(app_url, browser, tmp_path):
         page.close()
     assert all((SCREENSHOTS / f"{n}.png").stat().st_size > 10_000
                for n in ("verdict", "what_if", "paired_projection", "compare_two", "quick_fit"))
+
+
+def test_evaluations_lost_answers_and_one_opened_in_the_app(app_url, browser):
+    """The Evaluations page on the shipped mid SQuAD run, filtered to the answers MoT lost; the first lost example
+    that the app offers opens from its "Open in the app" address on the Answers page, showing that example."""
+    from mot_viz import app
+    from mot_viz.analysis import eval_run_links, eval_runs
+    from mot_viz.app.multi_agent import CONVERSATIONS
+    from mot_viz.app.permalink import example_link
+
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    run = eval_runs.open_run(REPO / "results/eval/smollm2-to-gemma3-mid-squad300")
+    table = eval_runs.wide_table(run)
+    lost = eval_runs.select(table, run.translated, lost=True, translated=run.translated)
+    views = eval_run_links.app_views(run, table, checkpoints=list(app.available_checkpoints()),
+                                     examples_per_dataset=app.EXAMPLES_PER_DATASET, long_documents=48,
+                                     conversations=CONVERSATIONS, shard_documents=50)
+    linked = [v for v, example in zip(views, table["example"]) if v.page and example in set(lost["example"])]
+    assert 0 < len(lost) < len(table) and linked, "the shipped run has lost answers the app can open"
+
+    page = _open(browser, f"{app_url}/evaluations?{urlencode({'evals.lost': 'true'})}")
+    page.get_by_role("heading", name="Evaluations", exact=True).wait_for()
+    page.get_by_text(f"{len(lost)} of {len(table)} examples.").wait_for(timeout=SLOW_MS)
+    _wait_until_settled(page)
+    _assert_no_failure(page)
+    page.locator('[data-testid="stDataFrame"]').nth(2).wait_for(timeout=SLOW_MS)  # the summary, examples, slice
+    page.locator(".js-plotly-plot").first.wait_for(state="visible", timeout=SLOW_MS)  # MoT − native by length
+    _wait_until_settled(page)
+    _assert_no_failure(page)
+    page.get_by_role("heading", name="Examples", exact=True).scroll_into_view_if_needed()
+    page.wait_for_timeout(500)  # let plotly finish drawing before the screenshot
+    page.screenshot(path=str(SCREENSHOTS / "evaluations.png"))
+
+    view = linked[0]
+    page.goto(f"{app_url}/{example_link(view).removeprefix('./')}")
+    page.get_by_role("heading", name="Answers", exact=True).wait_for()
+    _wait_until_settled(page)
+    _assert_no_failure(page)
+    caption = page.get_by_text("smollm2-135m → gemma3-270m · checkpoint").inner_text()
+    assert f"context: SQuAD #{view.example}" in caption and view.checkpoint in caption
+    page.close()
