@@ -45,7 +45,12 @@ def main() -> None:
                    f"(its window: target layers {list(second.mot.channels.target_layers)}).")
     both = table if second_table is None else pd.concat([table.assign(checkpoint="selected"),
                                                          second_table.assign(checkpoint="second")])
-    app.show_figure(layer_error_figure(table, window, second_table), both, "cache_error_per_layer")
+    if run.mot.replay.direct:
+        st.info("This checkpoint is a full-depth map without replay: every target layer's K/V is translated and used "
+                "as the cache as it is, and the target computes nothing over the context. The translated and the kept "
+                "cache are one cache, drawn once.", icon="ℹ️")
+    app.show_figure(layer_error_figure(table, window, second_table, direct=run.mot.replay.direct), both,
+                    "cache_error_per_layer")
     for layer in unread_window_layers(window, run.target.spec.num_layers):
         st.info(f"Layer {layer} is the target's last layer. What the translator writes there changes only that "
                 "layer's attention output, which feeds the next-token logits and no cache entry: the replayed cache, "

@@ -77,11 +77,13 @@ def answers_figure(answers: pd.DataFrame) -> go.Figure:
 # ----- per-layer cache error ---------------------------------------------------------------------
 
 
-def layer_error_figure(table: pd.DataFrame, window: Sequence[int], second: pd.DataFrame | None = None) -> go.Figure:
+def layer_error_figure(table: pd.DataFrame, window: Sequence[int], second: pd.DataFrame | None = None,
+                       direct: bool = False) -> go.Figure:
     """MSE, relative L2 and cosine per target layer for K and V (rows of mot_viz.analysis.cache_metrics.cache_error_table).
 
     The injection window is shaded; "translated" exists only there, "replayed" on every layer. `second`: the rows
-    of a second checkpoint on the same context, overlaid as dashed lines ("… (2nd)").
+    of a second checkpoint on the same context, overlaid as dashed lines ("… (2nd)"). direct: the selected checkpoint
+    is a full-depth map without replay, whose translated K/V are the cache the target keeps: one curve, so named.
     """
     metrics = list(METRIC_TITLES)
     fig = make_subplots(rows=len(metrics), cols=2, shared_xaxes=True, column_titles=["K", "V"],
@@ -90,8 +92,10 @@ def layer_error_figure(table: pd.DataFrame, window: Sequence[int], second: pd.Da
     for c, kv in enumerate(("K", "V"), start=1):
         for r, metric in enumerate(metrics, start=1):
             for (source, suffix, dash), (comparison, colour) in itertools.product(tables, COMPARISON_COLOURS.items()):
+                if direct and not suffix and comparison == "replayed":
+                    continue  # no replay: the kept cache is the translation, drawn once
                 rows = source[(source["kv"] == kv) & (source["comparison"] == comparison)].sort_values("layer")
-                name = comparison + suffix
+                name = ("translated = kept (no replay)" if direct and not suffix else comparison) + suffix
                 fig.add_scatter(x=rows["layer"], y=rows[metric], mode="lines+markers", name=name,
                                 legendgroup=name, showlegend=(r == 1 and c == 1), line_color=colour, line_dash=dash,
                                 hovertemplate=f"{kv} layer %{{x}}<br>{METRIC_TITLES[metric]} %{{y:.6g}}"

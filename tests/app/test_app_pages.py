@@ -491,6 +491,26 @@ def test_every_page_works_on_a_linear_checkpoint():
     assert {t["legendgroup"] for t in figures(at)[2]["data"]} == {"linear", "mean vector"}
 
 
+def test_every_page_works_on_a_direct_map_and_draws_its_cache_once(app_cache):
+    from mot_viz.train.quickfit import QuickFitConfig, fit_pair
+
+    # the tiny source has fewer layers than the tiny target: the direct map goes the other way round
+    folder = fit_pair(load_test_model("gemma3-270m"), load_test_model("smollm2-135m"),
+                      QuickFitConfig(tokens=256, min_context_tokens=16, max_context_tokens=48, direct=True))
+    at = start()
+    at.selectbox(key="sb.source").set_value("gemma3-270m").run()
+    at.selectbox(key="sb.target").set_value("smollm2-135m").run()
+    at.selectbox(key="sb.checkpoint").set_value("other (type below)").run()
+    at.text_input(key="sb.checkpoint_other").input(str(folder))
+    at = use_free_text(at, FREE_TEXT)
+    for page in ("1_answers", "2_cache_error", "3_routing", "4_alignment", "5_cache_space", "6_training"):
+        at = goto(at, page)
+        assert not errors(at), (page, errors(at))
+    at = goto(at, "2_cache_error")
+    assert any("without replay" in i.value for i in at.info)
+    assert {t["name"] for t in figures(at)[0]["data"]} == {"translated = kept (no replay)"}
+
+
 def test_training_page_shows_the_recorded_held_out_fidelity(pretrained):
     from mot_viz.engine.checkpoint import record_metrics
     from mot_viz.eval.fidelity import fidelity_record, fidelity_table

@@ -135,6 +135,10 @@ def test_figures_mark_the_window_and_keep_exact_values():
     fig = figures.layer_error_figure(table, [2, 3])
     assert len(fig.data) == 2 * 2 * 3  # comparisons x K/V x metrics
     assert len(fig.layout.shapes) == 6 and fig.layout.shapes[0].x0 == 1.5 and fig.layout.shapes[0].x1 == 3.5
+    # a direct map keeps its translation as the cache: one curve per panel, named so, not a "replayed" one
+    direct = figures.layer_error_figure(table, [0, 1, 2, 3], direct=True)
+    assert {t.name for t in direct.data} == {"translated = kept (no replay)"} and len(direct.data) == 2 * 3
+    assert "replayed (2nd)" in {t.name for t in figures.layer_error_figure(table, [2, 3], table, direct=True).data}
     grid = pd.DataFrame({"layer": [2, 2, 3, 3], "token": [0, 1, 0, 1], "value": [0.5, 0.25, 0.125, 1.0]})
     heat = figures.error_heatmap(grid, ["a", "b"], [2, 3], "rel_l2", "t")
     np.testing.assert_array_equal(heat.data[0].z, [[0.5, 0.25], [0.125, 1.0]])
