@@ -9,7 +9,7 @@ import pytest
 
 from mot_viz.engine.models import LoadedModel, load_model
 from mot_viz.engine.testing import (CORPUS, FAMILIES, tiny_config, tiny_model,  # noqa: F401  (re-exported)
-                                    tiny_tokenizer)
+                                    tiny_tokenizer, write_test_checkpoints)
 
 
 # What the training tests were written for, beside TrainConfig's defaults (the shipped recipe, whose three-genre bank,
@@ -27,6 +27,13 @@ def real_source() -> LoadedModel:
 @pytest.fixture(scope="session")
 def real_target() -> LoadedModel:
     return load_model("gemma3-270m")
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """The tiny pair's randomly initialised test checkpoints (mot_viz.engine.testing.write_test_checkpoints), written
+    once per module."""
+    return write_test_checkpoints(tmp_path_factory.mktemp("checkpoints"))
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ from mot_viz.engine import hf
 from mot_viz.engine.alignment import encode
 from mot_viz.engine.checkpoint import load_checkpoint
 from mot_viz.engine.prompts import build_prompt
-from mot_viz.engine.testing import CORPUS, load_test_model, tiny_tokenizer, write_test_checkpoints
+from mot_viz.engine.testing import CORPUS, load_test_model, tiny_tokenizer
 from mot_viz.errors import ConfigError, ContextError
 from mot_viz.eval import conversation
 from mot_viz.eval.answers import answer_from_cache
@@ -25,11 +25,6 @@ STORY = CORPUS[0] + " " + CORPUS[1]
 TINY = Conversation("tiny", "test", STORY, (Turn("Where is the tower?", ("in Paris", "Paris")),
                                           Turn("Who built it?", ("Gustave Eiffel's company",)),
                                           Turn("Is it made of wood?", ("no",))))
-
-
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    return write_test_checkpoints(tmp_path_factory.mktemp("checkpoints"))
 
 
 def settings_for(checkpoints, **kw) -> ConversationSettings:

@@ -22,7 +22,7 @@ from mot_viz.data.eval_data import load_dataset, load_jsonl
 from mot_viz.engine.channels import Channels
 from mot_viz.engine.mot import MoT, native_cache, target_context_ids, translate
 from mot_viz.engine.prompts import QAExample
-from mot_viz.engine.testing import load_test_model, write_test_checkpoints
+from mot_viz.engine.testing import load_test_model
 from mot_viz.errors import (CheckpointError, ConfigError, ContextError, DataFormatError, DataUnavailableError,
                             ModelLoadError)
 from mot_viz.eval import conversation, evaluate, long_context, results_folder, shards
@@ -30,11 +30,6 @@ from mot_viz.eval.answers import answer_from_cache
 
 ROWS = [{"id": f"q{i}", "context": CORPUS[i % 3], "question": "Is it so?", "choices": ["yes", "no"], "label": i % 2}
         for i in range(4)]
-
-
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    return write_test_checkpoints(tmp_path_factory.mktemp("checkpoints"))
 
 
 @pytest.fixture()

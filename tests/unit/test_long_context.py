@@ -13,7 +13,7 @@ import pytest
 from mot_viz.data.long_context import (DEPTHS, SEPARATOR, _squad_paragraphs, distractor_stacks, long_examples,
                                        qasper_question, qasper_yesno)
 from mot_viz.engine.alignment import encode
-from mot_viz.engine.testing import load_test_model, tiny_tokenizer, write_test_checkpoints
+from mot_viz.engine.testing import load_test_model, tiny_tokenizer
 from mot_viz.errors import ConfigError, ContextError
 from mot_viz.eval import long_context
 from mot_viz.eval.long_context import LongSettings, summarize
@@ -95,11 +95,6 @@ def test_retention_and_gap_closed_are_paired_over_the_same_documents():
     assert s.loc["native", "mean"] == pytest.approx(native.mean()) and s.loc["mot", "n"] == 40
     assert s.loc["mot", "first_token_seconds"] == pytest.approx(0.01 + 0.1 + 0.5 + 0.1)  # target side + first token
     assert s.loc["native", "first_token_seconds"] == pytest.approx(0.6 + 0.1)
-
-
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    return write_test_checkpoints(tmp_path_factory.mktemp("checkpoints"))
 
 
 def settings_for(checkpoints, **kw) -> LongSettings:

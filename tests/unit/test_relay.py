@@ -15,7 +15,7 @@ from mot_viz.engine import hf
 from mot_viz.engine.alignment import encode
 from mot_viz.engine.checkpoint import load_checkpoint, read_config
 from mot_viz.engine.prompts import ChatFrame, QAExample, build_prompt
-from mot_viz.engine.testing import load_test_model, write_test_checkpoints
+from mot_viz.engine.testing import load_test_model
 from mot_viz.eval import evaluate
 from mot_viz.eval.answers import answer_from_cache, condition_caches
 from mot_viz.eval.relay import (BACKGROUND_INSTRUCTION, SUMMARY_INSTRUCTION, main, read_message, relay,
@@ -95,11 +95,6 @@ def test_relay_q_carries_the_question_and_relay_does_not(checkpoints):
         sent = built.relays[condition]
         assert (sent.message, sent.tokens) == (message, tokens) and built.kv[condition] is sent.kv
         assert built.seconds[condition] == pytest.approx(sent.generate_seconds + sent.prefill_seconds, rel=1e-9)
-
-
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    return write_test_checkpoints(tmp_path_factory.mktemp("checkpoints"))
 
 
 @pytest.fixture()

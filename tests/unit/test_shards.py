@@ -20,7 +20,7 @@ from mot_viz.engine.channels import Channels
 from mot_viz.engine.layout import window_blocks
 from mot_viz.engine.mot import MoT, translate
 from mot_viz.engine.shards import compose_indices, translate_shards
-from mot_viz.engine.testing import CORPUS, load_test_model, tiny_model, tiny_tokenizer, write_test_checkpoints
+from mot_viz.engine.testing import CORPUS, load_test_model, tiny_model, tiny_tokenizer
 from mot_viz.errors import ConfigError, ContextError
 from mot_viz.eval import shards as shard_eval
 from mot_viz.eval.shards import ShardSettings
@@ -189,11 +189,6 @@ def test_empty_or_too_long_shards_are_refused():
 
 
 # ----- the evaluation ----------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    return write_test_checkpoints(tmp_path_factory.mktemp("checkpoints"))
 
 
 def settings_for(checkpoints, **kw) -> ShardSettings:
