@@ -37,6 +37,7 @@ from ..fsutil import remove_stale_temporaries, write_text_atomic
 from .answers import (CONDITIONS, EXTRA_CONDITIONS, MAX_NEW_TOKENS, answers_from_caches, condition_caches,
                       translated_seconds)
 from .kvcomm import KVCOMM_FRACTION, check_kvcomm_fraction, check_kvcomm_pair, kvcomm_selection
+from .layer_error import LAYER_ERROR_FILE, LayerErrorFile
 from .relay import RELAY_CONDITIONS, RELAY_TOKENS, Relay, check_relay_tokens
 from .report import markdown_table, paired_differences, paired_markdown, summarize
 from .results_folder import ResultsTable, check_results_folder, resumed_table
@@ -117,8 +118,10 @@ EARLIER_ROW_COLUMNS = (ROW_COLUMNS[:11], ROW_COLUMNS[:10])
 
 
 def example_rows(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample, settings: EvalSettings,
-                 second: MoT | None = None, means=None, direct: MoT | None = None, kvcomm=None) -> list[dict]:
-    """One row per condition of one example: score, exact match, answer text, KV cosine to native, seconds."""
+                 second: MoT | None = None, means=None, direct: MoT | None = None, kvcomm=None,
+                 layers: LayerErrorFile | None = None) -> list[dict]:
+    """One row per condition of one example: score, exact match, answer text, KV cosine to native, seconds; `layers`
+    gets the MoT cache's per-layer error (--layer_error)."""
     example = truncate_context(target, example, settings.max_context_tokens)
     built = condition_caches(mot, source, target, example, seed=settings.seed, conditions=settings.conditions,
                              means=means, relay_tokens=settings.relay_tokens, direct=direct, kvcomm=kvcomm)
@@ -142,6 +145,8 @@ def example_rows(mot: MoT, source: LoadedModel, target: LoadedModel, example: QA
             "context_tokens": int(translation.target_ids.shape[1]),
             **(message_fields(built.relays[condition]) if condition in built.relays else {}),
         })
+    if layers is not None:
+        layers.add(translation, mot.channels, dataset=example.dataset, id=example.id)
     return rows
 
 
@@ -154,7 +159,7 @@ def message_fields(relay: Relay) -> dict:
 def evaluate_examples(mot: MoT, source: LoadedModel, target: LoadedModel, examples: list[QAExample],
                       settings: EvalSettings, second: MoT | None = None, progress: bool = True,
                       checkpoint_every: int = 0, on_checkpoint=None, means=None,
-                      direct: MoT | None = None, kvcomm=None) -> pd.DataFrame:
+                      direct: MoT | None = None, kvcomm=None, layers: LayerErrorFile | None = None) -> pd.DataFrame:
     """example_rows of every example (ROW_COLUMNS); an example that fails for any reason is one "skipped" row.
 
     on_checkpoint(rows so far as a DataFrame) is called every checkpoint_every examples (partial results),
@@ -170,7 +175,8 @@ def evaluate_examples(mot: MoT, source: LoadedModel, target: LoadedModel, exampl
             if on_checkpoint is not None and checkpoint_every and i and i % checkpoint_every == 0:
                 on_checkpoint(pd.DataFrame(rows, columns=ROW_COLUMNS))
             try:
-                rows += example_rows(mot, source, target, example, settings, second, means, direct, kvcomm=kvcomm)
+                rows += example_rows(mot, source, target, example, settings, second, means, direct, kvcomm=kvcomm,
+                                     layers=layers)
             except Exception as exc:  # e.g. a lone surrogate the tokenizer rejects: counted with its reason, never silent
                 rows.append({"dataset": example.dataset, "id": example.id, "condition": "skipped",
                              "error": f"{type(exc).__name__}: {exc}"})
@@ -189,7 +195,7 @@ RESULTS = ResultsTable(ROW_COLUMNS, TEXT_COLUMNS, ("dataset", "id"), ("score", "
                        ("exact_match", "kv_cosine"), EARLIER_ROW_COLUMNS)
 # what a results folder of this command holds (costs.*: python -m mot_viz.eval.relay's reading of these results)
 RESULT_FILES = ("examples.csv", "summary.csv", "paired.csv", "summary.json", "summary.md", "lm.csv", "lm.md",
-                "costs.csv", "costs.md")
+                "costs.csv", "costs.md", LAYER_ERROR_FILE)
 
 
 def checked_config(flag: str, path: str) -> dict:
@@ -214,19 +220,25 @@ def check_direct_setting(settings: EvalSettings, config: dict) -> None:
                           f"{settings.checkpoint} translates a window of {len(config['channels'])} of the target's "
                           f"{config['target']['num_layers']} layers. Pass another --replay, or evaluate a full-depth map "
                           "with --conditions direct --direct CHECKPOINT.")
-    wanted = "direct" in settings.conditions
-    if wanted != bool(settings.direct):
+    check_direct_flag(settings.conditions, settings.direct, settings.checkpoint, config)
+
+
+def check_direct_flag(conditions: tuple[str, ...], direct_path: str | None, checkpoint: str, config: dict) -> None:
+    """Raise ConfigError/CheckpointError unless the "direct" condition and --direct come together, with a full-depth
+    map without replay of the pair of --checkpoint (whose config.json is `config`)."""
+    wanted = "direct" in conditions
+    if wanted != bool(direct_path):
         raise ConfigError("the 'direct' condition needs --direct CHECKPOINT (a full-depth map without replay, e.g. "
                           "pretrained/smollm2-to-gemma3-direct)" if wanted else
-                          f"--direct {settings.direct} is read by the 'direct' condition: add direct to --conditions")
+                          f"--direct {direct_path} is read by the 'direct' condition: add direct to --conditions")
     if not wanted:
         return
-    direct = checked_config("--direct", settings.direct)
+    direct = checked_config("--direct", direct_path)
     if any(direct[k].get("fingerprint") != config[k].get("fingerprint") for k in ("source", "target")):
-        raise CheckpointError(f"--direct {settings.direct} was made for another model pair than --checkpoint "
-                              f"{settings.checkpoint}. Pass a direct map of the same pair.")
+        raise CheckpointError(f"--direct {direct_path} was made for another model pair than --checkpoint "
+                              f"{checkpoint}. Pass a direct map of the same pair.")
     if not (direct.get("replay") or {}).get("direct") or not full_depth(direct):
-        raise CheckpointError(f"--direct {settings.direct} replays its window; the 'direct' condition needs a full-depth "
+        raise CheckpointError(f"--direct {direct_path} replays its window; the 'direct' condition needs a full-depth "
                               "map without replay: fit one with python -m mot_viz.train.quickfit --direct.")
 
 
@@ -285,8 +297,9 @@ def load_evaluated(path: str, settings: EvalSettings, source: LoadedModel, targe
 
 
 def run(settings: EvalSettings, out_dir: Path, progress: bool = True, resume: bool = False,
-        checked=None, overwrite: bool = False) -> pd.DataFrame:
-    """Evaluate and write the results; with resume, examples out_dir already has rows for are not recomputed.
+        checked=None, overwrite: bool = False, layer_error: bool = False) -> pd.DataFrame:
+    """Evaluate and write the results; with resume, examples out_dir already has rows for are not recomputed;
+    layer_error: also write layer_error.csv (mot_viz.eval.layer_error), keeping the rows of the examples kept.
 
     checked: what check_run returned for these arguments (it is called when not given, with overwrite).
     """
@@ -310,6 +323,7 @@ def run(settings: EvalSettings, out_dir: Path, progress: bool = True, resume: bo
 
         means = reference_means(target, mot.channels.target_layers)
     done = set() if previous is None else set(zip(previous["dataset"], previous["id"]))
+    layers = LayerErrorFile(out_dir, ("dataset", "id"), done) if layer_error else None
     frames = []
     for part in examples.values():
         wanted = {(e.dataset, e.id) for e in part}
@@ -319,7 +333,7 @@ def run(settings: EvalSettings, out_dir: Path, progress: bool = True, resume: bo
         # partial results (every 25 examples, after each dataset, and on an interruption) survive a stopped run
         partial = lambda df: _write(out_dir, frames + [df], settings)  # noqa: E731
         frames.append(evaluate_examples(mot, source, target, todo, settings, second, progress, 25, partial, means,
-                                        direct, kvcomm=kvcomm))
+                                        direct, kvcomm=kvcomm, layers=layers))
         _write(out_dir, frames, settings)
     return _write(out_dir, frames, settings)
 
@@ -396,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="share of the layers the 'kvcomm' condition reads the source's K/V at (in (0, 1]; the "
                              "others keep token 0 only)")
     parser.add_argument("--out", required=True, help="folder of the results (created when missing)")
+    parser.add_argument("--layer_error", action="store_true", help="also write layer_error.csv: per example and "
+                        "target layer, the K/V error of the MoT cache against the native one")
     parser.add_argument("--resume", action="store_true",
                         help="keep the rows --out already holds from a run of the same settings (any --n) and "
                              "compute only the missing examples")
@@ -418,7 +434,8 @@ def main(argv: list[str] | None = None) -> int:
 
             run_lm(settings, out_dir, args.lm_sequences)
         if args.datasets:
-            print(markdown_table(run(settings, out_dir, resume=args.resume, checked=checked)))
+            print(markdown_table(run(settings, out_dir, resume=args.resume, checked=checked,
+                                     layer_error=args.layer_error)))
 
     return run_cli(body)
 

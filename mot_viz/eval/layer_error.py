@@ -1,0 +1,163 @@
+"""Per-layer error of the MoT cache against the target's native cache, per example: layer_error.csv of a results
+folder, written by ``--layer_error`` of evaluate and long_context, or afterwards, for a folder already written, by
+
+    python -m mot_viz.eval.layer_error results/eval/smollm2-to-gemma3-mid-squad300 [--budgets 512 1024]
+
+which rebuilds the folder's examples from its summary.json settings and translates each again (the translation is
+deterministic: no answer is regenerated). The metrics are the Per-layer cache error page's
+(mot_viz.analysis.cache_metrics, comparison "replayed"): per target layer, the relative L2 error ‖mot − native‖ /
+‖native‖ and the mean per-token cosine of the cache the "mot" condition answers from against the native one, for K
+and for V, over the context positions. One row per example and layer (long format), so folders stay small.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from ..analysis.cache_metrics import KV_NAMES, compared_caches, layer_errors, token_vectors
+from ..cli import run_cli
+from ..engine.channels import Channels
+from ..engine.mot import Translation
+from ..errors import ConfigError
+from ..fsutil import write_text_atomic
+from .results_folder import RESULTS_TABLE, SETTINGS_FILE, writer_of
+
+LAYER_ERROR_FILE = "layer_error.csv"
+METRICS = ("K_rel_l2", "V_rel_l2", "K_cosine", "V_cosine")  # the columns after the unit's, "layer" and "in_window"
+UNITS = {"evaluate": ("dataset", "id"), "long_context": ("budget", "id")}  # what names one example, per writer
+
+
+def layer_error_rows(translation: Translation, channels: Channels, **unit) -> list[dict]:
+    """One row per target layer of one translation (computed with its native cache): the `unit` columns (e.g.
+    dataset=…, id=…), the layer, whether it is in the translated window, and METRICS of the replayed cache."""
+    window = set(channels.target_layers)
+    rows = []
+    for layer, (cand, ref) in compared_caches(translation, channels, "replayed").items():
+        row = {**unit, "layer": layer, "in_window": layer in window}
+        for j, kv in enumerate(KV_NAMES):
+            errors = layer_errors(token_vectors(cand[j]), token_vectors(ref[j]))
+            row[f"{kv}_rel_l2"], row[f"{kv}_cosine"] = errors["rel_l2"], errors["cosine"]
+        rows.append(row)
+    return rows
+
+
+def _key(values) -> tuple[str, ...]:
+    return tuple(str(v) for v in values)
+
+
+def read_layer_errors(path: Path, unit: tuple[str, ...]) -> pd.DataFrame:
+    """A layer_error.csv (the unit columns read as text, budgets as numbers); ConfigError for another table."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    columns = (*unit, "layer", "in_window", *METRICS)
+    header = tuple(text.split("\n", 1)[0].rstrip("\r").split(","))
+    if header != columns:
+        raise ConfigError(f"{path} has the columns {', '.join(header[:8])}, not those of a {LAYER_ERROR_FILE} "
+                          f"({', '.join(columns)}). Move it away and record it again.")
+    if not text.endswith("\n"):  # written whole by this module; a cut file keeps its whole rows only
+        text = text.rsplit("\n", 1)[0] + "\n"
+    return pd.read_csv(io.StringIO(text), dtype={c: str for c in unit if c != "budget"}, keep_default_na=False,
+                       float_precision="round_trip")
+
+
+class LayerErrorFile:
+    """The layer_error.csv of a results folder: rows of the examples kept from before, and each new example's added
+    (layer_error_rows) and written at once, the file rewritten whole (fsutil.write_text_atomic)."""
+
+    def __init__(self, out_dir: Path, unit: tuple[str, ...], keep=None):
+        """keep: the examples (tuples of the unit's values) whose rows an earlier run wrote and that stay; the file's
+        other rows are dropped (their examples are computed again). None: keep no row."""
+        self.path, self.unit = Path(out_dir) / LAYER_ERROR_FILE, unit
+        self.rows: dict[tuple[str, ...], list[dict]] = {}
+        if keep is not None and self.path.is_file():
+            wanted = {_key(k) for k in keep}
+            for key, part in read_layer_errors(self.path, unit).groupby(list(unit), sort=False):
+                if _key(key) in wanted:
+                    self.rows[_key(key)] = part.to_dict(orient="records")
+
+    @property
+    def done(self) -> set[tuple[str, ...]]:
+        return set(self.rows)
+
+    def add(self, translation: Translation, channels: Channels, **unit) -> None:
+        self.rows[_key(unit[c] for c in self.unit)] = layer_error_rows(translation, channels, **unit)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        table = pd.DataFrame([r for rows in self.rows.values() for r in rows],
+                             columns=[*self.unit, "layer", "in_window", *METRICS])
+        write_text_atomic(self.path, table.to_csv(index=False, float_format="%.6g"))
+
+
+# ----- recording a folder already written --------------------------------------------------------------------------
+
+
+def _kind(folder: Path) -> tuple[str, dict]:
+    """Which evaluation wrote `folder` ("evaluate" or "long_context") and its settings; ConfigError otherwise."""
+    fix = ("Pass a folder that python -m mot_viz.eval.evaluate or long_context wrote with --out, e.g. "
+           "results/eval/smollm2-to-gemma3-mid-squad300.")
+    writer = writer_of(folder)
+    name = writer.rsplit(".", 1)[-1] if writer else None
+    if name not in UNITS or not (folder / RESULTS_TABLE).is_file():
+        what = f"holds results of {writer}" if writer else "is not a results folder"
+        raise ConfigError(f"{folder} {what}, not of evaluate or long_context. {fix}")
+    try:
+        settings = json.loads((folder / SETTINGS_FILE).read_text())["settings"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"{folder} has no readable {SETTINGS_FILE} ({exc}). {fix}") from exc
+    return name, settings
+
+
+def record(folder: str | Path, budgets: tuple[int, ...] | None = None, progress: bool = True) -> Path:
+    """Write `folder`'s layer_error.csv for every scored example it holds (of `budgets` only, for a long_context
+    folder, when given), keeping the rows it already has (the command resumes)."""
+    from tqdm import tqdm
+
+    from ..engine.checkpoint import read_config
+    from ..engine.mot import translate
+    from ..engine.prompts import build_prompt
+    from . import evaluate, long_context
+
+    folder = Path(folder)
+    name, raw = _kind(folder)
+    rows = pd.read_csv(folder / RESULTS_TABLE, dtype={"dataset": str, "id": str}, keep_default_na=False)
+    scored = {_key(k) for k in zip(*(rows.loc[rows["condition"] != "skipped", c] for c in UNITS[name]))}
+    layers = LayerErrorFile(folder, UNITS[name], scored)
+    module = evaluate if name == "evaluate" else long_context
+    settings = (evaluate.EvalSettings if name == "evaluate" else long_context.LongSettings).from_json(raw)
+    if name == "long_context" and budgets and set(budgets) - set(settings.budgets):
+        raise ConfigError(f"--budgets {' '.join(map(str, budgets))}: {folder} holds the budgets "
+                          f"{' '.join(map(str, settings.budgets))}. Pass some of those.")
+    config = read_config(settings.checkpoint)
+    source, target = module.load_model(config["source"]["name"]), module.load_model(config["target"]["name"])
+    if name == "evaluate":
+        mot = evaluate.load_evaluated(settings.checkpoint, settings, source, target)  # replays as the run did
+        from ..data.eval_data import load_dataset
+
+        todo = [(evaluate.truncate_context(target, e, settings.max_context_tokens), {"dataset": e.dataset, "id": e.id})
+                for d in settings.datasets for e in load_dataset(d, n=settings.n, seed=settings.seed)]
+    else:
+        mot = long_context.load_checkpoint(settings.checkpoint, source, target)[0]
+        todo = [(d.example, {"budget": d.budget, "id": d.example.id}) for b in (budgets or settings.budgets)
+                for d in long_context.long_examples(settings.source, target.tokenizer, b, settings.n, settings.seed)]
+    todo = [(e, unit) for e, unit in todo if _key(unit.values()) in scored - layers.done]
+    for example, unit in tqdm(todo, desc="layer error", disable=not progress, dynamic_ncols=True):
+        text = build_prompt(example, target.chat_frame).context_text  # the context the evaluation translated
+        layers.add(translate(mot, source, target, text), mot.channels, **unit)
+    return layers.path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Record the per-layer K/V error of the MoT cache against the "
+                                                 "native one for every example of an evaluation's results folder")
+    parser.add_argument("results", help="a folder python -m mot_viz.eval.evaluate or long_context wrote with --out")
+    parser.add_argument("--budgets", type=int, nargs="+", help="long_context folders: only these budgets")
+    args = parser.parse_args(argv)
+    return run_cli(lambda: print(f"wrote {record(args.results, tuple(args.budgets or ()))}"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
