@@ -386,14 +386,18 @@ def translate_direct(mot: MoT, source: LoadedModel, target: LoadedModel, text: s
         check_finite("translated window", translated.keys, translated.values)
         t0 = time.perf_counter()
         injected = per_layer_kv(translated.keys, translated.values, mot.target.num_kv_heads)
-        prefix = empty_context_cache(target)
-        mixed = injected if prefix is None else [
-            (torch.cat([pk, k.to(pk.dtype)], 2), torch.cat([pv, v.to(pv.dtype)], 2))
-            for (pk, pv), (k, v) in zip(prefix, injected, strict=True)]
+        mixed = after_prefix(target, injected)
         timings["assemble"] = time.perf_counter() - t0
         native, native_queries = _timed_native(mot, target, target_ids, timings) if with_native else (None, None)
     return Translation(text, src, translated, injected, mixed, native, {}, prefix_len=len(target.prefix_ids),
                        timings=timings, native_queries=native_queries)
+
+
+def after_prefix(target: LoadedModel, kv: list[KV]) -> list[KV]:
+    """A cache of the context alone [1, n_kv, N, d] per layer behind the target's own BOS prefix cache (if any)."""
+    prefix = empty_context_cache(target)
+    return kv if prefix is None else [(torch.cat([pk, k.to(pk.dtype)], 2), torch.cat([pv, v.to(pv.dtype)], 2))
+                                      for (pk, pv), (k, v) in zip(prefix, kv, strict=True)]
 
 
 def translate_again(mot: MoT, source: LoadedModel, target: LoadedModel, base: Translation,

@@ -213,6 +213,7 @@ class ConditionCaches:
     seconds: dict[str, float]
     relays: dict[str, Relay] = field(default_factory=dict)  # relay conditions only
     plans: dict[str, hf.AttentionPlan] = field(default_factory=dict)  # kvcomm: answer its cache under this plan
+    direct: Translation | None = None  # the "direct" condition's own translation (its stages in .timings)
 
 
 def translated_seconds(translation: Translation) -> float:
@@ -259,12 +260,11 @@ def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example
         "mot": lambda: translation.mixed_kv,
         "random": lambda: random_control_cache(mot, target, translation, seed),
         "mean": lambda: mean_vector_cache(mot, target, translation, means),
-        "direct": lambda: translate(direct, source, target, translation.text, with_native=False).mixed_kv,
     }
     # what each cache needed from the translation (native and MoT caches are built by translate itself)
     before = {"native": translation.timings.get("native_prefill", 0.0), "mot": translated_seconds(translation),
               "random": translated_seconds(translation)}
-    kv, seconds, relays, plans = {}, {}, {}, {}
+    kv, seconds, relays, plans, directed = {}, {}, {}, {}, None
     for condition in (c for c in known if c in conditions):
         if condition in RELAY_CONDITIONS:  # the source writes from the passage the MoT's source read, the target reads
             relays[condition] = relay(source, target, example, condition, relay_tokens)
@@ -275,11 +275,15 @@ def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example
             shared = kvcomm_cache(source, target, translation.target_ids, kvcomm)
             kv[condition], seconds[condition], plans[condition] = shared.kv, shared.seconds, shared.plan
             continue
+        if condition == "direct":  # its own translation of the text by the full-depth map: no replay
+            directed = translate(direct, source, target, translation.text, with_native=False)
+            kv[condition], seconds[condition] = directed.mixed_kv, translated_seconds(directed)
+            continue
         start = time.perf_counter()
         kv[condition] = build[condition]()
         own = time.perf_counter() - start if condition not in ("native", "mot") else 0.0
         seconds[condition] = before.get(condition, 0.0) + own
-    return ConditionCaches(translation, kv, seconds, relays, plans)
+    return ConditionCaches(translation, kv, seconds, relays, plans, directed)
 
 
 def answer_all(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample,

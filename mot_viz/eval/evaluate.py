@@ -220,19 +220,25 @@ def check_direct_setting(settings: EvalSettings, config: dict) -> None:
                           f"{settings.checkpoint} translates a window of {len(config['channels'])} of the target's "
                           f"{config['target']['num_layers']} layers. Pass another --replay, or evaluate a full-depth map "
                           "with --conditions direct --direct CHECKPOINT.")
-    wanted = "direct" in settings.conditions
-    if wanted != bool(settings.direct):
+    check_direct_flag(settings.conditions, settings.direct, settings.checkpoint, config)
+
+
+def check_direct_flag(conditions: tuple[str, ...], direct_path: str | None, checkpoint: str, config: dict) -> None:
+    """Raise ConfigError/CheckpointError unless the "direct" condition and --direct come together, with a full-depth
+    map without replay of the pair of --checkpoint (whose config.json is `config`)."""
+    wanted = "direct" in conditions
+    if wanted != bool(direct_path):
         raise ConfigError("the 'direct' condition needs --direct CHECKPOINT (a full-depth map without replay, e.g. "
                           "pretrained/smollm2-to-gemma3-direct)" if wanted else
-                          f"--direct {settings.direct} is read by the 'direct' condition: add direct to --conditions")
+                          f"--direct {direct_path} is read by the 'direct' condition: add direct to --conditions")
     if not wanted:
         return
-    direct = checked_config("--direct", settings.direct)
+    direct = checked_config("--direct", direct_path)
     if any(direct[k].get("fingerprint") != config[k].get("fingerprint") for k in ("source", "target")):
-        raise CheckpointError(f"--direct {settings.direct} was made for another model pair than --checkpoint "
-                              f"{settings.checkpoint}. Pass a direct map of the same pair.")
+        raise CheckpointError(f"--direct {direct_path} was made for another model pair than --checkpoint "
+                              f"{checkpoint}. Pass a direct map of the same pair.")
     if not (direct.get("replay") or {}).get("direct") or not full_depth(direct):
-        raise CheckpointError(f"--direct {settings.direct} replays its window; the 'direct' condition needs a full-depth "
+        raise CheckpointError(f"--direct {direct_path} replays its window; the 'direct' condition needs a full-depth "
                               "map without replay: fit one with python -m mot_viz.train.quickfit --direct.")
 
 

@@ -8,7 +8,11 @@ Per budget and document (mot_viz.data.long_context), the target answers from fiv
 translation of the source's cache, replayed), *linear* (the pair's closed-form map on the same source context,
 replayed the same way) and *mean* (the window filled with mean native vectors: no context in the window).
 Reported per budget: score with bootstrap intervals, retention = score ÷ native and gap closed =
-(score − no context) ÷ (native − no context), both with paired bootstrap intervals over the same documents; time to
+(score − no context) ÷ (native − no context), both with paired bootstrap intervals over the same documents. On
+request (--conditions), the other ways of sharing the document (mot_viz.eval.sharing): *relay* / *relay_q* (the
+source writes a message from the document, the target reads only it; --relay_tokens), *direct* (a full-depth map
+without replay; --direct) and *kvcomm* (a pair of one architecture; --kvcomm_fraction, calibrated on the first
+document), each with what it hands over and what the target computes over the document. Time to
 the first answer token by stage (the target side's alignment + translator + replay + first token, beside the
 target's own prefill + first token; the source's prefill in its own column, since in the use case the source
 holds its cache already); the process's peak memory; and the bytes of both caches beside the bytes of the text.
@@ -40,27 +44,35 @@ from ..engine.prompts import build_prompt
 from ..errors import ConfigError, ContextError, MotVizError
 from ..fsutil import write_text_atomic
 from .answers import MAX_NEW_TOKENS, answers_from_caches, condition_caches, linear_cache
+from .kvcomm import KVCOMM_FRACTION
+from .relay import RELAY_TOKENS
+from .sharing import (COST_COLUMNS, MESSAGE_COLUMNS, SHARING, SharingModels, check_conditions, check_sharing,
+                      cost_fields, cost_medians, load_sharing, sharing_stages, target_side_seconds, work_text)
 from .layer_error import LAYER_ERROR_FILE, LayerErrorFile
 from .results_folder import ResultsTable, resumed_table, run_units
 from .mean_vector import reference_means
 from .qa_metrics import bootstrap_ci
 from .report import paired_differences, paired_markdown
 
-CONDITIONS = ("native", "no_context", "mot", "linear", "mean")
+CONDITIONS = ("native", "no_context", "mot", "linear", "mean")  # the default conditions
+ALL_CONDITIONS = CONDITIONS + SHARING
 QUESTION_ROOM = 96  # target tokens kept free after a budget for the prompt's frame and the question
 ROW_COLUMNS = ("budget", "source", "id", "depth", "evidence_fraction", "condition", "score", "exact_match", "answer",
                "gold", "context_tokens", "text_bytes", "build_seconds", "first_token_seconds", "source_prefill",
-               "alignment", "translator", "replay", "native_prefill", "peak_rss_mb", "error")
-TEXT_COLUMNS = ("source", "id", "depth", "condition", "answer", "gold", "error")
-RESUME_KEYS = ("checkpoint", "linear", "source", "seed", "max_new_tokens", "conditions")
+               "alignment", "translator", "replay", "native_prefill", "peak_rss_mb", "error", *MESSAGE_COLUMNS,
+               *COST_COLUMNS)
+TEXT_COLUMNS = ("source", "id", "depth", "condition", "answer", "gold", "error", "message", "target_work")
+RESUME_KEYS = ("checkpoint", "linear", "source", "seed", "max_new_tokens", "conditions", "relay_tokens", "direct",
+               "kvcomm_fraction")
 RESULTS = ResultsTable(ROW_COLUMNS, TEXT_COLUMNS, ("budget", "id"),
                        ("score", "context_tokens", "text_bytes", "build_seconds", "first_token_seconds", "peak_rss_mb"),
                        ("evidence_fraction", "exact_match", "source_prefill", "alignment", "translator", "replay",
-                        "native_prefill"))
+                        "native_prefill"), (ROW_COLUMNS[:ROW_COLUMNS.index("error") + 1],))
 RESULT_FILES = ("examples.csv", "summary.csv", "stages.csv", "paired.csv", "summary.json", "summary.md",
                 LAYER_ERROR_FILE)
 # the paired tests: does the translation beat its own map, a window with no context in it, and no context at all?
-PAIRS = (("mot", "linear"), ("mot", "mean"), ("mot", "no_context"), ("mot", "native"), ("linear", "mean"))
+PAIRS = (("mot", "linear"), ("mot", "mean"), ("mot", "no_context"), ("mot", "native"), ("linear", "mean"),
+         *(("mot", c) for c in SHARING))
 
 
 @dataclass
@@ -76,10 +88,15 @@ class LongSettings:
     max_new_tokens: int = MAX_NEW_TOKENS
     bootstrap: int = 1000
     conditions: tuple[str, ...] = CONDITIONS
+    relay_tokens: int = RELAY_TOKENS  # the longest relay message, in source tokens (relay conditions only)
+    direct: str | None = None  # the full-depth map without replay the "direct" condition answers from (--direct)
+    kvcomm_fraction: float = KVCOMM_FRACTION  # share of the layers the kvcomm condition shares (--kvcomm_fraction)
+    kvcomm_layers: tuple[int, ...] = ()  # the layers the kvcomm condition shared (set by run())
 
     @classmethod
     def from_json(cls, data: dict) -> LongSettings:
-        return cls(**{**data, "budgets": tuple(data["budgets"]), "conditions": tuple(data["conditions"])})
+        return cls(**{**data, "budgets": tuple(data["budgets"]), "conditions": tuple(data["conditions"]),
+                      "kvcomm_layers": tuple(data.get("kvcomm_layers", ()))})
 
     def command(self, out_dir: Path | None = None) -> str:
         """The command line that runs this evaluation (writing to `out_dir` when given)."""
@@ -87,6 +104,9 @@ class LongSettings:
                 + (f" --linear {self.linear}" if self.linear else "") + f" --source {self.source}"
                 + f" --budgets {' '.join(map(str, self.budgets))} --n {self.n} --seed {self.seed}"
                 + ("" if self.conditions == CONDITIONS else f" --conditions {' '.join(self.conditions)}")
+                + ("" if self.relay_tokens == RELAY_TOKENS else f" --relay_tokens {self.relay_tokens}")
+                + (f" --direct {self.direct}" if self.direct else "")
+                + ("" if self.kvcomm_fraction == KVCOMM_FRACTION else f" --kvcomm_fraction {self.kvcomm_fraction}")
                 + f" --max_new_tokens {self.max_new_tokens}" + (f" --out {out_dir}" if out_dir is not None else ""))
 
 
@@ -109,11 +129,12 @@ def check_settings(settings: LongSettings) -> dict:
                           f"{' '.join(map(str, settings.budgets))}.")
     if settings.source not in SOURCES and not settings.source.endswith(".jsonl"):
         raise ConfigError(f"--source {settings.source!r}: use one of {SOURCES} or a .jsonl file path.")
-    unknown = set(settings.conditions) - set(CONDITIONS)
-    if unknown or "native" not in settings.conditions:
-        raise ConfigError(f"--conditions must be taken from {CONDITIONS} and include native (every ratio divides "
-                          f"by it); got {settings.conditions}.")
+    check_conditions(settings.conditions, ALL_CONDITIONS)
+    if "native" not in settings.conditions:
+        raise ConfigError(f"--conditions must include native (every ratio divides by it); got {settings.conditions}.")
     config = read_config(settings.checkpoint)
+    check_sharing(settings.conditions, config, settings.checkpoint, settings.relay_tokens, settings.direct,
+                  settings.kvcomm_fraction, max(settings.budgets))
     if "linear" in settings.conditions and not settings.linear:
         raise ConfigError(f"the linear condition needs the pair's closed-form map: pass --linear <checkpoint>, or "
                           f"--conditions without linear (no '-linear' checkpoint beside {settings.checkpoint}).")
@@ -145,11 +166,13 @@ def check_budget(budget: int, models: dict[str, tuple[str, int | None]], max_new
                         f"{limit - room} tokens.")
 
 
-def first_token_seconds(target: LoadedModel, kv: list[hf.KV] | None, suffix_ids: torch.Tensor) -> float:
-    """Seconds for the target to read the question over a cache and give its first answer token's logits."""
+def first_token_seconds(target: LoadedModel, kv: list[hf.KV] | None, suffix_ids: torch.Tensor,
+                        plan: hf.AttentionPlan | None = None) -> float:
+    """Seconds for the target to read the question over a cache (under `plan`: kvcomm's) and give its first answer
+    token's logits."""
     start = time.perf_counter()
     with torch.no_grad():
-        hf.run(target.model, suffix_ids, kv)
+        hf.run(target.model, suffix_ids, kv, plan=plan)
     return time.perf_counter() - start
 
 
@@ -162,41 +185,48 @@ class DocumentResult:
 
 
 def evaluate_document(mot: MoT, linear: MoT | None, source: LoadedModel, target: LoadedModel, doc: LongExample,
-                      settings: LongSettings, means=None) -> DocumentResult:
-    """Every condition's cache of one document, its answer, the time to its first answer token, and the stages."""
+                      settings: LongSettings, means=None, shared: SharingModels = SharingModels()) -> DocumentResult:
+    """Every condition's cache of one document, its answer, the time to its first answer token, and the stages (the
+    stage columns are the MoT translation's, the direct row's its own map's). shared: the direct map and the kvcomm
+    layers, when those conditions are asked for."""
     example = doc.example
     built = condition_caches(mot, source, target, example, seed=settings.seed, means=means,
-                             conditions=tuple(c for c in settings.conditions if c != "linear"))
+                             conditions=tuple(c for c in settings.conditions if c != "linear"),
+                             relay_tokens=settings.relay_tokens, kvcomm=shared.kvcomm, direct=shared.direct)
     translation, caches, build = built.translation, built.kv, built.seconds
     timings = translation.timings
     if "linear" in settings.conditions:
         start = time.perf_counter()
         caches["linear"] = linear_cache(mot, linear, source, target, translation)
         build["linear"] = timings["source_prefill"] + timings["alignment"] + time.perf_counter() - start
-    caches = {c: caches[c] for c in CONDITIONS if c in caches}  # rows in the order of CONDITIONS
+    caches = {c: caches[c] for c in ALL_CONDITIONS if c in caches}  # rows in the order of ALL_CONDITIONS
     suffix_ids = target.ids_tensor(encode(target.tokenizer, build_prompt(example, target.chat_frame).suffix_text))
-    first = {c: first_token_seconds(target, kv, suffix_ids) for c, kv in caches.items()}
-    answers = answers_from_caches(target, caches, example, settings.max_new_tokens)
+    first = {c: first_token_seconds(target, kv, suffix_ids, built.plans.get(c)) for c, kv in caches.items()}
+    answers = answers_from_caches(target, caches, example, settings.max_new_tokens, plans=built.plans)
+    tokens = int(translation.target_ids.shape[1])
     gold = " | ".join(example.answers) if example.kind == "extractive" else example.choices[example.label]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     rows = [{"budget": doc.budget, "source": doc.source, "id": example.id, "depth": doc.depth,
              "evidence_fraction": doc.evidence_fraction, "condition": c, "score": answers[c].score,
              "exact_match": answers[c].exact_match, "answer": answers[c].text, "gold": gold,
-             "context_tokens": int(translation.target_ids.shape[1]), "text_bytes": len(example.context.encode()),
+             "context_tokens": tokens, "text_bytes": len(example.context.encode()),
              "build_seconds": build[c], "first_token_seconds": first[c],
-             **{stage: timings.get(stage, np.nan) for stage in ("source_prefill", "alignment", "translator", "replay",
-                                                                 "native_prefill")},
-             "peak_rss_mb": peak} for c in caches]
+             **{stage: (built.direct.timings if c == "direct" else timings).get(stage, np.nan)
+                for stage in ("source_prefill", "alignment", "translator", "replay", "native_prefill")},
+             "peak_rss_mb": peak,
+             **cost_fields(c, tokens, target, len(mot.channels.target_layers), target_side_seconds(c, built),
+                           built.relays.get(c), shared.kvcomm, source)} for c in caches]
     return DocumentResult(rows, translation)
 
 
 def document_rows(mot: MoT, linear: MoT | None, source: LoadedModel, target: LoadedModel, doc: LongExample,
-                  settings: LongSettings, means=None, layers: LayerErrorFile | None = None) -> list[dict]:
+                  settings: LongSettings, means=None, layers: LayerErrorFile | None = None,
+                  shared: SharingModels = SharingModels()) -> list[dict]:
     """One row per condition of one document: score, answer, time by stage, peak memory. A document shorter than its
     budget is refused (check_fills): the run counts it as skipped, with its length. `layers` gets the MoT cache's
     per-layer error (--layer_error)."""
     check_fills(doc)
-    result = evaluate_document(mot, linear, source, target, doc, settings, means)
+    result = evaluate_document(mot, linear, source, target, doc, settings, means, shared)
     if layers is not None:
         layers.add(result.translation, mot.channels, budget=doc.budget, id=doc.example.id)
     return result.rows
@@ -232,11 +262,13 @@ def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFra
     for (src, budget), part in scored.groupby(["source", "budget"], sort=True):
         wide = part.pivot_table(index="id", columns="condition", values="score").dropna()
         stages = _stage_medians(part)
-        for condition in [c for c in CONDITIONS if c in wide]:
+        for condition in [c for c in ALL_CONDITIONS if c in wide]:
             rows = part[part["condition"] == condition]
             ci = bootstrap_ci(wide[condition].to_numpy(), n_boot=n_boot, seed=seed)
-            ttft = {"native": stages["native_prefill"], "no_context": 0.0, "mot": stages["target_side"],
-                    "linear": np.nan, "mean": np.nan}[condition] + rows["first_token_seconds"].median()
+            side = {"native": stages["native_prefill"], "no_context": 0.0, "mot": stages["target_side"],
+                    "linear": np.nan, "mean": np.nan}
+            ttft = (side[condition] if condition in side else rows["target_side_seconds"].median()) \
+                + rows["first_token_seconds"].median()
             out.append({"source": src, "budget": int(budget), "condition": condition, "n": len(wide),
                         "metric": "F1" if rows["exact_match"].notna().any() else "accuracy",
                         "mean": ci.mean, "ci_low": ci.lo, "ci_high": ci.hi,
@@ -245,7 +277,7 @@ def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFra
                         "first_token_seconds": float(ttft),
                         "build_seconds": float(rows["build_seconds"].median()),
                         "context_tokens": float(rows["context_tokens"].median()),
-                        "text_mb": float(rows["text_bytes"].median()) / 1e6})
+                        "text_mb": float(rows["text_bytes"].median()) / 1e6, **cost_medians(rows)})
     return pd.DataFrame(out)
 
 
@@ -266,7 +298,7 @@ def stage_table(df: pd.DataFrame) -> pd.DataFrame:
                      "source prefill": m["source_prefill"], "alignment": m["alignment"], "translator": m["translator"],
                      "replay": m["replay"], "target side (alignment + translator + replay)": m["target_side"],
                      "native prefill": m["native_prefill"],
-                     "target side ÷ native": m["target_side"] / m["native_prefill"],
+                     "target side ÷ native": m["target_side"] / m["native_prefill"], **sharing_stages(part),
                      "peak RSS (MB)": part.loc[part["condition"] == "native", "peak_rss_mb"].max()})
     return pd.DataFrame(rows)
 
@@ -283,15 +315,17 @@ def markdown(summary: pd.DataFrame, stages: pd.DataFrame, cache_mb: dict[str, fl
         metric = part["metric"].iloc[0]
         n = int(part["n"].iloc[0])
         lines += ["", f"### {src}, {budget} target tokens ({n} document{'s' * (n != 1)}, {metric})", "",
-                  f"| condition | {metric} [95% CI] | retention [95% CI] | gap closed [95% CI] | first token (s) |",
-                  "|---|---|---|---|---:|"]
+                  f"| condition | {metric} [95% CI] | retention [95% CI] | gap closed [95% CI] | first token (s) "
+                  "| handed over (bytes) | target computes (positions) |", "|---|---|---|---|---:|---:|---|"]
         for r in part.itertuples():
             paired = (f"{_fmt(r.retention, '.1%')} [{_fmt(r.retention_ci_low, '.1%')}, "
                       f"{_fmt(r.retention_ci_high, '.1%')}] | {_fmt(r.gap_closed, '+.2f')} "
                       f"[{_fmt(r.gap_closed_ci_low, '+.2f')}, {_fmt(r.gap_closed_ci_high, '+.2f')}]"
                       if r.condition not in ("native", "no_context") else "| ")
             lines.append(f"| {r.condition} | {r.mean:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] | {paired} | "
-                         f"{_fmt(r.first_token_seconds, '.2f', '')} |")
+                         f"{_fmt(r.first_token_seconds, '.2f', '')} | "
+                         f"{_fmt(getattr(r, 'handed_bytes', np.nan), ',.0f', '')} | "
+                         f"{work_text(getattr(r, 'target_work', ''), getattr(r, 'target_tokens', np.nan))} |")
     if len(stages):
         lines += ["", "Median seconds per document (one run, this machine); peak RSS is the process's:", "",
                   "| " + " | ".join(stages.columns) + " |", "|" + "---|" * len(stages.columns)]
@@ -342,12 +376,15 @@ def run(settings: LongSettings, out_dir: Path, resume: bool = False, progress: b
     mot = load_checkpoint(settings.checkpoint, source, target)[0]
     linear = load_checkpoint(settings.linear, source, target)[0] if "linear" in settings.conditions else None
     means = reference_means(target, mot.channels.target_layers) if "mean" in settings.conditions else None
+    shared = load_sharing(settings.conditions, settings.direct, settings.kvcomm_fraction, source, target,
+                          [d.example for d in docs[:1]])  # kvcomm: calibrated on the first document
+    settings.kvcomm_layers = shared.kvcomm.layers if shared.kvcomm else ()
     cache_mb = {f"source {source.spec.name}": kv_cache_bytes(source.spec) / 1e6,
                 f"target {target.spec.name}": kv_cache_bytes(target.spec) / 1e6}
     rows = [] if previous is None else previous.to_dict(orient="records")
     layers = LayerErrorFile(out_dir, ("budget", "id"), [(r["budget"], r["id"]) for r in rows]) if layer_error else None
     return run_units(docs, rows, {(int(r["budget"]), r["id"]) for r in rows}, lambda d: (d.budget, d.example.id),
-                     lambda d: document_rows(mot, linear, source, target, d, settings, means, layers),
+                     lambda d: document_rows(mot, linear, source, target, d, settings, means, layers, shared),
                      lambda d: {"budget": d.budget, "source": d.source, "id": d.example.id},
                      lambda: write(out_dir, pd.DataFrame(rows, columns=ROW_COLUMNS), settings, cache_mb),
                      "long context", progress)
@@ -361,9 +398,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budgets", type=int, nargs="+", default=list(BUDGETS), help="target tokens per document")
     parser.add_argument("--n", type=int, default=48, help="documents per budget (stacks balance three depths)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the document sample")
-    parser.add_argument("--conditions", nargs="+", choices=CONDITIONS, default=list(CONDITIONS),
+    parser.add_argument("--conditions", nargs="+", choices=ALL_CONDITIONS, default=list(CONDITIONS),
                         help="caches to answer from (native is always needed)")
     parser.add_argument("--max_new_tokens", type=int, default=MAX_NEW_TOKENS, help="longest generated answer")
+    parser.add_argument("--relay_tokens", type=int, default=RELAY_TOKENS,
+                        help="longest message the source writes from the document (relay, relay_q), in source tokens")
+    parser.add_argument("--direct", help="the full-depth map without replay of the 'direct' condition (e.g. "
+                                         "pretrained/smollm2-to-gemma3-direct)")
+    parser.add_argument("--kvcomm_fraction", type=float, default=KVCOMM_FRACTION,
+                        help="share of the layers the 'kvcomm' condition reads the source's K/V at")
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of each interval")
     parser.add_argument("--out", required=True, help="folder of the results (created when missing)")
     parser.add_argument("--resume", action="store_true", help="keep the documents --out already holds")
@@ -372,10 +415,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true",
                         help="write into an --out folder that holds other files, replacing those of the same names")
     args = parser.parse_args(argv)
-    conditions = tuple(c for c in CONDITIONS if c in {"native", *args.conditions})
+    conditions = tuple(c for c in ALL_CONDITIONS if c in {"native", *args.conditions})
     linear = args.linear or (default_linear(args.checkpoint) if "linear" in conditions else None)
     settings = LongSettings(args.checkpoint, linear, args.source, tuple(args.budgets), args.n, args.seed,
-                            args.max_new_tokens, args.bootstrap, conditions)
+                            args.max_new_tokens, args.bootstrap, conditions, args.relay_tokens, args.direct,
+                            args.kvcomm_fraction)
     return run_cli(lambda: print(markdown(run(settings, Path(args.out), args.resume, overwrite=args.overwrite,
                                               layer_error=args.layer_error), pd.DataFrame(), {})))
 

@@ -1,0 +1,180 @@
+"""The other ways of sharing a context (method.md §15) in the evaluations beside mot_viz.eval.evaluate: the text relay
+(``relay``, ``relay_q``: mot_viz.eval.relay), the full-depth map without replay (``direct``: engine.mot.translate_direct)
+and selective layer sharing (``kvcomm``: mot_viz.eval.kvcomm). long_context, conversation and shards share here their
+checks, the models these conditions need, and what each row records of a condition's costs:
+
+* what is handed to the target: relay, the message (UTF-8 bytes); a replayed translation (mot, linear, mean, …), the
+  translated window (its target layers' K and V at every context position, fp16); direct, every layer's translated
+  K and V; kvcomm, the source's own K and V at the shared layers; native, a full target cache of the context (what
+  handing over a cache instead of the text would move); no context, nothing;
+* what the target computes over the context: a replay over its N positions, a prefill of the message's M tokens (or,
+  native, of the N context tokens), or nothing (direct, kvcomm, no context);
+* the seconds before the target reads the question, the source's reading excluded (in the use case the source holds
+  its cache already) and a relay's writing included (the source's reading of its prompt is part of writing):
+  relay, the source writing + the target's prefill of the message; mot, alignment + translator + replay; direct,
+  alignment + translator + assembling the cache; native, the target's prefill; kvcomm and no context, nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..engine.checkpoint import load_checkpoint
+from ..engine.models import LoadedModel, ModelSpec, kv_cache_bytes
+from ..engine.mot import MoT
+from ..engine.prompts import QAExample
+from ..errors import ConfigError
+from .answers import ConditionCaches
+from .evaluate import check_direct_flag, message_fields
+from .kvcomm import KVCommSelection, check_kvcomm_fraction, check_kvcomm_pair, kvcomm_selection
+from .relay import RELAY_CONDITIONS, Relay, check_relay_tokens, read_message, write_message
+
+SHARING = (*RELAY_CONDITIONS, "direct", "kvcomm")
+MESSAGE_COLUMNS = ("message", "message_tokens", "message_bytes", "message_generate_seconds", "message_prefill_seconds")
+# per row: bytes handed to the target, what it computes over the context ("replay", "prefill" or "none") and over how
+# many positions, and the seconds before it reads the question (the source's reading excluded)
+COST_COLUMNS = ("handed_bytes", "target_work", "target_tokens", "target_side_seconds")
+FP16_BYTES = 2
+
+
+@dataclass(frozen=True)
+class SharingModels:
+    """What the sharing conditions of a run need beside the MoT: the direct map and the kvcomm layer choice."""
+
+    direct: MoT | None = None
+    kvcomm: KVCommSelection | None = None
+
+
+def check_sharing(conditions: tuple[str, ...], config: dict, checkpoint: str, relay_tokens: int,
+                  direct: str | None, kvcomm_fraction: float, context_tokens: int) -> None:
+    """Raise ConfigError/CheckpointError for sharing settings no run can use, before a model loads: a message length
+    the source cannot write after `context_tokens` tokens, direct without --direct (or --direct without direct), a
+    kvcomm condition on a pair of other cache shapes or tokenizers."""
+    check_relay_tokens(relay_tokens, config["source"].get("max_positions") if set(conditions) & set(RELAY_CONDITIONS)
+                       else None, context_tokens)
+    check_direct_flag(conditions, direct, checkpoint, config)
+    check_kvcomm_fraction(kvcomm_fraction)
+    if "kvcomm" in conditions:
+        check_kvcomm_pair(config["source"], config["target"])
+
+
+def load_sharing(conditions: tuple[str, ...], direct: str | None, kvcomm_fraction: float, source: LoadedModel,
+                 target: LoadedModel, calibration: list[QAExample]) -> SharingModels:
+    """The direct map (when "direct" is asked for) and the kvcomm layer choice, calibrated on `calibration` (when
+    "kvcomm" is)."""
+    return SharingModels(
+        load_checkpoint(direct, source, target)[0] if "direct" in conditions else None,
+        kvcomm_selection(source, target, calibration, kvcomm_fraction)
+        if "kvcomm" in conditions and calibration else None)
+
+
+def method(condition: str) -> str:
+    """The way of sharing a condition of any evaluation is: "relay_2" → "relay", "shards_4" / "whole" → "mot"."""
+    base = re.sub(r"_\d+$", "", condition)
+    return {"whole": "mot", "shards": "mot", "evidence": "mot"}.get(base, base)
+
+
+def relay_parts(source: LoadedModel, target: LoadedModel, example: QAExample, texts: list[str], condition: str,
+                max_tokens: int) -> tuple[Relay, float]:
+    """Several source agents each write their message from their own part of the context (relay.write_message of
+    the example with that part as its passage); the target reads the messages joined in order (relay.read_message).
+    Returns the relay (its tokens and generate_seconds summed over the agents) and the slowest agent's seconds."""
+    written = [write_message(source, replace(example, context=text), condition, max_tokens)
+               for text in texts]
+    message = "\n\n".join(text for text, _, _ in written if text)
+    kv, prefill = read_message(target, example, message)
+    return (Relay(condition, message, sum(n for _, n, _ in written), sum(s for _, _, s in written), kv, prefill),
+            max(s for _, _, s in written))
+
+
+def handed_bytes(condition: str, tokens: int, target: ModelSpec, window_layers: int, relay: Relay | None = None,
+                 kvcomm: KVCommSelection | None = None, source: ModelSpec | None = None) -> float:
+    """Bytes a condition hands the target for a context of `tokens` target tokens (module docstring)."""
+    way = method(condition)
+    if way in RELAY_CONDITIONS:
+        return float(relay.bytes)
+    if way == "native":
+        return float(kv_cache_bytes(target, tokens))
+    if way == "no_context":
+        return 0.0
+    if way == "kvcomm":
+        return float(tokens * len(kvcomm.layers) * 2 * source.kv_hidden * FP16_BYTES)
+    layers = target.num_layers if way == "direct" else window_layers
+    return float(tokens * layers * 2 * target.kv_hidden * FP16_BYTES)
+
+
+def target_work(condition: str, tokens: int, relay: Relay | None = None, prefix: int = 0) -> tuple[str, int]:
+    """What the target computes over the context and over how many positions: ("replay", N), ("prefill", M) or
+    ("none", 0). prefix: the target's BOS positions, not counted in a relay's M."""
+    way = method(condition)
+    if way in RELAY_CONDITIONS:
+        return "prefill", int(relay.kv[0][0].shape[2]) - prefix
+    if way == "native":
+        return "prefill", tokens
+    return ("none", 0) if way in ("direct", "kvcomm", "no_context") else ("replay", tokens)
+
+
+def target_side_seconds(condition: str, built: ConditionCaches) -> float:
+    """Seconds before the target reads the question over a condition's cache, the source's reading excluded (module
+    docstring); NaN where it is not measured (the linear and mean controls, built from the MoT's translation)."""
+    t = built.translation.timings
+    if condition in built.relays:
+        return built.relays[condition].generate_seconds + built.relays[condition].prefill_seconds
+    if condition == "direct":
+        return sum(v for stage, v in built.direct.timings.items() if stage not in ("source_prefill", "native_prefill"))
+    return {"native": t.get("native_prefill", np.nan), "mot": t["alignment"] + t["translator"] + t.get("replay", 0.0),
+            "no_context": 0.0, "kvcomm": 0.0}.get(condition, np.nan)
+
+
+def cost_fields(condition: str, tokens: int, target: LoadedModel, window_layers: int, target_side: float,
+                relay: Relay | None = None, kvcomm: KVCommSelection | None = None,
+                source: LoadedModel | None = None) -> dict:
+    """A row's message columns (relay only; the message's carriage returns written as line breaks, which a CSV
+    writer quotes, so a row stays one record) and cost columns (COST_COLUMNS)."""
+    work, work_tokens = target_work(condition, tokens, relay, len(target.prefix_ids))
+    message = {} if relay is None else {**message_fields(relay), "message": relay.message.replace("\r", "\n")}
+    return {**message,
+            "handed_bytes": handed_bytes(condition, tokens, target.spec, window_layers, relay, kvcomm,
+                                         None if source is None else source.spec),
+            "target_work": work, "target_tokens": work_tokens, "target_side_seconds": target_side}
+
+
+def cost_medians(rows) -> dict:
+    """The cost columns of one condition's rows (a DataFrame) as a summary holds them: medians, and the work."""
+    if "handed_bytes" not in rows or rows["handed_bytes"].isna().all():  # results written before these columns
+        return {"handed_bytes": np.nan, "target_work": "", "target_tokens": np.nan}
+    return {"handed_bytes": float(rows["handed_bytes"].median()), "target_work": str(rows["target_work"].iloc[0]),
+            "target_tokens": float(rows["target_tokens"].median())}
+
+
+def work_text(work: str, tokens: float) -> str:
+    """What the target computes over the context, in words: "replay over 1,024", "prefill of 57", "nothing"."""
+    if work in ("", "none") or tokens != tokens:
+        return "nothing" if work == "none" else ""
+    return f"{work} {'over' if work == 'replay' else 'of'} {tokens:,.0f}"
+
+
+def check_conditions(conditions: tuple[str, ...], known: tuple[str, ...], flag: str = "--conditions") -> None:
+    """Raise ConfigError for a condition outside `known`."""
+    unknown = [c for c in conditions if c not in known]
+    if unknown:
+        raise ConfigError(f"{flag} {' '.join(unknown)}: choose from {' '.join(known)}.")
+
+
+def sharing_stages(part) -> dict:
+    """Median seconds of the sharing conditions' own stages over an evaluation's rows (a DataFrame): each relay's
+    writing (the source reading its prompt and decoding) and reading (the target's prefill of the message), and the
+    direct map's target side (alignment + translator + assembling the cache)."""
+    out = {}
+    for condition in RELAY_CONDITIONS:
+        rows = part[part["condition"] == condition]
+        if len(rows):
+            out[f"{condition}: source writes"] = float(rows["message_generate_seconds"].median())
+            out[f"{condition}: target reads"] = float(rows["message_prefill_seconds"].median())
+    direct = part[part["condition"] == "direct"]
+    if len(direct):
+        out["direct: alignment + translator + assemble"] = float(direct["target_side_seconds"].median())
+    return out
