@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from mot_viz import app
-from mot_viz.analysis import eval_run_links, eval_runs, figures
+from mot_viz.analysis import eval_run_links, eval_runs, figures, layer_separation
 from mot_viz.app.multi_agent import CONVERSATIONS
 from mot_viz.app.permalink import example_link
 from mot_viz.errors import MotVizError
@@ -37,6 +37,10 @@ def main() -> None:
         "- **The slice** — each condition's mean with its 95% bootstrap interval and retention (÷ native, with its "
         "paired interval), recomputed for the examples the filters keep by the evaluation's own summary code: with "
         "no filter it is the folder's own summary.\n"
+        "- **Which layers separate lost answers from kept ones** — per target layer, the MoT cache's error against "
+        "the native cache (the Per-layer cache error page's metrics, recorded per example in the folder's "
+        "layer_error.csv) averaged over the slice's lost answers (native right, MoT wrong) and its kept ones (both "
+        "right), each with its 95% bootstrap interval, and lost − kept with its interval.\n"
         "- **Two runs side by side** — a second folder of the same examples (another checkpoint, the linear map, "
         "another window): the paired difference over the slice, as `scripts/paired_runs.py` computes it."
     )
@@ -46,6 +50,7 @@ def main() -> None:
     _settings(run)
     table, shown = _examples(run, table)
     _slice(run, shown)
+    _layers(run, shown)
     _two_runs(run, table, shown)
 
 
@@ -192,6 +197,47 @@ def _slice(run: eval_runs.EvalRun, shown: pd.DataFrame) -> None:
     x = st.radio("Against", axes, format_func=figures.X_AXES.get, key="pg.evals.x", horizontal=True)
     data = shown[["example", "group", x, delta]]
     app.show_figure(figures.delta_figure(shown, delta, x), data, "evaluation_delta")
+
+
+# ----- the layers --------------------------------------------------------------------------------------------------
+
+
+@st.cache_resource(max_entries=16, show_spinner="Reading the per-layer errors …")
+def _layer_errors(folder: str, stamp: tuple, _run: eval_runs.EvalRun) -> pd.DataFrame | None:
+    """The run's layer_error.csv with example names, kept while the folder's files are unchanged; never mutated."""
+    return layer_separation.run_layer_errors(_run)
+
+
+def _layers(run: eval_runs.EvalRun, shown: pd.DataFrame) -> None:
+    st.subheader("Which layers separate lost answers from kept ones")
+    if run.kind.name not in ("evaluate", "long_context") or not {"native", run.translated} <= set(run.conditions):
+        st.caption("Per-layer cache errors are recorded for the folders of `evaluate` and `long_context` that hold "
+                   "native and MoT answers.")
+        return
+    stamp = _stamp(run.folder) + tuple((p.stat().st_mtime_ns, p.stat().st_size) if p.is_file() else None
+                                       for p in [run.folder / "layer_error.csv"])
+    errors = _layer_errors(str(run.folder), stamp, run)
+    if errors is None:
+        st.caption(f"This folder has no layer_error.csv. Record it (no answer is regenerated) with "
+                   f"`{layer_separation.command(run)}`, or run the evaluation with `--layer_error`.")
+        return
+    cols = st.columns([2, 1])
+    metrics = list(layer_separation.METRIC_TITLES)
+    app.widget_default("pg.evals.layer_metric", metrics[0], metrics)
+    metric = cols[0].radio("Error", metrics, format_func=layer_separation.METRIC_TITLES.get,
+                           key="pg.evals.layer_metric", horizontal=True)
+    groups = list(dict.fromkeys(errors["group"]))
+    app.widget_default("pg.evals.layer_group", groups[0], groups)
+    group = cols[1].selectbox("Group", groups, key="pg.evals.layer_group", disabled=len(groups) == 1)
+    part = layer_separation.layer_separation(errors[errors["group"] == group], shown, run.translated, metric,
+                                             run.settings.get("bootstrap", 1000), run.settings.get("seed", 0))
+    st.markdown(f"**{app.escape_markdown(group)}, over the slice:** "
+                + layer_separation.separation_text(part, metric))
+    if part["n_lost"].max() and part["n_kept"].max():
+        app.show_figure(layer_separation.separation_figure(part, metric), part, "evaluation_layer_separation")
+    st.caption("Each example's error is one number per layer (over its context tokens); the bands are 95% "
+               "bootstrap intervals of the group means, lost − kept resamples both groups. The shaded layers are the "
+               "translated window; a layer below it differs from native only through the replay's sparse attention.")
 
 
 # ----- two runs ----------------------------------------------------------------------------------------------------

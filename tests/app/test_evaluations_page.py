@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from mot_viz.analysis import eval_runs
+from mot_viz.analysis import eval_runs, layer_separation
 from mot_viz.app.loaders import available_checkpoints
 from mot_viz.app.permalink import parse_link
 from mot_viz.app.settings import EXAMPLES_PER_DATASET, page_option_groups
@@ -146,3 +146,39 @@ def test_a_long_context_run_links_each_document_on_the_long_context_page():
     assert restored(first["app"]).page == {"pg.long.budget": 1024, "pg.long.doc": 0, "pg.long.source": "stacks"}
     assert at.radio(key="pg.evals.x").options == ["context length (target tokens)",
                                                   "evidence depth (share of the document before the evidence)"]
+
+
+def shown_figure(at: AppTest, trace: str) -> list[float]:
+    """The y values of one trace of the layer-separation figure, as the page sends it to the browser."""
+    from plotly_figures import figures
+
+    return next(t["y"] for f in figures(at) for t in f["data"] if t.get("name", "").startswith(trace))
+
+
+def test_the_layers_that_separate_lost_answers_match_the_library():
+    at = open_page()
+    run = eval_runs.open_run(ROOT / MID)
+    errors = layer_separation.run_layer_errors(run)
+    assert errors is not None and errors["example"].nunique() == 300
+    expected = layer_separation.layer_separation(errors, frame(at, "table"), "mot", "K_rel_l2")
+    text = layer_separation.separation_text(expected, "K_rel_l2")
+    assert any(m.value.endswith(text) for m in at.markdown)
+    assert_close(shown_figure(at, "lost − kept"), expected["diff"].to_numpy(float), rtol=1e-12)
+    assert_close(shown_figure(at, "lost (n="), expected["lost_mean"].to_numpy(float), rtol=1e-12)
+
+    at.radio(key="pg.evals.layer_metric").set_value("V_cosine").run()
+    expected = layer_separation.layer_separation(errors, frame(at, "table"), "mot", "V_cosine")
+    assert_close(shown_figure(at, "kept (n="), expected["kept_mean"].to_numpy(float), rtol=1e-12)
+    at.number_input(key="pg.evals.low").set_value(0.5).run()  # a slice where MoT is right: nothing lost
+    assert not at.exception
+    assert any(m.value.endswith("0 lost (native right, MoT wrong) and "
+                                f"{int(expected['n_kept'].max())} kept (both right) examples with a recorded error. "
+                                "Both groups are needed to compare them: widen the slice.") for m in at.markdown)
+
+
+def test_a_folder_without_layer_errors_names_the_command_that_records_them():
+    at = open_page()
+    folder = "results/eval/smollm2-to-smollm2-squad300"
+    at.selectbox(key="pg.evals.folder").set_value(folder).run()
+    assert not at.exception and not at.error
+    assert any(f"python -m mot_viz.eval.layer_error {ROOT / folder}" in c.value for c in at.caption)
