@@ -35,6 +35,7 @@ PAGES = {
     "9_logit_lens.py": "Logit lens",
     "10_multi_agent.py": "Multi-agent",
     "11_evaluations.py": "Evaluations",
+    "12_methods.py": "Methods",
 }
 
 

@@ -4,6 +4,7 @@
     .venv/bin/python scripts/doc_figures.py long results/long/<checkpoint>-stacks [--out docs/figures/long]
     .venv/bin/python scripts/doc_figures.py conversation results/conversation/<checkpoint>-coqa
         [--out docs/figures/conversation]
+    .venv/bin/python scripts/doc_figures.py methods results [--out docs/figures/methods]
 
 Each figure is written as a self-contained HTML file (plotly.js inlined, nothing fetched) and photographed
 in Debian's headless Chromium through Playwright, the same browser the app's browser test uses.
@@ -24,6 +25,7 @@ import pandas as pd
 
 from mot_viz.analysis.multi_agent_figures import conversation_figure
 from mot_viz.analysis.long_context import retention_curve_figure
+from mot_viz.analysis.method_figures import quality_time_figure, shipped_points
 from mot_viz.analysis.shift import SweepResult
 from mot_viz.analysis.shift.figures import (correction_vs_start_figure, metric_kl_figure, rho_trajectory_figure,
                                             shift_vs_start_figure)
@@ -75,6 +77,8 @@ def main() -> int:
     shift.add_argument("--starts", default=None, help="comma-separated starts for ρ_k plots (default: first, last)")
     sub.add_parser("long", help="a folder written by python -m mot_viz.eval.long_context (docs/results.md)")
     sub.add_parser("conversation", help="a folder written by python -m mot_viz.eval.conversation (docs/results.md)")
+    sub.add_parser("methods", help="the results folder (results/): each method's mean F1 against its mean seconds, "
+                                   "one point per results folder and setting (docs/results.md)")
     for command in sub.choices.values():
         command.add_argument("results", type=Path, help="the results folder")
         command.add_argument("--out", type=Path, default=None, help="folder the figures are written to "
@@ -91,6 +95,9 @@ def main() -> int:
         figures = sweep_figures(result, chosen)
     elif args.kind == "long":
         figures = {"retention": retention_curve_figure(pd.read_csv(args.results / "summary.csv"))}
+    elif args.kind == "methods":
+        points = shipped_points(args.results)
+        figures = {"quality_time": quality_time_figure(points[points["metric"] == "F1"])}
     else:
         figures = {"turns": conversation_figure(pd.read_csv(args.results / "summary.csv"))}
     for path in render(figures, args.out or REPO / "docs" / "figures" / args.kind, args.results.name):

@@ -625,3 +625,22 @@ def test_evaluations_lost_answers_and_one_opened_in_the_app(app_url, browser):
     caption = page.get_by_text("smollm2-135m → gemma3-270m · checkpoint").inner_text()
     assert f"context: SQuAD #{view.example}" in caption and view.checkpoint in caption
     page.close()
+
+
+def test_methods_side_by_side_with_the_text_relay(app_url, browser):
+    """The Methods page on the default context with the text relay (opened from its link): every method's answer,
+    its time by stage, its K/V error and the shipped results' quality against time, and the relay's messages."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page = _open(browser, f"{app_url}/methods?{urlencode({'methods.relay': 'true'})}")
+    page.get_by_role("heading", name="Methods", exact=True).wait_for()
+    page.get_by_role("heading", name="The relay's messages", exact=True).wait_for(timeout=SLOW_MS)
+    _wait_until_settled(page)
+    _assert_no_failure(page)
+    plots = page.locator(".js-plotly-plot")
+    plots.nth(2).wait_for(state="visible", timeout=SLOW_MS)  # time by stage, K/V error, quality against time
+    assert plots.count() == 3
+    assert page.get_by_role("checkbox", name="Include the text relay").is_checked()
+    page.get_by_role("heading", name="Answers", exact=True).scroll_into_view_if_needed()
+    page.wait_for_timeout(500)  # let plotly finish drawing before the screenshot
+    page.screenshot(path=str(SCREENSHOTS / "methods.png"))
+    page.close()

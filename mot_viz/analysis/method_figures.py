@@ -1,0 +1,140 @@
+"""The Methods page's figures, and the shipped results as quality against time, one point per method and setting.
+
+Pure functions: tables in (mot_viz.analysis.methods, the results folders read by mot_viz.analysis.eval_runs),
+plotly figures out; no Streamlit. scripts/doc_figures.py draws the same scatter for docs/results.md.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from ..engine.checkpoint import read_config
+from ..errors import MotVizError
+from .eval_runs import REPO_ROOT, open_run, shipped_runs, stated_summary
+from .methods import METHOD_LABELS, METHODS, STAGES
+
+SHIPPED_FOLDERS = ("relay", "direct", "eval", "kvcomm", "long")  # the results/ folders whose runs compare methods
+FIRST_TOKEN, WHOLE_ANSWER = "first answer token", "whole answer"
+POINT_COLUMNS = ("folder", "group", "method", "checkpoint", "source", "target", "n", "metric", "score", "seconds",
+                 "timed_to")
+_SYMBOLS = {FIRST_TOKEN: "circle", WHOLE_ANSWER: "square"}
+
+
+def _checkpoint_models(checkpoint: str, repo: Path) -> tuple[str | None, str | None, str | None]:
+    """(source name, target name, translator variant) of a run's checkpoint, from its config.json (a revision
+    suffix ``@<commit>`` read as the folder); Nones when it is not here."""
+    path = Path(checkpoint.split("@")[0])
+    try:
+        cfg = read_config(path if path.is_absolute() else repo / path)
+    except (MotVizError, OSError, ValueError, KeyError):
+        return None, None, None
+    return cfg["source"].get("name"), cfg["target"].get("name"), cfg["translator"].get("variant")
+
+
+def shipped_points(root: str | Path = REPO_ROOT / "results", folders: tuple[str, ...] = SHIPPED_FOLDERS
+                   ) -> pd.DataFrame:
+    """One row per results folder, group (dataset, or document kind and length) and method (POINT_COLUMNS): the
+    mean score as the folder's own summary states it and the mean seconds per example.
+
+    Seconds: the long-context runs (python -m mot_viz.eval.long_context) time the first answer token, so there they
+    are building the cache plus the question's pass to the first answer token; the QA runs (python -m
+    mot_viz.eval.evaluate) time the whole answer, building the cache plus the example's batch decoding shared evenly
+    among its conditions (``timed_to`` says which). Within one folder the methods share everything but the cache
+    they answer from. A run of a linear checkpoint counts its "mot" rows as the linear map; controls (random, mean,
+    a second checkpoint) are left out. Folders under `root`/<one of `folders`>; unreadable ones are left out.
+    """
+    root = Path(root)
+    rows = []
+    for folder in shipped_runs(root):
+        if folder.parent.name not in folders:
+            continue
+        try:
+            run = open_run(folder)
+        except MotVizError:
+            continue
+        source, target, variant = _checkpoint_models(str(run.settings.get("checkpoint", "")), root.parent)
+        long = run.kind.name == "long_context"
+        for s in stated_summary(run).itertuples():
+            method = "linear" if s.condition == "mot" and variant == "linear" else s.condition
+            if method not in METHODS:
+                continue
+            part = run.rows[(run.rows["group"] == s.group) & (run.rows["condition"] == s.condition)]
+            seconds = (part["build_seconds"] + part["first_token_seconds"]) if long else part["seconds"]
+            rows.append({"folder": f"{folder.parent.name}/{folder.name}", "group": s.group, "method": method,
+                         "checkpoint": Path(str(run.settings.get("checkpoint", ""))).name, "source": source,
+                         "target": target, "n": int(s.n),
+                         "metric": "F1" if part["exact_match"].notna().any() else "accuracy",
+                         "score": float(s.mean), "seconds": float(seconds.mean()),
+                         "timed_to": FIRST_TOKEN if long else WHOLE_ANSWER})
+    return pd.DataFrame(rows, columns=list(POINT_COLUMNS))
+
+
+def _label(method: str) -> str:
+    return METHOD_LABELS.get(method, method)
+
+
+def quality_time_figure(points: pd.DataFrame, live: pd.DataFrame | None = None) -> go.Figure:
+    """Mean score against mean seconds (log), one marker per shipped method and setting (circle: timed to the first
+    answer token; square: to the whole answer), a colour per method; `live` (method, score, seconds): this context's
+    methods as stars, timed to the first answer token."""
+    fig = go.Figure()
+    colors = dict(zip(METHODS, ("#636efa", "#7f7f7f", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3",
+                                "#ff6692")))
+    for method in [m for m in METHODS if m in set(points["method"])]:
+        part = points[points["method"] == method]
+        custom = np.stack([part["folder"].map(html.escape), part["group"].astype(str).map(html.escape), part["n"],
+                           part["metric"], part["timed_to"], part["checkpoint"].map(html.escape)], axis=-1)
+        fig.add_trace(go.Scatter(
+            x=part["seconds"], y=part["score"], mode="markers", name=_label(method), legendgroup=method,
+            marker={"color": colors[method], "size": 10, "symbol": part["timed_to"].map(_SYMBOLS).tolist(),
+                    "line": {"width": 1, "color": "white"}},
+            customdata=custom,
+            hovertemplate="%{customdata[3]} %{y:.3f} · %{x:.2f} s to the %{customdata[4]}<br>%{customdata[1]}, "
+                          "n=%{customdata[2]}<br>%{customdata[0]} (checkpoint %{customdata[5]})<extra>"
+                          + _label(method) + "</extra>"))
+    if live is not None:
+        shown = live.dropna(subset=["score", "seconds"])
+        for row in shown.itertuples():
+            fig.add_trace(go.Scatter(
+                x=[row.seconds], y=[row.score], mode="markers", name=f"{_label(row.method)}: this context",
+                legendgroup=row.method, marker={"color": colors.get(row.method), "size": 16, "symbol": "star",
+                                                "line": {"width": 1, "color": "black"}},
+                hovertemplate="this context: %{y:.3f} · %{x:.2f} s to the first answer token<extra>"
+                              + _label(row.method) + "</extra>"))
+    fig.update_layout(xaxis_title="mean seconds from the text (circle, star: to the first answer token; square: to "
+                                  "the whole answer)", xaxis_type="log", yaxis_title="mean score (F1 or accuracy)",
+                      margin={"t": 30}, legend={"font": {"size": 11}})
+    return fig
+
+
+def stages_figure(stages: pd.DataFrame) -> go.Figure:
+    """Seconds to the first answer token, stage by stage (STAGES), as one horizontal stacked bar per method."""
+    fig = go.Figure()
+    order = [m for m in METHODS if m in set(stages["method"])]
+    for stage in [s for s in STAGES if s in set(stages["stage"])]:
+        part = stages[stages["stage"] == stage].set_index("method").reindex(order)
+        fig.add_trace(go.Bar(y=[_label(m) for m in order], x=part["seconds"], name=stage, orientation="h",
+                             hovertemplate="%{x:.3f} s<extra>" + stage + "</extra>"))
+    fig.update_layout(barmode="stack", xaxis_title="seconds from the text to the first answer token",
+                      yaxis={"autorange": "reversed"}, margin={"t": 30})
+    return fig
+
+
+def kv_error_figure(errors: pd.DataFrame, kv: str, metric: str) -> go.Figure:
+    """Per target layer, each method's K (or V) `metric` against the native cache; filled markers where the layer
+    holds what the source sent (the window, every layer, the shared layers)."""
+    fig = go.Figure()
+    part = errors[errors["kv"] == kv]
+    for method in [m for m in METHODS if m in set(part["method"])]:
+        rows = part[part["method"] == method].sort_values("layer")
+        fig.add_trace(go.Scatter(
+            x=rows["layer"], y=rows[metric], mode="lines+markers", name=_label(method),
+            marker={"symbol": ["circle" if c else "circle-open" for c in rows["carries"]], "size": 9},
+            hovertemplate="layer %{x}: %{y:.4f}<extra>" + _label(method) + "</extra>"))
+    fig.update_layout(xaxis_title="target layer", yaxis_title=f"{kv}: {metric} against native", margin={"t": 30})
+    return fig

@@ -1,0 +1,123 @@
+"""The Methods page's loaders: which ways of sharing a context this pair and checkpoint offer, each method's answer,
+stages, bytes and K/V error on the applied context (mot_viz.analysis.methods; cached per context, the text relay
+apart since it costs the most), and the shipped results as quality against time."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+import pandas as pd
+import streamlit as st
+
+from ..analysis.method_figures import shipped_points
+from ..analysis.methods import MethodsResult, cache_methods, relay_methods
+from ..engine.checkpoint import read_config
+from ..engine.mot import MoT
+from ..errors import MotVizError
+from ..eval.kvcomm import check_kvcomm_pair, kvcomm_selection
+from ..eval.relay import RELAY_TOKENS
+from .loaders import (available_checkpoints, checkpoint_stamp, get_checkpoint, get_model, get_translation,
+                      linear_baseline_for)
+from .settings import REPO_ROOT, test_mode
+from .state import Run, Selection
+
+
+class MethodsOffer(NamedTuple):
+    """Which of the optional methods the applied pair and checkpoint offer, and why not where one is missing."""
+
+    linear: str | None  # a linear checkpoint of the same pair and window
+    direct: str | None  # a full-depth map without replay for the pair
+    kvcomm: bool  # a pair whose caches have one shape per layer and one tokenizer
+    missing: dict[str, str]  # method -> one line saying why it is not offered
+
+
+def direct_map_for(mot: MoT) -> str | None:
+    """A checkpoint on offer (pretrained/ or fitted here) that is a full-depth map without replay for the MoT's
+    pair (its source and target fingerprints), if any."""
+    for path in available_checkpoints().values():
+        try:
+            cfg = read_config(path)
+        except MotVizError:
+            continue
+        if (cfg.get("replay", {}).get("direct") and cfg["source"].get("fingerprint") == mot.source.fingerprint
+                and cfg["target"].get("fingerprint") == mot.target.fingerprint):
+            return path
+    return None
+
+
+def methods_offer(run: Run) -> MethodsOffer:
+    """The optional methods for the run's pair and checkpoint."""
+    missing = {}
+    linear = None
+    if run.mot.translator.config.variant == "linear":
+        missing["linear"] = "the checkpoint itself is a linear map: its row is MoT's."
+    else:
+        linear = linear_baseline_for(run.selection.checkpoint, run.mot)
+        if linear is None:
+            missing["linear"] = ("no linear checkpoint (a `-linear` folder) for this pair and window: the sidebar's "
+                                 "“Fit a linear translator” makes one.")
+    direct = direct_map_for(run.mot)
+    if direct is None:
+        missing["direct"] = ("no full-depth map without replay for this pair (e.g. pretrained/smollm2-to-gemma3-"
+                             "direct; python -m mot_viz.train.quickfit --direct fits one).")
+    try:
+        check_kvcomm_pair(run.source.spec, run.target.spec)
+        kvcomm = True
+    except MotVizError as exc:
+        kvcomm = False
+        # the check's message less its command-line advice
+        missing["kvcomm"] = (str(exc).split(" Use it with")[0] + " It is offered for a pair of one architecture "
+                             "(e.g. smollm2-135m → smollm2-135m).")
+    return MethodsOffer(linear, direct, kvcomm, missing)
+
+
+def _stamp(path: str | None) -> int:
+    return checkpoint_stamp(path) if path else 0
+
+
+def cached_methods(run: Run, offer: MethodsOffer, max_new_tokens: int) -> MethodsResult:
+    """Every method but the text relay on the applied context (mot_viz.analysis.methods.cache_methods); computed
+    once per context, pair, checkpoint and offer."""
+    sel = run.selection
+    return _cached_cache_methods(sel, checkpoint_stamp(sel.checkpoint), test_mode(), offer.linear,
+                                 _stamp(offer.linear), offer.direct, _stamp(offer.direct), offer.kvcomm,
+                                 max_new_tokens)
+
+
+def cached_relays(run: Run, max_new_tokens: int, relay_tokens: int = RELAY_TOKENS) -> MethodsResult:
+    """The text relays on the applied context (mot_viz.analysis.methods.relay_methods); computed once per context."""
+    sel = run.selection
+    return _cached_relays(sel, checkpoint_stamp(sel.checkpoint), test_mode(), relay_tokens, max_new_tokens)
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _cached_cache_methods(sel: Selection, stamp: int, test: bool, linear: str | None, linear_stamp: int,
+                          direct: str | None, direct_stamp: int, kvcomm: bool, max_new_tokens: int) -> MethodsResult:
+    src, tgt = get_model(sel.source), get_model(sel.target)
+    mot = get_checkpoint(sel.checkpoint, src, tgt)[0]
+    # KVComm calibrates its layer choice on a set of size 1 (its default): here, this context and question
+    selection = kvcomm_selection(src, tgt, [sel.example]) if kvcomm else None
+    return cache_methods(mot, src, tgt, sel.example, get_translation(sel), sel.suffix,
+                         linear=get_checkpoint(linear, src, tgt)[0] if linear else None,
+                         direct=get_checkpoint(direct, src, tgt)[0] if direct else None, kvcomm=selection,
+                         max_new_tokens=max_new_tokens)
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _cached_relays(sel: Selection, stamp: int, test: bool, relay_tokens: int, max_new_tokens: int) -> MethodsResult:
+    src, tgt = get_model(sel.source), get_model(sel.target)
+    mot = get_checkpoint(sel.checkpoint, src, tgt)[0]
+    return relay_methods(mot, src, tgt, sel.example, get_translation(sel), relay_tokens, max_new_tokens)
+
+
+def results_root() -> Path:
+    """Where the shipped results live (``$MOT_VIZ_RESULTS``, default <repo>/results; tests point it elsewhere)."""
+    return Path(os.environ.get("MOT_VIZ_RESULTS", REPO_ROOT / "results"))
+
+
+@st.cache_data(show_spinner=False, max_entries=4)
+def shipped_method_points(root: str) -> pd.DataFrame:
+    """mot_viz.analysis.method_figures.shipped_points of the results under `root`, read once."""
+    return shipped_points(root)

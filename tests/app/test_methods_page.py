@@ -1,0 +1,105 @@
+"""The Methods page driven by AppTest on the tiny test pair (MOT_VIZ_TEST_MODELS=1), like tests/app/test_app_pages.py:
+its answers, scores and bytes are checked against mot_viz.analysis.methods computed directly on the same context."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from mot_viz.analysis.methods import METHOD_LABELS, cache_methods, relay_methods
+from mot_viz.app.settings import MAX_CONTEXT_TOKENS
+from mot_viz.data.eval_data import load_dataset
+from mot_viz.engine.checkpoint import load_checkpoint
+from mot_viz.engine.mot import translate
+from mot_viz.engine.prompts import build_prompt
+from mot_viz.engine.testing import load_test_model, write_test_checkpoints
+from plotly_figures import figures
+from test_app_pages import errors, shown
+
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
+TIMEOUT = 300
+PAGE = "views/12_methods.py"
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory) -> dict[str, Path]:
+    return write_test_checkpoints(tmp_path_factory.mktemp("pretrained"))
+
+
+@pytest.fixture(autouse=True)
+def test_env(monkeypatch, app_cache, pretrained):
+    monkeypatch.setenv("MOT_VIZ_TEST_MODELS", "1")
+    monkeypatch.setenv("MOT_VIZ_CACHE", str(app_cache))
+    monkeypatch.setenv("MOT_VIZ_PRETRAINED", str(next(iter(pretrained.values())).parent))
+
+
+@pytest.fixture(scope="module")
+def library(pretrained):
+    """The page's default context (SQuAD #0) translated and shared by every method, computed by the library."""
+    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
+    mot, _ = load_checkpoint(pretrained["smollm2-to-gemma3"], source, target)
+    linear, _ = load_checkpoint(pretrained["smollm2-to-gemma3-linear"], source, target)
+    example = load_dataset("squad", n=50, seed=0)[0]
+    prompt = build_prompt(example, target.chat_frame)
+    translation = translate(mot, source, target, prompt.context_text,
+                            max_tokens=min(MAX_CONTEXT_TOKENS, target.spec.max_positions))
+    return source, target, mot, linear, example, prompt, translation
+
+
+def open_page() -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.run()
+    at.switch_page(PAGE).run()
+    assert not at.exception, at.exception
+    assert not at.error, errors(at)
+    return at
+
+
+def test_the_page_shows_the_librarys_answers_and_bytes_and_says_what_is_not_offered(library):
+    at = open_page()
+    source, target, mot, linear, example, prompt, translation = library
+    expected = cache_methods(mot, source, target, example, translation, prompt.suffix_text, linear=linear)
+    answers = at.dataframe[0].value
+    assert answers["label"].tolist() == [METHOD_LABELS[m] for m in ("native", "no_context", "mot", "linear")]
+    assert answers["answer"].tolist() == expected.answers["answer"].tolist()
+    assert answers["F1"].tolist() == pytest.approx(expected.answers["score"].tolist())
+    sizes = at.dataframe[1].value
+    assert sizes["bytes"].tolist() == expected.handed_over["bytes"].tolist()
+    assert sizes["what"].tolist() == expected.handed_over["what"].tolist()
+    captions = [shown(c.value) for c in at.caption]
+    assert any(c.startswith(f"**{METHOD_LABELS['direct']}** is not offered") for c in captions)
+    assert any(c.startswith(f"**{METHOD_LABELS['kvcomm']}** is not offered") and "one shape per layer" in c
+               for c in captions)
+    assert any("produces no cache of the context" in c for c in captions)
+    figs = figures(at)
+    assert len(figs) == 3  # time by stage, K/V error, quality against time
+    bars = next(f for f in figs if all(t.get("orientation") == "h" for t in f["data"]))
+    assert {t["name"] for t in bars["data"]} >= {"source prefill", "translation", "replay", "first answer token"}
+    title = lambda f: f["layout"].get("yaxis", {}).get("title", {}).get("text", "")  # noqa: E731
+    errors_fig = next(f for f in figs if title(f).startswith("K: rel_l2"))
+    mot_trace = next(t for t in errors_fig["data"] if t["name"] == METHOD_LABELS["mot"])
+    want = expected.kv_error[(expected.kv_error["method"] == "mot") & (expected.kv_error["kv"] == "K")]
+    assert list(mot_trace["y"]) == pytest.approx(want["rel_l2"].tolist(), rel=1e-4)
+    assert "The relay's messages" not in [h.value for h in at.subheader]  # the relay only on request
+
+
+def test_the_relay_on_request_shows_the_librarys_messages_and_the_view_lives_in_the_url(library):
+    at = open_page()
+    at.radio(key="pg.methods.kv").set_value("V").run()
+    at.checkbox(key="pg.methods.relay").check().run()
+    assert not at.exception and not at.error, errors(at)
+    assert "The relay's messages" in [h.value for h in at.subheader]
+    source, target, mot, _, example, _, translation = library
+    expected = relay_methods(mot, source, target, example, translation)
+    texts = [t.value for t in at.text]
+    for condition, message in expected.messages.items():
+        assert f"{METHOD_LABELS[condition]}: {message}" in texts  # plain text, as the source wrote it
+    answers = at.dataframe[0].value.set_index("label")
+    for row in expected.answers.itertuples():
+        assert answers.loc[METHOD_LABELS[row.method], "answer"] == row.answer
+    sizes = at.dataframe[1].value.set_index("method")
+    for row in expected.handed_over.itertuples():
+        assert sizes.loc[METHOD_LABELS[row.method], "bytes"] == row.bytes == len(expected.messages[row.method].encode())
+    assert at.query_params.get("methods.relay") == "true" and at.query_params.get("methods.kv") == "V"
