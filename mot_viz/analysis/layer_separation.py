@@ -49,7 +49,7 @@ def lost_and_kept(table: pd.DataFrame, translated: str) -> tuple[list[str], list
     return lost.tolist(), right.tolist()
 
 
-def _difference_interval(a: np.ndarray, b: np.ndarray, n_boot: int, seed: int) -> tuple[float, float]:
+def difference_interval(a: np.ndarray, b: np.ndarray, n_boot: int, seed: int) -> tuple[float, float]:
     """95% interval of mean(a) − mean(b), each group resampled on its own (as bootstrap_ci resamples one)."""
     rng = np.random.default_rng(seed)
     boots = (a[rng.integers(0, a.size, size=(n_boot, a.size))].mean(1)
@@ -72,7 +72,7 @@ def layer_separation(errors: pd.DataFrame, table: pd.DataFrame, translated: str,
         a = part.loc[part["example"].isin(lost), metric].to_numpy(float)
         b = part.loc[part["example"].isin(kept), metric].to_numpy(float)
         ci_a, ci_b = bootstrap_ci(a, n_boot, seed), bootstrap_ci(b, n_boot, seed)
-        lo, hi = _difference_interval(a, b, n_boot, seed) if a.size and b.size else (np.nan, np.nan)
+        lo, hi = difference_interval(a, b, n_boot, seed) if a.size and b.size else (np.nan, np.nan)
         rows.append({"group": group, "layer": int(layer), "in_window": bool(part["in_window"].iloc[0]),
                      "n_lost": a.size, "n_kept": b.size, "lost_mean": ci_a.mean, "lost_low": ci_a.lo,
                      "lost_high": ci_a.hi, "kept_mean": ci_b.mean, "kept_low": ci_b.lo, "kept_high": ci_b.hi,
