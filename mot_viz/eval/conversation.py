@@ -4,7 +4,12 @@ The source model reads the story once; its cache is translated and replayed into
 The target then answers the conversation turn by turn from the cache it keeps, and after each turn that turn's
 question and reference answer are appended to every kept cache (the history CoQA's own task carries: the earlier
 questions with their first reference answer), so every condition reads the same history and only the story's cache
-differs. Conditions: *native* (the target read the story itself: the ceiling), *mot*, *no_context* (no story).
+differs. Conditions: *native* (the target read the story itself: the ceiling), *mot*, *no_context* (no story), and
+on request (--conditions, mot_viz.eval.sharing) *relay* (the source's summary of the story, written once per story
+and kept as the conversation's context: the target reads only it), *direct* (the full-depth map's cache of the
+story, kept) and *kvcomm* (a pair of one architecture: its cache and its plan, which hides the story from the
+unshared layers, kept for every turn: the history is appended under that plan). *relay_q* is refused: its message
+answers one question, and a conversation asks one per turn.
 
 Per turn: F1 against the turn's references; the time of the turn (answer + appending the history), cumulative from
 the start (MoT: alignment + translator + replay, then the turns; native: the target's own prefill, then the turns;
@@ -36,25 +41,33 @@ from ..engine import hf
 from ..engine.alignment import encode
 from ..engine.checkpoint import load_checkpoint, read_config
 from ..engine.models import LoadedModel, kv_cache_bytes, load_model
-from ..engine.mot import MoT, empty_context_cache, translate
+from ..engine.mot import MoT
 from ..engine.prompts import QAExample, build_prompt
 from ..errors import ConfigError, ContextError
 from ..fsutil import write_text_atomic
-from .answers import MAX_NEW_TOKENS, answers_from_caches
+from .answers import MAX_NEW_TOKENS, answers_from_caches, condition_caches
+from .kvcomm import KVCOMM_FRACTION
+from .relay import RELAY_TOKENS
+from .report import paired_differences
+from .sharing import (COST_COLUMNS, MESSAGE_COLUMNS, SharingModels, check_conditions, check_sharing, cost_fields,
+                      cost_medians, load_sharing, target_side_seconds, work_text)
 from .results_folder import ResultsTable, resumed_table, run_units
 from .long_context import paired_ratios
 from .qa_metrics import bootstrap_ci
 
-CONDITIONS = ("native", "mot", "no_context")
+CONDITIONS = ("native", "mot", "no_context")  # every run's
+SHARED = ("relay", "direct", "kvcomm")  # on request
 ROW_COLUMNS = ("id", "genre", "turn", "condition", "score", "answer", "gold", "turn_seconds", "cache_tokens",
                "story_tokens", "source_tokens", "source_prefill", "alignment", "translator", "replay",
-               "native_prefill", "error")
-TEXT_COLUMNS = ("id", "genre", "condition", "answer", "gold", "error")
-RESUME_KEYS = ("checkpoint", "turns", "seed", "max_new_tokens", "max_story_tokens")
+               "native_prefill", "error", *MESSAGE_COLUMNS, *COST_COLUMNS)
+TEXT_COLUMNS = ("id", "genre", "condition", "answer", "gold", "error", "message", "target_work")
+RESUME_KEYS = ("checkpoint", "turns", "seed", "max_new_tokens", "max_story_tokens", "conditions", "relay_tokens",
+               "direct", "kvcomm_fraction")
 RESULTS = ResultsTable(ROW_COLUMNS, TEXT_COLUMNS, ("id",),
                        ("turn", "score", "turn_seconds", "cache_tokens", "story_tokens", "source_tokens"),
-                       ("source_prefill", "alignment", "translator", "replay", "native_prefill"))
-RESULT_FILES = ("examples.csv", "summary.csv", "summary.json", "summary.md")
+                       ("source_prefill", "alignment", "translator", "replay", "native_prefill"),
+                       (ROW_COLUMNS[:ROW_COLUMNS.index("error") + 1],))
+RESULT_FILES = ("examples.csv", "summary.csv", "paired.csv", "summary.json", "summary.md")
 HISTORY_ROOM = 24  # target tokens allowed per turn for its question and reference answer in the position check
 
 
@@ -69,15 +82,26 @@ class ConversationSettings:
     max_new_tokens: int = MAX_NEW_TOKENS
     max_story_tokens: int = 512
     bootstrap: int = 1000
+    conditions: tuple[str, ...] = CONDITIONS  # CONDITIONS and any of SHARED
+    relay_tokens: int = RELAY_TOKENS  # the longest relay message, in source tokens
+    direct: str | None = None  # the full-depth map without replay the "direct" condition answers from (--direct)
+    kvcomm_fraction: float = KVCOMM_FRACTION  # share of the layers the kvcomm condition shares
+    kvcomm_layers: tuple[int, ...] = ()  # the layers the kvcomm condition shared (set by run())
 
     @classmethod
     def from_json(cls, data: dict) -> ConversationSettings:
-        return cls(**data)
+        return cls(**{**data, "conditions": tuple(data.get("conditions", CONDITIONS)),
+                      "kvcomm_layers": tuple(data.get("kvcomm_layers", ()))})
 
     def command(self, out_dir: Path | None = None) -> str:
         return (f"python -m mot_viz.eval.conversation --checkpoint {self.checkpoint} --n {self.n} --turns {self.turns}"
                 f" --seed {self.seed} --max_new_tokens {self.max_new_tokens} --max_story_tokens "
-                f"{self.max_story_tokens}" + (f" --out {out_dir}" if out_dir is not None else ""))
+                f"{self.max_story_tokens}"
+                + ("" if self.conditions == CONDITIONS else f" --conditions {' '.join(self.conditions)}")
+                + ("" if self.relay_tokens == RELAY_TOKENS else f" --relay_tokens {self.relay_tokens}")
+                + (f" --direct {self.direct}" if self.direct else "")
+                + ("" if self.kvcomm_fraction == KVCOMM_FRACTION else f" --kvcomm_fraction {self.kvcomm_fraction}")
+                + (f" --out {out_dir}" if out_dir is not None else ""))
 
 
 def check_settings(settings: ConversationSettings) -> dict:
@@ -85,7 +109,15 @@ def check_settings(settings: ConversationSettings) -> dict:
     if min(settings.n, settings.turns, settings.max_new_tokens, settings.bootstrap, settings.max_story_tokens) < 1:
         raise ConfigError("--n, --turns, --max_new_tokens, --max_story_tokens and --bootstrap must each be at least "
                           "1 (a conversation needs a turn).")
+    if "relay_q" in settings.conditions:
+        raise ConfigError("relay_q writes the background for one question, and a conversation asks one per turn: "
+                          "use relay (the source's summary of the story, written once and kept).")
+    check_conditions(settings.conditions, CONDITIONS + SHARED)
+    if not set(CONDITIONS) <= set(settings.conditions):
+        raise ConfigError(f"--conditions always holds {' '.join(CONDITIONS)} (the tables compare against them).")
     config = read_config(settings.checkpoint)
+    check_sharing(settings.conditions, config, settings.checkpoint, settings.relay_tokens, settings.direct,
+                  settings.kvcomm_fraction, settings.max_story_tokens)
     needed = settings.max_story_tokens + settings.turns * (HISTORY_ROOM + settings.max_new_tokens) + 64
     for role in ("source", "target"):
         limit = config[role].get("max_positions")
@@ -125,32 +157,37 @@ def translator_mb(mot: MoT) -> float:
 
 @torch.no_grad()
 def conversation_rows(mot: MoT, source: LoadedModel, target: LoadedModel, conversation: Conversation,
-                      settings: ConversationSettings) -> list[dict]:
-    """One row per turn and condition: the answer, its F1, the turn's seconds and the cache the condition keeps."""
+                      settings: ConversationSettings, shared: SharingModels = SharingModels()) -> list[dict]:
+    """One row per turn and condition: the answer, its F1, the turn's seconds and the cache the condition keeps.
+    Every cache of the story is built once (answers.condition_caches: a relay's message is written once per story);
+    a kvcomm cache is answered and extended under its plan. shared: the direct map and the kvcomm layers."""
     if not conversation.turns:
         raise ContextError(f"conversation {conversation.id} has no turns: there is nothing to answer.")
-    first = build_prompt(turn_example(conversation, 0), target.chat_frame)
-    translation = translate(mot, source, target, first.context_text)
-    caches = {"native": translation.native_kv, "mot": translation.mixed_kv, "no_context": empty_context_cache(target)}
+    built = condition_caches(mot, source, target, turn_example(conversation, 0), conditions=settings.conditions,
+                             relay_tokens=settings.relay_tokens, kvcomm=shared.kvcomm, direct=shared.direct)
+    translation, plans = built.translation, built.plans
+    caches = {c: built.kv[c] for c in settings.conditions}
     timings = translation.timings
-    fixed = {"id": conversation.id, "genre": conversation.source,
-             "story_tokens": int(translation.target_ids.shape[1]),
+    tokens = int(translation.target_ids.shape[1])
+    fixed = {"id": conversation.id, "genre": conversation.source, "story_tokens": tokens,
              "source_tokens": int(translation.source.source_ids.shape[1]),
              **{stage: timings.get(stage, np.nan) for stage in ("source_prefill", "alignment", "translator", "replay",
                                                                  "native_prefill")}}
+    costs = {c: cost_fields(c, tokens, target, len(mot.channels.target_layers), target_side_seconds(c, built),
+                            built.relays.get(c), shared.kvcomm, source) for c in caches}
     rows = []
     for turn in range(len(conversation.turns)):
         example = turn_example(conversation, turn)
         suffix = build_prompt(example, target.chat_frame).suffix_text
-        answers = answers_from_caches(target, caches, example, settings.max_new_tokens, suffix)
+        answers = answers_from_caches(target, caches, example, settings.max_new_tokens, suffix, plans=plans)
         history = target.ids_tensor(encode(target.tokenizer, history_text(suffix, example.answers[0])))
         for condition, kv in caches.items():
             start = time.perf_counter()
-            caches[condition] = hf.run(target.model, history, kv, logits_to_keep=None).kv
+            caches[condition] = hf.run(target.model, history, kv, plans.get(condition), logits_to_keep=None).kv
             rows.append({**fixed, "turn": turn + 1, "condition": condition, "score": answers[condition].score,
                          "answer": answers[condition].text, "gold": " | ".join(example.answers),
                          "turn_seconds": answers[condition].seconds + time.perf_counter() - start,
-                         "cache_tokens": int(caches[condition][0][0].shape[2])})
+                         "cache_tokens": int(caches[condition][0][0].shape[2]), **costs[condition]})
     return rows
 
 
@@ -162,7 +199,7 @@ def summarize(rows: pd.DataFrame, target_spec_mb: float, source_spec_mb: float, 
     scored = rows[rows["condition"] != "skipped"].copy()
     scored["turn"] = scored["turn"].astype(int)
     start = {"native": scored["native_prefill"], "mot": scored["alignment"] + scored["translator"] + scored["replay"],
-             "no_context": 0.0}
+             "no_context": 0.0, **{c: scored["target_side_seconds"] for c in SHARED if c in set(scored["condition"])}}
     scored["start_seconds"] = 0.0
     for condition, seconds in start.items():
         mask = scored["condition"] == condition
@@ -172,17 +209,20 @@ def summarize(rows: pd.DataFrame, target_spec_mb: float, source_spec_mb: float, 
     out = []
     for turn, part in scored.groupby("turn", sort=True):
         wide = part.pivot_table(index="id", columns="condition", values="score").dropna()
-        for condition in [c for c in CONDITIONS if c in wide]:
+        for condition in [c for c in CONDITIONS + SHARED if c in wide]:
             rows_c = part[part["condition"] == condition]
             ci = bootstrap_ci(wide[condition].to_numpy(), n_boot=n_boot, seed=seed)
             target_mb = float(rows_c["cache_tokens"].median()) * target_spec_mb
             source_mb = float(rows_c["source_tokens"].median()) * source_spec_mb
             out.append({"turn": int(turn), "condition": condition, "n": len(wide), "mean": ci.mean, "ci_low": ci.lo,
                         "ci_high": ci.hi,
-                        **(paired_ratios(wide, condition, n_boot, seed) if condition == "mot" else {}),
+                        **(paired_ratios(wide, condition, n_boot, seed) if condition not in ("native", "no_context")
+                           else {}),
+                        "start_seconds": float(rows_c["start_seconds"].median()),
                         "cumulative_seconds": float(rows_c["cumulative_seconds"].median()),
                         "memory_mb": target_mb + (translator if condition == "mot" else 0.0),
-                        "memory_retain_mb": target_mb + (translator + source_mb if condition == "mot" else 0.0)})
+                        "memory_retain_mb": target_mb + (translator if condition == "mot" else 0.0)
+                        + (source_mb if condition in ("mot", *SHARED) else 0.0), **cost_medians(rows_c)})
     return pd.DataFrame(out)
 
 
@@ -210,12 +250,37 @@ def markdown(summary: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+def sharing_markdown(summary: pd.DataFrame, paired: pd.DataFrame) -> str:
+    """The other ways of sharing the story beside the MoT (none: ""): per condition, the last turn's F1, the paired
+    difference MoT − condition over the conversations (each its turns' mean), the seconds before the first turn (the
+    source's reading excluded), what is handed over and what the target computes over the story."""
+    if not len(summary):
+        return ""
+    last = summary[summary["turn"] == summary["turn"].max()].set_index("condition")
+    listed = [c for c in ("mot", *SHARED) if c in last.index]
+    if listed == ["mot"]:
+        return ""
+    diffs = paired.set_index("b") if len(paired) else pd.DataFrame()
+    lines = ["", "Ways of sharing the story (F1 at the last turn; MoT − condition over all turns, paired):", "",
+             "| condition | F1 | MoT − condition [95% CI] | s before turn 1 | handed over (bytes) | target computes |",
+             "|---|---:|---|---:|---:|---|"]
+    for c in listed:
+        r = last.loc[c]
+        d = diffs.loc[c] if c in diffs.index else None
+        diff = "" if d is None else f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
+        lines.append(f"| {c} | {r['mean']:.3f} | {diff} | {r['start_seconds']:.2f} | {r['handed_bytes']:,.0f} | "
+                     f"{work_text(r['target_work'], r['target_tokens'])} |")
+    return "\n".join(lines) + "\n"
+
+
 def write(out_dir: Path, rows: pd.DataFrame, settings: ConversationSettings, sizes: dict[str, float]) -> pd.DataFrame:
     """Every result file of the run, each written whole (a kill never leaves a torn file)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(rows, sizes["target_mb_per_token"], sizes["source_mb_per_token"], sizes["translator_mb"],
                         settings.bootstrap, settings.seed)
-    for name, frame in (("examples.csv", rows), ("summary.csv", summary)):
+    paired = paired_differences(rows.assign(dataset="coqa"), [("mot", c) for c in ("no_context", *SHARED)],
+                                settings.bootstrap, settings.seed)  # over conversations, each its turns' mean
+    for name, frame in (("examples.csv", rows), ("summary.csv", summary), ("paired.csv", paired)):
         write_text_atomic(out_dir / name, frame.to_csv(index=False))
     skipped = rows.loc[rows["condition"] == "skipped", ["id", "error"]].to_dict(orient="records")
     meta = {"settings": asdict(settings), "date": str(datetime.date.today()), "skipped": skipped, "sizes": sizes,
@@ -232,7 +297,8 @@ def write(out_dir: Path, rows: pd.DataFrame, settings: ConversationSettings, siz
     write_text_atomic(out_dir / "summary.md", f"Command: `{settings.command(out_dir)}`\n\nDate: {meta['date']}. "
                       f"{n} conversations, skipped: {len(skipped)}. Translator {sizes['translator_mb']:.1f} MB (fp16); "
                       "memory is the median over conversations after each turn, in fp16 MB; seconds are medians of "
-                      "one run on this machine.\n\n" + (markdown(summary) if len(summary) else "") + total)
+                      "one run on this machine.\n\n" + (markdown(summary) if len(summary) else "") + total
+                      + sharing_markdown(summary, paired))
     return summary
 
 
@@ -242,18 +308,21 @@ def run(settings: ConversationSettings, out_dir: Path, resume: bool = False, pro
     partial results are written after every conversation and on an interruption. overwrite: write into an out_dir
     that holds other files (results_folder.check_results_folder)."""
     config = check_settings(settings)
-    wanted = {(turn, c) for turn in range(1, settings.turns + 1) for c in CONDITIONS}
+    wanted = {(turn, c) for turn in range(1, settings.turns + 1) for c in settings.conditions}
     previous = resumed_table(out_dir, settings, resume, overwrite, RESUME_KEYS, RESULT_FILES, RESULTS, wanted,
                              "conversations", label=lambda row: (int(float(row["turn"])), row["condition"]))
     source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
     conversations = coqa_conversations(target.tokenizer, settings.n, settings.turns, settings.seed,
                                        settings.max_story_tokens)
     mot = load_checkpoint(settings.checkpoint, source, target)[0]
+    shared = load_sharing(settings.conditions, settings.direct, settings.kvcomm_fraction, source, target,
+                          [turn_example(c, 0) for c in conversations[:1]])  # kvcomm: calibrated on the first story
+    settings.kvcomm_layers = shared.kvcomm.layers if shared.kvcomm else ()
     sizes = {"target_mb_per_token": cache_mb(target, 1), "source_mb_per_token": cache_mb(source, 1),
              "translator_mb": translator_mb(mot)}
     rows = [] if previous is None else previous.to_dict(orient="records")
     return run_units(conversations, rows, {r["id"] for r in rows}, lambda c: c.id,
-                     lambda c: conversation_rows(mot, source, target, c, settings),
+                     lambda c: conversation_rows(mot, source, target, c, settings, shared),
                      lambda c: {"id": c.id, "genre": c.source},
                      lambda: write(out_dir, pd.DataFrame(rows, columns=ROW_COLUMNS), settings, sizes),
                      "conversations", progress, "conversations")
@@ -267,6 +336,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the conversation sample")
     parser.add_argument("--max_new_tokens", type=int, default=MAX_NEW_TOKENS, help="longest generated answer")
     parser.add_argument("--max_story_tokens", type=int, default=512, help="longest story, in target tokens")
+    parser.add_argument("--conditions", nargs="+", choices=CONDITIONS + SHARED + ("relay_q",), default=[],
+                        help="ways of sharing the story beside native, mot and no_context (always answered): relay, "
+                             "direct (with --direct), kvcomm (a pair of one architecture)")
+    parser.add_argument("--relay_tokens", type=int, default=RELAY_TOKENS,
+                        help="longest message the source writes about the story (relay), in source tokens")
+    parser.add_argument("--direct", help="the full-depth map without replay of the 'direct' condition")
+    parser.add_argument("--kvcomm_fraction", type=float, default=KVCOMM_FRACTION,
+                        help="share of the layers the 'kvcomm' condition reads the source's K/V at")
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of each interval")
     parser.add_argument("--out", required=True, help="folder of the results (created when missing)")
     parser.add_argument("--resume", action="store_true", help="keep the conversations --out already holds")
@@ -274,7 +351,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="write into an --out folder that holds other files, replacing those of the same names")
     args = parser.parse_args(argv)
     settings = ConversationSettings(args.checkpoint, args.n, args.turns, args.seed, args.max_new_tokens,
-                                    args.max_story_tokens, args.bootstrap)
+                                    args.max_story_tokens, args.bootstrap,
+                                    CONDITIONS + tuple(c for c in (*SHARED, "relay_q") if c in args.conditions),
+                                    args.relay_tokens, args.direct, args.kvcomm_fraction)
     return run_cli(lambda: print(markdown(run(settings, Path(args.out), args.resume, overwrite=args.overwrite))))
 
 

@@ -4,21 +4,29 @@ evaluations: each runs, the relay's target reads only the message, each survives
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 
+from mot_viz.data.coqa import Conversation, Turn
+from mot_viz.engine import hf
+from mot_viz.engine.alignment import encode
 from mot_viz.engine.channels import terminal_channels
-from mot_viz.engine.checkpoint import save_checkpoint
+from mot_viz.engine.checkpoint import load_checkpoint, save_checkpoint
 from mot_viz.engine.models import kv_cache_bytes
 from mot_viz.engine.mot import MoT
-from mot_viz.engine.testing import load_test_model, tiny_model
+from mot_viz.engine.prompts import build_prompt
+from mot_viz.engine.testing import CORPUS, load_test_model, tiny_model
 from mot_viz.errors import ConfigError
-from mot_viz.eval import long_context
+from mot_viz.eval import conversation, long_context
+from mot_viz.eval.answers import answer_from_cache
+from mot_viz.eval.conversation import ConversationSettings, history_text, turn_example
 from mot_viz.eval.long_context import LongSettings
 from mot_viz.eval.relay import read_message
+from mot_viz.eval.sharing import SharingModels
 from mot_viz.train.quickfit import QuickFitConfig, fit_pair
 
 DIRECT = QuickFitConfig(tokens=256, min_context_tokens=16, max_context_tokens=48, direct=True)
@@ -136,5 +144,95 @@ def test_long_context_refuses_bad_sharing_input_in_one_line(checkpoints, tmp_pat
     direct = {"LINEAR": str(checkpoints["linear"])}.get(s.direct, s.direct)
     argv += ["--direct", direct] if direct else []
     assert long_context.main(argv) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+# ----- conversation ------------------------------------------------------------------------------------------------
+
+TINY = Conversation("tiny", "test", CORPUS[0] + " " + CORPUS[1],
+                    (Turn("Where is the tower?", ("in Paris",)), Turn("Who built it?", ("Gustave Eiffel's company",))))
+
+
+def conversation_settings(checkpoints, **kw) -> ConversationSettings:
+    base = dict(checkpoint=str(checkpoints["mot"]), n=1, turns=2, seed=0, max_new_tokens=3, max_story_tokens=3000,
+                bootstrap=20, conditions=("native", "mot", "no_context", "relay", "direct"), relay_tokens=5,
+                direct=str(checkpoints["direct"]))
+    return ConversationSettings(**{**base, **kw})
+
+
+def test_a_conversation_keeps_the_relay_message_as_its_context(checkpoints):
+    source, target = load("source6"), load("gemma3-270m")
+    mot = load_checkpoint(checkpoints["mot"], source, target)[0]
+    shared = SharingModels(direct=load_checkpoint(checkpoints["direct"], source, target)[0])
+    rows = pd.DataFrame(conversation.conversation_rows(mot, source, target, TINY, conversation_settings(checkpoints),
+                                                       shared))
+    by = rows.set_index(["condition", "turn"])
+    message = by.loc[("relay", 1), "message"]
+    assert by.loc[("relay", 2), "message"] == message  # written once per story
+    # the relay's cache is the target's own prefill of the message (in the passage's place), then the history
+    first = turn_example(TINY, 0)
+    ids = target.prefix_ids + encode(target.tokenizer, build_prompt(replace(first, context=message),
+                                                                     target.chat_frame).context_text)
+    history = encode(target.tokenizer, history_text(build_prompt(first, target.chat_frame).suffix_text,
+                                                    TINY.turns[0].answers[0]))
+    assert by.loc[("relay", 1), "target_tokens"] == len(ids) - len(target.prefix_ids)
+    second_history = encode(target.tokenizer, history_text(build_prompt(turn_example(TINY, 1), target.chat_frame)
+                                                           .suffix_text, TINY.turns[1].answers[0]))
+    assert by.loc[("relay", 2), "cache_tokens"] == len(ids) + len(history) + len(second_history)
+    kv = hf.run(target.model, target.ids_tensor(ids + history), logits_to_keep=None).kv
+    second = turn_example(TINY, 1)
+    own = answer_from_cache(target, kv, second, "relay", 3, build_prompt(second, target.chat_frame).suffix_text)
+    assert by.loc[("relay", 2), "answer"] == own.text
+    # the direct map's cache of the story, kept and extended like the others
+    assert by.loc[("direct", 1), "cache_tokens"] == by.loc[("mot", 1), "cache_tokens"]
+    assert by.loc[("direct", 1), "target_work"] == "none" and by.loc[("mot", 1), "target_work"] == "replay"
+
+
+def test_the_conversation_runs_every_way_of_sharing_and_resumes(checkpoints, tmp_path, monkeypatch):
+    monkeypatch.setattr(conversation, "load_model", load)
+    out = tmp_path / "conv"
+    conversation.run(conversation_settings(checkpoints), out, progress=False)
+    first = pd.read_csv(out / "examples.csv", dtype={"message": str}, keep_default_na=False, na_values=[""])
+    assert set(first["condition"]) == {"native", "mot", "no_context", "relay", "direct"} and len(first) == 2 * 5
+    md = (out / "summary.md").read_text()
+    assert "Ways of sharing the story" in md and "| relay |" in md and "| direct |" in md
+    paired = pd.read_csv(out / "paired.csv").set_index("b")
+    wide = first.pivot_table(index="id", columns="condition", values="score")
+    assert paired.loc["relay", "diff"] == pytest.approx(float((wide["mot"] - wide["relay"]).iloc[0]))
+    computed = []
+    real = conversation.conversation_rows
+    monkeypatch.setattr(conversation, "conversation_rows", lambda *a, **k: computed.append(a[3].id) or real(*a, **k))
+    conversation.run(conversation_settings(checkpoints, n=2), out, resume=True, progress=False)
+    both = pd.read_csv(out / "examples.csv", dtype={"message": str}, keep_default_na=False, na_values=[""])
+    assert len(computed) == 1 and both["id"].nunique() == 2
+    pd.testing.assert_frame_equal(both[both["id"].isin(first["id"])].reset_index(drop=True), first)
+
+
+def test_a_kvcomm_conversation_keeps_the_senders_cache_of_the_story(checkpoints, tmp_path, monkeypatch):
+    monkeypatch.setattr(conversation, "load_model", load)
+    out = tmp_path / "kvcomm"
+    conversation.run(conversation_settings(checkpoints, checkpoint=str(checkpoints["same"]), direct=None,
+                                           conditions=("native", "mot", "no_context", "kvcomm"), kvcomm_fraction=0.5),
+                     out, progress=False)
+    rows = pd.read_csv(out / "examples.csv").set_index(["condition", "turn"])
+    assert rows.loc[("kvcomm", 2), "cache_tokens"] == rows.loc[("native", 2), "cache_tokens"]
+    assert len(json.loads((out / "summary.json").read_text())["settings"]["kvcomm_layers"]) == 3
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(conditions=("native", "mot", "no_context", "relay_q")), "relay_q writes the background for one question"),
+    (dict(relay_tokens=0), "--relay_tokens must be at least 1"),
+    (dict(direct=None), "the 'direct' condition needs --direct CHECKPOINT"),
+    (dict(conditions=("native", "mot", "no_context", "kvcomm"), direct=None), "The kvcomm condition"),
+])
+def test_the_conversation_refuses_bad_sharing_input_in_one_line(checkpoints, tmp_path, capsys, monkeypatch, change,
+                                                                message):
+    monkeypatch.setattr(conversation, "load_model", lambda name: pytest.fail("a model was loaded"))
+    s = conversation_settings(checkpoints, **change)
+    argv = ["--checkpoint", s.checkpoint, "--n", "1", "--turns", "2", "--max_story_tokens", "500", "--conditions",
+            *s.conditions, "--relay_tokens", str(s.relay_tokens), "--out", str(tmp_path / "out")]
+    argv += ["--direct", s.direct] if s.direct else []
+    assert conversation.main(argv) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
