@@ -55,3 +55,29 @@ def private_cache(tmp_path, monkeypatch) -> Path:
     cache = tmp_path / "cache"
     monkeypatch.setenv("MOT_VIZ_CACHE", str(cache))
     return cache
+
+
+@pytest.fixture(scope="module")
+def local_pair_checkpoint(tmp_path_factory) -> Path:
+    """A random checkpoint of a tiny pair saved as local model folders, which its config.json names: what a command
+    run in a subprocess (python -m mot_viz.eval.evaluate --checkpoint …) loads without the real models. Its folder is
+    alone in its parent (a pretrained/ of one checkpoint for the app)."""
+    import torch
+
+    from mot_viz.engine.channels import terminal_channels
+    from mot_viz.engine.checkpoint import save_checkpoint
+    from mot_viz.engine.mot import MoT
+
+    root = tmp_path_factory.mktemp("local_pair")
+    loaded = {}
+    for role, (family, vocab, seed, bos) in {"source": ("llama", 280, 1, False),
+                                             "target": ("gemma3_text", 300, 0, True)}.items():
+        tiny = tiny_model(family, vocab_size=vocab, seed=seed, bos=bos)
+        tiny.model.save_pretrained(root / "models" / role)
+        tiny.tokenizer.save_pretrained(root / "models" / role)
+        loaded[role] = load_model(str(root / "models" / role))
+    source, target = loaded["source"], loaded["target"]
+    torch.manual_seed(0)
+    mot = MoT.build(source.spec, target.spec, terminal_channels(source.spec.num_layers, target.spec.num_layers, 0.5),
+                    dim=16, heads=2)
+    return save_checkpoint(mot, root / "pretrained" / "tiny-pair", metrics={"note": "randomly initialised test checkpoint"})

@@ -5,7 +5,7 @@ import streamlit as st
 from mot_viz import app
 from mot_viz.analysis.multi_agent_figures import conversation_figure, shard_error_figure
 from mot_viz.app.long_context import take_upload
-from mot_viz.app.multi_agent import CONVERSATIONS, SHARD_BUDGET, your_conversation_view
+from mot_viz.app.multi_agent import CONVERSATIONS, SHARD_BUDGET, SHARD_DOCUMENTS, your_conversation_view
 from mot_viz.data.user_documents import UPLOAD_TYPES, document_label, questions_text
 from mot_viz.errors import MotVizError
 
@@ -123,7 +123,7 @@ def _several_readers(run) -> None:
     app.widget_default("pg.agents.shards", 2, [2, 4])
     shards = cols[1].selectbox("Shards", [2, 4], key="pg.agents.shards")
     app.widget_default("pg.agents.doc", 0)
-    index = cols[2].number_input("Document number", 0, 49, step=1, key="pg.agents.doc")
+    index = cols[2].number_input("Document number", 0, SHARD_DOCUMENTS - 1, step=1, key="pg.agents.doc")
     if not chosen:
         return
     try:

@@ -10,15 +10,15 @@ import streamlit as st
 
 from mot_viz import app
 from mot_viz.analysis import eval_run_links, eval_runs, figures, layer_separation
-from mot_viz.app.multi_agent import CONVERSATIONS
+from mot_viz.app import live_run
 from mot_viz.app.permalink import example_link
+from mot_viz.app.settings import DATASET_LABELS
 from mot_viz.errors import MotVizError
+from mot_viz.eval.answers import CONDITION_LABELS
 
 OTHER = "other folder (type its path below)"
 NONE = "(none)"
 DEFAULT_RUN = "results/eval/smollm2-to-gemma3-mid-squad300"
-LONG_DOCUMENTS = 48  # the Long context page's document numbers (0–47)
-SHARD_DOCUMENTS = 50  # the Multi-agent page's sharded document numbers (0–49)
 ORDER = "the run's order"
 LINK = st.column_config.LinkColumn("open", display_text="Open in the app", width="medium")
 
@@ -44,14 +44,17 @@ def main() -> None:
         "- **Two runs side by side** — a second folder of the same examples (another checkpoint, the linear map, "
         "another window): the paired difference over the slice, as `scripts/paired_runs.py` computes it."
     )
+    _open_live_folder()
     run, table = _pick_run("pg.evals.folder", "pg.evals.path", "Results folder")
     if run is None:
+        _live_run()
         st.stop()
     _settings(run)
     table, shown = _examples(run, table)
     _slice(run, shown)
     _layers(run, shown)
     _two_runs(run, table, shown)
+    _live_run()
 
 
 # ----- the folder --------------------------------------------------------------------------------------------------
@@ -144,9 +147,7 @@ def _examples(run: eval_runs.EvalRun, table: pd.DataFrame) -> tuple[pd.DataFrame
     app.widget_default("pg.evals.descending", False)
     descending = cols[2].checkbox("descending", key="pg.evals.descending")
 
-    views = eval_run_links.app_views(run, table, checkpoints=list(app.available_checkpoints()),
-                                examples_per_dataset=app.EXAMPLES_PER_DATASET, long_documents=LONG_DOCUMENTS,
-                                conversations=CONVERSATIONS, shard_documents=SHARD_DOCUMENTS)
+    views = app.eval_run_views(run, table)
     table = table.assign(app=[example_link(v) for v in views])
     shown = eval_runs.select(table, condition, low, high, lost and can_lose, search, run.translated)
     if sort != ORDER:
@@ -158,8 +159,23 @@ def _examples(run: eval_runs.EvalRun, table: pd.DataFrame) -> tuple[pd.DataFrame
     st.dataframe(shown, hide_index=True, column_order=["app", *[c for c in shown if c != "app"]],
                  column_config={"app": LINK,
                                 delta: st.column_config.NumberColumn(format="%+.3f"), **scores})
+    _open_one(shown)
     _not_linkable(views)
     return table, shown
+
+
+def _open_one(shown: pd.DataFrame) -> None:
+    """One example of the table opened in the app by a button (the table's own links open from its cells)."""
+    linked = shown.dropna(subset=["app"])
+    if linked.empty:
+        return
+    links = dict(zip(linked["example"], linked["app"]))
+    questions = dict(zip(linked["example"], linked["question"].fillna("")))
+    cols = st.columns([3, 1], vertical_alignment="bottom")
+    app.widget_default("pg.evals.open", next(iter(links)), list(links))
+    chosen = cols[0].selectbox("Example to open", list(links), key="pg.evals.open",
+                               format_func=lambda e: f"{e} — {questions[e][:80]}" if questions[e] else e)
+    cols[1].link_button("Open in the app", links[chosen], width="stretch")
 
 
 def _not_linkable(views: list[eval_run_links.AppView]) -> None:
@@ -170,6 +186,9 @@ def _not_linkable(views: list[eval_run_links.AppView]) -> None:
     if len(reasons):
         text += " Not linkable yet: " + "; ".join(f"{n} because {app.escape_markdown(r)}"
                                                   for r, n in reasons.value_counts().items()) + "."
+    notes = pd.Series([v.note for v in views if v.page is not None and v.note], dtype=object)
+    for note, n in notes.value_counts().items():
+        text += f" {n} of them: {app.escape_markdown(note)}."
     st.caption(text + f" The app cuts a context at {app.MAX_CONTEXT_TOKENS:,} target tokens, an evaluation at its "
                       "--max_context_tokens: a passage longer than the smaller limit reads differently there.")
 
@@ -284,6 +303,105 @@ def _two_runs(run: eval_runs.EvalRun, table: pd.DataFrame, shown: pd.DataFrame) 
                          column_order=["app", *[c for c in listed if c != "app"]],
                          column_config={"app": LINK,
                                         "diff": st.column_config.NumberColumn(format="%+.3f")})
+
+
+# ----- a live run --------------------------------------------------------------------------------------------------
+
+
+LIVE = "evals.live"  # this session's live run (mot_viz.app.live_run.LiveRun); no page option, so never in a link
+LIVE_OPEN = "evals.live_open"  # a live run's folder to open in the explorer above at the next page run
+LIVE_ENDED = "evals.live_ended"  # the live run whose end the page has handled (its folder opened once)
+UPLOAD = "upload"
+
+
+def _open_live_folder() -> None:
+    """Before the explorer's widgets are drawn: choose the folder a live run just wrote."""
+    folder = st.session_state.pop(LIVE_OPEN, None)
+    if folder is not None:
+        st.session_state.update({"pg.evals.folder": OTHER, "pg.evals.path": folder})
+
+
+def _live_run() -> None:
+    st.subheader("Run an evaluation here")
+    live = st.session_state.get(LIVE)
+    if live is not None and live.running():
+        _live_progress()
+        return
+    if live is not None and st.session_state.get(LIVE_ENDED) is not live:  # just ended: open its folder above
+        st.session_state[LIVE_ENDED] = live
+        if (live.folder / "examples.csv").is_file():
+            st.session_state[LIVE_OPEN] = str(live.folder)
+            st.rerun()
+    if live is not None:
+        _live_outcome(live)
+    checkpoint = app.applied_selection().checkpoint
+    st.caption(f"`python -m mot_viz.eval.evaluate` on up to {live_run.MAX_EXAMPLES} examples, with the sidebar's "
+               f"checkpoint ({app.escape_markdown(Path(checkpoint).name) or 'none'}), as a process of its own: "
+               f"its results folder goes under {app.escape_markdown(str(live_run.runs_dir()))} and opens above "
+               "when it ends. **Stop** ends it as Ctrl-C would: the folder keeps the examples done, and **Resume** "
+               "(`--resume`) computes the rest.")
+    cols = st.columns([1, 1, 2])
+    datasets = [*live_run.DATASETS, UPLOAD]
+    app.widget_default("pg.evals.live_dataset", "squad", datasets)
+    dataset = cols[0].selectbox("Dataset", datasets, key="pg.evals.live_dataset",
+                                format_func=lambda d: "your .jsonl file" if d == UPLOAD else DATASET_LABELS.get(d, d))
+    app.widget_default("pg.evals.live_n", 10)
+    n = cols[1].number_input("Examples", 1, live_run.MAX_EXAMPLES, step=1, key="pg.evals.live_n",
+                             help="The first of the dataset's seed-0 sample, as the command draws them.")
+    app.widget_default("pg.evals.live_conditions", ["no_context", "mot", "random"])  # a list: kept where offered
+    st.session_state["pg.evals.live_conditions"] = [c for c in st.session_state["pg.evals.live_conditions"]
+                                                    if c in live_run.LIVE_CONDITIONS]
+    conditions = cols[2].multiselect("Conditions (native always)", list(live_run.LIVE_CONDITIONS),
+                                     key="pg.evals.live_conditions",
+                                     help="The command's --conditions: " + "; ".join(
+                                         f"{c}: {CONDITION_LABELS[c]}" for c in live_run.LIVE_CONDITIONS))
+    upload = None
+    if dataset == UPLOAD:
+        upload = st.file_uploader("Examples in the evaluation format (.jsonl): one JSON object per line, "
+                                  '{"context", "question", "answers": [...]} or {"context", "question", '
+                                  '"choices": [...], "label": int}', type=["jsonl"], key="evals.live_upload")
+    if not st.button("Run", key="evals.live_run", type="primary", disabled=dataset == UPLOAD and upload is None):
+        return
+    try:
+        data = str(live_run.check_upload(upload.name, upload.getvalue())) if dataset == UPLOAD else dataset
+        settings = live_run.settings_for(checkpoint, data, int(n), conditions)
+        st.session_state[LIVE] = live_run.start(settings, live_run.new_folder(checkpoint, data, int(n)))
+    except MotVizError as exc:
+        app.show_error(exc)
+        return
+    st.rerun()
+
+
+@st.fragment(run_every=1.0)
+def _live_progress() -> None:
+    """The running command's progress, read each second from what it writes; its Stop button."""
+    live = st.session_state[LIVE]
+    if not live.running():  # ended: the whole page shows the outcome and opens the folder
+        st.rerun(scope="app")
+    progress = live.progress()
+    text = ("Stopping: writing the examples done …" if live.stopped else
+            "Loading the models …" if progress.phase == "starting" else
+            f"{progress.done} of {progress.total} examples")
+    st.progress(progress.fraction, text=text)
+    st.code(live.command, language="bash", wrap_lines=True)
+    if st.button("Stop", key="evals.live_stop", disabled=live.stopped):
+        live.stop()
+
+
+def _live_outcome(live: live_run.LiveRun) -> None:
+    """How the session's last run ended, the command that reproduces it, and Resume for a stopped one."""
+    progress = live.progress()
+    if progress.phase == "finished":
+        st.success(f"Evaluated {progress.total} examples: the folder is open above.")
+    elif progress.phase == "stopped":
+        st.warning(f"Stopped after {progress.done} of {progress.total} examples"
+                   + (": the folder is open above." if progress.done else ", before the first was done."))
+    else:
+        st.error(f"The run failed: {app.escape_markdown(progress.message)} (its output: {live.log})")
+    st.code(live.command + (" --resume" if progress.phase != "finished" else ""), language="bash", wrap_lines=True)
+    if progress.phase != "finished" and st.button("Resume", key="evals.live_resume"):
+        st.session_state[LIVE] = live_run.start(live.settings, live.folder, resume=True)
+        st.rerun()
 
 
 app.run_page(main)

@@ -4,7 +4,7 @@ import pandas as pd
 import streamlit as st
 
 from mot_viz import app
-from mot_viz.app.long_context import take_upload, your_long_document
+from mot_viz.app.long_context import LONG_DOCUMENTS, take_upload, your_long_document
 from mot_viz.analysis.long_context import (first_token_figure, first_token_table, position_error_figure,
                                            retention_curve_figure)
 from mot_viz.data.long_context import BUDGETS, DEPTHS
@@ -49,7 +49,7 @@ def main() -> None:
                                help="Longer documents take longer: on two CPU cores about 20 s at 512 tokens and "
                                     "a few minutes at 4,096. Your own text is read at its own length.")
     app.widget_default("pg.long.doc", 0)
-    index = cols[2].number_input("Document number", 0, 47, step=1, key="pg.long.doc", disabled=yours)
+    index = cols[2].number_input("Document number", 0, LONG_DOCUMENTS - 1, step=1, key="pg.long.doc", disabled=yours)
     for key in ("pg.long.text", "pg.long.question", "pg.long.gold"):  # kept (and linked) while another is shown
         app.widget_default(key, "")
     try:

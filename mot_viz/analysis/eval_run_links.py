@@ -5,7 +5,7 @@ page turns each view into a link with mot_viz.app.permalink."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
@@ -17,7 +17,8 @@ from .eval_runs import REPO_ROOT, EvalRun
 @dataclass(frozen=True)
 class AppView:
     """The app's view of one example: the page, the sidebar's models, checkpoint and dataset example, and the page's
-    own options (widget keys "pg.<page>.<name>"); `reason` says why an example has none."""
+    own options (widget keys "pg.<page>.<name>"); `reason` says why an example has none, `note` what the view shows
+    otherwise than the run did."""
 
     page: str | None = None  # the page's file name in views/ without ".py", e.g. "1_answers"
     source: str | None = None
@@ -27,6 +28,7 @@ class AppView:
     example: int | None = None
     options: dict = field(default_factory=dict)
     reason: str = ""
+    note: str = ""
 
 
 def _checkpoint_models(checkpoint: str) -> tuple[str, str] | None:
@@ -54,14 +56,22 @@ def app_views(run: EvalRun, table: pd.DataFrame, *, checkpoints: Iterable[str], 
     checkpoint = str(run.settings.get("checkpoint", ""))
     name = Path(checkpoint.rstrip("/")).name
     models = _checkpoint_models(checkpoint)
-    if name not in set(checkpoints) or models is None:
-        why = (f"the run's checkpoint {checkpoint} is not among the app's checkpoints (pretrained/): copy it there "
-               "to open its examples in the app")
-        return [AppView(reason=why)] * len(table)
-    base = dict(source=models[0], target=models[1], checkpoint=name)
     seed = run.settings.get("seed", 0)
     if seed != 0:
         return [AppView(reason=f"the app offers the examples of seed 0; this run sampled seed {seed}")] * len(table)
+    if name in set(checkpoints) and models is not None:
+        return _views(run, table, dict(source=models[0], target=models[1], checkpoint=name), examples_per_dataset,
+                      long_documents, conversations, shard_documents)
+    # the example still opens, under the pair and checkpoint the app starts with
+    note = (f"the run's checkpoint {checkpoint} is not among the app's checkpoints (pretrained/), so the example "
+            "opens with the sidebar's own; copy the checkpoint there to see the run's")
+    return [replace(v, note=note) if v.page else v for v in
+            _views(run, table, {}, examples_per_dataset, long_documents, conversations, shard_documents)]
+
+
+def _views(run: EvalRun, table: pd.DataFrame, base: dict, examples_per_dataset: int, long_documents: int,
+           conversations: int, shard_documents: int) -> list[AppView]:
+    """app_views of a run of seed 0 whose sidebar settings are `base` (pair and checkpoint; {}: the app's own)."""
     kind = run.kind.name
     if kind == "evaluate":
         return _dataset_views(run, table, base, examples_per_dataset)

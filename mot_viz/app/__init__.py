@@ -25,7 +25,7 @@ each importing only those above it:
 """
 
 from .frame import applied_selection, current_run, fragment, navigation_frame, page_setup, run_page
-from .links import link_params, python_code
+from .links import eval_run_views, link_params, python_code
 from .long_context import LongView, long_document, shipped_long_results
 from .multi_agent import ConversationView, ShardView, conversation_view, shard_view, shipped_conversation_results
 from .loaders import (CONTROL_SEED, FIT_PREFIX, answer_rows, available_checkpoints, checkpoint_stamp,
@@ -44,7 +44,7 @@ __all__ = [
     "DEFAULT_CHECKPOINT", "DEFAULT_MAX_NEW_TOKENS", "EXAMPLES_PER_DATASET", "FIT_PREFIX", "LongView",
     "MAX_CONTEXT_TOKENS", "NO_SECOND", "REPO_ROOT", "Run", "SecondRun", "Selection", "answer_rows",
     "applied_selection", "available_checkpoints", "checkpoint_stamp", "checkpoints_for_pair", "choices_text",
-    "current_run", "dataset_examples", "default_checkpoint", "escape_markdown", "explain", "first_token_kl",
+    "current_run", "dataset_examples", "eval_run_views", "default_checkpoint", "escape_markdown", "explain", "first_token_kl",
     "fragment", "get_checkpoint", "get_model", "get_translation", "keep_widget_state", "lens_at", "lens_trace",
     "linear_baseline_for",
     "link_params", "live_sweep", "long_document", "navigation_frame", "page_setup", "pretrained_dir", "python_code",

@@ -16,9 +16,13 @@ from pathlib import Path
 
 import streamlit as st
 
+from ..analysis.eval_run_links import AppView, app_views
+from ..analysis.eval_runs import EvalRun
 from ..data.eval_data import BUILTIN_DATASETS
 from ..engine.models import BUNDLED_MODELS, DEFAULT_SOURCE, DEFAULT_TARGET
 from .loaders import available_checkpoints
+from .long_context import LONG_DOCUMENTS
+from .multi_agent import CONVERSATIONS, SHARD_DOCUMENTS
 from .permalink import (MAX_QUERY_CHARS, PAGE_PREFIX, SidebarLink, check_value, fit_link, page_params, parse_link,
                         python_snippet, query_string, sidebar_params, text_digest, text_in_link)
 from .settings import (DATASET_MODE, EXAMPLES_PER_DATASET, FREE_TEXT_MODE, MAX_CONTEXT_TOKENS, OTHER, REPO_ROOT,
@@ -216,6 +220,13 @@ def _write_link(params: dict[str, str]) -> None:
     if st.query_params.to_dict() != params:
         st.query_params.from_dict(params)
     st.session_state[_LINK_SHOWN] = params
+
+
+def eval_run_views(run: EvalRun, table) -> list[AppView]:
+    """The app's view of each row of a results folder's wide table (analysis.eval_run_links.app_views), under this
+    app's checkpoints and the examples, documents and conversations its sidebar and pages offer."""
+    return app_views(run, table, checkpoints=list(available_checkpoints()), examples_per_dataset=EXAMPLES_PER_DATASET,
+                     long_documents=LONG_DOCUMENTS, conversations=CONVERSATIONS, shard_documents=SHARD_DOCUMENTS)
 
 
 def python_code(sel: Selection) -> str:

@@ -24,6 +24,8 @@ from .settings import REPO_ROOT, test_mode
 from .state import Run
 
 USER_MAX_TOKENS = max(BUDGETS)  # the longest document of the user's own that the page reads, in target tokens
+# documents offered per source and budget (the first of the evaluation's seed-0 draw; more than a shipped run reads)
+LONG_DOCUMENTS = 64
 
 
 class LongView(NamedTuple):

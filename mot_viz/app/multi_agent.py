@@ -30,6 +30,7 @@ STORY_TOKENS = 512  # the longest story offered, in target tokens (the evaluatio
 USER_STORY_TOKENS = 2048  # the longest story of the user's own, in target tokens (CPU time grows with it)
 SHARD_BUDGET = 1024  # the sharded documents' length in target tokens (the shipped shard evaluation's)
 CONVERSATIONS = 30  # conversations offered (the evaluation's sample, seed 0)
+SHARD_DOCUMENTS = 50  # sharded documents offered (the first of the shard evaluation's seed-0 draw)
 
 
 class ConversationView(NamedTuple):

@@ -17,7 +17,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CHECKPOINT = "smollm2-to-gemma3"
 MEAN_VECTOR_PASSAGES = 16  # LAMBADA passages behind the pages' mean-vector baseline (fewer than the CLIs' 40: start-up)
 MAX_CONTEXT_TOKENS = 1024  # the app's cap on target tokens: CPU time grows with the context
-EXAMPLES_PER_DATASET = 50  # examples offered per dataset (load_dataset(name, n=50, seed=0))
+# examples offered per dataset: the first of load_dataset(name, n, seed=0), the order every evaluation samples in
+# (its --n examples are the first n): every built-in SQuAD example, more than any shipped evaluation reads
+EXAMPLES_PER_DATASET = 1000
 DEFAULT_MAX_NEW_TOKENS = MAX_NEW_TOKENS  # the evaluator's generation length, so the app's answers match its numbers
 DATASET_LABELS = {"squad": "SQuAD", "boolq": "BoolQ", "arc-easy": "ARC-Easy", "arc-challenge": "ARC-Challenge",
                   "openbookqa": "OpenBookQA", "mmlu": "MMLU"}

@@ -81,16 +81,23 @@ def test_the_mid_squad_run_filtered_to_its_lost_answers_matches_the_library():
                  eval_runs.slice_summary(run, expected["example"])[NUMBERS].to_numpy(float), rtol=1e-12)
     assert at.query_params.get("evals.lost") == "true"
 
-    # every linked row opens the Answers page on that example: the sidebar's dataset and its index there
-    offered = [e.id for e in load_dataset("squad", n=50, seed=0)]
+    # every row opens the Answers page on that example: the sidebar's dataset and its index there
+    offered = [e.id for e in load_dataset("squad", n=EXAMPLES_PER_DATASET, seed=0)]
     links = table.dropna(subset=["app"])
-    assert len(links) == sum(i in offered for i in table["id"])
+    assert len(links) == len(table)
     for row in links.itertuples():
         assert row.app == (f"./answers?src=smollm2-135m&tgt=gemma3-270m&ckpt=smollm2-to-gemma3-mid&ds=squad"
                            f"&ex={offered.index(row.id)}")
         sidebar = restored(row.app).sidebar
         assert (sidebar.dataset, sidebar.example, sidebar.checkpoint) == ("squad", offered.index(row.id),
                                                                          "smollm2-to-gemma3-mid")
+
+    # the button under the table opens the example chosen beside it (the first shown, then another)
+    chooser = at.selectbox(key="pg.evals.open")
+    assert chooser.value == table["example"].iloc[0] and len(chooser.options) == len(table)
+    assert at.get("link_button")[0].proto.url == table["app"].iloc[0]
+    at.selectbox(key="pg.evals.open").set_value(table["example"].iloc[-1]).run()
+    assert at.get("link_button")[0].proto.url == table["app"].iloc[-1]
 
     at.text_input(key="pg.evals.search").input("what").run()
     searched = frame(at, "table")
@@ -182,3 +189,31 @@ def test_a_folder_without_layer_errors_names_the_command_that_records_them():
     at.selectbox(key="pg.evals.folder").set_value(folder).run()
     assert not at.exception and not at.error
     assert any(f"python -m mot_viz.eval.layer_error {ROOT / folder}" in c.value for c in at.caption)
+
+
+def test_a_live_run_from_the_page_opens_its_folder_above(local_pair_checkpoint, monkeypatch):
+    """The real evaluate command, on a tiny pair the sidebar's checkpoint names; the test waits on its process."""
+    from mot_viz.app.live_run import runs_dir
+
+    monkeypatch.setenv("MOT_VIZ_PRETRAINED", str(local_pair_checkpoint.parent))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    at = AppTest.from_file(PAGE, default_timeout=300)
+    at.query_params["ckpt"] = local_pair_checkpoint.name
+    at.run()
+    assert not at.exception and at.session_state["applied"].checkpoint == str(local_pair_checkpoint)
+    at.number_input(key="pg.evals.live_n").set_value(2)
+    at.multiselect(key="pg.evals.live_conditions").set_value(["mot"])
+    at.button(key="evals.live_run").click().run()
+    assert not at.exception and not at.error
+    live = at.session_state["evals.live"]
+    assert live.folder.parent == runs_dir() and live.command in [c.value for c in at.code]
+    assert live.command.startswith(f"python -m mot_viz.eval.evaluate --checkpoint {local_pair_checkpoint} --datasets "
+                                   "squad --n 2 --seed 0 --conditions native mot")
+    assert live.wait() == 0, live.log.read_text()
+    at.run()  # the page sees the end: the folder opens in the explorer above, with the command that reproduces it
+    assert not at.exception and not at.error
+    assert (at.session_state["pg.evals.folder"], at.session_state["pg.evals.path"]) == (
+        "other folder (type its path below)", str(live.folder))
+    assert sorted(frame(at, "table")["id"]) == sorted(e.id for e in load_dataset("squad", n=2, seed=0))
+    assert any("Evaluated 2 examples" in s.value for s in at.success)
+    assert live.command in [c.value for c in at.code]

@@ -26,6 +26,7 @@ from mot_viz.app.permalink import (MAX_QUERY_CHARS, MAX_TEXT_IN_LINK, SidebarLin
                                    encode_value, fit_link, page_params, parse_link, query_string, sidebar_params,
                                    text_digest)
 from mot_viz.app.server import serve_app
+from mot_viz.app.settings import EXAMPLES_PER_DATASET
 from mot_viz.engine.testing import load_test_model, write_test_checkpoints
 from plotly_figures import figures
 from test_app_pages import APP, TIMEOUT, errors, goto, shown, translate_button
@@ -253,7 +254,8 @@ def test_hostile_parameters_give_one_warning_and_the_defaults():
     assert at.session_state["sb.source_other"] == "no-such-model"  # offered under "other", not loaded
     assert at.query_params["src"] == "smollm2-135m" and at.query_params["ex"] == "0"
 
-    for params in ({"ex": "99999999999999999999"}, {"ex": "-3"}, {"ds": "squad", "ex": "50"}, {"ckpt": ""}):
+    for params in ({"ex": "99999999999999999999"}, {"ex": "-3"}, {"ds": "squad", "ex": str(EXAMPLES_PER_DATASET)},
+                   {"ckpt": ""}):
         other = start(params)
         assert not other.error and other.session_state["applied"] == default.session_state["applied"]
 
@@ -419,7 +421,7 @@ def test_models(monkeypatch):
 def test_copy_as_python_translates_the_same_text_and_prints_the_page_numbers(test_models):
     at = goto(start({"ds": "squad", "ex": "2"}), "2_cache_error")
     code = python_code(at)
-    assert "load_dataset('squad', n=50, seed=0)[2]" in code
+    assert f"load_dataset('squad', n={EXAMPLES_PER_DATASET}, seed=0)[2]" in code
     namespace, printed = run_snippet(code)
     assert namespace["text"] == at.session_state["applied"].text  # exactly the context the app translated
     replayed = namespace["replayed"]
