@@ -17,7 +17,7 @@ from ..engine.alignment import encode
 from ..engine.controls import random_control_window
 from ..engine.models import LoadedModel
 from ..engine.mot import MoT, Translation, empty_context_cache, replay_window, translate, translate_window
-from ..engine.prompts import QAExample, build_prompt, choice_label_texts
+from ..engine.prompts import Prompt, QAExample, build_prompt, choice_label_texts
 from ..errors import ConfigError, ContextError
 from .kvcomm import KVCommSelection, kvcomm_cache
 from .mean_vector import MeanVectors
@@ -100,17 +100,34 @@ def check_question_fits(target: LoadedModel, kv: list[hf.KV] | None, question_to
         )
 
 
+@dataclass(frozen=True)
+class Question:
+    """One example's question as the target reads it after a cache of the context, encoded once per example however
+    many conditions answer it: the prompt's suffix and, for a closed-set example, each choice label."""
+
+    suffix_ids: torch.Tensor  # [1, S] on the target's device
+    labels: list[str]  # closed set only: the choice labels, in order
+    label_ids: list[list[int]]  # the ids of " " + each label
+
+
+def encode_question(target: LoadedModel, example: QAExample, suffix_text: str | None = None) -> Question:
+    """The Question of `example` (suffix_text: its prompt's suffix, built from the example when not given)."""
+    suffix = suffix_text if suffix_text is not None else build_prompt(example, target.chat_frame).suffix_text
+    labels = choice_label_texts(example) if example.kind == "closed" else []
+    return Question(target.ids_tensor(encode(target.tokenizer, suffix)), labels,
+                    [encode(target.tokenizer, " " + lab) for lab in labels])
+
+
 def answer_from_cache(target: LoadedModel, kv: list[hf.KV] | None, example: QAExample, condition: str,
                       max_new_tokens: int = MAX_NEW_TOKENS, suffix_text: str | None = None,
-                      plan: hf.AttentionPlan | None = None) -> Answer:
-    """The target's answer to `example` given a cache of its context (None: no context), under `plan` if given.
+                      plan: hf.AttentionPlan | None = None, question: Question | None = None) -> Answer:
+    """The target's answer to `example` given a cache of its context (None: no context), under `plan` if given;
+    `question`: the example's encode_question, when already made (else encoded here from suffix_text).
 
     Raises ContextError when the context, the question and the longest answer do not fit the target's positions.
     """
-    suffix = suffix_text if suffix_text is not None else build_prompt(example, target.chat_frame).suffix_text
-    suffix_ids = target.ids_tensor(encode(target.tokenizer, suffix))
-    labels = choice_label_texts(example) if example.kind == "closed" else []
-    label_ids = [encode(target.tokenizer, " " + lab) for lab in labels]
+    question = question or encode_question(target, example, suffix_text)
+    suffix_ids, labels, label_ids = question.suffix_ids, question.labels, question.label_ids
     check_question_fits(target, kv, suffix_ids.shape[1], max(map(len, label_ids)) if labels else max_new_tokens)
     start = time.perf_counter()
     if example.kind == "closed":
@@ -150,13 +167,13 @@ def answers_from_caches(target: LoadedModel, caches: dict[str, list[hf.KV] | Non
     decoding time shared evenly among its rows. prompted: filled with a PromptedCache per batch row that needed no
     padding (the conditions whose caches hold the whole context), if given. plans: condition -> the plan its cache is
     read under (a kvcomm cache's hidden positions); those conditions are answered one by one, outside the batch."""
-    suffix = suffix_text if suffix_text is not None else build_prompt(example, target.chat_frame).suffix_text
+    question = encode_question(target, example, suffix_text)  # once, whatever the number of conditions
     plans = plans or {}
     batched = [c for c in caches if c not in plans]
     batch = batched if example.kind == "extractive" and len(batched) > 1 else []
     out = {}
     if batch:
-        suffix_ids = target.ids_tensor(encode(target.tokenizer, suffix))
+        suffix_ids = question.suffix_ids
         for condition in batch:
             check_question_fits(target, caches[condition], suffix_ids.shape[1], max_new_tokens)
 
@@ -182,8 +199,8 @@ def answers_from_caches(target: LoadedModel, caches: dict[str, list[hf.KV] | Non
                                      seconds)
     for condition, kv in caches.items():
         if condition not in out:
-            out[condition] = answer_from_cache(target, kv, example, condition, max_new_tokens, suffix,
-                                               plans.get(condition))
+            out[condition] = answer_from_cache(target, kv, example, condition, max_new_tokens,
+                                               plan=plans.get(condition), question=question)
     return {c: out[c] for c in caches}
 
 
@@ -214,6 +231,7 @@ class ConditionCaches:
     relays: dict[str, Relay] = field(default_factory=dict)  # relay conditions only
     plans: dict[str, hf.AttentionPlan] = field(default_factory=dict)  # kvcomm: answer its cache under this plan
     direct: Translation | None = None  # the "direct" condition's own translation (its stages in .timings)
+    prompt: Prompt | None = None  # the example's prompt, built once: its context was translated, its suffix is asked
 
 
 def translated_seconds(translation: Translation) -> float:
@@ -252,8 +270,9 @@ def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example
         raise ConfigError("the 'mean' condition needs the mean native window: pass means=mean_vectors(...)")
     if example is None and set(conditions) & set(RELAY_CONDITIONS):
         raise ConfigError("the relay conditions need the example (the source writes about its passage): pass example")
+    prompt = None if example is None else build_prompt(example, target.chat_frame)
     if translation is None:
-        translation = translate(mot, source, target, build_prompt(example, target.chat_frame).context_text)
+        translation = translate(mot, source, target, prompt.context_text)
     build = {
         "native": lambda: translation.native_kv,
         "no_context": lambda: empty_context_cache(target),
@@ -283,7 +302,7 @@ def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example
         kv[condition] = build[condition]()
         own = time.perf_counter() - start if condition not in ("native", "mot") else 0.0
         seconds[condition] = before.get(condition, 0.0) + own
-    return ConditionCaches(translation, kv, seconds, relays, plans, directed)
+    return ConditionCaches(translation, kv, seconds, relays, plans, directed, prompt)
 
 
 def answer_all(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample,

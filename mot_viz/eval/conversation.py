@@ -51,6 +51,7 @@ from .relay import RELAY_TOKENS
 from .report import paired_differences
 from .sharing import (COST_COLUMNS, MESSAGE_COLUMNS, SharingModels, check_conditions, check_sharing, cost_fields,
                       cost_medians, load_sharing, target_side_seconds, work_text)
+from .processes import Spread, shown
 from .results_folder import ResultsTable, resumed_table, run_units
 from .long_context import paired_ratios
 from .qa_metrics import bootstrap_ci
@@ -325,7 +326,7 @@ def run(settings: ConversationSettings, out_dir: Path, resume: bool = False, pro
                      lambda c: conversation_rows(mot, source, target, c, settings, shared),
                      lambda c: {"id": c.id, "genre": c.source},
                      lambda: write(out_dir, pd.DataFrame(rows, columns=ROW_COLUMNS), settings, sizes),
-                     "conversations", progress, "conversations")
+                     "conversations", progress, "conversations", spread=Spread(out_dir, settings, RESULTS))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -354,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
                                     args.max_story_tokens, args.bootstrap,
                                     CONDITIONS + tuple(c for c in (*SHARED, "relay_q") if c in args.conditions),
                                     args.relay_tokens, args.direct, args.kvcomm_fraction)
-    return run_cli(lambda: print(markdown(run(settings, Path(args.out), args.resume, overwrite=args.overwrite))))
+    return run_cli(lambda: shown(run(settings, Path(args.out), args.resume, overwrite=args.overwrite), markdown))
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from ..fsutil import remove_stale_temporaries, write_text_atomic
 from .answers import (CONDITIONS, EXTRA_CONDITIONS, MAX_NEW_TOKENS, answers_from_caches, condition_caches,
                       translated_seconds)
 from .kvcomm import KVCOMM_FRACTION, check_kvcomm_fraction, check_kvcomm_pair, kvcomm_selection
+from .processes import Spread, run_examples, shown, spread_out
 from .layer_error import LAYER_ERROR_FILE, LayerErrorFile
 from .relay import RELAY_CONDITIONS, RELAY_TOKENS, Relay, check_relay_tokens
 from .report import markdown_table, paired_differences, paired_markdown, summarize
@@ -131,7 +132,8 @@ def example_rows(mot: MoT, source: LoadedModel, target: LoadedModel, example: QA
         caches["second"], build["second"] = other.mixed_kv, translated_seconds(other)
     rows = []
     # one batch (the no-context cache left-padded); a kvcomm cache alone, under its plan
-    answers = answers_from_caches(target, caches, example, settings.max_new_tokens, plans=built.plans)
+    answers = answers_from_caches(target, caches, example, settings.max_new_tokens, built.prompt.suffix_text,
+                                  plans=built.plans)
     for condition, kv in caches.items():
         ans = answers[condition]
         rows.append({
@@ -324,6 +326,10 @@ def run(settings: EvalSettings, out_dir: Path, progress: bool = True, resume: bo
         means = reference_means(target, mot.channels.target_layers)
     done = set() if previous is None else set(zip(previous["dataset"], previous["id"]))
     layers = LayerErrorFile(out_dir, ("dataset", "id"), done) if layer_error else None
+    if spread_out(out_dir):  # torchrun, or the parts of an interrupted run to merge (mot_viz.eval.processes)
+        return run_examples(examples, previous, lambda e: example_rows(mot, source, target, e, settings, second, means,
+                            direct, kvcomm=kvcomm, layers=layers), lambda frames: _write(out_dir, frames, settings),
+                            Spread(out_dir, settings, RESULTS), progress)
     frames = []
     for part in examples.values():
         wanted = {(e.dataset, e.id) for e in part}
@@ -434,8 +440,8 @@ def main(argv: list[str] | None = None) -> int:
 
             run_lm(settings, out_dir, args.lm_sequences)
         if args.datasets:
-            print(markdown_table(run(settings, out_dir, resume=args.resume, checked=checked,
-                                     layer_error=args.layer_error)))
+            shown(run(settings, out_dir, resume=args.resume, checked=checked, layer_error=args.layer_error),
+                  markdown_table)
 
     return run_cli(body)
 

@@ -49,6 +49,7 @@ from .relay import RELAY_TOKENS
 from .sharing import (COST_COLUMNS, MESSAGE_COLUMNS, SHARING, SharingModels, check_conditions, check_sharing,
                       cost_fields, cost_medians, load_sharing, sharing_stages, target_side_seconds, work_text)
 from .layer_error import LAYER_ERROR_FILE, LayerErrorFile
+from .processes import Spread, shown
 from .results_folder import ResultsTable, resumed_table, run_units
 from .mean_vector import reference_means
 from .qa_metrics import bootstrap_ci
@@ -387,7 +388,7 @@ def run(settings: LongSettings, out_dir: Path, resume: bool = False, progress: b
                      lambda d: document_rows(mot, linear, source, target, d, settings, means, layers, shared),
                      lambda d: {"budget": d.budget, "source": d.source, "id": d.example.id},
                      lambda: write(out_dir, pd.DataFrame(rows, columns=ROW_COLUMNS), settings, cache_mb),
-                     "long context", progress)
+                     "long context", progress, spread=Spread(out_dir, settings, RESULTS))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -420,8 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = LongSettings(args.checkpoint, linear, args.source, tuple(args.budgets), args.n, args.seed,
                             args.max_new_tokens, args.bootstrap, conditions, args.relay_tokens, args.direct,
                             args.kvcomm_fraction)
-    return run_cli(lambda: print(markdown(run(settings, Path(args.out), args.resume, overwrite=args.overwrite,
-                                              layer_error=args.layer_error), pd.DataFrame(), {})))
+    return run_cli(lambda: shown(run(settings, Path(args.out), args.resume, overwrite=args.overwrite,
+                                     layer_error=args.layer_error), lambda s: markdown(s, pd.DataFrame(), {})))
 
 
 if __name__ == "__main__":

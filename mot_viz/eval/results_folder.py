@@ -26,6 +26,14 @@ log = logger(__name__)
 
 RESULTS_TABLE = "examples.csv"  # one row per unit and condition: what --resume reads back
 SETTINGS_FILE = "summary.json"  # the run's settings (key "settings"): whose results the folder holds
+# the rows each process of a run spread over processes writes (mot_viz.eval.processes): "rank-<r>-of-<n>.csv", and
+# the run's settings (SETTINGS_FILE); merged into the result files, and removed, when the processes are done
+PARTS = ".parts"
+
+
+def part_files(out_dir: Path) -> list[Path]:
+    """The part files of out_dir, those a run spread over processes is writing or an interrupted one left."""
+    return sorted((out_dir / PARTS).glob("rank-*-of-*.csv"))
 
 
 def check_out(out_dir: Path) -> None:
@@ -75,7 +83,8 @@ def check_results_folder(out_dir: Path, settings, files: tuple[str, ...], overwr
     if not present:
         return
     command, writer = command_of(settings), writer_of(out_dir)
-    ours = _holds_settings_of(out_dir, settings)
+    ours = _holds_settings_of(out_dir, settings) or _holds_settings_of(out_dir / PARTS, settings)
+    files = (*files, PARTS)
     # named by its module alone: older versions ran the same evaluation as "python -m mot_viz.evaluate"
     same = writer is None or writer.rsplit(".", 1)[-1] == command.rsplit(".", 1)[-1]
     if not ours and not same:
@@ -104,17 +113,22 @@ def _holds_settings_of(out_dir: Path, settings) -> bool:
 
 
 def earlier_run(out_dir: Path, settings, resume: bool, keys: tuple[str, ...], unit: str = "examples") -> bool:
-    """Whether out_dir holds results of an earlier run of `settings` to continue (--resume). Results of other settings
-    (any of `keys` differs), or of these without --resume, are refused with ConfigError; `settings` is a dataclass
-    with a from_json classmethod, as summary.json stores it."""
-    table, meta = out_dir / RESULTS_TABLE, out_dir / SETTINGS_FILE
-    if not (table.is_file() and meta.is_file()):
+    """Whether out_dir holds results of an earlier run of `settings` to continue (--resume): its result files, or the
+    part files of a run spread over processes (PARTS). Results of other settings (any of `keys` differs), or of these
+    without --resume, are refused with ConfigError; `settings` is a dataclass with a from_json classmethod, as
+    summary.json stores it."""
+    metas = [meta for meta in (out_dir / SETTINGS_FILE,) if _has_results(out_dir)]
+    metas += [meta for meta in (out_dir / PARTS / SETTINGS_FILE,) if meta.is_file()]
+    if not metas:
         return False
-    try:
-        before = type(settings).from_json(json.loads(meta.read_text())["settings"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"--out {out_dir} holds an unreadable {meta.name} ({exc}). Pass another --out folder.") from exc
-    changed = [k for k in keys if getattr(before, k) != getattr(settings, k)]
+    changed = []
+    for meta in metas:
+        try:
+            before = type(settings).from_json(json.loads(meta.read_text())["settings"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"--out {out_dir} holds an unreadable {meta.relative_to(out_dir)} ({exc}). Pass another "
+                              "--out folder.") from exc
+        changed += [k for k in keys if getattr(before, k) != getattr(settings, k) and k not in changed]
     if changed:
         raise ConfigError(f"--out {out_dir} holds results of other settings ({', '.join(changed)} differ), which "
                           "--resume cannot continue. Pass another --out folder.")
@@ -141,18 +155,50 @@ def condition_label(row: dict) -> str:
     return row["condition"]
 
 
+def _has_results(out_dir: Path) -> bool:
+    return (out_dir / RESULTS_TABLE).is_file() and (out_dir / SETTINGS_FILE).is_file()
+
+
 def resumed_table(out_dir: Path, settings, resume: bool, overwrite: bool, keys: tuple[str, ...],
                   files: tuple[str, ...], table: ResultsTable, wanted: set, unit: str,
                   label=condition_label) -> pd.DataFrame | None:
     """Check out_dir (check_results_folder: it
     may hold only results of this command, whose `files` these are, unless `overwrite`), and return the rows of an
     earlier run of `settings` there to continue (--resume, see earlier_run; None when there is none): every unit
-    with a whole row for each of the `wanted` labels (label(row)), or its one skipped row (complete_rows)."""
+    with a whole row for each of the `wanted` labels (label(row)), or its one skipped row (complete_rows), in the
+    result files or in the part files a run spread over processes left (those of units the result files lack).
+
+    Under torchrun this process first joins the others (processes.join: before any model loads)."""
+    from .processes import join
+
+    join()
     check_results_folder(out_dir, settings, files, overwrite, resume)
     if overwrite or not earlier_run(out_dir, settings, resume, keys, unit=unit):
         return None
-    return complete_rows(out_dir / RESULTS_TABLE, (table.columns, *table.earlier), table.text_columns, table.units,
-                         label, wanted, lambda row: whole_row(row, table.units, table.numbers, table.optional), unit)
+    read = lambda path, headers: complete_rows(  # noqa: E731
+        path, headers, table.text_columns, table.units, label, wanted,
+        lambda row: whole_row(row, table.units, table.numbers, table.optional), unit)
+    tables = [read(out_dir / RESULTS_TABLE, (table.columns, *table.earlier))] if _has_results(out_dir) else []
+    for part in part_files(out_dir):
+        found = {unit_key(key) for frame in tables for key in zip(*(frame[c] for c in table.units))}
+        rows = read(part, (table.columns,))
+        tables.append(rows[[unit_key(key) not in found for key in zip(*(rows[c] for c in table.units))]])
+    if not tables:  # only the settings of a spread run killed before its first unit
+        return read_rows(io.StringIO(",".join(table.columns) + "\n"), table.text_columns)
+    return pd.concat([t for t in tables if len(t)] or tables[:1], ignore_index=True)
+
+
+def unit_key(values) -> tuple:
+    """A unit's key (its values of a table's unit columns) comparable however it was read: texts as they are, numbers
+    as floats (a budget 1024 read back from a CSV as 1024 or 1024.0)."""
+    return tuple(v if isinstance(v, str) else float(v) for v in values)
+
+
+def read_rows(source, text_columns: tuple[str, ...]) -> pd.DataFrame:
+    """A results table as the evaluation wrote it: `text_columns` as texts ("None", "1.50"), floats exactly as they
+    were written, empty fields missing."""
+    return pd.read_csv(source, dtype=dict.fromkeys(text_columns, str), keep_default_na=False, na_values=[""],
+                       float_precision="round_trip")
 
 
 def whole_row(row: dict, keys: tuple[str, ...], numbers: tuple[str, ...], optional: tuple[str, ...] = ()) -> bool:
@@ -211,35 +257,52 @@ def complete_rows(path: Path, headers: tuple[tuple[str, ...], ...], text_columns
     kept = io.StringIO()
     csv.writer(kept, lineterminator="\n").writerows([header] + [f for f in kept_rows if unit(f) in done])
     kept.seek(0)
-    # texts stay texts ("None", "1.50"), floats round-trip exactly: kept rows are written back unchanged
-    return pd.read_csv(kept, dtype=dict.fromkeys(text_columns, str), keep_default_na=False, na_values=[""],
-                       float_precision="round_trip")
+    return read_rows(kept, text_columns)  # kept rows are written back unchanged
+
+
+def unit_rows(unit, compute, skipped, skip=MotVizError) -> list[dict]:
+    """compute(unit)'s rows, or when it raises one of `skip` one "skipped" row: skipped(unit)'s fields and the
+    error (e.g. a document a model cannot hold: counted with its reason)."""
+    try:
+        return compute(unit)
+    except skip as exc:
+        return [{**skipped(unit), "condition": "skipped", "error": f"{type(exc).__name__}: {exc}"}]
 
 
 def run_units(units, rows: list[dict], done: set, key, compute, skipped, write, desc: str, progress: bool,
-              what: str = "documents"):
+              what: str | None = "documents", spread=None, skip=MotVizError):
     """The loop of a resumable evaluation: every unit (document, conversation) whose key(unit) is not in `done`
-    adds compute(unit)'s rows to `rows`, or one "skipped" row (skipped(unit)'s fields and the error) when it raises a
-    MotVizError (e.g. a document a model cannot hold: counted with its reason); write() writes every result file
-    after each unit, and on Ctrl-C or a failure what was computed is written first. Returns write()'s result; a run
-    whose every unit was skipped (`what` names them) raises ContextError once its results are written."""
+    adds unit_rows(unit)'s rows to `rows` (compute(unit)'s, or one "skipped" row when it raises one of `skip`);
+    write() writes every result file after each unit, and on Ctrl-C or a failure what was computed is written first.
+    Returns write()'s result; a run whose every unit was skipped (`what` names them; None: never) raises
+    ContextError once its results are written.
+
+    spread (processes.Spread: the results folder, the settings, the results table): under torchrun each process
+    computes its share of the units and rank 0 writes the merged results (processes.run_share); the other ranks
+    return None. Alone, a process first merges the part files an interrupted spread run left (processes.begin)."""
     from tqdm import tqdm
 
-    try:
-        for unit in tqdm(units, desc=desc, disable=not progress, dynamic_ncols=True):
-            if key(unit) in done:
-                continue
-            try:
-                rows += compute(unit)
-            except MotVizError as exc:
-                rows.append({**skipped(unit), "condition": "skipped", "error": f"{type(exc).__name__}: {exc}"})
-            write()
-    except BaseException:
-        if rows:
-            write()
-        raise
-    result = write()
-    if rows and all(row["condition"] == "skipped" for row in rows):
+    from .processes import begin, run_share
+
+    rank, world, write = begin(spread, rows, units, key, write) if spread is not None else (0, 1, write)
+    if world > 1:
+        result = run_share(spread, rank, world, units, rows, done, key,
+                           lambda unit: unit_rows(unit, compute, skipped, skip), write, desc, progress)
+        if rank != 0:
+            return None
+    else:
+        try:
+            for unit in tqdm(units, desc=desc, disable=not progress, dynamic_ncols=True):
+                if key(unit) in done:
+                    continue
+                rows += unit_rows(unit, compute, skipped, skip)
+                write()
+        except BaseException:
+            if rows:
+                write()
+            raise
+        result = write()
+    if what and rows and all(row["condition"] == "skipped" for row in rows):
         raise ContextError(f"all {what} ({len(rows)}) were skipped, so there is nothing to report (the first: "
                            f"{rows[0]['error']}). The results folder lists each with its reason; fix what they name "
                            "and run again.")

@@ -48,6 +48,7 @@ from ..engine.shards import translate_shards
 from ..errors import ConfigError
 from ..fsutil import write_text_atomic
 from .answers import MAX_NEW_TOKENS, answers_from_caches
+from .processes import Spread, shown
 from .results_folder import ResultsTable, resumed_table, run_units
 from .long_context import check_budget, paired_ratios
 from .qa_metrics import bootstrap_ci
@@ -312,7 +313,8 @@ def run(settings: ShardSettings, out_dir: Path, resume: bool = False, progress: 
     return run_units(docs, rows, {r["id"] for r in rows}, lambda d: d.example.id,
                      lambda d: document_rows(mot, source, target, d, settings),
                      lambda d: {"budget": d.budget, "id": d.example.id, "depth": d.depth},
-                     lambda: write(out_dir, pd.DataFrame(rows, columns=ROW_COLUMNS), settings), "shards", progress)
+                     lambda: write(out_dir, pd.DataFrame(rows, columns=ROW_COLUMNS), settings), "shards", progress,
+                     spread=Spread(out_dir, settings, RESULTS))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -331,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = ShardSettings(args.checkpoint, args.budget, tuple(args.shards), args.n, args.seed, args.max_new_tokens,
                              args.bootstrap)
-    return run_cli(lambda: print(markdown(run(settings, Path(args.out), args.resume, overwrite=args.overwrite))))
+    return run_cli(lambda: shown(run(settings, Path(args.out), args.resume, overwrite=args.overwrite), markdown))
 
 
 if __name__ == "__main__":

@@ -36,6 +36,20 @@ def process_group_backend(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
+def process_group():
+    """torch.distributed once this process has joined the process group of a torchrun, else None."""
+    return torch.distributed if torch.distributed.is_available() and torch.distributed.is_initialized() else None
+
+
+def init_distributed(device: torch.device) -> tuple[int, int]:
+    """(rank, world size); joins the process group (NCCL on GPUs, gloo on the CPU) when launched by torchrun /
+    accelerate (WORLD_SIZE above 1)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group(process_group_backend(device))
+    return int(os.environ.get("RANK", "0")), world
+
+
 def ddp_kwargs(device: torch.device) -> dict:
     """DistributedDataParallel's device arguments for a module on `device` (its one GPU, or none on the CPU)."""
     return {"device_ids": [device.index], "output_device": device.index} if device.type == "cuda" else {}

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import random
 import signal
 import sys
@@ -41,7 +40,8 @@ from ..engine.translator import TranslatorOutput, gate_balance
 from ..errors import ConfigError, ContextError, MotVizError
 from . import runs
 from .config import TrainConfig, parse_args  # noqa: F401  (the CLI's and the tests' entry points)
-from .devices import ddp_kwargs, forward_autocast, process_group_backend, resume_note, run_device
+from .devices import ddp_kwargs, forward_autocast, init_distributed, resume_note, run_device
+from .devices import process_group as _dist
 from .fit import balance_loss, bank_stage, cosine_lr, cross_fitted_rows, fit_linear, trainable_parameters
 
 
@@ -90,19 +90,6 @@ def row_loss(mot: MoT, source: LoadedModel, target: LoadedModel, row: torch.Tens
 
 
 # ----- several processes: torchrun starts them, torch's DistributedDataParallel averages the gradients ------
-
-
-def _dist():
-    return torch.distributed if torch.distributed.is_available() and torch.distributed.is_initialized() else None
-
-
-def init_distributed(device: torch.device) -> tuple[int, int]:
-    """(rank, world size); initialises the process group (NCCL on GPUs, gloo on the CPU) when launched by torchrun /
-    accelerate."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and not torch.distributed.is_initialized():
-        torch.distributed.init_process_group(process_group_backend(device))
-    return int(os.environ.get("RANK", "0")), world
 
 
 def data_parallel(module: nn.Module) -> nn.Module:

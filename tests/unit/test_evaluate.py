@@ -208,3 +208,19 @@ def test_results_are_recorded_only_for_the_weights_they_measured(setup, tmp_path
     cfg.setdefault("metrics", {})["evaluation"] = {"toy": {"results": "results/eval/old"}}
     config.write_text(json.dumps(cfg))
     assert measured_these_weights("results/eval/old", {}, str(folder), config)
+
+
+@pytest.mark.parametrize("example", [EXTRACTIVE, CLOSED], ids=["extractive", "closed"])
+def test_each_examples_prompt_is_built_and_its_question_encoded_once(setup, example, monkeypatch):
+    from mot_viz.eval import answers, evaluate
+
+    mot, source, target = setup
+    built, encoded = [], []
+    real_build, real_encode = answers.build_prompt, answers.encode
+    monkeypatch.setattr(answers, "build_prompt", lambda *a, **k: built.append(a[0].id) or real_build(*a, **k))
+    monkeypatch.setattr(answers, "encode", lambda tok, text: encoded.append(text) or real_encode(tok, text))
+    settings = EvalSettings("ck", None, ("toy",), 1, 0, 4, 64, 20)
+    rows = evaluate.example_rows(mot, source, target, example, settings)
+    assert len(rows) == 4 and built == [example.id]  # four conditions, one prompt
+    suffix = real_build(example, target.chat_frame).suffix_text
+    assert encoded.count(suffix) == 1 and len(encoded) == 1 + len(example.choices) * (example.kind == "closed")

@@ -1,0 +1,151 @@
+"""An evaluation spread over processes:
+
+    torchrun --nproc_per_node 4 -m mot_viz.eval.evaluate --checkpoint pretrained/smollm2-to-gemma3 --out results/eval/x
+
+Each process answers a fixed share of the units not yet done (every world-th one of the list, from its rank on) and
+writes its rows to a part file of the results folder (.parts/rank-<r>-of-<n>.csv) after each unit, whole
+(fsutil.write_text_atomic): an interrupted process loses at most the unit it was computing. When every process is
+done they meet; rank 0 reads the parts, puts their rows with the rows kept from before in the order of the unit list
+(a single process's order) and writes the evaluation's result files, then removes the parts. Summaries (bootstrap
+intervals) are computed once, by rank 0, on the merged rows, so they are a single process's. --resume counts the rows
+of the parts an interrupted run left as done, with one process or several (results_folder.resumed_table), and the
+first process to continue merges them into the result files before it computes anything.
+
+The processes join torch's process group as training's do (train.devices): gloo on the CPU, NCCL between GPUs, each
+process on its own GPU (cuda:LOCAL_RANK) when $MOT_VIZ_DEVICE names cuda. Every process must see the results folder
+(one machine, or a shared file system). A single process (no torchrun) writes no part file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from ..fsutil import write_text_atomic
+from ..train.devices import init_distributed, process_group, run_device
+from .results_folder import PARTS, SETTINGS_FILE, ResultsTable, part_files, read_rows, unit_key
+
+
+@dataclass(frozen=True)
+class Spread:
+    """What a run needs to spread its units over processes: where its results go, whose settings they are (the
+    parts' summary.json, which --resume checks) and its results table (the part files' columns, the unit columns)."""
+
+    out_dir: Path
+    settings: object  # a dataclass, as summary.json stores it
+    table: ResultsTable
+
+
+def join() -> tuple[int, int]:
+    """(rank, world size) of this process: (0, 1) alone; under torchrun it joins the process group first and, on CUDA,
+    takes its own GPU, so it is called before any model loads (they then load onto cuda:LOCAL_RANK)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0, 1
+    return init_distributed(run_device())
+
+
+def barrier() -> None:
+    """Wait until every process of the run is here (nothing to wait for alone)."""
+    group = process_group()
+    if group is not None:
+        group.barrier()
+
+
+def spread_out(out_dir: Path) -> bool:
+    """Whether a run into out_dir is spread over processes, or has the part files of an interrupted one to merge."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 or (Path(out_dir) / PARTS).is_dir()
+
+
+def part_path(out_dir: Path, rank: int, world: int) -> Path:
+    return Path(out_dir) / PARTS / f"rank-{rank}-of-{world}.csv"
+
+
+def in_unit_order(rows: list[dict], units, key, columns: tuple[str, ...]) -> None:
+    """Sort `rows` (in place, stably) by their unit's place in `units` (key(unit): its values of `columns`, a tuple or
+    one value); rows of units not in the list (kept from an earlier run with another --n) first, in their order."""
+    place = {unit_key(k if isinstance(k, tuple) else (k,)): i for i, k in enumerate(map(key, units))}
+    rows.sort(key=lambda row: place.get(unit_key(row[c] for c in columns), -1))
+
+
+def begin(spread: Spread, rows: list[dict], units, key, write):
+    """Start a run into spread.out_dir, once every process has read the rows it keeps (`rows`, with those of the part
+    files an interrupted run left): rank 0 writes them into the result files in unit order and removes the parts,
+    then, when the run is spread, writes the settings the new parts are of. Returns (rank, world size, the write to
+    use): write() itself, or, for a spread run or one that merged parts, write() of the rows in unit order (rows
+    computed now go to their unit's place among those of the parts)."""
+    rank, world = join()
+    folder, merged = Path(spread.out_dir) / PARTS, bool(part_files(spread.out_dir))
+    barrier()
+    if merged or world > 1:
+        write = _in_order(write, rows, units, key, spread.table.units)
+    if rank == 0:
+        if folder.is_dir():
+            if merged and rows:
+                write()
+            shutil.rmtree(folder)
+        if world > 1:
+            folder.mkdir(parents=True)
+            write_text_atomic(folder / SETTINGS_FILE, json.dumps({"settings": asdict(spread.settings)}, indent=2,
+                                                                 default=str))
+    barrier()  # no process writes its part before rank 0 has cleared the folder
+    return rank, world, write
+
+
+def _in_order(write, rows: list[dict], units, key, columns: tuple[str, ...]):
+    def ordered():
+        in_unit_order(rows, units, key, columns)
+        return write()
+
+    return ordered
+
+
+def run_share(spread: Spread, rank: int, world: int, units, rows: list[dict], done: set, key, unit_rows, write,
+              desc: str, progress: bool):
+    """This process's share of the units not in `done` (a fixed split: every world-th one from its rank on), each
+    unit's unit_rows(unit) written to its part file as soon as they are computed; then, once every process is done,
+    rank 0 adds every part's rows to `rows` and writes the result files (returns write()'s result: begin's, which puts
+    the rows in unit order) and removes the parts. The other ranks return None."""
+    from tqdm import tqdm
+
+    todo = [unit for unit in units if key(unit) not in done]
+    path, own = part_path(spread.out_dir, rank, world), []
+    for unit in tqdm(todo[rank::world], desc=f"{desc} (rank 0 of {world})", disable=not progress or rank != 0,
+                     dynamic_ncols=True):
+        own += unit_rows(unit)
+        write_text_atomic(path, pd.DataFrame(own, columns=spread.table.columns).to_csv(index=False))
+    barrier()  # every part is whole
+    if rank != 0:
+        return None
+    for part in part_files(spread.out_dir):  # read back as --resume reads them, so values match a resumed run's
+        rows += read_rows(part, spread.table.text_columns).to_dict(orient="records")
+    result = write()
+    shutil.rmtree(Path(spread.out_dir) / PARTS)
+    return result
+
+
+def run_examples(examples: dict[str, list], previous: pd.DataFrame | None, compute, write, spread: Spread,
+                 progress: bool):
+    """mot_viz.eval.evaluate's examples (each dataset's, a QA example named by its dataset and id) as the units of
+    results_folder.run_units: compute(example) gives its rows, and an example that raises anything is one skipped
+    row with its reason, as evaluate_examples counts it. The rows `previous` keeps of other examples are dropped, as a
+    single process drops them; write(frames) writes the result files of the rows."""
+    from .results_folder import run_units
+
+    units = [example for part in examples.values() for example in part]
+    names = {(e.dataset, e.id) for e in units}
+    rows = [] if previous is None else [r for r in previous.to_dict(orient="records") if (r["dataset"], r["id"]) in names]
+    return run_units(units, rows, {(r["dataset"], r["id"]) for r in rows}, lambda e: (e.dataset, e.id), compute,
+                     lambda e: {"dataset": e.dataset, "id": e.id},
+                     lambda: write([pd.DataFrame(rows, columns=spread.table.columns)]), "evaluate", progress, None,
+                     spread, Exception)
+
+
+def shown(summary, table) -> None:
+    """Print table(summary) in the process that wrote the results (alone, or rank 0; the others have None)."""
+    if summary is not None:
+        print(table(summary))
