@@ -80,4 +80,5 @@ def local_pair_checkpoint(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     mot = MoT.build(source.spec, target.spec, terminal_channels(source.spec.num_layers, target.spec.num_layers, 0.5),
                     dim=16, heads=2)
-    return save_checkpoint(mot, root / "pretrained" / "tiny-pair", metrics={"note": "randomly initialised test checkpoint"})
+    return save_checkpoint(mot, root / "pretrained" / "tiny-pair",
+                           metrics={"note": "randomly initialised test checkpoint"})

@@ -45,8 +45,8 @@ def _slug(text: str) -> str:
 
 
 def new_folder(checkpoint: str, dataset: str, n: int, root: Path | None = None) -> Path:
-    """A new, empty results folder under `root` (default runs_dir()): <time>-<checkpoint>-<dataset>-n<n>, with -2, -3 …
-    when that name is taken (made here, so two runs never share one)."""
+    """A new, empty results folder under `root` (default runs_dir()): <time>-<checkpoint>-<dataset>-n<n>, with -2,
+    -3 … when that name is taken (made here, so two runs never share one)."""
     root = runs_dir() if root is None else Path(root)
     root.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -68,7 +68,8 @@ def check_upload(name: str, data: bytes, root: Path | None = None) -> Path:
     if len(data) > MAX_UPLOAD_BYTES:
         raise DataFormatError(f"{name} is {len(data) / 2**20:.1f} MiB; a live run reads at most "
                               f"{MAX_UPLOAD_BYTES // 2**20} MiB ({MAX_EXAMPLES} examples are far less). Upload the "
-                              "examples to evaluate only, or run python -m mot_viz.eval.evaluate --datasets FILE.jsonl.")
+                              "examples to evaluate only, or run python -m mot_viz.eval.evaluate --datasets "
+                              "FILE.jsonl.")
     if b"\0" in data:
         raise DataFormatError(f"{name} is a binary file, not JSONL text. Upload a .jsonl file: one JSON object per "
                               'line, {"context", "question", "answers": [...]} or {"context", "question", '

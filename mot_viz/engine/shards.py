@@ -22,8 +22,8 @@ from ..errors import ConfigError, ContextError
 from . import hf
 from .channels import sparse_source_layer
 from .models import LoadedModel, kv_cache_bytes
-from .mot import (MoT, SourceContext, check_finite, check_pair, prepare_source, replay, rotate_block, sparse_indices,
-                  target_context_ids, translate_window)
+from .mot import (MoT, SourceContext, after_prefix, check_finite, check_pair, per_layer_kv, prepare_source, replay,
+                  rotate_block, sparse_indices, target_context_ids, translate_direct, translate_window)
 
 
 @dataclass
@@ -142,3 +142,57 @@ def translate_shards(mot: MoT, source: LoadedModel, target: LoadedModel, shard_t
                          for src in sources)
     return ShardedTranslation(target_ids, offsets, sources, window_keys, window_values, composed, mixed, p, timings,
                               shard_timings, source_bytes, kv_cache_bytes(target.spec, p + sum(lengths)))
+
+
+@dataclass
+class DirectShards:
+    """A document's shards each translated by a full-depth map without replay (translate_direct), composed in one
+    cache: every layer's translated K/V of shard i placed at its offset o_i, behind the target's BOS prefix."""
+
+    mixed_kv: list[hf.KV]  # the hub's cache, all layers, [1, n_kv_T, P + N, d_T]
+    offsets: tuple[int, ...]  # o_i: where each shard's tokens start after the prefix
+    # "source_prefill", "alignment", "translator" summed over the agents, "source_prefill_max" the slowest agent's,
+    # "assemble" moving the keys and joining the shards
+    timings: dict[str, float] = field(default_factory=dict)
+    source_bytes: tuple[int, ...] = ()  # fp16 bytes of each agent's cache of its shard
+    source_tokens: tuple[int, ...] = ()  # each agent's cache of its shard, in source tokens (its BOS prefix included)
+
+
+def translate_shards_direct(direct: MoT, source: LoadedModel, target: LoadedModel,
+                            shard_texts: list[str]) -> DirectShards:
+    """Translate each shard alone with the full-depth map `direct` and join the shards' caches in document order, each
+    shard's keys moved from P..P+n_i−1 to P+o_i..P+o_i+n_i−1 at every layer (place_keys). The target computes
+    nothing over the document, so no layer reads across shards: each position holds what its own shard gave.
+
+    Raises ConfigError for several shards on a target without rotary embeddings, ContextError for a document longer
+    than the target allows (as translate_shards)."""
+    check_pair(direct, source, target)
+    if not shard_texts:
+        raise ContextError("There are no shards to translate. Pass the document's shards (shard_document).")
+    if len(shard_texts) > 1 and not hf.has_rope(target.model):
+        raise ConfigError(f"The target model '{target.spec.name}' ({target.spec.model_type}) has no rotary position "
+                          "embedding, so a shard's translated keys cannot be moved to its offset. Compose shards for a "
+                          "RoPE target (Llama, Qwen2, Gemma 3).")
+    p, layers = len(target.prefix_ids), direct.channels.target_layers
+    timings = {"source_prefill": 0.0, "source_prefill_max": 0.0, "alignment": 0.0, "translator": 0.0}
+    parts, offsets, source_tokens, at = [], [], [], 0
+    for text in shard_texts:
+        one = translate_direct(direct, source, target, text, with_native=False)
+        for stage in ("source_prefill", "alignment", "translator"):
+            timings[stage] += one.timings[stage]
+        timings["source_prefill_max"] = max(timings["source_prefill_max"], one.timings["source_prefill"])
+        parts.append(one.translated)
+        offsets.append(at)
+        source_tokens.append(one.source.source_prefix_len + int(one.source.source_ids.shape[1]))
+        at += int(one.target_ids.shape[1])
+    if at > target.spec.max_positions - p:
+        raise ContextError(f"The shards hold {at} target tokens together; the target model '{target.spec.name}' "
+                           f"allows at most {target.spec.max_positions - p}. Shorten the document.")
+    start = time.perf_counter()
+    with torch.no_grad():
+        keys = torch.cat([place_keys(target, layers, out.keys, p, o) for out, o in zip(parts, offsets)], 1)
+        values = torch.cat([out.values for out in parts], 1)
+        mixed = after_prefix(target, per_layer_kv(keys, values, target.spec.num_kv_heads))
+    timings["assemble"] = time.perf_counter() - start
+    return DirectShards(mixed, tuple(offsets), timings, tuple(kv_cache_bytes(source.spec, n) for n in source_tokens),
+                        tuple(source_tokens))

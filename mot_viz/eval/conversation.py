@@ -263,7 +263,8 @@ def sharing_markdown(summary: pd.DataFrame, paired: pd.DataFrame) -> str:
         return ""
     diffs = paired.set_index("b") if len(paired) else pd.DataFrame()
     lines = ["", "Ways of sharing the story (F1 at the last turn; MoT − condition over all turns, paired):", "",
-             "| condition | F1 | MoT − condition [95% CI] | s before turn 1 | handed over (bytes) | target computes |",
+             "| condition | F1 | MoT − condition [95% CI] | s before turn 1 | handed over (bytes) "
+             "| target computes |",
              "|---|---:|---|---:|---:|---|"]
     for c in listed:
         r = last.loc[c]

@@ -13,9 +13,19 @@ first shard, the one after it with the last. The target answers from each settin
 * *shards_k* — k source agents each read one shard alone; their translations are placed at their offsets in one
   window and the whole document is replayed once (translate_shards);
 * *evidence_k* — only the shard that holds the evidence, translated and replayed alone (in the prompt's frame);
-* *no_context* — the question alone (the floor of gap closed).
+* *no_context* — the question alone (the floor of gap closed);
+* on request (--conditions, mot_viz.eval.sharing), the other ways of sharing the document, each with one reader and
+  with k: *relay* / *relay_q* (the reader writes a message from the whole document; *relay_k*: each of k agents
+  writes its own message from its shard alone, and the hub reads only the messages, joined in document order) and
+  *direct* (the full-depth map without replay of the whole document; *direct_k*: each shard translated alone by it
+  and the shards' caches joined, every layer's keys moved to the shard's offset as the MoT's window is: a RoPE
+  model's keys carry their position only in that rotation, and values none, so the move is exact. What a composed
+  direct cache lacks is any reading across shards: no layer of the hub computes over the document, while the MoT's
+  replay reads the whole document in its dense bottom layers).
 
-Reported per setting: F1 with a bootstrap interval, retention (F1 ÷ native) and gap closed with paired intervals,
+Reported per setting: F1 with a bootstrap interval, what is handed to the hub and what it computes over the document
+(sharing.cost_fields), the seconds before the hub reads the question (the sources' reading excluded; k relay
+agents write in parallel: the slowest one counts), retention (F1 ÷ native) and gap closed with paired intervals,
 paired differences over the same documents, median seconds per stage (the sources' prefills summed and the slowest
 agent's, i.e. their wall time when they read in parallel; alignment, translator, replay; the native prefill) and
 the memory held in fp16 (models.kv_cache_bytes): every source agent's cache of what it read (summed, and the
@@ -44,10 +54,13 @@ from ..engine.checkpoint import load_checkpoint, read_config
 from ..engine.models import LoadedModel, kv_cache_bytes, load_model
 from ..engine.mot import MoT, empty_context_cache, translate
 from ..engine.prompts import build_prompt
-from ..engine.shards import translate_shards
+from ..engine.shards import translate_shards, translate_shards_direct
 from ..errors import ConfigError
 from ..fsutil import write_text_atomic
 from .answers import MAX_NEW_TOKENS, answers_from_caches
+from .relay import RELAY_CONDITIONS, RELAY_TOKENS, Relay
+from .sharing import (COST_COLUMNS, MESSAGE_COLUMNS, check_conditions, check_sharing, cost_fields, cost_medians,
+                      relay_parts, target_side, work_text)
 from .processes import Spread, shown
 from .results_folder import ResultsTable, resumed_table, run_units
 from .long_context import check_budget, paired_ratios
@@ -57,12 +70,14 @@ from .report import paired_differences, paired_markdown
 STAGES = ("source_prefill", "source_prefill_max", "alignment", "translator", "replay", "native_prefill")
 ROW_COLUMNS = ("budget", "id", "depth", "evidence_fraction", "condition", "shards", "score", "exact_match", "answer",
                "gold", "hub_tokens", "source_tokens", *STAGES, "answer_seconds", "source_mb", "source_max_mb",
-               "hub_mb", "peak_rss_mb", "error")
-TEXT_COLUMNS = ("id", "depth", "condition", "answer", "gold", "error")
-RESUME_KEYS = ("checkpoint", "budget", "shards", "seed", "max_new_tokens")
+               "hub_mb", "peak_rss_mb", "error", *MESSAGE_COLUMNS, "message_generate_max_seconds", *COST_COLUMNS)
+TEXT_COLUMNS = ("id", "depth", "condition", "answer", "gold", "error", "message", "target_work")
+RESUME_KEYS = ("checkpoint", "budget", "shards", "seed", "max_new_tokens", "sharing", "relay_tokens", "direct")
+SHARING = (*RELAY_CONDITIONS, "direct")  # the other ways of sharing a document this evaluation composes from shards
 RESULTS = ResultsTable(ROW_COLUMNS, TEXT_COLUMNS, ("id",),
                        ("score", "hub_tokens", "source_tokens", "answer_seconds", "source_mb", "source_max_mb",
-                        "hub_mb", "peak_rss_mb"), ("evidence_fraction", "exact_match", *STAGES))
+                        "hub_mb", "peak_rss_mb"), ("evidence_fraction", "exact_match", *STAGES),
+                       (ROW_COLUMNS[:ROW_COLUMNS.index("error") + 1],))
 RESULT_FILES = ("examples.csv", "summary.csv", "paired.csv", "summary.json", "summary.md")
 NO_ROPE = ("gpt2", "opt")  # model types whose positions live in the hidden states: a shard cannot be moved
 # target tokens a stack's paragraph holds at the least (a SQuAD paragraph is a few sentences): a shard holds at least
@@ -70,18 +85,21 @@ NO_ROPE = ("gpt2", "opt")  # model types whose positions live in the hidden stat
 PARAGRAPH_TOKENS = 16
 
 
-def conditions(shards: tuple[int, ...]) -> tuple[str, ...]:
+def conditions(shards: tuple[int, ...], sharing: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The settings answered from, in the tables' order."""
-    return ("native", "whole", *(f"shards_{k}" for k in shards), *(f"evidence_{k}" for k in shards), "no_context")
+    return ("native", "whole", *(f"shards_{k}" for k in shards), *(f"evidence_{k}" for k in shards),
+            *(c for m in sharing for c in (m, *(f"{m}_{k}" for k in shards))), "no_context")
 
 
-def pairs(shards: tuple[int, ...]) -> tuple[tuple[str, str], ...]:
+def pairs(shards: tuple[int, ...], sharing: tuple[str, ...] = ()) -> tuple[tuple[str, str], ...]:
     """The paired differences: what composing k shards costs against one reader and the hub reading, and what the
-    other shards add to the one that holds the answer."""
+    other shards add to the one that holds the answer; the other ways of sharing against the MoT, one reader and k."""
     out = [("whole", "native")]
     for k in shards:
         out += [(f"shards_{k}", "whole"), (f"shards_{k}", "native"), (f"shards_{k}", f"evidence_{k}"),
                 (f"evidence_{k}", "whole")]
+    for m in sharing:
+        out += [("whole", m), *((f"shards_{k}", f"{m}_{k}") for k in shards)]
     return tuple(out)
 
 
@@ -96,16 +114,22 @@ class ShardSettings:
     seed: int = 0
     max_new_tokens: int = MAX_NEW_TOKENS
     bootstrap: int = 1000
+    sharing: tuple[str, ...] = ()  # other ways of sharing the document, from SHARING (--conditions)
+    relay_tokens: int = RELAY_TOKENS  # the longest message each relay agent writes, in source tokens
+    direct: str | None = None  # the full-depth map without replay of the "direct" settings (--direct)
 
     @classmethod
     def from_json(cls, data: dict) -> ShardSettings:
-        return cls(**{**data, "shards": tuple(data["shards"])})
+        return cls(**{**data, "shards": tuple(data["shards"]), "sharing": tuple(data.get("sharing", ()))})
 
     def command(self, out_dir: Path | None = None) -> str:
         """The command line that runs this evaluation (writing to `out_dir` when given)."""
         return (f"python -m mot_viz.eval.shards --checkpoint {self.checkpoint} --budget {self.budget} --shards "
                 f"{' '.join(map(str, self.shards))} --n {self.n} --seed {self.seed} --max_new_tokens "
-                f"{self.max_new_tokens}" + (f" --out {out_dir}" if out_dir is not None else ""))
+                f"{self.max_new_tokens}" + (f" --conditions {' '.join(self.sharing)}" if self.sharing else "")
+                + ("" if self.relay_tokens == RELAY_TOKENS else f" --relay_tokens {self.relay_tokens}")
+                + (f" --direct {self.direct}" if self.direct else "")
+                + (f" --out {out_dir}" if out_dir is not None else ""))
 
 
 def check_settings(settings: ShardSettings) -> dict:
@@ -129,6 +153,9 @@ def check_settings(settings: ShardSettings) -> dict:
                           "a checkpoint whose target is a RoPE model (Llama, Qwen2, Gemma 3).")
     check_budget(settings.budget, {role: (config[role]["name"], config[role].get("max_positions"))
                                    for role in ("source", "target")}, settings.max_new_tokens, ConfigError)
+    check_conditions(settings.sharing, SHARING)
+    check_sharing(settings.sharing, config, settings.checkpoint, settings.relay_tokens, settings.direct, 1.0,
+                  settings.budget)
     return config
 
 
@@ -148,6 +175,8 @@ class SettingCache:
     source_tokens: int  # tokens the source agents' caches hold together, their BOS prefixes included
     source_mb: float  # the agents' caches together
     source_max_mb: float  # the largest agent's cache
+    relay: Relay | None = None  # a relay setting's message and the hub's cache of it
+    writing: float | None = None  # a relay setting's slowest agent writing (their wall time in parallel)
 
 
 def shard_prompts(context_text: str, document: str, shard_texts: list[str]) -> list[str]:
@@ -160,9 +189,11 @@ def shard_prompts(context_text: str, document: str, shard_texts: list[str]) -> l
 
 
 @torch.no_grad()
-def setting_caches(mot: MoT, source: LoadedModel, target: LoadedModel, doc: LongExample,
-                   shards: tuple[int, ...]) -> dict[str, SettingCache]:
-    """Every setting's cache of one document (module docstring), in the order of conditions(shards)."""
+def setting_caches(mot: MoT, source: LoadedModel, target: LoadedModel, doc: LongExample, shards: tuple[int, ...],
+                   sharing: tuple[str, ...] = (), relay_tokens: int = RELAY_TOKENS,
+                   direct: MoT | None = None) -> dict[str, SettingCache]:
+    """Every setting's cache of one document (module docstring), in the order of conditions(shards, sharing); the
+    "direct" settings need `direct`, the full-depth map without replay."""
     example = doc.example
     context_text = build_prompt(example, target.chat_frame).context_text
     p = len(target.prefix_ids)
@@ -180,15 +211,34 @@ def setting_caches(mot: MoT, source: LoadedModel, target: LoadedModel, doc: Long
         return SettingCache(s.mixed_kv, len(texts), s.timings, p + int(s.target_ids.shape[1]), sum(tokens),
                             sum(s.source_bytes) / 1e6, max(s.source_bytes) / 1e6)
 
-    evidence = {}
+    def relayed(way: str, texts: list[str]) -> SettingCache:  # each agent writes from its text, the hub reads them
+        r = relay_parts(source, target, example, texts, way, relay_tokens)
+        sizes = [kv_cache_bytes(source.spec, tokens) for tokens in r.source_tokens]
+        return SettingCache(r.relay.kv, len(texts), {}, int(r.relay.kv[0][0].shape[2]), sum(r.source_tokens),
+                            sum(sizes) / 1e6, max(sizes) / 1e6, r.relay, r.slowest_seconds)
+
+    def directed(texts: list[str]) -> SettingCache:  # each agent's shard translated by the direct map, joined
+        d = translate_shards_direct(direct, source, target, texts)
+        return SettingCache(d.mixed_kv, len(texts), d.timings, int(d.mixed_kv[0][0].shape[2]),
+                            sum(d.source_tokens), sum(d.source_bytes) / 1e6, max(d.source_bytes) / 1e6)
+
+    evidence, others = {}, {m: {} for m in sharing}
+    for m in sharing:
+        others[m][m] = relayed(m, [example.context]) if m in RELAY_CONDITIONS else directed([context_text])
     for k in shards:
         pieces = shard_document(target.tokenizer, doc, k)
-        out[f"shards_{k}"] = composed(shard_prompts(context_text, example.context, [s.text for s in pieces]))
+        texts = shard_prompts(context_text, example.context, [s.text for s in pieces])
+        out[f"shards_{k}"] = composed(texts)
         holder = next((s for s in pieces if s.holds_evidence), None)
         if holder is not None:  # the answer's shard in the prompt's frame, as if it were the whole document
             alone = build_prompt(replace(example, context=holder.text.strip()), target.chat_frame).context_text
             evidence[f"evidence_{k}"] = composed([alone])
+        for m in sharing:
+            others[m][f"{m}_{k}"] = (relayed(m, [s.text.strip() for s in pieces]) if m in RELAY_CONDITIONS
+                                     else directed(texts))
     out.update(evidence)
+    for m in sharing:
+        out.update(others[m])
     out["no_context"] = SettingCache(empty_context_cache(target), 0, {}, p, 0, 0.0, 0.0)
     return out
 
@@ -202,10 +252,12 @@ class DocumentResult:
 
 
 def evaluate_document(mot: MoT, source: LoadedModel, target: LoadedModel, doc: LongExample,
-                      settings: ShardSettings) -> DocumentResult:
-    """Every setting's cache of one document, its answer and F1, the seconds of its stages, the memory it holds."""
+                      settings: ShardSettings, direct: MoT | None = None) -> DocumentResult:
+    """Every setting's cache of one document, its answer and F1, the seconds of its stages, the memory it holds,
+    what is handed to the hub and what it computes (direct: the full-depth map of the "direct" settings)."""
     example = doc.example
-    caches = setting_caches(mot, source, target, doc, settings.shards)
+    caches = setting_caches(mot, source, target, doc, settings.shards, settings.sharing, settings.relay_tokens, direct)
+    p, window = len(target.prefix_ids), len(mot.channels.target_layers)
     answers = answers_from_caches(target, {c: s.kv for c, s in caches.items()}, example, settings.max_new_tokens)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     rows = [{"budget": doc.budget, "id": example.id, "depth": doc.depth, "evidence_fraction": doc.evidence_fraction,
@@ -213,14 +265,17 @@ def evaluate_document(mot: MoT, source: LoadedModel, target: LoadedModel, doc: L
              "answer": answers[c].text, "gold": " | ".join(example.answers), "hub_tokens": s.hub_tokens,
              "source_tokens": s.source_tokens, **{stage: s.timings.get(stage, np.nan) for stage in STAGES},
              "answer_seconds": answers[c].seconds, "source_mb": s.source_mb, "source_max_mb": s.source_max_mb,
-             "hub_mb": mb(target.spec, s.hub_tokens), "peak_rss_mb": peak, "error": None} for c, s in caches.items()]
+             "hub_mb": mb(target.spec, s.hub_tokens), "peak_rss_mb": peak, "error": None,
+             "message_generate_max_seconds": s.writing,
+             **cost_fields(c, s.hub_tokens - p, target, window, target_side(c, s.timings, s.relay, s.writing), s.relay,
+                           source=source)} for c, s in caches.items()]
     return DocumentResult(rows, caches)
 
 
 def document_rows(mot: MoT, source: LoadedModel, target: LoadedModel, doc: LongExample,
-                  settings: ShardSettings) -> list[dict]:
+                  settings: ShardSettings, direct: MoT | None = None) -> list[dict]:
     """One row per setting of one document: its answer and F1, the seconds of its stages, the memory it holds."""
-    return evaluate_document(mot, source, target, doc, settings).rows
+    return evaluate_document(mot, source, target, doc, settings, direct).rows
 
 
 def shard_spans(target: LoadedModel, doc: LongExample, shards: int) -> dict[str, tuple[int, int]]:
@@ -237,19 +292,23 @@ def shard_spans(target: LoadedModel, doc: LongExample, shards: int) -> dict[str,
     return spans
 
 
-def summarize(rows: pd.DataFrame, shards: tuple[int, ...], n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+def summarize(rows: pd.DataFrame, shards: tuple[int, ...], n_boot: int = 1000, seed: int = 0,
+              sharing: tuple[str, ...] = ()) -> pd.DataFrame:
     """Per setting: F1 with its interval over the documents every setting answered, retention and gap closed
-    against native with paired intervals, median seconds per stage and median memory (MB)."""
+    against native with paired intervals, median seconds per stage (and before the hub reads the question), median
+    memory (MB), what is handed to the hub and what it computes."""
     scored = rows[rows["condition"] != "skipped"]
     wide = scored.pivot_table(index="id", columns="condition", values="score").dropna()
     out = []
-    for condition in [c for c in conditions(shards) if c in wide]:
+    for condition in [c for c in conditions(shards, sharing) if c in wide]:
         part = scored[scored["condition"] == condition]
         ci = bootstrap_ci(wide[condition].to_numpy(), n_boot=n_boot, seed=seed)
         medians = part[[*STAGES, "answer_seconds", "hub_tokens", "source_mb", "source_max_mb", "hub_mb"]].median()
         out.append({"condition": condition, "n": len(wide), "mean": ci.mean, "ci_low": ci.lo, "ci_high": ci.hi,
                     **(paired_ratios(wide, condition, n_boot, seed) if condition not in ("native", "no_context")
-                       else {}), **{k: float(v) for k, v in medians.items()}})
+                       else {}), **{k: float(v) for k, v in medians.items()},
+                    "target_side_seconds": float(part["target_side_seconds"].median())
+                    if "target_side_seconds" in part else np.nan, **cost_medians(part)})
     return pd.DataFrame(out)
 
 
@@ -261,8 +320,8 @@ def markdown(summary: pd.DataFrame) -> str:
     """The summary as one table: F1, retention, gap closed, median seconds per stage, memory."""
     lines = ["| setting | n | F1 [95% CI] | retention [95% CI] | gap closed | source prefill s: sum / slowest | "
              "alignment + translator s | replay s | native prefill s | source caches MB: sum / largest | "
-             "hub cache MB |",
-             "|---|---:|---|---|---:|---|---:|---:|---:|---|---:|"]
+             "hub cache MB | s before the question | handed over (bytes) | hub computes |",
+             "|---|---:|---|---|---:|---|---:|---:|---:|---|---:|---:|---:|---|"]
     for r in summary.to_dict(orient="records"):
         ratio = (f"{_fmt(r.get('retention'), '.1%')} [{_fmt(r.get('retention_ci_low'), '.1%')}, "
                  f"{_fmt(r.get('retention_ci_high'), '.1%')}]" if "retention" in r and not pd.isna(r["retention"])
@@ -272,15 +331,18 @@ def markdown(summary: pd.DataFrame) -> str:
                      f"{_fmt(r['source_prefill_max'], '.2f')} | "
                      f"{_fmt(r['alignment'] + r['translator'], '.3f')} | {_fmt(r['replay'], '.2f')} | "
                      f"{_fmt(r['native_prefill'], '.2f')} | {r['source_mb']:.1f} / {r['source_max_mb']:.1f} | "
-                     f"{r['hub_mb']:.1f} |")
+                     f"{r['hub_mb']:.1f} | {_fmt(r.get('target_side_seconds'), '.2f')} | "
+                     f"{_fmt(r.get('handed_bytes'), ',.0f')} | "
+                     f"{work_text(r.get('target_work', ''), r.get('target_tokens', np.nan))} |")
     return "\n".join(lines) + "\n"
 
 
 def write(out_dir: Path, rows: pd.DataFrame, settings: ShardSettings) -> pd.DataFrame:
     """Every result file of the run, each written whole (a kill never leaves a torn file)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    summary = summarize(rows, settings.shards, settings.bootstrap, settings.seed)
-    paired = paired_differences(rows.assign(dataset=f"stacks {settings.budget} tokens"), pairs(settings.shards),
+    summary = summarize(rows, settings.shards, settings.bootstrap, settings.seed, settings.sharing)
+    paired = paired_differences(rows.assign(dataset=f"stacks {settings.budget} tokens"),
+                                pairs(settings.shards, settings.sharing),
                                 settings.bootstrap, settings.seed)
     for name, frame in (("examples.csv", rows), ("summary.csv", summary), ("paired.csv", paired)):
         write_text_atomic(out_dir / name, frame.to_csv(index=False))
@@ -305,13 +367,14 @@ def run(settings: ShardSettings, out_dir: Path, resume: bool = False, progress: 
     other files (results_folder.check_results_folder)."""
     config = check_settings(settings)
     previous = resumed_table(out_dir, settings, resume, overwrite, RESUME_KEYS, RESULT_FILES, RESULTS,
-                             set(conditions(settings.shards)), "documents")
+                             set(conditions(settings.shards, settings.sharing)), "documents")
     source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
     docs = distractor_stacks(target.tokenizer, settings.budget, settings.n, settings.seed)
     mot = load_checkpoint(settings.checkpoint, source, target)[0]
+    direct = load_checkpoint(settings.direct, source, target)[0] if settings.direct else None
     rows = [] if previous is None else previous.to_dict(orient="records")
     return run_units(docs, rows, {r["id"] for r in rows}, lambda d: d.example.id,
-                     lambda d: document_rows(mot, source, target, d, settings),
+                     lambda d: document_rows(mot, source, target, d, settings, direct),
                      lambda d: {"budget": d.budget, "id": d.example.id, "depth": d.depth},
                      lambda: write(out_dir, pd.DataFrame(rows, columns=ROW_COLUMNS), settings), "shards", progress,
                      spread=Spread(out_dir, settings, RESULTS))
@@ -326,13 +389,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the document sample")
     parser.add_argument("--max_new_tokens", type=int, default=MAX_NEW_TOKENS, help="longest generated answer")
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of each interval")
+    parser.add_argument("--conditions", nargs="+", choices=SHARING, default=[],
+                        help="other ways of sharing the document, each with one reader and with every shard count: "
+                             "relay / relay_q (each agent writes a message; the hub reads them), direct (--direct)")
+    parser.add_argument("--relay_tokens", type=int, default=RELAY_TOKENS,
+                        help="longest message each relay agent writes, in source tokens")
+    parser.add_argument("--direct", help="the full-depth map without replay of the 'direct' settings")
     parser.add_argument("--out", required=True, help="folder of the results (created when missing)")
     parser.add_argument("--resume", action="store_true", help="keep the documents --out already holds")
     parser.add_argument("--overwrite", action="store_true",
                         help="write into an --out folder that holds other files, replacing those of the same names")
     args = parser.parse_args(argv)
     settings = ShardSettings(args.checkpoint, args.budget, tuple(args.shards), args.n, args.seed, args.max_new_tokens,
-                             args.bootstrap)
+                             args.bootstrap, tuple(c for c in SHARING if c in args.conditions), args.relay_tokens,
+                             args.direct)
     return run_cli(lambda: shown(run(settings, Path(args.out), args.resume, overwrite=args.overwrite), markdown))
 
 

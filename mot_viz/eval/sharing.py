@@ -1,7 +1,8 @@
 """The other ways of sharing a context (method.md §15) in the evaluations beside mot_viz.eval.evaluate: the text relay
-(``relay``, ``relay_q``: mot_viz.eval.relay), the full-depth map without replay (``direct``: engine.mot.translate_direct)
-and selective layer sharing (``kvcomm``: mot_viz.eval.kvcomm). long_context, conversation and shards share here their
-checks, the models these conditions need, and what each row records of a condition's costs:
+(``relay``, ``relay_q``: mot_viz.eval.relay), the full-depth map without replay (``direct``:
+engine.mot.translate_direct) and selective layer sharing (``kvcomm``: mot_viz.eval.kvcomm). long_context, conversation
+and shards share here their checks, the models these conditions need, and what each row records of a condition's
+costs:
 
 * what is handed to the target: relay, the message (UTF-8 bytes); a replayed translation (mot, linear, mean, …), the
   translated window (its target layers' K and V at every context position, fp16); direct, every layer's translated
@@ -22,6 +23,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..engine.alignment import encode
 from ..engine.checkpoint import load_checkpoint
 from ..engine.models import LoadedModel, ModelSpec, kv_cache_bytes
 from ..engine.mot import MoT
@@ -30,7 +32,7 @@ from ..errors import ConfigError
 from .answers import ConditionCaches
 from .evaluate import check_direct_flag, message_fields
 from .kvcomm import KVCommSelection, check_kvcomm_fraction, check_kvcomm_pair, kvcomm_selection
-from .relay import RELAY_CONDITIONS, Relay, check_relay_tokens, read_message, write_message
+from .relay import RELAY_CONDITIONS, Relay, check_relay_tokens, read_message, source_prompt, write_message
 
 SHARING = (*RELAY_CONDITIONS, "direct", "kvcomm")
 MESSAGE_COLUMNS = ("message", "message_tokens", "message_bytes", "message_generate_seconds", "message_prefill_seconds")
@@ -77,17 +79,29 @@ def method(condition: str) -> str:
     return {"whole": "mot", "shards": "mot", "evidence": "mot"}.get(base, base)
 
 
+@dataclass(frozen=True)
+class RelayParts:
+    """A relay written by several source agents, each from its own part of the context, read by one target."""
+
+    relay: Relay  # the joined message, the target's cache of it; tokens and generate_seconds summed over the agents
+    slowest_seconds: float  # the slowest agent's writing (the agents' wall time when they write in parallel)
+    source_tokens: tuple[int, ...]  # each agent's cache when done: its prompt (BOS prefix included) and its message
+
+
 def relay_parts(source: LoadedModel, target: LoadedModel, example: QAExample, texts: list[str], condition: str,
-                max_tokens: int) -> tuple[Relay, float]:
+                max_tokens: int) -> RelayParts:
     """Several source agents each write their message from their own part of the context (relay.write_message of
-    the example with that part as its passage); the target reads the messages joined in order (relay.read_message).
-    Returns the relay (its tokens and generate_seconds summed over the agents) and the slowest agent's seconds."""
-    written = [write_message(source, replace(example, context=text), condition, max_tokens)
-               for text in texts]
+    the example with that part as its passage); the target reads the messages joined in order, a blank line apart
+    (relay.read_message), and only them."""
+    parts = [replace(example, context=text) for text in texts]
+    written = [write_message(source, part, condition, max_tokens) for part in parts]
     message = "\n\n".join(text for text, _, _ in written if text)
     kv, prefill = read_message(target, example, message)
-    return (Relay(condition, message, sum(n for _, n, _ in written), sum(s for _, _, s in written), kv, prefill),
-            max(s for _, _, s in written))
+    prompts = [len(source.prefix_ids + encode(source.tokenizer, source_prompt(source, part, condition)))
+               for part in parts]
+    return RelayParts(Relay(condition, message, sum(n for _, n, _ in written), sum(s for _, _, s in written), kv,
+                            prefill),
+                      max(s for _, _, s in written), tuple(p + n for p, (_, n, _) in zip(prompts, written)))
 
 
 def handed_bytes(condition: str, tokens: int, target: ModelSpec, window_layers: int, relay: Relay | None = None,
@@ -117,16 +131,24 @@ def target_work(condition: str, tokens: int, relay: Relay | None = None, prefix:
     return ("none", 0) if way in ("direct", "kvcomm", "no_context") else ("replay", tokens)
 
 
-def target_side_seconds(condition: str, built: ConditionCaches) -> float:
+def target_side(condition: str, timings: dict[str, float], relay: Relay | None = None,
+                writing: float | None = None) -> float:
     """Seconds before the target reads the question over a condition's cache, the source's reading excluded (module
-    docstring); NaN where it is not measured (the linear and mean controls, built from the MoT's translation)."""
-    t = built.translation.timings
-    if condition in built.relays:
-        return built.relays[condition].generate_seconds + built.relays[condition].prefill_seconds
-    if condition == "direct":
-        return sum(v for stage, v in built.direct.timings.items() if stage not in ("source_prefill", "native_prefill"))
-    return {"native": t.get("native_prefill", np.nan), "mot": t["alignment"] + t["translator"] + t.get("replay", 0.0),
-            "no_context": 0.0, "kvcomm": 0.0}.get(condition, np.nan)
+    docstring), from the stages of the translation it came from (`timings`) or its relay (`writing`: the agents'
+    wall time writing, when several write in parallel; default the relay's own). NaN where it is not measured (the
+    linear and mean controls, built from the MoT's translation)."""
+    way = method(condition)
+    if way in RELAY_CONDITIONS:
+        return (relay.generate_seconds if writing is None else writing) + relay.prefill_seconds
+    if way in ("mot", "direct"):
+        return sum(timings.get(stage, 0.0) for stage in ("alignment", "translator", "replay", "assemble"))
+    return {"native": timings.get("native_prefill", np.nan), "no_context": 0.0, "kvcomm": 0.0}.get(way, np.nan)
+
+
+def target_side_seconds(condition: str, built: ConditionCaches) -> float:
+    """target_side of a condition of answers.condition_caches."""
+    return target_side(condition, (built.direct if condition == "direct" else built.translation).timings,
+                       built.relays.get(condition))
 
 
 def cost_fields(condition: str, tokens: int, target: LoadedModel, window_layers: int, target_side: float,

@@ -18,15 +18,22 @@ from mot_viz.engine.channels import terminal_channels
 from mot_viz.engine.checkpoint import load_checkpoint, save_checkpoint
 from mot_viz.engine.models import kv_cache_bytes
 from mot_viz.engine.mot import MoT
+from mot_viz.data.long_context import distractor_stacks
 from mot_viz.engine.prompts import build_prompt
+from mot_viz.engine.replay_config import replay_mode
+from mot_viz.engine.shards import translate_shards_direct
 from mot_viz.engine.testing import CORPUS, load_test_model, tiny_model
 from mot_viz.errors import ConfigError
 from mot_viz.eval import conversation, long_context
+from mot_viz.eval import shards as shard_eval
 from mot_viz.eval.answers import answer_from_cache
 from mot_viz.eval.conversation import ConversationSettings, history_text, turn_example
 from mot_viz.eval.long_context import LongSettings
 from mot_viz.eval.relay import read_message
 from mot_viz.eval.sharing import SharingModels
+from mot_viz.eval.shards import ShardSettings
+from test_shards import SHARDS, cache_at_offset, identity_mot
+from tolerance import assert_close
 from mot_viz.train.quickfit import QuickFitConfig, fit_pair
 
 DIRECT = QuickFitConfig(tokens=256, min_context_tokens=16, max_context_tokens=48, direct=True)
@@ -234,5 +241,91 @@ def test_the_conversation_refuses_bad_sharing_input_in_one_line(checkpoints, tmp
             *s.conditions, "--relay_tokens", str(s.relay_tokens), "--out", str(tmp_path / "out")]
     argv += ["--direct", s.direct] if s.direct else []
     assert conversation.main(argv) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+# ----- shards ------------------------------------------------------------------------------------------------------
+
+
+def identity_direct(lm) -> MoT:
+    """A full-depth map without replay from a model to itself that writes its input: every layer's K to K, V to V."""
+    layers = tuple(range(lm.spec.num_layers))
+    mot = identity_mot(lm, layers)
+    mot.replay = replay_mode(mot.replay, "none")
+    return mot
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])  # tiny Llama (no BOS), tiny Gemma 3 (BOS, sliding)
+def test_each_directly_translated_shard_is_the_models_cache_of_that_shard_at_its_offset(name):
+    lm = load_test_model(name)
+    out = translate_shards_direct(identity_direct(lm), lm, lm, SHARDS[:3])
+    p = len(lm.prefix_ids)
+    lengths = [len(encode(lm.tokenizer, t)) for t in SHARDS[:3]]
+    assert out.offsets == (0, lengths[0], lengths[0] + lengths[1])
+    assert out.mixed_kv[0][0].shape[2] == p + sum(lengths) and len(out.mixed_kv) == lm.spec.num_layers
+    for text, offset, n in zip(SHARDS[:3], out.offsets, lengths):
+        own = cache_at_offset(lm, text, offset)
+        for (k, v), (k0, v0) in zip(out.mixed_kv, own):
+            assert_close(k[:, :, p + offset:p + offset + n], k0[:, :, p:])
+            assert_close(v[:, :, p + offset:p + offset + n], v0[:, :, p:])
+    assert set(out.timings) >= {"source_prefill", "source_prefill_max", "translator", "assemble"}
+
+
+def shard_settings(checkpoints, **kw) -> ShardSettings:
+    base = dict(checkpoint=str(checkpoints["mot"]), budget=400, shards=(2,), n=1, seed=0, max_new_tokens=3,
+                bootstrap=20, sharing=("relay", "direct"), relay_tokens=5, direct=str(checkpoints["direct"]))
+    return ShardSettings(**{**base, **kw})
+
+
+def test_shards_relay_and_direct_from_each_agent_and_resume(checkpoints, tmp_path, monkeypatch):
+    monkeypatch.setattr(shard_eval, "load_model", load)
+    out = tmp_path / "shards"
+    shard_eval.run(shard_settings(checkpoints), out, progress=False)
+    first = pd.read_csv(out / "examples.csv", dtype={"message": str}, keep_default_na=False, na_values=[""])
+    assert first["condition"].tolist() == ["native", "whole", "shards_2", "evidence_2", "relay", "relay_2", "direct",
+                                           "direct_2", "no_context"]
+    rows = first.set_index("condition")
+    target = load("gemma3-270m")
+    doc = distractor_stacks(target.tokenizer, 400, 1, seed=0)[0]
+    for c, agents in (("relay", 1), ("relay_2", 2)):  # the hub prefilled its prompt with the messages only
+        r = rows.loc[c]
+        kv, _ = read_message(target, doc.example, str(r["message"]))
+        assert r["hub_tokens"] == kv[0][0].shape[2] < rows.loc["native", "hub_tokens"] and r["shards"] == agents
+        assert 0 < r["message_tokens"] <= 5 * agents and r["handed_bytes"] == r["message_bytes"]
+        assert r["message_generate_max_seconds"] <= r["message_generate_seconds"]
+    assert rows.loc["relay_2", "source_max_mb"] < rows.loc["relay_2", "source_mb"]  # each agent held its own shard
+    assert rows.loc["relay_2", "target_side_seconds"] == pytest.approx(
+        rows.loc["relay_2", "message_generate_max_seconds"] + rows.loc["relay_2", "message_prefill_seconds"])
+    assert abs(rows.loc["direct_2", "hub_tokens"] - rows.loc["shards_2", "hub_tokens"]) == 0
+    assert rows.loc["direct_2", "target_work"] == "none" and rows.loc["shards_2", "target_work"] == "replay"
+    assert rows.loc["direct_2", "source_max_mb"] < rows.loc["direct", "source_mb"]
+    paired = pd.read_csv(out / "paired.csv").set_index(["a", "b"])
+    assert {("whole", "relay"), ("shards_2", "relay_2"), ("whole", "direct"), ("shards_2", "direct_2")} <= set(
+        paired.index)
+    md = (out / "summary.md").read_text()
+    assert "--conditions relay direct" in md and "handed over" in md
+    computed = []
+    real = shard_eval.document_rows
+    monkeypatch.setattr(shard_eval, "document_rows", lambda *a, **k: computed.append(a[3].example.id) or real(*a, **k))
+    shard_eval.run(shard_settings(checkpoints, n=2), out, resume=True, progress=False)
+    both = pd.read_csv(out / "examples.csv", dtype={"message": str}, keep_default_na=False, na_values=[""])
+    assert len(computed) == 1 and both["id"].nunique() == 2
+    pd.testing.assert_frame_equal(both[both["id"].isin(first["id"])].reset_index(drop=True), first)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(relay_tokens=0), "--relay_tokens must be at least 1"),
+    (dict(direct=None), "the 'direct' condition needs --direct CHECKPOINT"),
+    (dict(sharing=("direct",), direct="LINEAR"), "needs a full-depth map without replay"),
+])
+def test_shards_refuse_bad_sharing_input_in_one_line(checkpoints, tmp_path, capsys, monkeypatch, change, message):
+    monkeypatch.setattr(shard_eval, "load_model", lambda name: pytest.fail("a model was loaded"))
+    s = shard_settings(checkpoints, **change)
+    argv = ["--checkpoint", s.checkpoint, "--budget", "400", "--shards", "2", "--n", "1", "--conditions", *s.sharing,
+            "--relay_tokens", str(s.relay_tokens), "--out", str(tmp_path / "out")]
+    direct = {"LINEAR": str(checkpoints["linear"])}.get(s.direct, s.direct)
+    argv += ["--direct", direct] if direct else []
+    assert shard_eval.main(argv) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
