@@ -214,10 +214,13 @@ def _open_alignment(context, url: str):
 
 def _assert_view(page, dataset: str, label: str, example: int, view: str) -> None:
     """The pair, checkpoint and context in the caption and the sidebar, the page option, and the URL."""
+    from mot_viz.app.loaders import dataset_examples
+
     caption = page.get_by_text("smollm2-135m → gemma3-270m · checkpoint")
     assert f"context: {label} #{example}" in caption.inner_text() and "smollm2-to-gemma3" in caption.inner_text()
     sidebar = page.locator('[data-testid="stSidebarContent"]')
-    assert sidebar.get_by_label("Example (0–49)").input_value() == str(example)
+    last = len(dataset_examples(dataset)) - 1
+    assert sidebar.get_by_label(f"Example (0–{last})").input_value() == str(example)
     assert sidebar.get_by_role("combobox", name="Dataset").input_value() == label
     assert sidebar.get_by_role("combobox", name="MoT checkpoint").input_value() == "smollm2-to-gemma3"
     assert page.get_by_role("radio", name=view, exact=True).is_checked()
@@ -588,21 +591,17 @@ def test_instrument_screenshots_and_fragment_links(app_url, browser, tmp_path):
 
 def test_evaluations_lost_answers_and_one_opened_in_the_app(app_url, browser):
     """The Evaluations page on the shipped mid SQuAD run, filtered to the answers MoT lost; the first lost example
-    that the app offers opens from its "Open in the app" address on the Answers page, showing that example."""
+    opens from the page's "Open in the app" button (a new tab) on the Answers page, showing that example."""
     from mot_viz import app
-    from mot_viz.analysis import eval_run_links, eval_runs
-    from mot_viz.app.multi_agent import CONVERSATIONS
+    from mot_viz.analysis import eval_runs
     from mot_viz.app.permalink import example_link
 
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     run = eval_runs.open_run(REPO / "results/eval/smollm2-to-gemma3-mid-squad300")
     table = eval_runs.wide_table(run)
     lost = eval_runs.select(table, run.translated, lost=True, translated=run.translated)
-    views = eval_run_links.app_views(run, table, checkpoints=list(app.available_checkpoints()),
-                                     examples_per_dataset=app.EXAMPLES_PER_DATASET, long_documents=48,
-                                     conversations=CONVERSATIONS, shard_documents=50)
-    linked = [v for v, example in zip(views, table["example"]) if v.page and example in set(lost["example"])]
-    assert 0 < len(lost) < len(table) and linked, "the shipped run has lost answers the app can open"
+    views = dict(zip(table["example"], app.eval_run_views(run, table)))
+    assert 0 < len(lost) < len(table) and all(views[e].page for e in lost["example"]), "every lost answer opens"
 
     page = _open(browser, f"{app_url}/evaluations?{urlencode({'evals.lost': 'true'})}")
     page.get_by_role("heading", name="Evaluations", exact=True).wait_for()
@@ -617,13 +616,19 @@ def test_evaluations_lost_answers_and_one_opened_in_the_app(app_url, browser):
     page.wait_for_timeout(500)  # let plotly finish drawing before the screenshot
     page.screenshot(path=str(SCREENSHOTS / "evaluations.png"))
 
-    view = linked[0]
-    page.goto(f"{app_url}/{example_link(view).removeprefix('./')}")
-    page.get_by_role("heading", name="Answers", exact=True).wait_for()
-    _wait_until_settled(page)
-    _assert_no_failure(page)
-    caption = page.get_by_text("smollm2-135m → gemma3-270m · checkpoint").inner_text()
+    view = views[lost["example"].iloc[0]]  # the example the button opens first: the first the filter keeps
+    button = page.locator('[data-testid="stLinkButton"] a', has_text="Open in the app")
+    assert button.get_attribute("href") == example_link(view)
+    with page.context.expect_page() as opened:
+        button.click()
+    answers = opened.value
+    answers.set_default_timeout(SLOW_MS)
+    answers.get_by_role("heading", name="Answers", exact=True).wait_for(timeout=SLOW_MS)
+    _wait_until_settled(answers)
+    _assert_no_failure(answers)
+    caption = answers.get_by_text("smollm2-135m → gemma3-270m · checkpoint").inner_text()
     assert f"context: SQuAD #{view.example}" in caption and view.checkpoint in caption
+    answers.close()
     page.close()
 
 
