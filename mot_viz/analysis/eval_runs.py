@@ -39,7 +39,7 @@ class RunKind:
     """One evaluation command's results folder: its table's columns, what one example is, and how it is summarised."""
 
     name: str  # the evaluation module: "evaluate", "long_context", "conversation", "shards"
-    headers: tuple[tuple[str, ...], ...]  # the examples.csv headers this command writes (the current one first)
+    headers: tuple[tuple[str, ...], ...]  # the examples.csv headers it writes (the current first) and resumes
     text_columns: tuple[str, ...]  # read as text, as --resume reads them
     unit: tuple[str, ...]  # the columns that name one example (a row per condition each)
     group: Callable[[pd.DataFrame], pd.Series]  # the summary's group of each row (as the writer's paired.csv names it)
@@ -56,13 +56,14 @@ def _budget_label(source: pd.Series, budget: pd.Series) -> pd.Series:
 
 
 KINDS = (
-    RunKind("evaluate", (evaluate.ROW_COLUMNS, *evaluate.EARLIER_ROW_COLUMNS), evaluate.TEXT_COLUMNS,
+    RunKind("evaluate", (evaluate.ROW_COLUMNS, *evaluate.RESULTS.earlier), evaluate.TEXT_COLUMNS,
             ("dataset", "id"), lambda rows: rows["dataset"].astype(str), "mot", evaluate.EvalSettings),
-    RunKind("long_context", (long_context.ROW_COLUMNS,), long_context.TEXT_COLUMNS, ("source", "budget", "id"),
-            lambda rows: _budget_label(rows["source"], rows["budget"]), "mot", long_context.LongSettings),
-    RunKind("conversation", (conversation.ROW_COLUMNS,), conversation.TEXT_COLUMNS, ("id", "turn"),
-            lambda rows: "turn " + rows["turn"].astype(str), "mot", conversation.ConversationSettings),
-    RunKind("shards", (shards.ROW_COLUMNS,), shards.TEXT_COLUMNS, ("budget", "id"),
+    RunKind("long_context", (long_context.ROW_COLUMNS, *long_context.RESULTS.earlier), long_context.TEXT_COLUMNS,
+            ("source", "budget", "id"), lambda rows: _budget_label(rows["source"], rows["budget"]), "mot",
+            long_context.LongSettings),
+    RunKind("conversation", (conversation.ROW_COLUMNS, *conversation.RESULTS.earlier), conversation.TEXT_COLUMNS,
+            ("id", "turn"), lambda rows: "turn " + rows["turn"].astype(str), "mot", conversation.ConversationSettings),
+    RunKind("shards", (shards.ROW_COLUMNS, *shards.RESULTS.earlier), shards.TEXT_COLUMNS, ("budget", "id"),
             lambda rows: _budget_label(pd.Series("stacks", index=rows.index), rows["budget"]), "whole",
             shards.ShardSettings),
 )
