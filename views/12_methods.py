@@ -83,7 +83,8 @@ def main() -> None:
 def _answers(table: pd.DataFrame, metric: str | None) -> None:
     st.subheader("Answers")
     shown = table.drop(columns=["method", "handed over", "bytes handed over", "seconds to the first answer token"])
-    formats = {c: st.column_config.NumberColumn(format="%.3f") for c in (metric, "exact_match") if c in shown}
+    shown = shown.rename(columns={"label": "method", "exact_match": "EM"})
+    formats = {c: st.column_config.NumberColumn(format="%.3f") for c in (metric, "EM") if c in shown}
     st.dataframe(shown, hide_index=True, width="stretch", column_config=formats)
 
 

@@ -117,11 +117,12 @@ def stages_figure(stages: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
     order = [m for m in METHODS if m in set(stages["method"])]
     for stage in [s for s in STAGES if s in set(stages["stage"])]:
-        part = stages[stages["stage"] == stage].set_index("method").reindex(order)
-        fig.add_trace(go.Bar(y=[_label(m) for m in order], x=part["seconds"], name=stage, orientation="h",
+        part = stages[stages["stage"] == stage]  # only the methods with this stage: a NaN would unsettle the stack
+        fig.add_trace(go.Bar(y=part["method"].map(_label), x=part["seconds"], name=stage, orientation="h",
                              hovertemplate="%{x:.3f} s<extra>" + stage + "</extra>"))
     fig.update_layout(barmode="stack", xaxis_title="seconds from the text to the first answer token",
-                      yaxis={"autorange": "reversed"}, margin={"t": 30})
+                      yaxis={"categoryorder": "array", "categoryarray": [_label(m) for m in order],
+                             "autorange": "reversed"}, legend={"traceorder": "normal"}, margin={"t": 30})
     return fig
 
 

@@ -62,7 +62,7 @@ def test_the_page_shows_the_librarys_answers_and_bytes_and_says_what_is_not_offe
     source, target, mot, linear, example, prompt, translation = library
     expected = cache_methods(mot, source, target, example, translation, prompt.suffix_text, linear=linear)
     answers = at.dataframe[0].value
-    assert answers["label"].tolist() == [METHOD_LABELS[m] for m in ("native", "no_context", "mot", "linear")]
+    assert answers["method"].tolist() == [METHOD_LABELS[m] for m in ("native", "no_context", "mot", "linear")]
     assert answers["answer"].tolist() == expected.answers["answer"].tolist()
     assert answers["F1"].tolist() == pytest.approx(expected.answers["score"].tolist())
     sizes = at.dataframe[1].value
@@ -96,7 +96,7 @@ def test_the_relay_on_request_shows_the_librarys_messages_and_the_view_lives_in_
     texts = [t.value for t in at.text]
     for condition, message in expected.messages.items():
         assert f"{METHOD_LABELS[condition]}: {message}" in texts  # plain text, as the source wrote it
-    answers = at.dataframe[0].value.set_index("label")
+    answers = at.dataframe[0].value.set_index("method")
     for row in expected.answers.itertuples():
         assert answers.loc[METHOD_LABELS[row.method], "answer"] == row.answer
     sizes = at.dataframe[1].value.set_index("method")
