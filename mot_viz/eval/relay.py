@@ -133,6 +133,12 @@ def check_relay_tokens(relay_tokens: int, source_positions: int | None, context_
 FP16_BYTES = 2  # bytes per value of a cache handed over (fp16 / bf16), as kv_cache_bytes counts
 
 
+def layers_bytes(tokens, layers: int, kv_hidden: int):
+    """Bytes of K and V at `layers` layers over `tokens` positions (a number or an array), fp16: a translated window,
+    a full-depth map's cache, the layers kvcomm shares."""
+    return tokens * layers * 2 * kv_hidden * FP16_BYTES
+
+
 def sharing_costs(rows: pd.DataFrame, config: dict) -> pd.DataFrame:
     """Per condition of an evaluation with relay rows (mot_viz.eval.evaluate's examples.csv; `config`: its
     checkpoint's config.json): what the target is handed (the message's tokens and bytes; the translated window's
@@ -167,7 +173,7 @@ def sharing_costs(rows: pd.DataFrame, config: dict) -> pd.DataFrame:
             "context_tokens": float(tokens.mean()),
             "message_tokens": float(part["message_tokens"].mean()) if relay_row else float("nan"),
             "message_bytes": float(part["message_bytes"].mean()) if relay_row else float("nan"),
-            "window_bytes": float((tokens * window * 2 * target.kv_hidden * FP16_BYTES).mean()),
+            "window_bytes": float(layers_bytes(tokens, window, target.kv_hidden).mean()),
             "full_cache_bytes": float(sum(kv_cache_bytes(target, int(t)) for t in tokens) / len(tokens)),
             "write_seconds": float(part["message_generate_seconds"].mean()) if relay_row else float("nan"),
             "read_seconds": float(part["message_prefill_seconds"].mean()) if relay_row else float("nan"),

@@ -32,14 +32,14 @@ from ..errors import ConfigError
 from .answers import ConditionCaches
 from .evaluate import check_direct_flag, message_fields
 from .kvcomm import KVCommSelection, check_kvcomm_fraction, check_kvcomm_pair, kvcomm_selection
-from .relay import RELAY_CONDITIONS, Relay, check_relay_tokens, read_message, source_prompt, write_message
+from .relay import (RELAY_CONDITIONS, Relay, check_relay_tokens, layers_bytes, read_message, source_prompt,
+                    write_message)
 
 SHARING = (*RELAY_CONDITIONS, "direct", "kvcomm")
 MESSAGE_COLUMNS = ("message", "message_tokens", "message_bytes", "message_generate_seconds", "message_prefill_seconds")
 # per row: bytes handed to the target, what it computes over the context ("replay", "prefill" or "none") and over how
 # many positions, and the seconds before it reads the question (the source's reading excluded)
 COST_COLUMNS = ("handed_bytes", "target_work", "target_tokens", "target_side_seconds")
-FP16_BYTES = 2
 
 
 @dataclass(frozen=True)
@@ -115,9 +115,9 @@ def handed_bytes(condition: str, tokens: int, target: ModelSpec, window_layers: 
     if way == "no_context":
         return 0.0
     if way == "kvcomm":
-        return float(tokens * len(kvcomm.layers) * 2 * source.kv_hidden * FP16_BYTES)
+        return float(layers_bytes(tokens, len(kvcomm.layers), source.kv_hidden))
     layers = target.num_layers if way == "direct" else window_layers
-    return float(tokens * layers * 2 * target.kv_hidden * FP16_BYTES)
+    return float(layers_bytes(tokens, layers, target.kv_hidden))
 
 
 def target_work(condition: str, tokens: int, relay: Relay | None = None, prefix: int = 0) -> tuple[str, int]:
