@@ -114,7 +114,8 @@ def test_long_context_answers_under_every_way_of_sharing_and_resumes(checkpoints
 
     computed = []
     real = long_context.document_rows
-    monkeypatch.setattr(long_context, "document_rows", lambda *a, **k: computed.append(a[4].example.id) or real(*a, **k))
+    monkeypatch.setattr(long_context, "document_rows",
+                        lambda *a, **k: computed.append(a[4].example.id) or real(*a, **k))
     long_context.run(long_settings(checkpoints, n=2), out, resume=True, progress=False)
     both = pd.read_csv(out / "examples.csv", dtype={"message": str}, keep_default_na=False, na_values=[""])
     assert len(computed) == 1 and both["id"].nunique() == 2
@@ -274,7 +275,7 @@ def test_each_directly_translated_shard_is_the_models_cache_of_that_shard_at_its
 
 def shard_settings(checkpoints, **kw) -> ShardSettings:
     base = dict(checkpoint=str(checkpoints["mot"]), budget=400, shards=(2,), n=1, seed=0, max_new_tokens=3,
-                bootstrap=20, sharing=("relay", "direct"), relay_tokens=5, direct=str(checkpoints["direct"]))
+                bootstrap=20, sharing=("relay", "relay_q", "direct"), relay_tokens=5, direct=str(checkpoints["direct"]))
     return ShardSettings(**{**base, **kw})
 
 
@@ -283,12 +284,12 @@ def test_shards_relay_and_direct_from_each_agent_and_resume(checkpoints, tmp_pat
     out = tmp_path / "shards"
     shard_eval.run(shard_settings(checkpoints), out, progress=False)
     first = pd.read_csv(out / "examples.csv", dtype={"message": str}, keep_default_na=False, na_values=[""])
-    assert first["condition"].tolist() == ["native", "whole", "shards_2", "evidence_2", "relay", "relay_2", "direct",
-                                           "direct_2", "no_context"]
+    assert first["condition"].tolist() == ["native", "whole", "shards_2", "evidence_2", "relay", "relay_2", "relay_q",
+                                           "relay_q_2", "direct", "direct_2", "no_context"]
     rows = first.set_index("condition")
     target = load("gemma3-270m")
     doc = distractor_stacks(target.tokenizer, 400, 1, seed=0)[0]
-    for c, agents in (("relay", 1), ("relay_2", 2)):  # the hub prefilled its prompt with the messages only
+    for c, agents in (("relay", 1), ("relay_2", 2), ("relay_q_2", 2)):  # the hub prefilled the messages only
         r = rows.loc[c]
         kv, _ = read_message(target, doc.example, str(r["message"]))
         assert r["hub_tokens"] == kv[0][0].shape[2] < rows.loc["native", "hub_tokens"] and r["shards"] == agents
@@ -304,7 +305,7 @@ def test_shards_relay_and_direct_from_each_agent_and_resume(checkpoints, tmp_pat
     assert {("whole", "relay"), ("shards_2", "relay_2"), ("whole", "direct"), ("shards_2", "direct_2")} <= set(
         paired.index)
     md = (out / "summary.md").read_text()
-    assert "--conditions relay direct" in md and "handed over" in md
+    assert "--conditions relay relay_q direct" in md and "handed over" in md
     computed = []
     real = shard_eval.document_rows
     monkeypatch.setattr(shard_eval, "document_rows", lambda *a, **k: computed.append(a[3].example.id) or real(*a, **k))
