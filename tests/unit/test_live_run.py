@@ -53,12 +53,12 @@ def test_a_tiny_run_end_to_end_opens_in_the_results_loader(checkpoint, runs):
 
 
 def test_stop_writes_what_was_computed_and_resume_continues_it(checkpoint, runs):
-    n = 20  # a tiny example takes a fraction of a second: the stop lands long before the last
+    n = 40  # a tiny example takes a fraction of a second: the stop lands long before the last, even on a fast CPU
     settings = live_run.settings_for(checkpoint, "squad", n, ["mot"], **SMALL)
     folder = live_run.new_folder(checkpoint, "squad", n)
     run = live_run.start(settings, folder)
     while run.running() and run.progress().done < 1:  # the first example is done (the bar says so), then Ctrl-C
-        time.sleep(0.05)
+        time.sleep(0.01)
     run.stop()
     assert run.wait() == 130, run.log.read_text()
     stopped = run.progress()
