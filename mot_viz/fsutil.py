@@ -62,3 +62,16 @@ def write_text_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def write_csv_atomic(path: Path, frame, **to_csv) -> None:
+    """Write a DataFrame as CSV (no index) with write_text_atomic. A carriage return inside a text field becomes a
+    line break first: the CSV writer quotes fields holding its line terminator ("\\n") but not a lone "\\r", which
+    every reader then takes for the end of the row (a model's answer or message may hold one)."""
+    text_columns = frame.select_dtypes(include="object").columns
+    if len(text_columns):
+        frame = frame.copy()
+        for column in text_columns:
+            frame[column] = frame[column].map(
+                lambda v: v.replace("\r\n", "\n").replace("\r", "\n") if isinstance(v, str) and "\r" in v else v)
+    write_text_atomic(path, frame.to_csv(index=False, **to_csv))

@@ -44,7 +44,7 @@ from ..engine.models import LoadedModel, kv_cache_bytes, load_model
 from ..engine.mot import MoT
 from ..engine.prompts import QAExample, build_prompt
 from ..errors import ConfigError, ContextError
-from ..fsutil import write_text_atomic
+from ..fsutil import write_csv_atomic, write_text_atomic
 from .answers import MAX_NEW_TOKENS, answers_from_caches, condition_caches
 from .kvcomm import KVCOMM_FRACTION
 from .relay import RELAY_TOKENS
@@ -283,7 +283,7 @@ def write(out_dir: Path, rows: pd.DataFrame, settings: ConversationSettings, siz
     paired = paired_differences(rows.assign(dataset="coqa"), [("mot", c) for c in ("no_context", *SHARED)],
                                 settings.bootstrap, settings.seed)  # over conversations, each its turns' mean
     for name, frame in (("examples.csv", rows), ("summary.csv", summary), ("paired.csv", paired)):
-        write_text_atomic(out_dir / name, frame.to_csv(index=False))
+        write_csv_atomic(out_dir / name, frame)
     skipped = rows.loc[rows["condition"] == "skipped", ["id", "error"]].to_dict(orient="records")
     meta = {"settings": asdict(settings), "date": str(datetime.date.today()), "skipped": skipped, "sizes": sizes,
             "summary": summary.to_dict(orient="records")}

@@ -33,7 +33,7 @@ from ..engine.mot import MoT, translate
 from ..engine.replay_config import REPLAY_MODES, replay_mode
 from ..engine.prompts import QAExample, build_prompt
 from ..errors import CheckpointError, ConfigError, MotVizError
-from ..fsutil import remove_stale_temporaries, write_text_atomic
+from ..fsutil import remove_stale_temporaries, write_csv_atomic, write_text_atomic
 from .answers import (CONDITIONS, EXTRA_CONDITIONS, MAX_NEW_TOKENS, answers_from_caches, condition_caches,
                       translated_seconds)
 from .kvcomm import KVCOMM_FRACTION, check_kvcomm_fraction, check_kvcomm_pair, kvcomm_selection
@@ -360,10 +360,10 @@ def _write(out_dir: Path, frames: list[pd.DataFrame], settings: EvalSettings) ->
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(df, settings.bootstrap, settings.seed)
     # each file is whole or absent, whenever the run is killed (a torn examples.csv would be resumed)
-    write_text_atomic(out_dir / "examples.csv", df.to_csv(index=False))
-    write_text_atomic(out_dir / "summary.csv", summary.to_csv(index=False))
+    write_csv_atomic(out_dir / "examples.csv", df)
+    write_csv_atomic(out_dir / "summary.csv", summary)
     paired = paired_differences(df, n_boot=settings.bootstrap, seed=settings.seed)
-    write_text_atomic(out_dir / "paired.csv", paired.to_csv(index=False))
+    write_csv_atomic(out_dir / "paired.csv", paired)
     skipped = df.loc[df["condition"] == "skipped", ["dataset", "id", "error"]].to_dict(orient="records")
     meta = {"settings": settings.__dict__, "date": str(datetime.date.today()), "skipped": len(skipped),
             "skipped_examples": skipped, "summary": summary.to_dict(orient="records"),

@@ -20,7 +20,7 @@ from ..data.corpus import split_sequence, training_sequences
 from ..engine.checkpoint import read_config
 from ..engine.models import LoadedModel, load_model
 from ..engine.mot import MoT, translate
-from ..fsutil import write_text_atomic
+from ..fsutil import write_csv_atomic, write_text_atomic
 from .answers import condition_caches
 from .evaluate import EvalSettings, kv_cosine, load_evaluated
 from .qa_metrics import bootstrap_ci
@@ -64,7 +64,7 @@ def run_lm(settings: EvalSettings, out_dir: Path, n: int) -> pd.DataFrame:
                               seed=train_cfg.get("seed", 42))[bank:]
     df = lm_losses(mot, source, target, rows, train_cfg.get("prefix_tokens", 64), settings.seed)
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out_dir / "lm.csv", df.to_csv(index=False))
+    write_csv_atomic(out_dir / "lm.csv", df)
     scored = df[df["condition"] != "skipped"]
     lines = [f"Held-out LM check: {scored['row'].nunique()} LAMBADA sequences after the training bank "
              f"(skipped {int((df['condition'] == 'skipped').sum())}); target cross-entropy on the 64 prompt tokens, nats/token.", "",

@@ -42,7 +42,7 @@ from ..engine.models import LoadedModel, kv_cache_bytes, load_model
 from ..engine.mot import MoT, Translation
 from ..engine.prompts import build_prompt
 from ..errors import ConfigError, ContextError, MotVizError
-from ..fsutil import write_text_atomic
+from ..fsutil import write_csv_atomic, write_text_atomic
 from .answers import MAX_NEW_TOKENS, answers_from_caches, condition_caches, linear_cache
 from .kvcomm import KVCOMM_FRACTION
 from .relay import RELAY_TOKENS
@@ -347,7 +347,7 @@ def write(out_dir: Path, rows: pd.DataFrame, settings: LongSettings, cache_mb: d
     paired = paired_differences(per_budget, PAIRS, settings.bootstrap, settings.seed)
     for name, frame in (("examples.csv", rows), ("summary.csv", summary), ("stages.csv", stages),
                         ("paired.csv", paired)):
-        write_text_atomic(out_dir / name, frame.to_csv(index=False))
+        write_csv_atomic(out_dir / name, frame)
     skipped = rows.loc[rows["condition"] == "skipped", ["budget", "id", "error"]].to_dict(orient="records")
     meta = {"settings": asdict(settings), "date": str(datetime.date.today()), "skipped": skipped,
             "summary": summary.to_dict(orient="records"), "stages": stages.to_dict(orient="records"),

@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..cli import run_cli
     from ..engine.checkpoint import read_config
-    from ..fsutil import write_text_atomic
+    from ..fsutil import write_csv_atomic, write_text_atomic
 
     parser = argparse.ArgumentParser(description="What each way of sharing the context hands over and costs, from "
                                                  "an evaluation folder with relay rows (python -m mot_viz.eval.evaluate)")
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"{folder} is not an evaluation folder ({exc}). Pass the --out folder of "
                               "python -m mot_viz.eval.evaluate.") from exc
         costs = sharing_costs(rows, read_config(settings["checkpoint"]))
-        write_text_atomic(folder / "costs.csv", costs.to_csv(index=False))
+        write_csv_atomic(folder / "costs.csv", costs)
         table = costs_markdown(costs)
         note = ("Means per example. Handed over: relay, the message (UTF-8); mot, the translated window (its target "
                 "layers' K and V at every context position, fp16); native, a full target cache of the context (fp16); "

@@ -56,7 +56,7 @@ from ..engine.mot import MoT, empty_context_cache, translate
 from ..engine.prompts import build_prompt
 from ..engine.shards import translate_shards, translate_shards_direct
 from ..errors import ConfigError
-from ..fsutil import write_text_atomic
+from ..fsutil import write_csv_atomic, write_text_atomic
 from .answers import MAX_NEW_TOKENS, answers_from_caches
 from .relay import RELAY_CONDITIONS, RELAY_TOKENS, Relay
 from .sharing import (COST_COLUMNS, MESSAGE_COLUMNS, check_conditions, check_sharing, cost_fields, cost_medians,
@@ -345,7 +345,7 @@ def write(out_dir: Path, rows: pd.DataFrame, settings: ShardSettings) -> pd.Data
                                 pairs(settings.shards, settings.sharing),
                                 settings.bootstrap, settings.seed)
     for name, frame in (("examples.csv", rows), ("summary.csv", summary), ("paired.csv", paired)):
-        write_text_atomic(out_dir / name, frame.to_csv(index=False))
+        write_csv_atomic(out_dir / name, frame)
     skipped = rows.loc[rows["condition"] == "skipped", ["id", "error"]].to_dict(orient="records")
     meta = {"settings": asdict(settings), "date": str(datetime.date.today()), "skipped": skipped,
             "summary": summary.to_dict(orient="records")}

@@ -3,6 +3,7 @@ skip, an interrupted or shorter run resumes to the same rows, and contexts too l
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import os
@@ -558,3 +559,17 @@ def test_a_folder_of_an_earlier_version_and_its_derived_files_still_resume(check
     (out / "costs.md").write_text("what python -m mot_viz.eval.relay reads from these results\n")
     assert evaluate.main(eval_argv(checkpoints, data, out, 2, "--resume")) == 0
     assert rows(out)["id"].nunique() == 2
+
+
+def test_a_carriage_return_in_a_text_field_keeps_its_row_whole(tmp_path):
+    """A model may write "\\r" in an answer or a message: the results' CSV files keep one row per row, read back by
+    pandas and by the --resume reader alike."""
+    from mot_viz.fsutil import write_csv_atomic
+
+    frame = pd.DataFrame({"id": ["a", "b", "c"], "answer": ["one\rtwo", "three\r\nfour", None], "score": [0.5, 1.0, 0.0]})
+    write_csv_atomic(tmp_path / "examples.csv", frame)
+    back = pd.read_csv(tmp_path / "examples.csv")
+    assert list(back["id"]) == ["a", "b", "c"] and list(back["score"]) == [0.5, 1.0, 0.0]
+    assert list(back["answer"][:2]) == ["one\ntwo", "three\nfour"] and pd.isna(back["answer"][2])
+    with open(tmp_path / "examples.csv", newline="") as handle:
+        assert len(list(csv.reader(handle))) == 4
