@@ -26,6 +26,7 @@ from ..engine.channels import Channels
 from ..engine.mot import Translation
 from ..errors import ConfigError
 from ..fsutil import write_text_atomic
+from .processes import unit_file, unit_file_sources
 from .results_folder import RESULTS_TABLE, SETTINGS_FILE, writer_of
 
 LAYER_ERROR_FILE = "layer_error.csv"
@@ -67,18 +68,19 @@ def read_layer_errors(path: Path, unit: tuple[str, ...]) -> pd.DataFrame:
 
 class LayerErrorFile:
     """The layer_error.csv of a results folder: rows of the examples kept from before, and each new example's added
-    (layer_error_rows) and written at once, the file rewritten whole (fsutil.write_text_atomic)."""
+    (layer_error_rows) and written at once, the file rewritten whole (fsutil.write_text_atomic); in a run spread over
+    processes each writes its own part, which rank 0 merges (mot_viz.eval.processes.unit_file)."""
 
     def __init__(self, out_dir: Path, unit: tuple[str, ...], keep=None):
         """keep: the examples (tuples of the unit's values) whose rows an earlier run wrote and that stay; the file's
         other rows are dropped (their examples are computed again). None: keep no row."""
-        self.path, self.unit = Path(out_dir) / LAYER_ERROR_FILE, unit
+        self.path, self.unit = unit_file(Path(out_dir), LAYER_ERROR_FILE), unit
         self.rows: dict[tuple[str, ...], list[dict]] = {}
-        if keep is not None and self.path.is_file():
-            wanted = {_key(k) for k in keep}
-            for key, part in read_layer_errors(self.path, unit).groupby(list(unit), sort=False):
+        wanted = {_key(k) for k in keep or ()}
+        for path in unit_file_sources(Path(out_dir), LAYER_ERROR_FILE) if keep is not None else ():
+            for key, part in read_layer_errors(path, unit).groupby(list(unit), sort=False):
                 if _key(key) in wanted:
-                    self.rows[_key(key)] = part.to_dict(orient="records")
+                    self.rows.setdefault(_key(key), part.to_dict(orient="records"))
 
     @property
     def done(self) -> set[tuple[str, ...]]:

@@ -1,6 +1,9 @@
 """An evaluation spread over processes:
 
-    torchrun --nproc_per_node 4 -m mot_viz.eval.evaluate --checkpoint pretrained/smollm2-to-gemma3 --out results/eval/x
+    torchrun --nproc_per_node 4 -m mot_viz.eval.evaluate -- --checkpoint pretrained/smollm2-to-gemma3 --n 300 \
+        --out results/eval/x
+
+("--" keeps torchrun from reading --n as an abbreviation of one of its own options.)
 
 Each process answers a fixed share of the units not yet done (every world-th one of the list, from its rank on) and
 writes its rows to a part file of the results folder (.parts/rank-<r>-of-<n>.csv) after each unit, whole
@@ -9,7 +12,8 @@ done they meet; rank 0 reads the parts, puts their rows with the rows kept from 
 (a single process's order) and writes the evaluation's result files, then removes the parts. Summaries (bootstrap
 intervals) are computed once, by rank 0, on the merged rows, so they are a single process's. --resume counts the rows
 of the parts an interrupted run left as done, with one process or several (results_folder.resumed_table), and the
-first process to continue merges them into the result files before it computes anything.
+first process to continue merges them into the result files before it computes anything. A results file of rows per
+unit beside examples.csv (layer_error.csv) has parts of its own the same way (unit_file, merge_unit_files).
 
 The processes join torch's process group as training's do (train.devices): gloo on the CPU, NCCL between GPUs, each
 process on its own GPU (cuda:LOCAL_RANK) when $MOT_VIZ_DEVICE names cuda. Every process must see the results folder
@@ -61,8 +65,49 @@ def spread_out(out_dir: Path) -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 or (Path(out_dir) / PARTS).is_dir()
 
 
-def part_path(out_dir: Path, rank: int, world: int) -> Path:
-    return Path(out_dir) / PARTS / f"rank-{rank}-of-{world}.csv"
+def part_path(out_dir: Path, rank: int, world: int, name: str = "") -> Path:
+    """A process's part file: of examples.csv's rows, or (`name`) of another results file of rows per unit."""
+    return Path(out_dir) / PARTS / (f"{Path(name).stem}." * bool(name) + f"rank-{rank}-of-{world}.csv")
+
+
+def unit_file(out_dir: Path, name: str) -> Path:
+    """Where this process writes `name`, a results file of rows per unit beside examples.csv (layer_error.csv), whole
+    after each unit: the folder's own file alone, this process's part in a spread run (merge_unit_files merges them)."""
+    rank, world = join()
+    return Path(out_dir) / name if world == 1 else part_path(out_dir, rank, world, name)
+
+
+def unit_file_sources(out_dir: Path, name: str) -> list[Path]:
+    """The files whose rows of `name` a run keeps: the folder's own, then the parts an interrupted spread run left."""
+    own = Path(out_dir) / name
+    return [own] * own.is_file() + sorted((Path(out_dir) / PARTS).glob(f"{Path(name).stem}.rank-*-of-*.csv"))
+
+
+def unit_file_names(out_dir: Path) -> list[str]:
+    """The results files of rows per unit (unit_file) whose parts out_dir holds."""
+    return sorted({p.name.split(".rank-")[0] + ".csv" for p in (Path(out_dir) / PARTS).glob("*.rank-*-of-*.csv")})
+
+
+def merge_unit_files(out_dir: Path, units, key, columns: tuple[str, ...], own: bool, names=None) -> None:
+    """Write each results file of rows per unit (`names`, else those whose parts out_dir holds) from its parts, and
+    first the folder's own file when `own`: each unit's rows (its `columns`) from the first file that holds it (every
+    process's part repeats the rows kept from before), in unit order; the fields as they were written."""
+    place = {tuple(map(str, k if isinstance(k, tuple) else (k,))): i for i, k in enumerate(map(key, units))}
+    for name in unit_file_names(out_dir) if names is None else names:
+        files = unit_file_sources(out_dir, name)
+        files = files if own or not (Path(out_dir) / name).is_file() else files[1:]
+        if not files:
+            continue
+        frames = [pd.read_csv(f, dtype=str, keep_default_na=False) for f in files]
+        first, kept = set(), []
+        for frame in frames:
+            unit = [tuple(values) for values in frame[list(columns)].itertuples(index=False)]
+            mine = [u not in first for u in unit]
+            first |= {u for u, new in zip(unit, mine) if new}
+            kept += [(place.get(u, -1), row) for u, new, row in zip(unit, mine, frame.itertuples(index=False)) if new]
+        kept.sort(key=lambda item: item[0])
+        write_text_atomic(Path(out_dir) / name,
+                          pd.DataFrame([row for _, row in kept], columns=frames[0].columns).to_csv(index=False))
 
 
 def in_unit_order(rows: list[dict], units, key, columns: tuple[str, ...]) -> None:
@@ -80,9 +125,11 @@ def begin(spread: Spread, rows: list[dict], units, key, write):
     computed now go to their unit's place among those of the parts)."""
     rank, world = join()
     folder, merged = Path(spread.out_dir) / PARTS, bool(part_files(spread.out_dir))
+    # alone, the files of rows per unit (unit_file) are kept in unit order too, those of the parts merged first
+    files = unit_file_names(spread.out_dir) if merged and rows and world == 1 else []
     barrier()
     if merged or world > 1:
-        write = _in_order(write, rows, units, key, spread.table.units)
+        write = _in_order(write, rows, units, key, spread, files)
     if rank == 0:
         if folder.is_dir():
             if merged and rows:
@@ -96,10 +143,13 @@ def begin(spread: Spread, rows: list[dict], units, key, write):
     return rank, world, write
 
 
-def _in_order(write, rows: list[dict], units, key, columns: tuple[str, ...]):
+def _in_order(write, rows: list[dict], units, key, spread: Spread, files: list[str]):
     def ordered():
-        in_unit_order(rows, units, key, columns)
-        return write()
+        in_unit_order(rows, units, key, spread.table.units)
+        result = write()
+        if files:
+            merge_unit_files(spread.out_dir, units, key, spread.table.units, own=True, names=files)
+        return result
 
     return ordered
 
@@ -124,6 +174,7 @@ def run_share(spread: Spread, rank: int, world: int, units, rows: list[dict], do
     for part in part_files(spread.out_dir):  # read back as --resume reads them, so values match a resumed run's
         rows += read_rows(part, spread.table.text_columns).to_dict(orient="records")
     result = write()
+    merge_unit_files(spread.out_dir, units, key, spread.table.units, own=False)
     shutil.rmtree(Path(spread.out_dir) / PARTS)
     return result
 

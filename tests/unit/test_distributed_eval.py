@@ -1,5 +1,6 @@
 """Every evaluation spread over two real CPU processes (torchrun, gloo) writes, row for row, the files one process
-writes, and --resume continues a spread run that was interrupted, with one process or two (mot_viz.eval.processes).
+writes (layer_error.csv too), and --resume continues a spread run that was interrupted, with one process or two
+(mot_viz.eval.processes).
 
 The processes run the evaluations' own main() on the tiny test models (a worker script swaps load_model for
 load_test_model, as the in-process runs' monkeypatch does); only measured seconds and memory differ between runs.
@@ -40,7 +41,7 @@ evaluate.example_rows = example_rows
 sys.exit(module.main(sys.argv[2:]))
 """
 # what differs between any two runs: time and memory measured, and the tables made of them
-MEASURED = re.compile(r"seconds|prefill|alignment|translator|replay|rss|RSS|target side|_s$|^s / ")
+MEASURED = re.compile(r"seconds|prefill|alignment|translator|replay|rss|RSS|target side")
 
 ROWS = [{"id": f"q{i}", "context": CORPUS[i % 3], "question": "Is it so?", "choices": ["yes", "no"], "label": i % 2}
         for i in range(3)]
@@ -58,9 +59,9 @@ def data(tmp_path) -> Path:
 def argv(name: str, checkpoints, data: Path | None, out: Path, *extra: str) -> list[str]:
     checkpoint = ["--checkpoint", str(checkpoints["smollm2-to-gemma3"])]
     return [*checkpoint, *{
-        "evaluate": ["--datasets", str(data), "--n", "6", "--max_new_tokens", "2"],
+        "evaluate": ["--datasets", str(data), "--n", "6", "--max_new_tokens", "2", "--layer_error"],
         "long_context": ["--linear", str(checkpoints["smollm2-to-gemma3-linear"]), "--source", "stacks", "--budgets",
-                         "900", "--n", "3", "--max_new_tokens", "3"],
+                         "900", "--n", "3", "--max_new_tokens", "3", "--layer_error"],
         "conversation": ["--n", "3", "--turns", "2", "--max_new_tokens", "3", "--max_story_tokens", "3000"],
         "shards": ["--budget", "1500", "--shards", "2", "3", "--n", "3", "--max_new_tokens", "3"],
     }[name], "--bootstrap", "20", "--out", str(out), *extra]
