@@ -38,8 +38,8 @@ def main() -> None:
         "written before any question exists. *relay_q* (C2C's protocol): the source sees the question and writes "
         "the background needed to solve it (unlike C2C's, this source also has the passage).\n\n"
         "Extractive questions are scored by token F1 against the gold answers, closed ones by whether the likeliest "
-        "choice label is the correct one. Every cache and answer is built by the evaluator's own code "
-        "(`python -m mot_viz.eval.evaluate`), so a row here is what one example of an evaluation records."
+        "choice label is the correct one. Every cache and answer is built by the evaluations' own code "
+        "(`mot_viz.eval.answers`, `relay`, `kvcomm`), the code behind the shipped results below."
     )
     run = app.current_run()
     app.run_caption(run)
