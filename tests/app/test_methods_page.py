@@ -83,6 +83,8 @@ def test_the_page_shows_the_librarys_answers_and_bytes_and_says_what_is_not_offe
     want = expected.kv_error[(expected.kv_error["method"] == "mot") & (expected.kv_error["kv"] == "K")]
     assert list(mot_trace["y"]) == pytest.approx(want["rel_l2"].tolist(), rel=1e-4)
     assert "The relay's messages" not in [h.value for h in at.subheader]  # the relay only on request
+    note = " ".join(m.value for m in at.markdown)  # method.md §6: the replay is the target's own forward pass
+    assert "one forward pass over the context tokens" in note and "never reads the text" not in note
 
 
 def test_the_relay_on_request_shows_the_librarys_messages_and_the_view_lives_in_the_url(library):
