@@ -189,7 +189,8 @@ def run_examples(examples: dict[str, list], previous: pd.DataFrame | None, compu
 
     units = [example for part in examples.values() for example in part]
     names = {(e.dataset, e.id) for e in units}
-    rows = [] if previous is None else [r for r in previous.to_dict(orient="records") if (r["dataset"], r["id"]) in names]
+    kept = [] if previous is None else previous.to_dict(orient="records")
+    rows = [r for r in kept if (r["dataset"], r["id"]) in names]
     return run_units(units, rows, {(r["dataset"], r["id"]) for r in rows}, lambda e: (e.dataset, e.id), compute,
                      lambda e: {"dataset": e.dataset, "id": e.id},
                      lambda: write([pd.DataFrame(rows, columns=spread.table.columns)]), "evaluate", progress, None,

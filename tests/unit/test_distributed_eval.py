@@ -67,7 +67,8 @@ def argv(name: str, checkpoints, data: Path | None, out: Path, *extra: str) -> l
     }[name], "--bootstrap", "20", "--out", str(out), *extra]
 
 
-def spread(tmp_path: Path, name: str, args: list[str], processes: int = 2, stop_at: str = "") -> subprocess.CompletedProcess:
+def spread(tmp_path: Path, name: str, args: list[str], processes: int = 2,
+           stop_at: str = "") -> subprocess.CompletedProcess:
     """`python -m torch.distributed.run --nproc_per_node <processes>` of the evaluation's main(), to its end."""
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
