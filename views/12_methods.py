@@ -25,8 +25,9 @@ def main() -> None:
         "MoT's is (offered when a `-linear` checkpoint of this pair and window exists).\n"
         "- **direct map** — a full-depth map without replay: every target layer's K and V translated from the "
         "source's and used as the cache as it is; the target never runs over the context. Its cost is the mapping "
-        "alone; every layer's error reaches the answer uncorrected, where the MoT's replay recomputes every layer "
-        "but the window's input (offered when a direct map of this pair exists).\n"
+        "alone; every layer's error reaches the answer uncorrected, where the MoT's replay computes every layer's "
+        "K/V with the target's own weights, the translation entering only through what the window's attention reads "
+        "(offered when a direct map of this pair exists).\n"
         "- **KVComm** — same architecture only: the source's own K/V of the context go straight into the target's "
         "cache at the selected layers, and every other layer keeps only token 0 (the attention sink). Layers are "
         "scored by the attention mass of the question's positions on the context (the sink excluded), mixed with a "
@@ -44,18 +45,8 @@ def main() -> None:
     run = app.current_run()
     app.run_caption(run)
     sel = run.selection
-    if sel.example is None:
-        st.info("This free-text context has no question. Type one in the sidebar (and a gold answer to score it), "
-                "then press **Translate**.")
-        st.stop()
-    app.show_text("Question", sel.example.question)
-    if sel.example.choices:
-        app.show_text("Choices", app.choices_text(sel.example))
+    app.question_header(sel.example)
     metric = "correct" if sel.example.kind == "closed" else ("F1" if sel.example.answers else None)
-    if sel.example.answers:
-        app.show_text("Gold answer", " | ".join(sel.example.answers))
-    else:
-        st.caption("No gold answer given, so the answers are not scored.")
 
     offer = methods_offer(run)
     for method, why in offer.missing.items():

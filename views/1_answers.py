@@ -37,18 +37,7 @@ def main() -> None:
     run = app.current_run()
     app.run_caption(run)
     sel = run.selection
-    if sel.example is None:
-        st.info("This free-text context has no question. Type one in the sidebar (and a gold answer to score it), "
-                "then press **Translate**.")
-        st.stop()
-
-    app.show_text("Question", sel.example.question)
-    if sel.example.choices:
-        app.show_text("Choices", app.choices_text(sel.example))
-    if sel.example.answers:
-        app.show_text("Gold answer", " | ".join(sel.example.answers))
-    else:
-        st.caption("No gold answer given, so the answers are not scored.")
+    app.question_header(sel.example)
 
     second = app.second_checkpoint(run, "pg.answers.second")
     app.widget_default("pg.answers.max_new", app.DEFAULT_MAX_NEW_TOKENS)

@@ -32,8 +32,8 @@ from .loaders import (CONTROL_SEED, FIT_PREFIX, answer_rows, available_checkpoin
                       checkpoints_for_pair, dataset_examples, default_checkpoint, first_token_kl, get_checkpoint,
                       get_model, get_translation, lens_at, lens_trace, linear_baseline_for, live_sweep, second_translation, translation_key,
                       verdict_validation, what_if_pair, window_analysis, window_fidelity)
-from .page import (NO_SECOND, SecondRun, choices_text, escape_markdown, explain, keep_widget_state, run_caption,
-                   second_checkpoint, second_run, show_error, show_figure, show_text, widget_default)
+from .page import (NO_SECOND, SecondRun, choices_text, escape_markdown, explain, keep_widget_state, question_header,
+                   run_caption, second_checkpoint, second_run, show_error, show_figure, show_text, widget_default)
 from .settings import (DEFAULT_CHECKPOINT, DEFAULT_MAX_NEW_TOKENS, EXAMPLES_PER_DATASET, MAX_CONTEXT_TOKENS, REPO_ROOT,
                        pretrained_dir, test_mode)
 from .sidebar import quickfit_config, sidebar
@@ -44,6 +44,7 @@ __all__ = [
     "DEFAULT_CHECKPOINT", "DEFAULT_MAX_NEW_TOKENS", "EXAMPLES_PER_DATASET", "FIT_PREFIX", "LongView",
     "MAX_CONTEXT_TOKENS", "NO_SECOND", "REPO_ROOT", "Run", "SecondRun", "Selection", "answer_rows",
     "applied_selection", "available_checkpoints", "checkpoint_stamp", "checkpoints_for_pair", "choices_text",
+    "question_header",
     "current_run", "dataset_examples", "default_checkpoint", "escape_markdown", "eval_run_views", "explain",
     "first_token_kl",
     "fragment", "get_checkpoint", "get_model", "get_translation", "keep_widget_state", "lens_at", "lens_trace",

@@ -50,6 +50,22 @@ def choices_text(example: QAExample) -> str:
     return "".join(f"\n{lab}: {text}" for lab, text in zip(choice_label_texts(example), example.choices))
 
 
+def question_header(example: QAExample | None) -> None:
+    """The question a page answers, its choices and its gold answer(s); a free text without a question stops the page
+    with what to do."""
+    if example is None:
+        st.info("This free-text context has no question. Type one in the sidebar (and a gold answer to score it), "
+                "then press **Translate**.")
+        st.stop()
+    show_text("Question", example.question)
+    if example.choices:
+        show_text("Choices", choices_text(example))
+    if example.answers:
+        show_text("Gold answer", " | ".join(example.answers))
+    else:
+        st.caption("No gold answer given, so the answers are not scored.")
+
+
 def explain(markdown: str) -> None:
     """The page's short teaching note."""
     with st.expander("What am I looking at?"):
