@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..fsutil import write_text_atomic
+from ..fsutil import write_csv_atomic, write_text_atomic
 from ..train.devices import init_distributed, process_group, run_device
 from .results_folder import PARTS, SETTINGS_FILE, ResultsTable, part_files, read_rows, unit_key
 
@@ -167,7 +167,7 @@ def run_share(spread: Spread, rank: int, world: int, units, rows: list[dict], do
     for unit in tqdm(todo[rank::world], desc=f"{desc} (rank 0 of {world})", disable=not progress or rank != 0,
                      dynamic_ncols=True):
         own += unit_rows(unit)
-        write_text_atomic(path, pd.DataFrame(own, columns=spread.table.columns).to_csv(index=False))
+        write_csv_atomic(path, pd.DataFrame(own, columns=spread.table.columns))  # as the result files are written
     barrier()  # every part is whole
     if rank != 0:
         return None
