@@ -37,7 +37,7 @@ from ..fsutil import remove_stale_temporaries, write_csv_atomic, write_text_atom
 from .answers import (CONDITIONS, EXTRA_CONDITIONS, MAX_NEW_TOKENS, answers_from_caches, condition_caches,
                       translated_seconds)
 from .kvcomm import KVCOMM_FRACTION, check_kvcomm_fraction, check_kvcomm_pair, kvcomm_selection
-from .processes import Spread, run_examples, shown, spread_out
+from .processes import Spread, join, run_examples, shown, spread_out
 from .layer_error import LAYER_ERROR_FILE, LayerErrorFile
 from .relay import RELAY_CONDITIONS, RELAY_TOKENS, Relay, check_relay_tokens
 from .report import markdown_table, paired_differences, paired_markdown, summarize
@@ -435,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.lm_sequences < 0:
             raise ConfigError(f"--lm_sequences must be at least 0, got {args.lm_sequences}. Pass 0 to skip the LM check.")
         checked = check_run(settings, out_dir, args.resume, args.overwrite)  # before any model is loaded
-        if args.lm_sequences:
+        if args.lm_sequences and join()[0] == 0:  # one process writes lm.csv
             from .lm_check import run_lm  # it imports this module
 
             run_lm(settings, out_dir, args.lm_sequences)

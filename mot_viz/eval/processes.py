@@ -22,6 +22,7 @@ process on its own GPU (cuda:LOCAL_RANK) when $MOT_VIZ_DEVICE names cuda. Every 
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
@@ -45,12 +46,17 @@ class Spread:
     table: ResultsTable
 
 
+MEETING_TIMEOUT = datetime.timedelta(hours=24)
+
+
 def join() -> tuple[int, int]:
     """(rank, world size) of this process: (0, 1) alone; under torchrun it joins the process group first and, on CUDA,
     takes its own GPU, so it is called before any model loads (they then load onto cuda:LOCAL_RANK)."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return 0, 1
-    return init_distributed(run_device())
+    # the processes meet once, at the end, where each waits for the slowest share: minutes apart on long documents,
+    # past NCCL's default 10 minutes. A process that fails is ended by torchrun, so no one waits this long for it.
+    return init_distributed(run_device(), timeout=MEETING_TIMEOUT)
 
 
 def barrier() -> None:

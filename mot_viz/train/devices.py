@@ -10,6 +10,7 @@ torchrun each process takes its own GPU (cuda:LOCAL_RANK) and the process group 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 
 import torch
@@ -41,12 +42,13 @@ def process_group():
     return torch.distributed if torch.distributed.is_available() and torch.distributed.is_initialized() else None
 
 
-def init_distributed(device: torch.device) -> tuple[int, int]:
+def init_distributed(device: torch.device, timeout: datetime.timedelta | None = None) -> tuple[int, int]:
     """(rank, world size); joins the process group (NCCL on GPUs, gloo on the CPU) when launched by torchrun /
-    accelerate (WORLD_SIZE above 1)."""
+    accelerate (WORLD_SIZE above 1). timeout: how long a collective waits for the slowest process (torch's default
+    when None)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not torch.distributed.is_initialized():
-        torch.distributed.init_process_group(process_group_backend(device))
+        torch.distributed.init_process_group(process_group_backend(device), timeout=timeout)
     return int(os.environ.get("RANK", "0")), world
 
 
