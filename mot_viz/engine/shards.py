@@ -85,14 +85,9 @@ def compose_indices(per_shard: list[torch.Tensor], offsets: tuple[int, ...], len
     return torch.cat(rows, dim=2)
 
 
-def translate_shards(mot: MoT, source: LoadedModel, target: LoadedModel, shard_texts: list[str]) -> ShardedTranslation:
-    """Translate each shard from its own source agent, place the shards at their offsets in one window and replay
-    the whole document once (no grad). The shards' texts, joined, are the document (shard_document's pieces).
-
-    Raises ConfigError for several shards on a target without rotary embeddings (GPT-2, OPT: its positions live in
-    the hidden states, so a translated shard cannot be moved), ContextError for an empty shard or a document longer
-    than the target allows.
-    """
+def check_shards(mot: MoT, source: LoadedModel, target: LoadedModel, shard_texts: list[str]) -> None:
+    """Raise unless the shards can be translated and composed: the pair is the checkpoint's (check_pair), there is a
+    shard, and several shards need a target with rotary embeddings (ConfigError), whose keys can be moved."""
     check_pair(mot, source, target)
     if not shard_texts:
         raise ContextError("There are no shards to translate. Pass the document's shards (shard_document).")
@@ -101,6 +96,17 @@ def translate_shards(mot: MoT, source: LoadedModel, target: LoadedModel, shard_t
                           "embedding: its positions live in the hidden states, so a shard's translation cannot be "
                           "moved to its offset. Compose shards for a RoPE target (Llama, Qwen2, Gemma 3), or translate "
                           "the whole text at once (mot_viz.engine.mot.translate).")
+
+
+def translate_shards(mot: MoT, source: LoadedModel, target: LoadedModel, shard_texts: list[str]) -> ShardedTranslation:
+    """Translate each shard from its own source agent, place the shards at their offsets in one window and replay
+    the whole document once (no grad). The shards' texts, joined, are the document (shard_document's pieces).
+
+    Raises ConfigError for several shards on a target without rotary embeddings (GPT-2, OPT: its positions live in
+    the hidden states, so a translated shard cannot be moved), ContextError for an empty shard or a document longer
+    than the target allows.
+    """
+    check_shards(mot, source, target, shard_texts)
     layers, p = mot.channels.target_layers, len(target.prefix_ids)
     timings = {"source_prefill": 0.0, "source_prefill_max": 0.0, "alignment": 0.0, "translator": 0.0}
     with torch.no_grad():
@@ -166,13 +172,7 @@ def translate_shards_direct(direct: MoT, source: LoadedModel, target: LoadedMode
 
     Raises ConfigError for several shards on a target without rotary embeddings, ContextError for a document longer
     than the target allows (as translate_shards)."""
-    check_pair(direct, source, target)
-    if not shard_texts:
-        raise ContextError("There are no shards to translate. Pass the document's shards (shard_document).")
-    if len(shard_texts) > 1 and not hf.has_rope(target.model):
-        raise ConfigError(f"The target model '{target.spec.name}' ({target.spec.model_type}) has no rotary position "
-                          "embedding, so a shard's translated keys cannot be moved to its offset. Compose shards for a "
-                          "RoPE target (Llama, Qwen2, Gemma 3).")
+    check_shards(direct, source, target, shard_texts)
     p, layers = len(target.prefix_ids), direct.channels.target_layers
     timings = {"source_prefill": 0.0, "source_prefill_max": 0.0, "alignment": 0.0, "translator": 0.0}
     parts, offsets, source_tokens, at = [], [], [], 0
