@@ -25,7 +25,7 @@ import pandas as pd
 
 from mot_viz.analysis.multi_agent_figures import conversation_figure
 from mot_viz.analysis.long_context import retention_curve_figure
-from mot_viz.analysis.method_figures import quality_time_figure, shipped_points
+from mot_viz.analysis.method_figures import quality_time_figure, shipped_points, side_by_side
 from mot_viz.analysis.shift import SweepResult
 from mot_viz.analysis.shift.figures import (correction_vs_start_figure, metric_kl_figure, rho_trajectory_figure,
                                             shift_vs_start_figure)
@@ -96,7 +96,7 @@ def main() -> int:
     elif args.kind == "long":
         figures = {"retention": retention_curve_figure(pd.read_csv(args.results / "summary.csv"))}
     elif args.kind == "methods":
-        points = shipped_points(args.results)
+        points = side_by_side(shipped_points(args.results))
         figures = {"quality_time": quality_time_figure(points[points["metric"] == "F1"])}
     else:
         figures = {"turns": conversation_figure(pd.read_csv(args.results / "summary.csv"))}

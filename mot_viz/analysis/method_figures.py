@@ -74,6 +74,15 @@ def shipped_points(root: str | Path = REPO_ROOT / "results", folders: tuple[str,
     return pd.DataFrame(rows, columns=list(POINT_COLUMNS))
 
 
+def side_by_side(points: pd.DataFrame) -> pd.DataFrame:
+    """The rows of shipped_points whose folder and group answered from the MoT and from another way of sharing the
+    context (the direct map, KVComm or a text relay) on the same examples: the comparisons the docs' figure draws."""
+    other = {"direct", "kvcomm", "relay", "relay_q"}
+    keys = [(f, g) for (f, g), part in points.groupby(["folder", "group"], sort=False)
+            if "mot" in set(part["method"]) and other & set(part["method"])]
+    return points[[key in keys for key in zip(points["folder"], points["group"])]]
+
+
 def _label(method: str) -> str:
     return METHOD_LABELS.get(method, method)
 

@@ -11,7 +11,8 @@ import torch
 
 from mot_viz.analysis.cache_metrics import cache_error_table
 from mot_viz.analysis.method_figures import FIRST_TOKEN as FIGURE_FIRST_TOKEN
-from mot_viz.analysis.method_figures import WHOLE_ANSWER, quality_time_figure, shipped_points, stages_figure
+from mot_viz.analysis.method_figures import (WHOLE_ANSWER, quality_time_figure, shipped_points, side_by_side,
+                                             stages_figure)
 from mot_viz.analysis.methods import (FIRST_TOKEN, METHODS, cache_methods, combine, kv_error_rows, relay_methods,
                                       summary_table)
 from mot_viz.engine.channels import terminal_channels
@@ -170,3 +171,8 @@ def test_the_shipped_points_are_their_folders_own_numbers():
     assert set(points["timed_to"]) <= {WHOLE_ANSWER, FIGURE_FIRST_TOKEN}
     live = pd.DataFrame({"method": ["mot"], "score": [0.5], "seconds": [1.0]})
     assert len(quality_time_figure(points, live).data) == points["method"].nunique() + 1
+    # the docs' figure: the folders that answer from the MoT and another way of sharing, each with all its methods
+    compared = side_by_side(points)
+    assert "relay/smollm2-to-gemma3-mid-squad" in set(compared["folder"])
+    assert "eval/smollm2-to-gemma3-mid-linear-squad300" not in set(compared["folder"])
+    assert len(compared[compared["folder"] == "relay/smollm2-to-gemma3-mid-squad"]) == len(relay_folder)
