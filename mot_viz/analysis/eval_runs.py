@@ -304,7 +304,7 @@ def _summarize(run: EvalRun, rows: pd.DataFrame) -> pd.DataFrame:
         return conversation.summarize(rows, sizes.get("target_mb_per_token", np.nan),
                                       sizes.get("source_mb_per_token", np.nan), sizes.get("translator_mb", np.nan),
                                       n_boot, seed)
-    return shards.summarize(rows, tuple(run.settings["shards"]), n_boot, seed)
+    return shards.summarize(rows, tuple(run.settings["shards"]), n_boot, seed, tuple(run.settings.get("sharing", ())))
 
 
 def slice_summary(run: EvalRun, examples: Iterable[str] | None = None) -> pd.DataFrame:

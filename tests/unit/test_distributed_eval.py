@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from conftest import CORPUS
 from mot_viz.data.eval_data import load_dataset
@@ -81,10 +82,16 @@ def spread(tmp_path: Path, name: str, args: list[str], processes: int = 2,
 
 
 def one_process(name: str, args: list[str], monkeypatch, capsys) -> str:
-    """The evaluation's main() in this process; returns what it printed."""
+    """The evaluation's main() in this process, on one thread as each torchrun process (OMP_NUM_THREADS=1): float
+    sums then run in the same order, whatever this machine's thread count; returns what it printed."""
     monkeypatch.setattr(MODULES[name], "load_model", load_test_model)
     capsys.readouterr()
-    assert MODULES[name].main(args) == 0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert MODULES[name].main(args) == 0
+    finally:
+        torch.set_num_threads(threads)
     return capsys.readouterr().out
 
 
