@@ -9,7 +9,9 @@ with its fix>``, and exit status 2; Ctrl-C is status 130. Flags use underscores 
 from __future__ import annotations
 
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Callable
 
 from .errors import MotVizError
@@ -46,8 +48,20 @@ def error_line(exc: MotVizError) -> str:
     return f"error: {type(exc).__name__}: {exc}"
 
 
+def _interruptible() -> Callable[[], None]:
+    """Let Ctrl-C (SIGINT) stop the command even when it was started with SIGINT ignored, as every process started by
+    a background job of a shell without job control is (``cmd &`` in a script, ``nohup streamlit run app.py &``):
+    Python then installs no KeyboardInterrupt handler, and the app's Stop button or a user's Ctrl-C would go unheard.
+    Returns what puts the ignored disposition back (nothing to do in any other case)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
+        return lambda: None
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    return lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def run_cli(main: Callable[[], int | None]) -> int:
     """Run a command's body; returns its exit status (0, 2 for a user error, 130 for Ctrl-C)."""
+    restore = _interruptible()
     try:
         return main() or 0
     except MotVizError as exc:
@@ -55,3 +69,5 @@ def run_cli(main: Callable[[], int | None]) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    finally:
+        restore()

@@ -573,3 +573,20 @@ def test_a_carriage_return_in_a_text_field_keeps_its_row_whole(tmp_path):
     assert list(back["answer"][:2]) == ["one\ntwo", "three\nfour"] and pd.isna(back["answer"][2])
     with open(tmp_path / "examples.csv", newline="") as handle:
         assert len(list(csv.reader(handle))) == 4
+
+
+def test_ctrl_c_stops_a_command_started_with_sigint_ignored():
+    """A command started by a background job of a shell without job control inherits SIGINT ignored (the app's
+    Stop button sends SIGINT): run_cli still turns it into exit status 130, and gives the disposition back."""
+    from mot_viz.cli import run_cli
+
+    def body():
+        signal.raise_signal(signal.SIGINT)  # delivered before the next bytecode runs
+        return 0
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert run_cli(body) == 130
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
