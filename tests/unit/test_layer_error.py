@@ -16,18 +16,13 @@ from mot_viz.data.eval_data import load_dataset
 from mot_viz.engine.checkpoint import load_checkpoint
 from mot_viz.engine.mot import translate
 from mot_viz.engine.prompts import build_prompt
-from mot_viz.engine.testing import load_test_model, write_test_checkpoints
+from mot_viz.engine.testing import load_test_model
 from mot_viz.eval import evaluate, layer_error, long_context
 from mot_viz.eval.layer_error import LAYER_ERROR_FILE, METRICS
 from tolerance import close
 
 ROWS = [{"id": f"q{i}", "context": CORPUS[i % 3], "question": "Is it so?", "choices": ["yes", "no"], "label": i % 2}
         for i in range(3)]
-
-
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    return write_test_checkpoints(tmp_path_factory.mktemp("checkpoints"))
 
 
 @pytest.fixture()
