@@ -8,6 +8,13 @@ Each input is FOLDER:CONDITION=LABEL (a condition of any results folder's exampl
 mot_viz.analysis.eval_runs, as the app's Evaluations page reads it); every pair A:B is the mean of A − B over the
 examples both ran, per dataset (or document length, or turn), with a 95% bootstrap interval and the number of
 examples each side wins (mot_viz.eval.report.paired_differences), printed as a markdown table.
+
+With --against LABEL instead of --pairs, one table per dataset (or length, or turn) over the examples every label
+ran: each label's mean with its interval, its share of the `native` label's mean, its paired difference against
+LABEL, and its seconds as its run measured them (a QA run: mean seconds per example to the whole answer; a
+long-context run: median seconds to the first answer token). Conditions that do not depend on the run's checkpoint (native, no_context, the relays, the direct
+map) can so be set beside any checkpoint's run of the same examples; a line under the tables says whether the
+folders' native answers scored the same, example for example (the same target answering the same prompts).
 """
 
 from __future__ import annotations
@@ -15,24 +22,50 @@ from __future__ import annotations
 import argparse
 import sys
 
+import numpy as np
 import pandas as pd
 
 from mot_viz.analysis.eval_runs import condition_rows, open_run
 from mot_viz.cli import run_cli
 from mot_viz.errors import ConfigError
+from mot_viz.eval.qa_metrics import bootstrap_ci, retained
 from mot_viz.eval.report import paired_differences, paired_markdown
 
 
-def paired_runs(runs: list[str], pairs: list[str], n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
-    """The paired differences of the pairs LABEL_A:LABEL_B over the runs FOLDER:CONDITION=LABEL."""
-    frames = []
+
+def run_seconds(run, condition: str, rows: pd.DataFrame) -> pd.Series | float:
+    """Each row's seconds as its run states them: a QA run's seconds per example (to the whole answer); a
+    long-context run's median seconds to the first answer token for the row's length (its summary's); else none."""
+    if run.kind.name == "evaluate":
+        return rows["seconds"]
+    if run.kind.name == "long_context":
+        stated = run.summary[run.summary["condition"] == condition]
+        return rows["group"].map(pd.Series(stated["first_token_seconds"].to_numpy(), index=run.kind.group(stated)))
+    return np.nan
+
+
+def labelled_rows(runs: list[str]) -> tuple[list[pd.DataFrame], dict[str, pd.DataFrame]]:
+    """The rows of each FOLDER:CONDITION=LABEL, and each folder's native rows (folders that ran native)."""
+    frames, natives = [], {}
     for spec in runs:
         folder, _, rest = spec.rpartition(":")
         condition, equals, label = rest.partition("=")
         if not (folder and equals and condition and label):
             raise ConfigError(f"{spec!r} is not FOLDER:CONDITION=LABEL. Write e.g. results/eval/smollm2-to-gemma3-mid-"
                               "squad300:mot=MoT.")
-        frames.append(condition_rows(open_run(folder), condition, label))
+        run = open_run(folder)
+        rows = condition_rows(run, condition, label)
+        frames.append(rows.assign(seconds_per_example=run_seconds(run, condition, rows), run=run.name))
+        if "native" in run.conditions and str(run.folder) not in natives:
+            natives[str(run.folder)] = condition_rows(run, "native", "native")
+    if len({frame["condition"].iloc[0] for frame in frames}) < len(frames):
+        raise ConfigError("two inputs have the same LABEL: give each FOLDER:CONDITION its own.")
+    return frames, natives
+
+
+def paired_runs(runs: list[str], pairs: list[str], n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """The paired differences of the pairs LABEL_A:LABEL_B over the runs FOLDER:CONDITION=LABEL."""
+    frames, _ = labelled_rows(runs)
     split = [tuple(p.split(":", 1)) for p in pairs]
     labels = {frame["condition"].iloc[0] for frame in frames}
     unknown = [p for p, pair in zip(pairs, split) if len(pair) != 2 or not set(pair) <= labels]
@@ -42,14 +75,91 @@ def paired_runs(runs: list[str], pairs: list[str], n_boot: int = 1000, seed: int
     return paired_differences(pd.concat(frames), pairs=split, n_boot=n_boot, seed=seed)
 
 
+def against_table(runs: list[str], against: str, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Per group, over the examples every label ran: each label's n, mean [95% CI], share of the label "native"
+    (when given), difference against `against` [95% CI] with the examples each side wins, mean seconds, and the
+    folder it was read from (seconds compare within one run only: each run had its own machine load)."""
+    frames, _ = labelled_rows(runs)
+    rows = pd.concat(frames, ignore_index=True)
+    labels = list(dict.fromkeys(rows["condition"]))
+    if against not in labels:
+        raise ConfigError(f"--against {against}: not one of the labels given ({', '.join(labels)}).")
+    out = []
+    for group, part in rows.groupby("dataset", sort=False):
+        wide = part.pivot_table(index="id", columns="condition", values="score").dropna()
+        if wide.empty:
+            raise ConfigError(f"{group}: no example was run under every label; give runs of the same examples "
+                              "(the same dataset, n and seed).")
+        shared = part[part["id"].isin(wide.index)]
+        seconds = shared.groupby("condition")["seconds_per_example"].mean()
+        run = shared.groupby("condition")["run"].first()
+        paired = paired_differences(shared,
+                                    pairs=[(label, against) for label in labels if label != against],
+                                    n_boot=n_boot, seed=seed).set_index("a")
+        for label in [c for c in labels if c in wide]:
+            ci = bootstrap_ci(wide[label].to_numpy(), n_boot=n_boot, seed=seed)
+            diff = paired.loc[label] if label in paired.index else None
+            out.append({"group": group, "label": label, "n": len(wide), "mean": ci.mean, "ci_low": ci.lo,
+                        "ci_high": ci.hi,
+                        "retained": retained(ci.mean, wide["native"].mean()) if "native" in wide else np.nan,
+                        "diff": np.nan if diff is None else diff["diff"],
+                        "diff_low": np.nan if diff is None else diff["ci_low"],
+                        "diff_high": np.nan if diff is None else diff["ci_high"],
+                        "better": "" if diff is None else f"{diff['a_better']} / {diff['b_better']}",
+                        "seconds": float(seconds.get(label, np.nan)), "run": run[label]})
+    return pd.DataFrame(out)
+
+
+def native_agreement(runs: list[str]) -> str:
+    """One line: whether the native scores of the folders given agree on the examples they share."""
+    _, natives = labelled_rows(runs)
+    if len(natives) < 2:
+        return ""
+    (first, reference), *others = natives.items()
+    key = ["dataset", "id"]
+    lines = []
+    for folder, rows in others:
+        both = reference[[*key, "score"]].merge(rows[[*key, "score"]], on=key)
+        differ = int((both["score_x"] != both["score_y"]).sum())
+        lines.append(f"{folder}: {len(both) - differ} of {len(both)} the same")
+    return f"native scores against {first}'s, example for example: " + "; ".join(lines) + "."
+
+
+def against_markdown(table: pd.DataFrame, against: str) -> str:
+    out = []
+    for group, part in table.groupby("group", sort=False):
+        out += [f"{group} (n = {part['n'].iloc[0]})", "",
+                f"| method | mean [95% CI] | retained | − {against} [95% CI] | better / {against} better "
+                "| seconds | run |", "|---|---|---:|---|---|---:|---|"]
+        for r in part.itertuples():
+            diff = "" if np.isnan(r.diff) else f"{r.diff:+.3f} [{r.diff_low:+.3f}, {r.diff_high:+.3f}]"
+            share = "" if np.isnan(r.retained) else f"{r.retained:.1%}"
+            out.append(f"| {r.label} | {r.mean:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] | {share} | {diff} | {r.better} "
+                       f"| {r.seconds:.2f} | {r.run} |")
+        out.append("")
+    return "\n".join(out).rstrip()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="FOLDER:CONDITION=LABEL")
-    parser.add_argument("--pairs", nargs="+", required=True, help="LABEL_A:LABEL_B (A − B)")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--pairs", nargs="+", help="LABEL_A:LABEL_B (A − B)")
+    which.add_argument("--against", help="LABEL: one table of every label beside it")
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples per interval")
     parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resampling")
     args = parser.parse_args(argv)
-    return run_cli(lambda: print(paired_markdown(paired_runs(args.runs, args.pairs, args.bootstrap, args.seed))))
+
+    def body() -> None:
+        if args.pairs:
+            print(paired_markdown(paired_runs(args.runs, args.pairs, args.bootstrap, args.seed)))
+            return
+        print(against_markdown(against_table(args.runs, args.against, args.bootstrap, args.seed), args.against))
+        agreement = native_agreement(args.runs)
+        if agreement:
+            print(f"\n{agreement}")
+
+    return run_cli(body)
 
 
 if __name__ == "__main__":

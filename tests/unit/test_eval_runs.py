@@ -104,6 +104,43 @@ def test_long_context_runs_compare_per_length_as_the_script_does(capsys):
     assert comparison.paired["dataset"].str.endswith("tokens").all() and len(comparison.paired) >= 3
 
 
+def test_methods_from_several_runs_are_tabled_against_one_on_the_examples_all_ran(tmp_path, capsys):
+    from scripts.paired_runs import against_table, main, native_agreement
+
+    direct = ROOT / "results/direct/smollm2-to-gemma3-squad"
+    runs = [f"{MID}:native=native", f"{MID}:mot=MoT", f"{LINEAR}:mot=linear", f"{direct}:direct=direct"]
+    table = against_table(runs, "MoT").set_index("label")
+    assert table["n"].tolist() == [300] * 4 and list(table.index) == ["native", "MoT", "linear", "direct"]
+    stated = open_run(MID).summary.set_index("condition")
+    assert_close(table.loc["MoT", ["mean", "ci_low", "ci_high"]].to_numpy(float),
+                 stated.loc["mot", ["mean", "ci_low", "ci_high"]].to_numpy(float), rtol=1e-12)
+    assert table.loc["native", "retained"] == 1.0 and np.isnan(table.loc["MoT", "diff"])
+    comparison = compare_runs(open_run(direct), open_run(MID), "direct", "mot")
+    assert_close(table.loc["direct", "diff"], comparison.pairs["diff"].mean(), rtol=1e-12)
+    assert table.loc["direct", "better"] == f"{len(comparison.a_wins)} / {len(comparison.b_wins)}"
+    assert table.loc["direct", "diff_high"] < 0 < table.loc["MoT", "mean"]  # the direct map loses, firmly
+    assert table.loc["direct", "run"] == direct.name
+    assert_close(table.loc["MoT", "seconds"], open_run(MID).rows.query("condition == 'mot'")["seconds"].mean(),
+                 rtol=1e-12)
+    assert native_agreement(runs) == (f"native scores against {MID}'s, example for example: {LINEAR}: 300 of 300 "
+                                      f"the same; {direct}: 300 of 300 the same.")
+    # a run whose native answers differ is said to differ
+    changed = tmp_path / "changed"
+    shutil.copytree(direct, changed)
+    rows = pd.read_csv(changed / "examples.csv", dtype=str, keep_default_na=False)
+    first = rows.index[rows["condition"] == "native"][0]
+    rows.loc[first, "score"] = "0.123"
+    rows.to_csv(changed / "examples.csv", index=False)
+    assert "299 of 300 the same" in native_agreement([f"{MID}:native=native", f"{changed}:direct=direct"])
+    assert main([*runs, "--against", "MoT"]) == 0
+    printed = capsys.readouterr().out
+    assert "squad/validation (n = 300)" in printed and "| direct | 0.090 [" in printed
+    # bad input is one line
+    assert main([*runs, "--against", "nobody"]) == 2
+    assert main([f"{MID}:mot=MoT", f"{LINEAR}:mot=MoT", "--against", "MoT"]) == 2
+    assert "same LABEL" in capsys.readouterr().err
+
+
 def test_the_first_examples_of_a_dataset_open_in_the_sidebar():
     run = open_run(MID)
     table = wide_table(run)
