@@ -55,7 +55,8 @@ def labelled_rows(runs: list[str]) -> tuple[list[pd.DataFrame], dict[str, pd.Dat
                               "squad300:mot=MoT.")
         run = open_run(folder)
         rows = condition_rows(run, condition, label)
-        frames.append(rows.assign(seconds_per_example=run_seconds(run, condition, rows), run=run.name))
+        frames.append(rows.assign(seconds_per_example=run_seconds(run, condition, rows),
+                                  run=f"{run.folder.parent.name}/{run.name}"))
         if "native" in run.conditions and str(run.folder) not in natives:
             natives[str(run.folder)] = condition_rows(run, "native", "native")
     if len({frame["condition"].iloc[0] for frame in frames}) < len(frames):
@@ -76,7 +77,7 @@ def paired_runs(runs: list[str], pairs: list[str], n_boot: int = 1000, seed: int
 
 
 def against_table(runs: list[str], against: str, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
-    """Per group, over the examples every label ran: each label's n, mean [95% CI], share of the label "native"
+    """Per group (those every label ran), over the examples every label ran: each label's n, mean [95% CI], share of the label "native"
     (when given), difference against `against` [95% CI] with the examples each side wins, mean seconds, and the
     folder it was read from (seconds compare within one run only: each run had its own machine load)."""
     frames, _ = labelled_rows(runs)
@@ -86,10 +87,9 @@ def against_table(runs: list[str], against: str, n_boot: int = 1000, seed: int =
         raise ConfigError(f"--against {against}: not one of the labels given ({', '.join(labels)}).")
     out = []
     for group, part in rows.groupby("dataset", sort=False):
-        wide = part.pivot_table(index="id", columns="condition", values="score").dropna()
-        if wide.empty:
-            raise ConfigError(f"{group}: no example was run under every label; give runs of the same examples "
-                              "(the same dataset, n and seed).")
+        wide = part.pivot_table(index="id", columns="condition", values="score").reindex(columns=labels).dropna()
+        if wide.empty:  # a group (a dataset, a length) some label did not run
+            continue
         shared = part[part["id"].isin(wide.index)]
         seconds = shared.groupby("condition")["seconds_per_example"].mean()
         run = shared.groupby("condition")["run"].first()
@@ -107,6 +107,9 @@ def against_table(runs: list[str], against: str, n_boot: int = 1000, seed: int =
                         "diff_high": np.nan if diff is None else diff["ci_high"],
                         "better": "" if diff is None else f"{diff['a_better']} / {diff['b_better']}",
                         "seconds": float(seconds.get(label, np.nan)), "run": run[label]})
+    if not out:
+        raise ConfigError("no example was run under every label; give runs of the same examples (the same dataset, "
+                          "n and seed; for long documents the same source and length).")
     return pd.DataFrame(out)
 
 
@@ -134,8 +137,9 @@ def against_markdown(table: pd.DataFrame, against: str) -> str:
         for r in part.itertuples():
             diff = "" if np.isnan(r.diff) else f"{r.diff:+.3f} [{r.diff_low:+.3f}, {r.diff_high:+.3f}]"
             share = "" if np.isnan(r.retained) else f"{r.retained:.1%}"
+            seconds = "" if np.isnan(r.seconds) else f"{r.seconds:.2f}"
             out.append(f"| {r.label} | {r.mean:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] | {share} | {diff} | {r.better} "
-                       f"| {r.seconds:.2f} | {r.run} |")
+                       f"| {seconds} | {r.run} |")
         out.append("")
     return "\n".join(out).rstrip()
 

@@ -119,11 +119,15 @@ def test_methods_from_several_runs_are_tabled_against_one_on_the_examples_all_ra
     assert_close(table.loc["direct", "diff"], comparison.pairs["diff"].mean(), rtol=1e-12)
     assert table.loc["direct", "better"] == f"{len(comparison.a_wins)} / {len(comparison.b_wins)}"
     assert table.loc["direct", "diff_high"] < 0 < table.loc["MoT", "mean"]  # the direct map loses, firmly
-    assert table.loc["direct", "run"] == direct.name
+    assert table.loc["direct", "run"] == "direct/" + direct.name
     assert_close(table.loc["MoT", "seconds"], open_run(MID).rows.query("condition == 'mot'")["seconds"].mean(),
                  rtol=1e-12)
     assert native_agreement(runs) == (f"native scores against {MID}'s, example for example: {LINEAR}: 300 of 300 "
                                       f"the same; {direct}: 300 of 300 the same.")
+    # only the lengths every label ran: the shards hub's documents are the long-context run's at 1,024 tokens
+    stacks, hub = ROOT / "results/long/smollm2-to-gemma3-mid-stacks", ROOT / "results/shards/smollm2-to-gemma3-mid-stacks"
+    lengths = against_table([f"{stacks}:mot=MoT", f"{stacks}:linear=linear", f"{hub}:shards_4=4 shards"], "MoT")
+    assert set(lengths["group"]) == {"stacks 1024 tokens"} and lengths["n"].tolist() == [50] * 3
     # a run whose native answers differ is said to differ
     changed = tmp_path / "changed"
     shutil.copytree(direct, changed)
