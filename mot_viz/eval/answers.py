@@ -161,13 +161,15 @@ class PromptedCache:
 def answers_from_caches(target: LoadedModel, caches: dict[str, list[hf.KV] | None], example: QAExample,
                         max_new_tokens: int = MAX_NEW_TOKENS, suffix_text: str | None = None,
                         prompted: dict[str, PromptedCache] | None = None,
-                        plans: dict[str, hf.AttentionPlan] | None = None) -> dict[str, Answer]:
+                        plans: dict[str, hf.AttentionPlan] | None = None,
+                        question: Question | None = None) -> dict[str, Answer]:
     """answer_from_cache for every condition, with the extractive answers decoded as one batch (the no-context
     cache, shorter than the others, left-padded: hf.greedy_generate_batch). Each answer's seconds are the batch's
     decoding time shared evenly among its rows. prompted: filled with a PromptedCache per batch row that needed no
     padding (the conditions whose caches hold the whole context), if given. plans: condition -> the plan its cache is
-    read under (a kvcomm cache's hidden positions); those conditions are answered one by one, outside the batch."""
-    question = encode_question(target, example, suffix_text)  # once, whatever the number of conditions
+    read under (a kvcomm cache's hidden positions); those conditions are answered one by one, outside the batch.
+    question: the example's encode_question, when the caller has made it (else encoded here from suffix_text)."""
+    question = question or encode_question(target, example, suffix_text)  # once, whatever the number of conditions
     plans = plans or {}
     batched = [c for c in caches if c not in plans]
     batch = batched if example.kind == "extractive" and len(batched) > 1 else []
