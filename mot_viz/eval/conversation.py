@@ -5,11 +5,14 @@ The target then answers the conversation turn by turn from the cache it keeps, a
 question and reference answer are appended to every kept cache (the history CoQA's own task carries: the earlier
 questions with their first reference answer), so every condition reads the same history and only the story's cache
 differs. Conditions: *native* (the target read the story itself: the ceiling), *mot*, *no_context* (no story), and
-on request (--conditions, mot_viz.eval.sharing) *relay* (the source's summary of the story, written once per story
-and kept as the conversation's context: the target reads only it), *direct* (the full-depth map's cache of the
-story, kept) and *kvcomm* (a pair of one architecture: its cache and its plan, which hides the story from the
-unshared layers, kept for every turn: the history is appended under that plan). *relay_q* is refused: its message
-answers one question, and a conversation asks one per turn.
+on request (--conditions) the controls of mot_viz.eval.long_context, *linear* (the pair's closed-form map of the same
+window, --linear, default <checkpoint>-linear, replayed as the MoT) and *mean* (the window filled with mean native
+vectors: no story in the window), each built once per story and kept, and the ways of sharing the story of
+mot_viz.eval.sharing: *relay* (the source's summary of the story, written once per story and kept as the
+conversation's context: the target reads only it), *direct* (the full-depth map's cache of the story, kept) and
+*kvcomm* (a pair of one architecture: its cache and its plan, which hides the story from the unshared layers, kept
+for every turn: the history is appended under that plan). *relay_q* is refused: its message answers one question,
+and a conversation asks one per turn.
 
 Per turn: F1 against the turn's references; the time of the turn (answer + appending the history), cumulative from
 the start (MoT: alignment + translator + replay, then the turns; native: the target's own prefill, then the turns;
@@ -45,7 +48,7 @@ from ..engine.mot import MoT
 from ..engine.prompts import QAExample, build_prompt
 from ..errors import ConfigError, ContextError
 from ..fsutil import write_csv_atomic, write_text_atomic
-from .answers import MAX_NEW_TOKENS, answers_from_caches, condition_caches
+from .answers import MAX_NEW_TOKENS, answers_from_caches, condition_caches, linear_cache
 from .kvcomm import KVCOMM_FRACTION
 from .relay import RELAY_TOKENS
 from .report import paired_differences
@@ -53,17 +56,21 @@ from .sharing import (COST_COLUMNS, MESSAGE_COLUMNS, SharingModels, check_condit
                       cost_medians, load_sharing, target_side_seconds, work_text)
 from .processes import Spread, shown
 from .results_folder import ResultsTable, resumed_table, run_units
-from .long_context import paired_ratios
+from .long_context import check_linear, default_linear, paired_ratios
+from .mean_vector import MeanVectors, reference_means
 from .qa_metrics import bootstrap_ci
 
 CONDITIONS = ("native", "mot", "no_context")  # every run's
+CONTROLS = ("linear", "mean")  # on request: the pair's closed-form map of the window, the mean-vector window
 SHARED = ("relay", "direct", "kvcomm")  # on request
+# the paired tests: does the MoT beat no story, its own map, a window with no story in it, each way of sharing it?
+PAIRS = (("mot", "no_context"), ("mot", "linear"), ("mot", "mean"), ("linear", "mean"), *(("mot", c) for c in SHARED))
 ROW_COLUMNS = ("id", "genre", "turn", "condition", "score", "answer", "gold", "turn_seconds", "cache_tokens",
                "story_tokens", "source_tokens", "source_prefill", "alignment", "translator", "replay",
                "native_prefill", "error", *MESSAGE_COLUMNS, *COST_COLUMNS)
 TEXT_COLUMNS = ("id", "genre", "condition", "answer", "gold", "error", "message", "target_work")
-RESUME_KEYS = ("checkpoint", "turns", "seed", "max_new_tokens", "max_story_tokens", "conditions", "relay_tokens",
-               "direct", "kvcomm_fraction")
+RESUME_KEYS = ("checkpoint", "linear", "turns", "seed", "max_new_tokens", "max_story_tokens", "conditions",
+               "relay_tokens", "direct", "kvcomm_fraction")
 RESULTS = ResultsTable(ROW_COLUMNS, TEXT_COLUMNS, ("id",),
                        ("turn", "score", "turn_seconds", "cache_tokens", "story_tokens", "source_tokens"),
                        ("source_prefill", "alignment", "translator", "replay", "native_prefill"),
@@ -83,10 +90,11 @@ class ConversationSettings:
     max_new_tokens: int = MAX_NEW_TOKENS
     max_story_tokens: int = 512
     bootstrap: int = 1000
-    conditions: tuple[str, ...] = CONDITIONS  # CONDITIONS and any of SHARED
+    conditions: tuple[str, ...] = CONDITIONS  # CONDITIONS and any of CONTROLS and SHARED
     relay_tokens: int = RELAY_TOKENS  # the longest relay message, in source tokens
     direct: str | None = None  # the full-depth map without replay the "direct" condition answers from (--direct)
     kvcomm_fraction: float = KVCOMM_FRACTION  # share of the layers the kvcomm condition shares
+    linear: str | None = None  # the closed-form map of the same window (--linear; default "<checkpoint>-linear")
     kvcomm_layers: tuple[int, ...] = ()  # the layers the kvcomm condition shared (set by run())
 
     @classmethod
@@ -95,7 +103,8 @@ class ConversationSettings:
                       "kvcomm_layers": tuple(data.get("kvcomm_layers", ()))})
 
     def command(self, out_dir: Path | None = None) -> str:
-        return (f"python -m mot_viz.eval.conversation --checkpoint {self.checkpoint} --n {self.n} --turns {self.turns}"
+        return (f"python -m mot_viz.eval.conversation --checkpoint {self.checkpoint}"
+                + (f" --linear {self.linear}" if self.linear else "") + f" --n {self.n} --turns {self.turns}"
                 f" --seed {self.seed} --max_new_tokens {self.max_new_tokens} --max_story_tokens "
                 f"{self.max_story_tokens}"
                 + ("" if self.conditions == CONDITIONS else f" --conditions {' '.join(self.conditions)}")
@@ -113,12 +122,13 @@ def check_settings(settings: ConversationSettings) -> dict:
     if "relay_q" in settings.conditions:
         raise ConfigError("relay_q writes the background for one question, and a conversation asks one per turn: "
                           "use relay (the source's summary of the story, written once and kept).")
-    check_conditions(settings.conditions, CONDITIONS + SHARED)
+    check_conditions(settings.conditions, CONDITIONS + CONTROLS + SHARED)
     if not set(CONDITIONS) <= set(settings.conditions):
         raise ConfigError(f"--conditions always holds {' '.join(CONDITIONS)} (the tables compare against them).")
     config = read_config(settings.checkpoint)
     check_sharing(settings.conditions, config, settings.checkpoint, settings.relay_tokens, settings.direct,
                   settings.kvcomm_fraction, settings.max_story_tokens)
+    check_linear(settings.conditions, settings.linear, settings.checkpoint, config)
     needed = settings.max_story_tokens + settings.turns * (HISTORY_ROOM + settings.max_new_tokens) + 64
     for role in ("source", "target"):
         limit = config[role].get("max_positions")
@@ -158,15 +168,21 @@ def translator_mb(mot: MoT) -> float:
 
 @torch.no_grad()
 def conversation_rows(mot: MoT, source: LoadedModel, target: LoadedModel, conversation: Conversation,
-                      settings: ConversationSettings, shared: SharingModels = SharingModels()) -> list[dict]:
+                      settings: ConversationSettings, shared: SharingModels = SharingModels(),
+                      linear: MoT | None = None, means: MeanVectors | None = None) -> list[dict]:
     """One row per turn and condition: the answer, its F1, the turn's seconds and the cache the condition keeps.
-    Every cache of the story is built once (answers.condition_caches: a relay's message is written once per story);
-    a kvcomm cache is answered and extended under its plan. shared: the direct map and the kvcomm layers."""
+    Every cache of the story is built once (answers.condition_caches: a relay's message is written once per story;
+    answers.linear_cache: the linear map's window of the MoT's own source context); a kvcomm cache is answered and
+    extended under its plan. shared: the direct map and the kvcomm layers; linear: the pair's closed-form map (the
+    linear condition); means: the mean native window (the mean condition)."""
     if not conversation.turns:
         raise ContextError(f"conversation {conversation.id} has no turns: there is nothing to answer.")
-    built = condition_caches(mot, source, target, turn_example(conversation, 0), conditions=settings.conditions,
+    built = condition_caches(mot, source, target, turn_example(conversation, 0),
+                             conditions=tuple(c for c in settings.conditions if c != "linear"), means=means,
                              relay_tokens=settings.relay_tokens, kvcomm=shared.kvcomm, direct=shared.direct)
     translation, plans = built.translation, built.plans
+    if "linear" in settings.conditions:
+        built.kv["linear"] = linear_cache(mot, linear, source, target, translation)
     caches = {c: built.kv[c] for c in settings.conditions}
     timings = translation.timings
     tokens = int(translation.target_ids.shape[1])
@@ -200,7 +216,8 @@ def summarize(rows: pd.DataFrame, target_spec_mb: float, source_spec_mb: float, 
     scored = rows[rows["condition"] != "skipped"].copy()
     scored["turn"] = scored["turn"].astype(int)
     start = {"native": scored["native_prefill"], "mot": scored["alignment"] + scored["translator"] + scored["replay"],
-             "no_context": 0.0, **{c: scored["target_side_seconds"] for c in SHARED if c in set(scored["condition"])}}
+             "no_context": 0.0,  # linear and mean: not measured (NaN, as sharing.target_side has it)
+             **{c: scored["target_side_seconds"] for c in CONTROLS + SHARED if c in set(scored["condition"])}}
     scored["start_seconds"] = 0.0
     for condition, seconds in start.items():
         mask = scored["condition"] == condition
@@ -210,7 +227,7 @@ def summarize(rows: pd.DataFrame, target_spec_mb: float, source_spec_mb: float, 
     out = []
     for turn, part in scored.groupby("turn", sort=True):
         wide = part.pivot_table(index="id", columns="condition", values="score").dropna()
-        for condition in [c for c in CONDITIONS + SHARED if c in wide]:
+        for condition in [c for c in CONDITIONS + CONTROLS + SHARED if c in wide]:
             rows_c = part[part["condition"] == condition]
             ci = bootstrap_ci(wide[condition].to_numpy(), n_boot=n_boot, seed=seed)
             target_mb = float(rows_c["cache_tokens"].median()) * target_spec_mb
@@ -223,7 +240,7 @@ def summarize(rows: pd.DataFrame, target_spec_mb: float, source_spec_mb: float, 
                         "cumulative_seconds": float(rows_c["cumulative_seconds"].median()),
                         "memory_mb": target_mb + (translator if condition == "mot" else 0.0),
                         "memory_retain_mb": target_mb + (translator if condition == "mot" else 0.0)
-                        + (source_mb if condition in ("mot", *SHARED) else 0.0), **cost_medians(rows_c)})
+                        + (source_mb if condition in ("mot", "linear", *SHARED) else 0.0), **cost_medians(rows_c)})
     return pd.DataFrame(out)
 
 
@@ -252,17 +269,18 @@ def markdown(summary: pd.DataFrame) -> str:
 
 
 def sharing_markdown(summary: pd.DataFrame, paired: pd.DataFrame) -> str:
-    """The other ways of sharing the story beside the MoT (none: ""): per condition, the last turn's F1, the paired
-    difference MoT − condition over the conversations (each its turns' mean), the seconds before the first turn (the
-    source's reading excluded), what is handed over and what the target computes over the story."""
+    """The controls and the other ways of sharing the story beside the MoT (none: ""): per condition, the last turn's
+    F1, the paired difference MoT − condition over the conversations (each its turns' mean), the seconds before the
+    first turn (the source's reading excluded), what is handed over and what the target computes over the story."""
     if not len(summary):
         return ""
     last = summary[summary["turn"] == summary["turn"].max()].set_index("condition")
-    listed = [c for c in ("mot", *SHARED) if c in last.index]
+    listed = [c for c in ("mot", *CONTROLS, *SHARED) if c in last.index]
     if listed == ["mot"]:
         return ""
-    diffs = paired.set_index("b") if len(paired) else pd.DataFrame()
-    lines = ["", "Ways of sharing the story (F1 at the last turn; MoT − condition over all turns, paired):", "",
+    diffs = paired[paired["a"] == "mot"].set_index("b") if len(paired) else pd.DataFrame()
+    lines = ["", "Ways of sharing the story and the controls (F1 at the last turn; MoT − condition over all turns, "
+             "paired):", "",
              "| condition | F1 | MoT − condition [95% CI] | s before turn 1 | handed over (bytes) "
              "| target computes |",
              "|---|---:|---|---:|---:|---|"]
@@ -280,8 +298,8 @@ def write(out_dir: Path, rows: pd.DataFrame, settings: ConversationSettings, siz
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(rows, sizes["target_mb_per_token"], sizes["source_mb_per_token"], sizes["translator_mb"],
                         settings.bootstrap, settings.seed)
-    paired = paired_differences(rows.assign(dataset="coqa"), [("mot", c) for c in ("no_context", *SHARED)],
-                                settings.bootstrap, settings.seed)  # over conversations, each its turns' mean
+    # over conversations, each its turns' mean
+    paired = paired_differences(rows.assign(dataset="coqa"), PAIRS, settings.bootstrap, settings.seed)
     for name, frame in (("examples.csv", rows), ("summary.csv", summary), ("paired.csv", paired)):
         write_csv_atomic(out_dir / name, frame)
     skipped = rows.loc[rows["condition"] == "skipped", ["id", "error"]].to_dict(orient="records")
@@ -317,6 +335,8 @@ def run(settings: ConversationSettings, out_dir: Path, resume: bool = False, pro
     conversations = coqa_conversations(target.tokenizer, settings.n, settings.turns, settings.seed,
                                        settings.max_story_tokens)
     mot = load_checkpoint(settings.checkpoint, source, target)[0]
+    linear = load_checkpoint(settings.linear, source, target)[0] if "linear" in settings.conditions else None
+    means = reference_means(target, mot.channels.target_layers) if "mean" in settings.conditions else None
     shared = load_sharing(settings.conditions, settings.direct, settings.kvcomm_fraction, source, target,
                           [turn_example(c, 0) for c in conversations[:1]])  # kvcomm: calibrated on the first story
     settings.kvcomm_layers = shared.kvcomm.layers if shared.kvcomm else ()
@@ -324,7 +344,7 @@ def run(settings: ConversationSettings, out_dir: Path, resume: bool = False, pro
              "translator_mb": translator_mb(mot)}
     rows = [] if previous is None else previous.to_dict(orient="records")
     return run_units(conversations, rows, {r["id"] for r in rows}, lambda c: c.id,
-                     lambda c: conversation_rows(mot, source, target, c, settings, shared),
+                     lambda c: conversation_rows(mot, source, target, c, settings, shared, linear, means),
                      lambda c: {"id": c.id, "genre": c.source},
                      lambda: write(out_dir, pd.DataFrame(rows, columns=ROW_COLUMNS), settings, sizes),
                      "conversations", progress, "conversations", spread=Spread(out_dir, settings, RESULTS))
@@ -338,9 +358,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the conversation sample")
     parser.add_argument("--max_new_tokens", type=int, default=MAX_NEW_TOKENS, help="longest generated answer")
     parser.add_argument("--max_story_tokens", type=int, default=512, help="longest story, in target tokens")
-    parser.add_argument("--conditions", nargs="+", choices=CONDITIONS + SHARED + ("relay_q",), default=[],
-                        help="ways of sharing the story beside native, mot and no_context (always answered): relay, "
-                             "direct (with --direct), kvcomm (a pair of one architecture)")
+    parser.add_argument("--linear", help="the pair's closed-form map of the same window (default: <checkpoint>-linear)")
+    parser.add_argument("--conditions", nargs="+", choices=CONDITIONS + CONTROLS + SHARED + ("relay_q",), default=[],
+                        help="caches beside native, mot and no_context (always answered): the controls linear (the "
+                             "pair's closed-form map, --linear) and mean (the mean-vector window), and the ways of "
+                             "sharing the story relay, direct (with --direct), kvcomm (a pair of one architecture)")
     parser.add_argument("--relay_tokens", type=int, default=RELAY_TOKENS,
                         help="longest message the source writes about the story (relay), in source tokens")
     parser.add_argument("--direct", help="the full-depth map without replay of the 'direct' condition")
@@ -352,10 +374,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true",
                         help="write into an --out folder that holds other files, replacing those of the same names")
     args = parser.parse_args(argv)
+    conditions = CONDITIONS + tuple(c for c in (*CONTROLS, *SHARED, "relay_q") if c in args.conditions)
+    linear = args.linear or (default_linear(args.checkpoint) if "linear" in conditions else None)
     settings = ConversationSettings(args.checkpoint, args.n, args.turns, args.seed, args.max_new_tokens,
-                                    args.max_story_tokens, args.bootstrap,
-                                    CONDITIONS + tuple(c for c in (*SHARED, "relay_q") if c in args.conditions),
-                                    args.relay_tokens, args.direct, args.kvcomm_fraction)
+                                    args.max_story_tokens, args.bootstrap, conditions, args.relay_tokens, args.direct,
+                                    args.kvcomm_fraction, linear)
     return run_cli(lambda: shown(run(settings, Path(args.out), args.resume, overwrite=args.overwrite), markdown))
 
 

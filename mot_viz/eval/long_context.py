@@ -36,14 +36,12 @@ import torch
 from ..cli import run_cli
 from ..data.long_context import BUDGETS, MIN_BUDGET, SOURCES, LongExample, check_fills, long_examples
 from ..engine import hf
-from ..engine.alignment import encode
 from ..engine.checkpoint import load_checkpoint, read_config
 from ..engine.models import LoadedModel, kv_cache_bytes, load_model
 from ..engine.mot import MoT, Translation
-from ..engine.prompts import build_prompt
 from ..errors import ConfigError, ContextError, MotVizError
 from ..fsutil import write_csv_atomic, write_text_atomic
-from .answers import MAX_NEW_TOKENS, answers_from_caches, condition_caches, linear_cache
+from .answers import MAX_NEW_TOKENS, answers_from_caches, condition_caches, encode_question, linear_cache
 from .kvcomm import KVCOMM_FRACTION
 from .relay import RELAY_TOKENS
 from .sharing import (COST_COLUMNS, MESSAGE_COLUMNS, SHARING, SharingModels, check_conditions, check_sharing,
@@ -117,6 +115,18 @@ def default_linear(checkpoint: str) -> str | None:
     return str(path) if path != Path(checkpoint) and (path / "config.json").is_file() else None
 
 
+def check_linear(conditions: tuple[str, ...], linear: str | None, checkpoint: str, config: dict) -> None:
+    """Raise ConfigError for a linear condition without the pair's closed-form map, or a --linear checkpoint made for
+    another model pair than `checkpoint` (whose config is `config`)."""
+    if "linear" in conditions and not linear:
+        raise ConfigError(f"the linear condition needs the pair's closed-form map: pass --linear <checkpoint>, or "
+                          f"--conditions without linear (no '-linear' checkpoint beside {checkpoint}).")
+    if linear:
+        other = read_config(linear)
+        if any(other[k].get("fingerprint") != config[k].get("fingerprint") for k in ("source", "target")):
+            raise ConfigError(f"--linear {linear} was made for another model pair than {checkpoint}.")
+
+
 def check_settings(settings: LongSettings) -> dict:
     """Raise a MotVizError for settings no run can use, before any model is loaded; returns the checkpoint's config."""
     if settings.n < 1 or settings.bootstrap < 1 or settings.max_new_tokens < 1:
@@ -136,13 +146,7 @@ def check_settings(settings: LongSettings) -> dict:
     config = read_config(settings.checkpoint)
     check_sharing(settings.conditions, config, settings.checkpoint, settings.relay_tokens, settings.direct,
                   settings.kvcomm_fraction, max(settings.budgets))
-    if "linear" in settings.conditions and not settings.linear:
-        raise ConfigError(f"the linear condition needs the pair's closed-form map: pass --linear <checkpoint>, or "
-                          f"--conditions without linear (no '-linear' checkpoint beside {settings.checkpoint}).")
-    if settings.linear:
-        other = read_config(settings.linear)
-        if any(other[k].get("fingerprint") != config[k].get("fingerprint") for k in ("source", "target")):
-            raise ConfigError(f"--linear {settings.linear} was made for another model pair than {settings.checkpoint}.")
+    check_linear(settings.conditions, settings.linear, settings.checkpoint, config)
     check_budget(max(settings.budgets), {role: (config[role]["name"], config[role].get("max_positions"))
                                          for role in ("source", "target")}, settings.max_new_tokens, ConfigError)
     return config
@@ -201,9 +205,10 @@ def evaluate_document(mot: MoT, linear: MoT | None, source: LoadedModel, target:
         caches["linear"] = linear_cache(mot, linear, source, target, translation)
         build["linear"] = timings["source_prefill"] + timings["alignment"] + time.perf_counter() - start
     caches = {c: caches[c] for c in ALL_CONDITIONS if c in caches}  # rows in the order of ALL_CONDITIONS
-    suffix_ids = target.ids_tensor(encode(target.tokenizer, build_prompt(example, target.chat_frame).suffix_text))
-    first = {c: first_token_seconds(target, kv, suffix_ids, built.plans.get(c)) for c, kv in caches.items()}
-    answers = answers_from_caches(target, caches, example, settings.max_new_tokens, plans=built.plans)
+    question = encode_question(target, example)  # once, for the first token's time and the answers
+    first = {c: first_token_seconds(target, kv, question.suffix_ids, built.plans.get(c)) for c, kv in caches.items()}
+    answers = answers_from_caches(target, caches, example, settings.max_new_tokens, plans=built.plans,
+                                  question=question)
     tokens = int(translation.target_ids.shape[1])
     gold = " | ".join(example.answers) if example.kind == "extractive" else example.choices[example.label]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux

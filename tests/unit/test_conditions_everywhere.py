@@ -17,18 +17,20 @@ from mot_viz.engine.alignment import encode
 from mot_viz.engine.channels import terminal_channels
 from mot_viz.engine.checkpoint import load_checkpoint, save_checkpoint
 from mot_viz.engine.models import kv_cache_bytes
-from mot_viz.engine.mot import MoT
+from mot_viz.engine.mot import MoT, translate
 from mot_viz.data.long_context import distractor_stacks
 from mot_viz.engine.prompts import build_prompt
 from mot_viz.engine.replay_config import replay_mode
 from mot_viz.engine.shards import translate_shards_direct
 from mot_viz.engine.testing import CORPUS, load_test_model, tiny_model
 from mot_viz.errors import ConfigError
+from mot_viz.fsutil import write_csv_atomic
 from mot_viz.eval import conversation, long_context
 from mot_viz.eval import shards as shard_eval
-from mot_viz.eval.answers import answer_from_cache
+from mot_viz.eval.answers import answer_from_cache, linear_cache, mean_vector_cache
 from mot_viz.eval.conversation import ConversationSettings, history_text, turn_example
 from mot_viz.eval.long_context import LongSettings
+from mot_viz.eval.mean_vector import reference_means
 from mot_viz.eval.relay import read_message
 from mot_viz.eval.sharing import SharingModels
 from mot_viz.eval.shards import ShardSettings
@@ -233,6 +235,10 @@ def test_a_kvcomm_conversation_keeps_the_senders_cache_of_the_story(checkpoints,
     (dict(relay_tokens=0), "--relay_tokens must be at least 1"),
     (dict(direct=None), "the 'direct' condition needs --direct CHECKPOINT"),
     (dict(conditions=("native", "mot", "no_context", "kvcomm"), direct=None), "The kvcomm condition"),
+    (dict(conditions=("native", "mot", "no_context", "linear"), direct=None),  # no "mot-linear" beside "mot"
+     "the linear condition needs the pair's closed-form map"),
+    (dict(conditions=("native", "mot", "no_context", "linear"), direct=None, linear="same"),
+     "was made for another model pair"),
 ])
 def test_the_conversation_refuses_bad_sharing_input_in_one_line(checkpoints, tmp_path, capsys, monkeypatch, change,
                                                                 message):
@@ -241,9 +247,82 @@ def test_the_conversation_refuses_bad_sharing_input_in_one_line(checkpoints, tmp
     argv = ["--checkpoint", s.checkpoint, "--n", "1", "--turns", "2", "--max_story_tokens", "500", "--conditions",
             *s.conditions, "--relay_tokens", str(s.relay_tokens), "--out", str(tmp_path / "out")]
     argv += ["--direct", s.direct] if s.direct else []
-    assert conversation.main(argv) != 0
+    argv += ["--linear", str(checkpoints[s.linear])] if s.linear else []
+    assert conversation.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+def test_a_conversation_keeps_the_linear_maps_and_the_mean_windows_cache_of_the_story(checkpoints, monkeypatch):
+    source, target = load("source6"), load("gemma3-270m")
+    mot = load_checkpoint(checkpoints["mot"], source, target)[0]
+    linear = load_checkpoint(checkpoints["linear"], source, target)[0]
+    means = reference_means(target, mot.channels.target_layers)
+    asked = []
+    real = conversation.answers_from_caches
+    monkeypatch.setattr(conversation, "answers_from_caches", lambda target, caches, *a, **k: asked.append(
+        dict(caches)) or real(target, caches, *a, **k))
+    settings = conversation_settings(checkpoints, conditions=("native", "mot", "no_context", "linear", "mean"),
+                                     direct=None, linear=str(checkpoints["linear"]))
+    rows = pd.DataFrame(conversation.conversation_rows(mot, source, target, TINY, settings, linear=linear,
+                                                       means=means))
+    assert sorted(map(tuple, rows[["turn", "condition"]].to_numpy())) == sorted(
+        (t, c) for t in (1, 2) for c in settings.conditions)
+    # turn 1 reads each control's own cache of the story: the linear map's window of the MoT's source context, the
+    # mean window, each replayed as the MoT's; neither is the MoT's own
+    translation = translate(mot, source, target, build_prompt(turn_example(TINY, 0), target.chat_frame).context_text)
+    for condition, own in (("linear", linear_cache(mot, linear, source, target, translation)),
+                           ("mean", mean_vector_cache(mot, target, translation, means))):
+        for (k, v), (k0, v0), (km, _) in zip(asked[0][condition], own, asked[0]["mot"], strict=True):
+            assert_close(k, k0)
+            assert_close(v, v0)
+        assert any(not torch.allclose(k, km) for (k, _), (km, _) in zip(asked[0][condition], asked[0]["mot"]))
+    by = rows.set_index(["condition", "turn"])
+    for condition in ("linear", "mean"):  # kept and extended like the MoT's; costed as long_context costs them
+        assert by.loc[(condition, 2), "cache_tokens"] == by.loc[("mot", 2), "cache_tokens"]
+        assert by.loc[(condition, 1), "target_work"] == "replay"
+        assert by.loc[(condition, 1), "handed_bytes"] == by.loc[("mot", 1), "handed_bytes"]
+        assert pd.isna(by.loc[(condition, 1), "target_side_seconds"])
+
+
+def test_a_conversation_run_answers_linear_and_mean_and_resumes_the_missing_story(checkpoints, tmp_path, monkeypatch):
+    monkeypatch.setattr(conversation, "load_model", load)
+    out = tmp_path / "controls"
+    settings = lambda: conversation_settings(  # noqa: E731
+        checkpoints, n=2, conditions=("native", "mot", "no_context", "linear", "mean"), direct=None,
+        linear=str(checkpoints["linear"]))
+    conversation.run(settings(), out, progress=False)
+    first = pd.read_csv(out / "examples.csv", keep_default_na=False, na_values=[""])
+    assert first["id"].nunique() == 2 and len(first) == 2 * 2 * 5
+    assert first.groupby(["id", "turn"])["condition"].apply(set).map({"linear", "mean"}.issubset).all()
+    summary = pd.read_csv(out / "summary.csv").set_index(["turn", "condition"])
+    assert {(t, c) for t in (1, 2) for c in ("linear", "mean")} <= set(summary.index)
+    paired = pd.read_csv(out / "paired.csv").set_index(["a", "b"])
+    assert {("mot", "linear"), ("mot", "mean"), ("linear", "mean")} <= set(paired.index)
+    wide = first.pivot_table(index="id", columns="condition", values="score")
+    assert paired.loc[("linear", "mean"), "diff"] == pytest.approx((wide["linear"] - wide["mean"]).mean())
+    meta = json.loads((out / "summary.json").read_text())["settings"]
+    assert meta["linear"] == str(checkpoints["linear"])
+    md = (out / "summary.md").read_text()
+    assert f"--linear {checkpoints['linear']}" in md and "--conditions native mot no_context linear mean" in md
+    assert "| linear |" in md and "| mean |" in md
+    # an older summary.json, written before --linear, still reads
+    older = {k: v for k, v in meta.items() if k != "linear"}
+    assert ConversationSettings.from_json(older).linear is None
+    last = first["id"].iloc[-1]
+    write_csv_atomic(out / "examples.csv", first[first["id"] != last])
+    computed = []
+    real = conversation.conversation_rows
+    monkeypatch.setattr(conversation, "conversation_rows", lambda *a, **k: computed.append(a[3].id) or real(*a, **k))
+    conversation.run(settings(), out, resume=True, progress=False)
+    again = pd.read_csv(out / "examples.csv", keep_default_na=False, na_values=[""])
+    assert computed == [last]
+    key = ["id", "turn", "condition"]
+    pd.testing.assert_frame_equal(again.sort_values(key)[[*key, "score", "answer"]].reset_index(drop=True),
+                                  first.sort_values(key)[[*key, "score", "answer"]].reset_index(drop=True))
+    with pytest.raises(ConfigError, match="linear differ"):
+        conversation.run(conversation_settings(checkpoints, n=2, conditions=settings().conditions, direct=None,
+                                               linear=str(checkpoints["mot"])), out, resume=True, progress=False)
 
 
 # ----- shards ------------------------------------------------------------------------------------------------------

@@ -125,3 +125,18 @@ def test_the_evaluation_resumes_only_the_missing_conversations(checkpoints, tmp_
     assert "MoT retention" in (out / "summary.md").read_text()
     with pytest.raises(ConfigError, match="other settings"):
         conversation.run(settings_for(checkpoints, seed=1), out, resume=True, progress=False)
+
+
+def test_linear_and_mean_spread_over_two_processes_write_the_files_of_one(checkpoints, tmp_path, monkeypatch, capsys):
+    from test_distributed_eval import argv, assert_same_results, one_process, spread
+
+    extra = ("--conditions", "linear", "mean")  # no --linear: default_linear finds the "-linear" beside the MoT
+    one_process("conversation", argv("conversation", checkpoints, None, tmp_path / "one", *extra), monkeypatch, capsys)
+    run = spread(tmp_path, "conversation", argv("conversation", checkpoints, None, tmp_path / "two", *extra))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert_same_results(tmp_path / "two", tmp_path / "one")
+    rows = pd.read_csv(tmp_path / "one" / "examples.csv")
+    assert rows.groupby("condition").size().to_dict() == {c: 3 * 2 for c in (*conversation.CONDITIONS, "linear",
+                                                                             "mean")}
+    settings = json.loads((tmp_path / "one" / "summary.json").read_text())["settings"]
+    assert settings["linear"] == str(checkpoints["smollm2-to-gemma3-linear"])
