@@ -144,6 +144,23 @@ def test_the_evaluation_writes_every_condition_and_resumes_only_the_missing_docu
         long_context.run(settings_for(checkpoints, seed=1), out, resume=True, progress=False)
 
 
+def test_each_documents_question_is_encoded_once(checkpoints, tmp_path, monkeypatch):
+    from mot_viz.engine.prompts import build_prompt
+    from mot_viz.eval import answers
+
+    monkeypatch.setattr(long_context, "load_model", load_test_model)
+    encoded = []
+    real = answers.encode
+    counted = lambda tok, text: encoded.append(text) or real(tok, text)  # noqa: E731
+    for module in (answers, long_context):  # the evaluation's own encoding, had it one, counts too
+        monkeypatch.setattr(module, "encode", counted, raising=False)
+    long_context.run(settings_for(checkpoints, n=1), tmp_path / "long", progress=False)
+    target = load_test_model("gemma3-270m")
+    doc = long_examples("stacks", target.tokenizer, 900, 1, 0)[0]
+    suffix = build_prompt(doc.example, target.chat_frame).suffix_text
+    assert encoded.count(suffix) == 1  # for the first answer token's time and the answers of every condition
+
+
 # ----- the analysis behind the Long context page -------------------------------------------------------------------
 
 
