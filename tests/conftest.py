@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,34 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
 def app_cache(tmp_path_factory):
     """A user cache folder (MOT_VIZ_CACHE) of the app tests' own: what they fit or save never reaches ~/.cache."""
     return tmp_path_factory.mktemp("mot_viz_cache")
+
+
+@pytest.fixture(scope="module")
+def pretrained(checkpoints) -> dict[str, Path]:
+    """The app's pretrained/ folder in the app tests: the tiny pair's test checkpoints, which are alone in their
+    folder."""
+    return checkpoints
+
+
+@pytest.fixture
+def pages_env(monkeypatch, app_cache, pretrained) -> None:
+    """What the app tests run the pages with: the tiny test models, their own cache, `pretrained` as pretrained/."""
+    monkeypatch.setenv("MOT_VIZ_TEST_MODELS", "1")
+    monkeypatch.setenv("MOT_VIZ_CACHE", str(app_cache))  # fits made in a test stay in it
+    monkeypatch.setenv("MOT_VIZ_PRETRAINED", str(next(iter(pretrained.values())).parent))
+
+
+# A toy multiple-choice dataset over CORPUS, as the evaluator's tests write it (`data`).
+TOY_ROWS = [{"id": f"q{i}", "context": CORPUS[i % 3], "question": "Is it so?", "choices": ["yes", "no"],
+             "label": i % 2} for i in range(4)]
+
+
+@pytest.fixture
+def data(tmp_path) -> Path:
+    """TOY_ROWS as a JSONL file (--datasets)."""
+    path = tmp_path / "toy.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in TOY_ROWS))
+    return path
 
 
 def pytest_collection_modifyitems(items):

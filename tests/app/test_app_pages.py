@@ -25,7 +25,7 @@ from mot_viz.engine.alignment import encode
 from mot_viz.engine.checkpoint import load_checkpoint
 from mot_viz.engine.mot import translate
 from mot_viz.engine.prompts import build_prompt
-from mot_viz.engine.testing import load_test_model, write_test_checkpoints
+from mot_viz.engine.testing import load_test_model
 from mot_viz.eval.answers import CONDITION_LABELS, answer_from_cache
 from mot_viz.eval.fidelity import translation_fidelity
 from plotly_figures import figures
@@ -47,8 +47,9 @@ EVALUATION = {"squad/validation": {"results": "results/eval/x", "command": "pyth
 
 
 @pytest.fixture(scope="module")
-def pretrained(tmp_path_factory) -> dict[str, Path]:
-    paths = write_test_checkpoints(tmp_path_factory.mktemp("pretrained"))
+def pretrained(pretrained) -> dict[str, Path]:
+    """conftest's test checkpoints, the default one with a training log and a recorded evaluation."""
+    paths = pretrained
     (paths["smollm2-to-gemma3"] / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in LOG_ROWS))
     config_file = paths["smollm2-to-gemma3"] / "config.json"
     config = json.loads(config_file.read_text())
@@ -58,10 +59,8 @@ def pretrained(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(autouse=True)
-def test_env(monkeypatch, app_cache, pretrained):
-    monkeypatch.setenv("MOT_VIZ_TEST_MODELS", "1")
-    monkeypatch.setenv("MOT_VIZ_CACHE", str(app_cache))  # fits made in a test stay in it
-    monkeypatch.setenv("MOT_VIZ_PRETRAINED", str(next(iter(pretrained.values())).parent))
+def test_env(pages_env):
+    """Every page runs on the tiny test pair (conftest's pages_env)."""
 
 
 def start() -> AppTest:

@@ -4,19 +4,16 @@ navigation: the sidebar is drawn but nothing is translated) with the real checkp
 
 from __future__ import annotations
 
-import urllib.parse
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from link_check import restored
 from mot_viz.analysis import eval_runs, layer_separation
-from mot_viz.app.loaders import available_checkpoints
-from mot_viz.app.permalink import parse_link
-from mot_viz.app.settings import EXAMPLES_PER_DATASET, page_option_groups
-from mot_viz.data.eval_data import BUILTIN_DATASETS, load_dataset
-from mot_viz.engine.models import BUNDLED_MODELS
+from mot_viz.app.settings import EXAMPLES_PER_DATASET
+from mot_viz.data.eval_data import load_dataset
 from tolerance import assert_close
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,16 +28,6 @@ def test_env(monkeypatch, app_cache):
     monkeypatch.setenv("MOT_VIZ_TEST_MODELS", "1")
     monkeypatch.setenv("MOT_VIZ_CACHE", str(app_cache))
     monkeypatch.delenv("MOT_VIZ_PRETRAINED", raising=False)
-
-
-def restored(link: str):
-    """What the app restores from a link's query (as a fresh session opened on it does): nothing may be ignored."""
-    query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(link).query))
-    parsed = parse_link(query, models=list(BUNDLED_MODELS), checkpoints=list(available_checkpoints()),
-                        datasets=list(BUILTIN_DATASETS), examples=EXAMPLES_PER_DATASET,
-                        option_groups=page_option_groups())
-    assert not parsed.ignored and not parsed.typed, parsed.ignored
-    return parsed
 
 
 def open_page() -> AppTest:

@@ -17,7 +17,7 @@ from mot_viz.app.permalink import FINGERPRINT, MAX_TEXT_IN_LINK, text_digest
 from mot_viz.data.long_context import distractor_stacks
 from mot_viz.data.user_documents import document_label, user_long_document
 from mot_viz.engine.checkpoint import load_checkpoint
-from mot_viz.engine.testing import load_test_model, write_test_checkpoints
+from mot_viz.engine.testing import load_test_model
 from mot_viz.eval.long_context import LongSettings, evaluate_document
 from mot_viz.eval.mean_vector import reference_means
 from plotly_figures import figures
@@ -27,11 +27,6 @@ APP = str(Path(__file__).resolve().parents[2] / "app.py")
 TIMEOUT = 300
 PAGE = "views/8_long_context.py"
 BUDGET = 512  # the page's default length
-
-
-@pytest.fixture(scope="module")
-def pretrained(tmp_path_factory) -> dict[str, Path]:
-    return write_test_checkpoints(tmp_path_factory.mktemp("pretrained"))
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +41,7 @@ def shipped(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def test_env(monkeypatch, app_cache, pretrained, shipped):
-    monkeypatch.setenv("MOT_VIZ_TEST_MODELS", "1")
-    monkeypatch.setenv("MOT_VIZ_CACHE", str(app_cache))
-    monkeypatch.setenv("MOT_VIZ_PRETRAINED", str(next(iter(pretrained.values())).parent))
+def test_env(monkeypatch, pages_env, shipped):
     monkeypatch.setenv("MOT_VIZ_LONG_RESULTS", str(shipped))
 
 

@@ -14,7 +14,7 @@ from mot_viz.data.eval_data import load_dataset
 from mot_viz.engine.checkpoint import load_checkpoint
 from mot_viz.engine.mot import translate
 from mot_viz.engine.prompts import build_prompt
-from mot_viz.engine.testing import load_test_model, write_test_checkpoints
+from mot_viz.engine.testing import load_test_model
 from plotly_figures import figures
 from test_app_pages import errors, shown
 
@@ -23,16 +23,9 @@ TIMEOUT = 300
 PAGE = "views/12_methods.py"
 
 
-@pytest.fixture(scope="module")
-def pretrained(tmp_path_factory) -> dict[str, Path]:
-    return write_test_checkpoints(tmp_path_factory.mktemp("pretrained"))
-
-
 @pytest.fixture(autouse=True)
-def test_env(monkeypatch, app_cache, pretrained):
-    monkeypatch.setenv("MOT_VIZ_TEST_MODELS", "1")
-    monkeypatch.setenv("MOT_VIZ_CACHE", str(app_cache))
-    monkeypatch.setenv("MOT_VIZ_PRETRAINED", str(next(iter(pretrained.values())).parent))
+def test_env(pages_env):
+    """Every page runs on the tiny test pair (conftest's pages_env)."""
 
 
 @pytest.fixture(scope="module")

@@ -17,18 +17,13 @@ from mot_viz.app.permalink import FINGERPRINT, MAX_TEXT_IN_LINK, text_digest
 from mot_viz.data.coqa import coqa_conversations
 from mot_viz.data.user_documents import document_label, user_conversation
 from mot_viz.engine.checkpoint import load_checkpoint
-from mot_viz.engine.testing import load_test_model, write_test_checkpoints
+from mot_viz.engine.testing import load_test_model
 from mot_viz.eval.conversation import ConversationSettings, conversation_rows
 from plotly_figures import figures
 from test_app_pages import errors, shown
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 PAGE = "views/10_multi_agent.py"
-
-
-@pytest.fixture(scope="module")
-def pretrained(tmp_path_factory) -> dict[str, Path]:
-    return write_test_checkpoints(tmp_path_factory.mktemp("pretrained"))
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +37,7 @@ def shipped(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def test_env(monkeypatch, app_cache, pretrained, shipped, tmp_path):
-    monkeypatch.setenv("MOT_VIZ_TEST_MODELS", "1")
-    monkeypatch.setenv("MOT_VIZ_CACHE", str(app_cache))
-    monkeypatch.setenv("MOT_VIZ_PRETRAINED", str(next(iter(pretrained.values())).parent))
+def test_env(monkeypatch, pages_env, shipped, tmp_path):
     monkeypatch.setenv("MOT_VIZ_CONVERSATION_RESULTS", str(shipped))
 
 

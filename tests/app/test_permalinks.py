@@ -13,7 +13,6 @@ import io
 import os
 import socket
 import time
-from pathlib import Path
 from urllib.parse import parse_qsl, urlencode
 
 import numpy as np
@@ -27,7 +26,7 @@ from mot_viz.app.permalink import (MAX_QUERY_CHARS, MAX_TEXT_IN_LINK, SidebarLin
                                    text_digest)
 from mot_viz.app.server import serve_app
 from mot_viz.app.settings import EXAMPLES_PER_DATASET
-from mot_viz.engine.testing import load_test_model, write_test_checkpoints
+from mot_viz.engine.testing import load_test_model
 from plotly_figures import figures
 from test_app_pages import APP, TIMEOUT, errors, goto, shown, translate_button
 
@@ -36,16 +35,9 @@ LINK_ARGS = dict(models=["smollm2-135m", "gemma3-270m"], checkpoints=["smollm2-t
                  datasets=["squad", "boolq"], examples=50)
 
 
-@pytest.fixture(scope="module")
-def pretrained(tmp_path_factory) -> dict[str, Path]:
-    return write_test_checkpoints(tmp_path_factory.mktemp("pretrained"))
-
-
 @pytest.fixture(autouse=True)
-def test_env(monkeypatch, app_cache, pretrained):
-    monkeypatch.setenv("MOT_VIZ_TEST_MODELS", "1")
-    monkeypatch.setenv("MOT_VIZ_CACHE", str(app_cache))  # fits made in a test stay in it
-    monkeypatch.setenv("MOT_VIZ_PRETRAINED", str(next(iter(pretrained.values())).parent))
+def test_env(pages_env):
+    """Every page runs on the tiny test pair (conftest's pages_env)."""
 
 
 def start(params: dict[str, str] | None = None) -> AppTest:

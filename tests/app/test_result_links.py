@@ -6,20 +6,18 @@ are cut with it), no model."""
 from __future__ import annotations
 
 import functools
-import urllib.parse
 from pathlib import Path
 
 import pytest
 
+from link_check import restored
 from mot_viz.analysis import eval_runs
 from mot_viz.app.links import eval_run_views
-from mot_viz.app.loaders import available_checkpoints, dataset_examples
-from mot_viz.app.permalink import example_link, parse_link
-from mot_viz.app.settings import EXAMPLES_PER_DATASET, page_option_groups
+from mot_viz.app.loaders import dataset_examples
+from mot_viz.app.permalink import example_link
 from mot_viz.data.coqa import coqa_conversations
-from mot_viz.data.eval_data import BUILTIN_DATASETS
 from mot_viz.data.long_context import long_examples
-from mot_viz.engine.models import BUNDLED_MODELS, DEFAULT_TARGET, bundled_model_dir
+from mot_viz.engine.models import DEFAULT_TARGET, bundled_model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = eval_runs.shipped_runs(ROOT / "results")
@@ -50,15 +48,6 @@ def stories(target: str, n: int, turns: int) -> tuple[str, ...]:
     return tuple(c.id for c in coqa_conversations(tokenizer(target), n, turns, 0, 512))
 
 
-def opened(link: str):
-    query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(link).query))
-    parsed = parse_link(query, models=list(BUNDLED_MODELS), checkpoints=list(available_checkpoints()),
-                        datasets=list(BUILTIN_DATASETS), examples=EXAMPLES_PER_DATASET,
-                        option_groups=page_option_groups())
-    assert not parsed.ignored and not parsed.typed, parsed.ignored
-    return parsed
-
-
 def test_the_shipped_results_are_all_walked():
     kinds = {eval_runs.open_run(f).kind.name for f in SHIPPED}
     assert {"evaluate", "long_context", "conversation", "shards"} <= kinds and len(SHIPPED) >= 20
@@ -76,7 +65,7 @@ def test_every_row_opens_its_own_example(folder):
                    for v in views]
         most = max(numbers) + 1
     for row, view in zip(table.itertuples(), views):
-        parsed = opened(example_link(view))
+        parsed = restored(example_link(view))
         sidebar, page = parsed.sidebar, parsed.page
         target = sidebar.target or DEFAULT_TARGET
         if kind == "evaluate":

@@ -17,17 +17,12 @@ from mot_viz.data.eval_data import load_dataset
 from mot_viz.engine.checkpoint import load_checkpoint
 from mot_viz.engine.mot import translate
 from mot_viz.engine.prompts import build_prompt
-from mot_viz.engine.testing import load_test_model, write_test_checkpoints
+from mot_viz.engine.testing import load_test_model
 from plotly_figures import figures
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 TIMEOUT = 300
 PAGE = "views/7_shift_analysis.py"
-
-
-@pytest.fixture(scope="module")
-def pretrained(tmp_path_factory) -> dict[str, Path]:
-    return write_test_checkpoints(tmp_path_factory.mktemp("pretrained"))
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +40,7 @@ def shipped(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def test_env(monkeypatch, app_cache, pretrained, shipped):
-    monkeypatch.setenv("MOT_VIZ_TEST_MODELS", "1")
-    monkeypatch.setenv("MOT_VIZ_CACHE", str(app_cache))  # fits made in a test stay in it
-    monkeypatch.setenv("MOT_VIZ_PRETRAINED", str(next(iter(pretrained.values())).parent))
+def test_env(monkeypatch, pages_env, shipped):
     monkeypatch.setenv("MOT_VIZ_SHIFT_RESULTS", str(shipped))
 
 

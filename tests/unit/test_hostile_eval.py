@@ -18,26 +18,15 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import CORPUS, tiny_model
+from conftest import CORPUS, TOY_ROWS, tiny_model
 from mot_viz.data.eval_data import load_dataset, load_jsonl
 from mot_viz.engine.channels import Channels
 from mot_viz.engine.mot import MoT, native_cache, target_context_ids, translate
 from mot_viz.engine.prompts import QAExample
 from mot_viz.engine.testing import load_test_model
-from mot_viz.errors import (CheckpointError, ConfigError, ContextError, DataFormatError, DataUnavailableError,
-                            ModelLoadError)
+from mot_viz.errors import ContextError, DataFormatError, DataUnavailableError, ModelLoadError
 from mot_viz.eval import conversation, evaluate, long_context, results_folder, shards
 from mot_viz.eval.answers import answer_from_cache
-
-ROWS = [{"id": f"q{i}", "context": CORPUS[i % 3], "question": "Is it so?", "choices": ["yes", "no"], "label": i % 2}
-        for i in range(4)]
-
-
-@pytest.fixture()
-def data(tmp_path):
-    path = tmp_path / "toy.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    return path
 
 
 @pytest.fixture()
@@ -124,7 +113,7 @@ def test_unknown_dataset_and_folder_named_jsonl_fail_before_loading(capsys, chec
 
 def test_bom_keeps_the_first_row(tmp_path):
     path = tmp_path / "bom.jsonl"
-    path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\r\n" for r in ROWS[:2]).encode())
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\r\n" for r in TOY_ROWS[:2]).encode())
     loaded = load_jsonl(path)
     assert loaded.errors == [] and [e.id for e in loaded.examples] == ["q0", "q1"]
     assert len(load_dataset(str(path))) == 2
@@ -175,8 +164,8 @@ def test_interrupted_run_keeps_its_rows_and_resumes_to_the_same(checkpoints, dat
 
 def test_lone_surrogate_is_a_counted_skip_and_the_run_goes_on(checkpoints, tmp_path, test_models):
     path = tmp_path / "hostile.jsonl"
-    bad = {**ROWS[0], "id": "bad", "context": "Paris \ud800 France"}  # valid JSON text ("\\ud800"), untokenizable
-    path.write_text(json.dumps(bad) + "\n" + json.dumps(ROWS[1]) + "\n")
+    bad = {**TOY_ROWS[0], "id": "bad", "context": "Paris \ud800 France"}  # valid JSON text ("\\ud800"), untokenizable
+    path.write_text(json.dumps(bad) + "\n" + json.dumps(TOY_ROWS[1]) + "\n")
     assert evaluate.main(eval_argv(checkpoints, path, tmp_path / "out", 2)) == 0
     df = rows(tmp_path / "out")
     assert set(df.loc[df["id"] == "q1", "condition"]) == {"native", "no_context", "mot", "random"}

@@ -3,14 +3,12 @@ example, keeps them across --resume, and `python -m mot_viz.eval.layer_error` re
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from conftest import CORPUS
 from mot_viz.analysis.cache_metrics import cache_error_table
 from mot_viz.data.eval_data import load_dataset
 from mot_viz.engine.checkpoint import load_checkpoint
@@ -20,16 +18,6 @@ from mot_viz.engine.testing import load_test_model
 from mot_viz.eval import evaluate, layer_error, long_context
 from mot_viz.eval.layer_error import LAYER_ERROR_FILE, METRICS
 from tolerance import close
-
-ROWS = [{"id": f"q{i}", "context": CORPUS[i % 3], "question": "Is it so?", "choices": ["yes", "no"], "label": i % 2}
-        for i in range(3)]
-
-
-@pytest.fixture()
-def data(tmp_path):
-    path = tmp_path / "toy.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    return path
 
 
 @pytest.fixture()
