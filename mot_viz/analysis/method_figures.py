@@ -75,11 +75,21 @@ def shipped_points(root: str | Path = REPO_ROOT / "results", folders: tuple[str,
 
 
 def side_by_side(points: pd.DataFrame) -> pd.DataFrame:
-    """The rows of shipped_points whose folder and group answered from the MoT and from another way of sharing the
-    context (the direct map, KVComm or a text relay) on the same examples: the comparisons the docs' figure draws."""
+    """The rows of shipped_points whose folder and group answered from another way of sharing the context (the direct
+    map, KVComm or a text relay) and from the MoT, on the same examples: the comparisons the docs' figure draws. A
+    folder and group that ran other ways without the MoT (a run of the methods that do not depend on the checkpoint)
+    is drawn with the folders of the same checkpoint and group, timed alike, that ran the MoT."""
     other = {"direct", "kvcomm", "relay", "relay_q"}
-    keys = [(f, g) for (f, g), part in points.groupby(["folder", "group"], sort=False)
-            if "mot" in set(part["method"]) and other & set(part["method"])]
+    runs = points.groupby(["folder", "group"], sort=False)
+    methods = runs["method"].agg(set)
+    first = runs[["checkpoint", "timed_to"]].first()
+    setting = {key: (first.loc[key, "checkpoint"], key[1], first.loc[key, "timed_to"]) for key in methods.index}
+    sharing = {key for key, found in methods.items() if other & found}
+    with_mot = {setting[key] for key, found in methods.items() if "mot" in found}
+    keys = {key for key in sharing if "mot" in methods[key]}
+    for key in sharing - keys:
+        if setting[key] in with_mot:
+            keys |= {key} | {k for k, found in methods.items() if "mot" in found and setting[k] == setting[key]}
     return points[[key in keys for key in zip(points["folder"], points["group"])]]
 
 

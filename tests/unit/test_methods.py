@@ -176,3 +176,8 @@ def test_the_shipped_points_are_their_folders_own_numbers():
     assert "relay/smollm2-to-gemma3-mid-squad" in set(compared["folder"])
     assert "eval/smollm2-to-gemma3-mid-linear-squad300" not in set(compared["folder"])
     assert len(compared[compared["folder"] == "relay/smollm2-to-gemma3-mid-squad"]) == len(relay_folder)
+    # a run of the other ways alone (the long stacks' relays and direct map) is drawn beside the MoT of its setting
+    stacks = compared[compared["folder"].str.startswith("long/smollm2-to-gemma3-mid-stacks")]
+    for group, part in stacks.groupby("group"):
+        assert {"mot", "relay", "direct"} <= set(part["method"]), group
+    assert "long/smollm2-to-gemma3-stacks" not in set(compared["folder"])  # the terminal run shared no other way
