@@ -3,8 +3,8 @@
 The only part of mot_viz that imports Streamlit. Every page reads the *applied* selection (what the
 last "Translate" — or the first visit — chose) through :func:`current_run`; the translation of one
 (source, target, checkpoint, context) is computed once and shared by every page and every browser tab.
-Cached objects are never mutated. The applied selection and every page option (``pg.*`` widget key) live in the
-URL's query parameters (mot_viz.app.permalink), so a reload or a copied link opens the same view.
+Cached objects are never mutated. The applied selection and every page option (``pg.*`` widget key) not at its
+default live in the URL's query parameters (mot_viz.app.permalink), so a reload or a copied link opens the same view.
 
 Pages read ``from mot_viz import app`` and call ``app.run_page(main)``, ``app.current_run()``, … The modules,
 each importing only those above it:

@@ -1,8 +1,8 @@
 """Permalinks: the applied view in the URL's query parameters (the pure part is mot_viz.app.permalink).
 
-The applied selection and every page option (``pg.*`` widget key) live in ``st.query_params``, so a reload or a
-copied link opens the same view: a fresh session's widgets are seeded from the URL before any is drawn, a page
-option an opened link set is checked against its widget (:func:`check_linked_value`, through
+The applied selection and every page option (``pg.*`` widget key) not at its default live in ``st.query_params``,
+so a reload or a copied link opens the same view: a fresh session's widgets are seeded from the URL before any is
+drawn, a page option an opened link set is checked against its widget (:func:`check_linked_value`, through
 mot_viz.app.page.widget_default), and every completed page run writes the view back (:func:`sync_link`). The
 sidebar's "Copy link" and "Copy as Python" (:func:`share`).
 """
@@ -36,6 +36,7 @@ _LINK_DRAWN = "link.drawn"  # linked page options that fit their widget's type t
 LINK_DROP = "link.drop"  # linked page options to forget at the start of the next run (a widget holds them now)
 _LINK_RERUN = "link.rerun"  # a linked page option was dropped during the run: rerun to show the one warning
 _LINK_SHOWN = "link.shown"  # the query parameters last written to this session's URL: what its address shows
+_DEFAULTS = "link.defaults"  # page option -> its default, as the page last gave it (a link leaves defaults out)
 _GROUPS_THIS_RUN = "link.groups"  # the option groups (pg.<group>.…) this page run offered: the running page's
 _OPTION_GROUPS_SEEN: set[str] = set()  # every group a page offered in this process (one built at run time too)
 EXCERPT_CHARS = 80  # the longest value (40: name) of a page option the link warning quotes; the rest is "…"
@@ -123,9 +124,11 @@ def begin_page_run() -> None:
     st.session_state.pop(_GROUPS_THIS_RUN, None)
 
 
-def offer_page_option(key: str) -> None:
-    """A page offers the option `key` this run (every widget_default): its group is the running page's."""
+def offer_page_option(key: str, default: object) -> None:
+    """A page offers the option `key`, first valued `default`, this run (every widget_default): its group is the
+    running page's, and a link leaves the option out while it holds that default."""
     if key.startswith(PAGE_PREFIX):
+        st.session_state.setdefault(_DEFAULTS, {})[key] = default
         group = key[len(PAGE_PREFIX):].split(".")[0]
         _OPTION_GROUPS_SEEN.add(group)
         st.session_state.setdefault(_GROUPS_THIS_RUN, set()).add(group)
@@ -200,12 +203,20 @@ def _view_link() -> tuple[dict[str, str], list[str]]:
     for value in pages.values():  # a page's text too long for the link goes by its digest: remember it, as th's
         if isinstance(value, str) and value and not text_in_link(value):
             _remember_text(value)
-    return fit_link({**(sidebar_params(link) if link is not None else {}), **page_params(pages)})
+    defaults = page_params(state.get(_DEFAULTS, {}))
+    options = {k: v for k, v in page_params(pages).items() if defaults.get(k) != v}
+    return fit_link({**(sidebar_params(link) if link is not None else {}), **options})
 
 
 def link_params() -> dict[str, str]:
-    """The query parameters of this session's view: the applied selection and every page option (within
-    MAX_QUERY_CHARS: a longer link would fail with "400 Bad Request")."""
+    """The query parameters of this session's view: the applied selection and every page option that differs from
+    its default (within MAX_QUERY_CHARS: a longer link would fail with "400 Bad Request").
+
+    A default is left out so that a switch of page changes no query parameter: the navigation's new address comes
+    after the switching run's messages have been handled (Streamlit's frontend sets it once React has drawn them), so
+    a parameter the new page's first run wrote would land under the previous page's address, a history entry that
+    names the page left. An opened link without an option shows its default, the same view.
+    """
     return _view_link()[0]
 
 
@@ -246,8 +257,9 @@ def share(sel: Selection, applied_now: bool) -> None:
     on the page shown. Otherwise the URL gets back the view it showed: a click in the navigation starts a run whose
     query parameters Streamlit has emptied, and the sidebar is drawn before st.navigation names the new page, so the
     browser would write anything new under the previous page's address (a history entry naming the page left).
-    Writing what it shows changes no address, and the navigation then carries it to the new page's; the page's
-    completed run writes the rest (mot_viz.app.frame.run_page).
+    Writing what it shows changes no address, and the navigation then carries it to the new page's; the new page's
+    options start at their defaults, which a link leaves out (:func:`link_params`), so its completed run
+    (mot_viz.app.frame.run_page) writes nothing new either, unless the page itself changed an option.
     """
     if applied_now:
         sync_link()

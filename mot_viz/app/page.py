@@ -122,7 +122,7 @@ def widget_default(key: str, default: object, options: list | None = None) -> No
     A value no longer offered among `options` (e.g. a removed checkpoint) falls back to the default, and so does
     a value an opened link set that does not fit the default's type or the options (the page's warning names it).
     """
-    offer_page_option(key)
+    offer_page_option(key, default)
     if key in st.session_state.get(LINK_UNCHECKED, ()):  # a value an opened link set: it must fit this widget
         check_linked_value(key, default, options)
     if key not in st.session_state or (options is not None and st.session_state[key] not in options):
