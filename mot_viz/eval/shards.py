@@ -21,7 +21,10 @@ first shard, the one after it with the last. The target answers from each settin
   and the shards' caches joined, every layer's keys moved to the shard's offset as the MoT's window is: a RoPE
   model's keys carry their position only in that rotation, and values none, so the move is exact. What a composed
   direct cache lacks is any reading across shards: no layer of the hub computes over the document, while the MoT's
-  replay reads the whole document in its dense bottom layers).
+  replay reads the whole document in its dense bottom layers); and the controls of mot_viz.eval.long_context:
+  *linear* (the pair's closed-form map of the same window, --linear, default <checkpoint>-linear: one reader, and
+  *linear_k* composed from k shards as the MoT's are) and *mean* (the window's K/V the mean native ones: no
+  document in the window, whatever the shards).
 
 Reported per setting: F1 with a bootstrap interval, what is handed to the hub and what it computes over the document
 (sharing.cost_fields), the seconds before the hub reads the question (the sources' reading excluded; k relay
@@ -57,13 +60,14 @@ from ..engine.prompts import build_prompt
 from ..engine.shards import translate_shards, translate_shards_direct
 from ..errors import ConfigError
 from ..fsutil import write_csv_atomic, write_text_atomic
-from .answers import MAX_NEW_TOKENS, answers_from_caches
+from .answers import MAX_NEW_TOKENS, answers_from_caches, condition_caches, linear_cache
 from .relay import RELAY_CONDITIONS, RELAY_TOKENS, Relay
 from .sharing import (COST_COLUMNS, MESSAGE_COLUMNS, check_conditions, check_sharing, cost_fields, cost_medians,
                       relay_parts, target_side, work_text)
 from .processes import Spread, shown
 from .results_folder import ResultsTable, resumed_table, run_units
-from .long_context import check_budget, paired_ratios
+from .long_context import check_budget, check_linear, default_linear, paired_ratios
+from .mean_vector import MeanVectors, reference_means
 from .qa_metrics import bootstrap_ci
 from .report import paired_differences, paired_markdown
 
@@ -72,8 +76,11 @@ ROW_COLUMNS = ("budget", "id", "depth", "evidence_fraction", "condition", "shard
                "gold", "hub_tokens", "source_tokens", *STAGES, "answer_seconds", "source_mb", "source_max_mb",
                "hub_mb", "peak_rss_mb", "error", *MESSAGE_COLUMNS, "message_generate_max_seconds", *COST_COLUMNS)
 TEXT_COLUMNS = ("id", "depth", "condition", "answer", "gold", "error", "message", "target_work")
-RESUME_KEYS = ("checkpoint", "budget", "shards", "seed", "max_new_tokens", "sharing", "relay_tokens", "direct")
+RESUME_KEYS = ("checkpoint", "budget", "shards", "seed", "max_new_tokens", "sharing", "relay_tokens", "direct",
+               "linear")
 SHARING = (*RELAY_CONDITIONS, "direct")  # the other ways of sharing a document this evaluation composes from shards
+CONTROLS = ("linear", "mean")  # on request beside them: the closed-form map of the window, the mean-vector window
+ONE_READER = ("mean",)  # settings that no shard count changes
 RESULTS = ResultsTable(ROW_COLUMNS, TEXT_COLUMNS, ("id",),
                        ("score", "hub_tokens", "source_tokens", "answer_seconds", "source_mb", "source_max_mb",
                         "hub_mb", "peak_rss_mb"), ("evidence_fraction", "exact_match", *STAGES),
@@ -88,7 +95,7 @@ PARAGRAPH_TOKENS = 16
 def conditions(shards: tuple[int, ...], sharing: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The settings answered from, in the tables' order."""
     return ("native", "whole", *(f"shards_{k}" for k in shards), *(f"evidence_{k}" for k in shards),
-            *(c for m in sharing for c in (m, *(f"{m}_{k}" for k in shards))), "no_context")
+            *(c for m in sharing for c in (m, *(f"{m}_{k}" for k in shards if m not in ONE_READER))), "no_context")
 
 
 def pairs(shards: tuple[int, ...], sharing: tuple[str, ...] = ()) -> tuple[tuple[str, str], ...]:
@@ -99,7 +106,7 @@ def pairs(shards: tuple[int, ...], sharing: tuple[str, ...] = ()) -> tuple[tuple
         out += [(f"shards_{k}", "whole"), (f"shards_{k}", "native"), (f"shards_{k}", f"evidence_{k}"),
                 (f"evidence_{k}", "whole")]
     for m in sharing:
-        out += [("whole", m), *((f"shards_{k}", f"{m}_{k}") for k in shards)]
+        out += [("whole", m), *((f"shards_{k}", f"{m}_{k}") for k in shards if m not in ONE_READER)]
     return tuple(out)
 
 
@@ -114,9 +121,10 @@ class ShardSettings:
     seed: int = 0
     max_new_tokens: int = MAX_NEW_TOKENS
     bootstrap: int = 1000
-    sharing: tuple[str, ...] = ()  # other ways of sharing the document, from SHARING (--conditions)
+    sharing: tuple[str, ...] = ()  # other ways of sharing the document and controls, from SHARING + CONTROLS
     relay_tokens: int = RELAY_TOKENS  # the longest message each relay agent writes, in source tokens
     direct: str | None = None  # the full-depth map without replay of the "direct" settings (--direct)
+    linear: str | None = None  # the closed-form map of the "linear" settings (--linear)
 
     @classmethod
     def from_json(cls, data: dict) -> ShardSettings:
@@ -129,6 +137,7 @@ class ShardSettings:
                 f"{self.max_new_tokens}" + (f" --conditions {' '.join(self.sharing)}" if self.sharing else "")
                 + ("" if self.relay_tokens == RELAY_TOKENS else f" --relay_tokens {self.relay_tokens}")
                 + (f" --direct {self.direct}" if self.direct else "")
+                + (f" --linear {self.linear}" if self.linear else "")
                 + (f" --out {out_dir}" if out_dir is not None else ""))
 
 
@@ -153,7 +162,8 @@ def check_settings(settings: ShardSettings) -> dict:
                           "a checkpoint whose target is a RoPE model (Llama, Qwen2, Gemma 3).")
     check_budget(settings.budget, {role: (config[role]["name"], config[role].get("max_positions"))
                                    for role in ("source", "target")}, settings.max_new_tokens, ConfigError)
-    check_conditions(settings.sharing, SHARING)
+    check_conditions(settings.sharing, SHARING + CONTROLS)
+    check_linear(settings.sharing, settings.linear, settings.checkpoint, config)
     check_sharing(settings.sharing, config, settings.checkpoint, settings.relay_tokens, settings.direct, 1.0,
                   settings.budget)
     return config
@@ -191,9 +201,11 @@ def shard_prompts(context_text: str, document: str, shard_texts: list[str]) -> l
 @torch.no_grad()
 def setting_caches(mot: MoT, source: LoadedModel, target: LoadedModel, doc: LongExample, shards: tuple[int, ...],
                    sharing: tuple[str, ...] = (), relay_tokens: int = RELAY_TOKENS,
-                   direct: MoT | None = None) -> dict[str, SettingCache]:
+                   direct: MoT | None = None, linear: MoT | None = None,
+                   means: MeanVectors | None = None) -> dict[str, SettingCache]:
     """Every setting's cache of one document (module docstring), in the order of conditions(shards, sharing); the
-    "direct" settings need `direct`, the full-depth map without replay."""
+    "direct" settings need `direct`, the full-depth map without replay, the "linear" ones `linear`, the pair's
+    closed-form map, and "mean" `means`, the mean native window."""
     example = doc.example
     context_text = build_prompt(example, target.chat_frame).context_text
     p = len(target.prefix_ids)
@@ -205,8 +217,8 @@ def setting_caches(mot: MoT, source: LoadedModel, target: LoadedModel, doc: Long
            "whole": SettingCache(one.mixed_kv, 1, reader, p + n, src_tokens, mb(source.spec, src_tokens),
                                  mb(source.spec, src_tokens))}
 
-    def composed(texts: list[str]) -> SettingCache:
-        s = translate_shards(mot, source, target, texts)
+    def composed(texts: list[str], by: MoT = mot) -> SettingCache:
+        s = translate_shards(by, source, target, texts)
         tokens = [src.source_prefix_len + int(src.source_ids.shape[1]) for src in s.sources]
         return SettingCache(s.mixed_kv, len(texts), s.timings, p + int(s.target_ids.shape[1]), sum(tokens),
                             sum(s.source_bytes) / 1e6, max(s.source_bytes) / 1e6)
@@ -223,8 +235,14 @@ def setting_caches(mot: MoT, source: LoadedModel, target: LoadedModel, doc: Long
                             sum(d.source_tokens), sum(d.source_bytes) / 1e6, max(d.source_bytes) / 1e6)
 
     evidence, others = {}, {m: {} for m in sharing}
-    for m in sharing:
-        others[m][m] = relayed(m, [example.context]) if m in RELAY_CONDITIONS else directed([context_text])
+    for m in sharing:  # one reader; the controls from its translation, untimed as in every evaluation
+        if m == "linear":
+            others[m][m] = replace(out["whole"], kv=linear_cache(mot, linear, source, target, one), timings={})
+        elif m == "mean":
+            kv = condition_caches(mot, source, target, example, one, conditions=("mean",), means=means).kv["mean"]
+            others[m][m] = SettingCache(kv, 0, {}, p + n, 0, 0.0, 0.0)
+        else:
+            others[m][m] = relayed(m, [example.context]) if m in RELAY_CONDITIONS else directed([context_text])
     for k in shards:
         pieces = shard_document(target.tokenizer, doc, k)
         texts = shard_prompts(context_text, example.context, [s.text for s in pieces])
@@ -233,9 +251,9 @@ def setting_caches(mot: MoT, source: LoadedModel, target: LoadedModel, doc: Long
         if holder is not None:  # the answer's shard in the prompt's frame, as if it were the whole document
             alone = build_prompt(replace(example, context=holder.text.strip()), target.chat_frame).context_text
             evidence[f"evidence_{k}"] = composed([alone])
-        for m in sharing:
+        for m in [m for m in sharing if m not in ONE_READER]:
             others[m][f"{m}_{k}"] = (relayed(m, [s.text.strip() for s in pieces]) if m in RELAY_CONDITIONS
-                                     else directed(texts))
+                                     else composed(texts, linear) if m == "linear" else directed(texts))
     out.update(evidence)
     for m in sharing:
         out.update(others[m])
@@ -252,11 +270,13 @@ class DocumentResult:
 
 
 def evaluate_document(mot: MoT, source: LoadedModel, target: LoadedModel, doc: LongExample,
-                      settings: ShardSettings, direct: MoT | None = None) -> DocumentResult:
+                      settings: ShardSettings, direct: MoT | None = None, linear: MoT | None = None,
+                      means: MeanVectors | None = None) -> DocumentResult:
     """Every setting's cache of one document, its answer and F1, the seconds of its stages, the memory it holds,
-    what is handed to the hub and what it computes (direct: the full-depth map of the "direct" settings)."""
+    what is handed to the hub and what it computes (direct, linear, means: as setting_caches takes them)."""
     example = doc.example
-    caches = setting_caches(mot, source, target, doc, settings.shards, settings.sharing, settings.relay_tokens, direct)
+    caches = setting_caches(mot, source, target, doc, settings.shards, settings.sharing, settings.relay_tokens, direct,
+                            linear, means)
     p, window = len(target.prefix_ids), len(mot.channels.target_layers)
     answers = answers_from_caches(target, {c: s.kv for c, s in caches.items()}, example, settings.max_new_tokens)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
@@ -273,9 +293,10 @@ def evaluate_document(mot: MoT, source: LoadedModel, target: LoadedModel, doc: L
 
 
 def document_rows(mot: MoT, source: LoadedModel, target: LoadedModel, doc: LongExample,
-                  settings: ShardSettings, direct: MoT | None = None) -> list[dict]:
+                  settings: ShardSettings, direct: MoT | None = None, linear: MoT | None = None,
+                  means: MeanVectors | None = None) -> list[dict]:
     """One row per setting of one document: its answer and F1, the seconds of its stages, the memory it holds."""
-    return evaluate_document(mot, source, target, doc, settings, direct).rows
+    return evaluate_document(mot, source, target, doc, settings, direct, linear, means).rows
 
 
 def shard_spans(target: LoadedModel, doc: LongExample, shards: int) -> dict[str, tuple[int, int]]:
@@ -372,9 +393,11 @@ def run(settings: ShardSettings, out_dir: Path, resume: bool = False, progress: 
     docs = distractor_stacks(target.tokenizer, settings.budget, settings.n, settings.seed)
     mot = load_checkpoint(settings.checkpoint, source, target)[0]
     direct = load_checkpoint(settings.direct, source, target)[0] if settings.direct else None
+    linear = load_checkpoint(settings.linear, source, target)[0] if "linear" in settings.sharing else None
+    means = reference_means(target, mot.channels.target_layers) if "mean" in settings.sharing else None
     rows = [] if previous is None else previous.to_dict(orient="records")
     return run_units(docs, rows, {r["id"] for r in rows}, lambda d: d.example.id,
-                     lambda d: document_rows(mot, source, target, d, settings, direct),
+                     lambda d: document_rows(mot, source, target, d, settings, direct, linear, means),
                      lambda d: {"budget": d.budget, "id": d.example.id, "depth": d.depth},
                      lambda: write(out_dir, pd.DataFrame(rows, columns=ROW_COLUMNS), settings), "shards", progress,
                      spread=Spread(out_dir, settings, RESULTS))
@@ -389,20 +412,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the document sample")
     parser.add_argument("--max_new_tokens", type=int, default=MAX_NEW_TOKENS, help="longest generated answer")
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of each interval")
-    parser.add_argument("--conditions", nargs="+", choices=SHARING, default=[],
+    parser.add_argument("--conditions", nargs="+", choices=SHARING + CONTROLS, default=[],
                         help="other ways of sharing the document, each with one reader and with every shard count: "
-                             "relay / relay_q (each agent writes a message; the hub reads them), direct (--direct)")
+                             "relay / relay_q (each agent writes a message; the hub reads them), direct (--direct); "
+                             "the controls linear (--linear) and mean (the mean-vector window, one reader)")
     parser.add_argument("--relay_tokens", type=int, default=RELAY_TOKENS,
                         help="longest message each relay agent writes, in source tokens")
     parser.add_argument("--direct", help="the full-depth map without replay of the 'direct' settings")
+    parser.add_argument("--linear", help="the closed-form map of the 'linear' settings (default: <checkpoint>-linear)")
     parser.add_argument("--out", required=True, help="folder of the results (created when missing)")
     parser.add_argument("--resume", action="store_true", help="keep the documents --out already holds")
     parser.add_argument("--overwrite", action="store_true",
                         help="write into an --out folder that holds other files, replacing those of the same names")
     args = parser.parse_args(argv)
     settings = ShardSettings(args.checkpoint, args.budget, tuple(args.shards), args.n, args.seed, args.max_new_tokens,
-                             args.bootstrap, tuple(c for c in SHARING if c in args.conditions), args.relay_tokens,
-                             args.direct)
+                             args.bootstrap, tuple(c for c in SHARING + CONTROLS if c in args.conditions),
+                             args.relay_tokens, args.direct,
+                             (args.linear or default_linear(args.checkpoint)) if "linear" in args.conditions else None)
     return run_cli(lambda: shown(run(settings, Path(args.out), args.resume, overwrite=args.overwrite), markdown))
 
 

@@ -254,3 +254,45 @@ def test_the_evaluation_writes_every_setting_and_resumes_only_the_missing_docume
     assert "shards_3" in md and "retention" in md and "--shards 2 3" in md
     with pytest.raises(ConfigError, match="other settings"):
         shard_eval.run(settings_for(checkpoints, shards=(2,)), out, resume=True, progress=False)
+
+
+def test_the_linear_map_composes_like_the_mot_and_the_mean_window_is_every_evaluations(checkpoints, tmp_path,
+                                                                                     monkeypatch):
+    """The controls through the hub: "linear" is the closed-form map replayed on the one reader's translation,
+    "linear_k" the map's translations of k shards composed as the MoT's are, "mean" the mean-vector window replayed
+    over the document as every evaluation does (no shard count changes it); each is paired with its MoT setting."""
+    from mot_viz.engine.checkpoint import load_checkpoint
+    from mot_viz.eval.answers import linear_cache, mean_vector_cache
+    from mot_viz.eval.mean_vector import reference_means
+
+    with pytest.raises(ConfigError, match="--linear"):  # before a model loads
+        shard_eval.check_settings(settings_for(checkpoints, sharing=("linear",)))
+    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
+    mot = load_checkpoint(str(checkpoints["smollm2-to-gemma3"]), source, target)[0]
+    linear = load_checkpoint(str(checkpoints["smollm2-to-gemma3-linear"]), source, target)[0]
+    means = reference_means(target, mot.channels.target_layers, passages=4)
+    doc = distractor_stacks(target.tokenizer, 1500, 1, seed=0)[0]
+    caches = shard_eval.setting_caches(mot, source, target, doc, (2,), ("linear", "mean"), linear=linear, means=means)
+    assert list(caches) == list(shard_eval.conditions((2,), ("linear", "mean")))
+    assert "mean_2" not in caches and {"linear", "linear_2", "mean"} <= set(caches)
+    context_text = shard_eval.build_prompt(doc.example, target.chat_frame).context_text
+    whole = translate(mot, source, target, context_text)
+    for got, want in zip(caches["linear"].kv, linear_cache(mot, linear, source, target, whole), strict=True):
+        assert_close(got[0], want[0]) and assert_close(got[1], want[1])
+    texts = shard_eval.shard_prompts(context_text, doc.example.context,
+                                     [s.text for s in shard_document(target.tokenizer, doc, 2)])
+    composed = translate_shards(linear, source, target, texts)
+    for got, want in zip(caches["linear_2"].kv, composed.mixed_kv, strict=True):
+        assert_close(got[0], want[0]) and assert_close(got[1], want[1])
+    assert not close(caches["linear_2"].kv[-1][0], caches["shards_2"].kv[-1][0])  # another map than the MoT's
+    for got, want in zip(caches["mean"].kv, mean_vector_cache(mot, target, whole, means), strict=True):
+        assert_close(got[0], want[0]) and assert_close(got[1], want[1])  # the evaluator's own mean-vector window
+    assert caches["mean"].source_mb == 0 and caches["linear_2"].shards == 2
+
+    monkeypatch.setattr(shard_eval, "load_model", load_test_model)
+    out = tmp_path / "controls"
+    shard_eval.run(settings_for(checkpoints, shards=(2,), sharing=("linear", "mean"),
+                                linear=str(checkpoints["smollm2-to-gemma3-linear"])), out, progress=False)
+    paired = pd.read_csv(out / "paired.csv").set_index(["a", "b"])
+    assert {("whole", "linear"), ("shards_2", "linear_2"), ("whole", "mean")} <= set(paired.index)
+    assert "--conditions linear mean --linear" in (out / "summary.md").read_text()
