@@ -60,7 +60,7 @@ from ..engine.prompts import build_prompt
 from ..engine.shards import translate_shards, translate_shards_direct
 from ..errors import ConfigError
 from ..fsutil import write_csv_atomic, write_text_atomic
-from .answers import MAX_NEW_TOKENS, answers_from_caches, condition_caches, linear_cache
+from .answers import MAX_NEW_TOKENS, answers_from_caches, linear_cache, mean_vector_cache
 from .relay import RELAY_CONDITIONS, RELAY_TOKENS, Relay
 from .sharing import (COST_COLUMNS, MESSAGE_COLUMNS, check_conditions, check_sharing, cost_fields, cost_medians,
                       relay_parts, target_side, work_text)
@@ -239,8 +239,7 @@ def setting_caches(mot: MoT, source: LoadedModel, target: LoadedModel, doc: Long
         if m == "linear":
             others[m][m] = replace(out["whole"], kv=linear_cache(mot, linear, source, target, one), timings={})
         elif m == "mean":
-            kv = condition_caches(mot, source, target, example, one, conditions=("mean",), means=means).kv["mean"]
-            others[m][m] = SettingCache(kv, 0, {}, p + n, 0, 0.0, 0.0)
+            others[m][m] = SettingCache(mean_vector_cache(mot, target, one, means), 0, {}, p + n, 0, 0.0, 0.0)
         else:
             others[m][m] = relayed(m, [example.context]) if m in RELAY_CONDITIONS else directed([context_text])
     for k in shards:

@@ -278,15 +278,18 @@ def test_the_linear_map_composes_like_the_mot_and_the_mean_window_is_every_evalu
     context_text = shard_eval.build_prompt(doc.example, target.chat_frame).context_text
     whole = translate(mot, source, target, context_text)
     for got, want in zip(caches["linear"].kv, linear_cache(mot, linear, source, target, whole), strict=True):
-        assert_close(got[0], want[0]) and assert_close(got[1], want[1])
+        assert_close(got[0], want[0])
+        assert_close(got[1], want[1])
     texts = shard_eval.shard_prompts(context_text, doc.example.context,
                                      [s.text for s in shard_document(target.tokenizer, doc, 2)])
     composed = translate_shards(linear, source, target, texts)
     for got, want in zip(caches["linear_2"].kv, composed.mixed_kv, strict=True):
-        assert_close(got[0], want[0]) and assert_close(got[1], want[1])
+        assert_close(got[0], want[0])
+        assert_close(got[1], want[1])
     assert not close(caches["linear_2"].kv[-1][0], caches["shards_2"].kv[-1][0])  # another map than the MoT's
     for got, want in zip(caches["mean"].kv, mean_vector_cache(mot, target, whole, means), strict=True):
-        assert_close(got[0], want[0]) and assert_close(got[1], want[1])  # the evaluator's own mean-vector window
+        assert_close(got[0], want[0])  # the evaluator's own mean-vector window
+        assert_close(got[1], want[1])
     assert caches["mean"].source_mb == 0 and caches["linear_2"].shards == 2
 
     monkeypatch.setattr(shard_eval, "load_model", load_test_model)
