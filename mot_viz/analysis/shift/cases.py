@@ -16,7 +16,8 @@ from ...engine.alignment import encode
 from ...engine.controls import dir_only, mag_only, random_control_window
 from ...engine.models import LoadedModel
 from ...engine.mot import native_cache, target_context_ids
-from ...engine.prompts import QAExample, build_prompt, choice_label_texts
+from ...engine.patching import answer_token_ids
+from ...engine.prompts import QAExample, build_prompt
 from ...errors import ConfigError
 
 KV = hf.KV
@@ -35,17 +36,6 @@ class ContextCase:
     answer_ids: list[int]  # teacher-forced answer tokens (≤ 4)
     context_text: str
     example: QAExample | None = None  # for the task metric; None for free text
-
-
-def answer_token_ids(tokenizer, example: QAExample, max_tokens: int = 4) -> list[int]:
-    """The first ≤ max_tokens tokens of " " + the first non-empty gold answer, or of " " + the gold label (closed set)."""
-    if example.kind == "closed":
-        text = choice_label_texts(example)[example.label]
-    else:
-        text = next((a for a in example.answers if a.strip()), "")
-        if not text:
-            raise ConfigError(f"example {example.id!r} has no non-empty gold answer to teacher-force")
-    return encode(tokenizer, " " + text.strip())[:max_tokens]
 
 
 def case_from_example(target: LoadedModel, example: QAExample, max_answer_tokens: int = 4) -> ContextCase:

@@ -23,7 +23,8 @@ The package's two modules: ``attention`` (the registered attention function and 
 from .attention import (KV, SPARSE_QUERY_CHUNK, TOPK_QUERY_CHUNK, AttentionPlan, LayerStart, active_plan,
                         attention_output, causal_probs, decoder_layers, install_attention, mot_attention,
                         sparse_attention, sparse_mask_attention, topk_positions, whole_last_layer)
-from .forward import (FEW_ROWS, ForwardResult, ResidualTrace, cache_from_kv, continuation_logprob, eos_ids,
+from .forward import (FEW_ROWS, ForwardResult, ResidualTrace, cache_from_kv, continuation_logprob,
+                      continuation_logprobs, eos_ids,
                       final_readout,
                       greedy_generate, greedy_generate_batch, has_rope, install_output_layer, kv_from_cache,
                       left_padded, new_cache, residual_trace, rotate_keys, run, stack_caches)
@@ -32,7 +33,7 @@ __all__ = [
     "KV", "SPARSE_QUERY_CHUNK", "TOPK_QUERY_CHUNK", "topk_positions", "AttentionPlan", "LayerStart", "active_plan",
     "attention_output", "causal_probs", "decoder_layers", "install_attention", "mot_attention", "sparse_attention",
     "sparse_mask_attention", "whole_last_layer", "FEW_ROWS", "ForwardResult", "ResidualTrace", "cache_from_kv",
-    "continuation_logprob", "eos_ids", "greedy_generate", "greedy_generate_batch", "has_rope", "install_output_layer",
+    "continuation_logprob", "continuation_logprobs", "eos_ids", "greedy_generate", "greedy_generate_batch", "has_rope", "install_output_layer",
     "kv_from_cache", "left_padded", "new_cache", "residual_trace", "rotate_keys", "run", "stack_caches",
     "final_readout",
 ]

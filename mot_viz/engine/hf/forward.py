@@ -263,10 +263,21 @@ def greedy_generate_batch(model, kvs: list[list[KV] | None], prompt_ids: torch.T
 def continuation_logprob(model, kv: list[KV] | None, prompt_ids: torch.Tensor, continuation: list[int],
                          plan: AttentionPlan | None = None) -> float:
     """Mean log p(continuation | cache + prompt) per token (method.md §8 rule a, length-normalised), under `plan`."""
+    return continuation_logprobs(model, [kv], prompt_ids, continuation, plan)[0]
+
+
+@torch.no_grad()
+def continuation_logprobs(model, kvs: list[list[KV] | None], prompt_ids: torch.Tensor, continuation: list[int],
+                          plan: AttentionPlan | None = None) -> list[float]:
+    """continuation_logprob after each of several caches of one length (or all None), run as one batch."""
     ids = torch.cat([prompt_ids, torch.tensor([continuation], device=prompt_ids.device)], dim=1)
-    logits = run(model, ids, kv, plan, logits_to_keep=len(continuation) + 1).logits[0, :-1].float()
-    logp = logits.log_softmax(-1).gather(-1, torch.tensor(continuation, device=logits.device)[:, None])
-    return float(logp.mean())
+    if any(kv is None for kv in kvs) and not all(kv is None for kv in kvs):
+        raise ValueError("caches scored as one batch must all hold the same positions (or all be None)")
+    kv = kvs[0] if len(kvs) == 1 else stack_caches(kvs)
+    logits = run(model, ids.expand(len(kvs), -1), kv, plan, logits_to_keep=len(continuation) + 1).logits
+    target = torch.tensor(continuation, device=logits.device)[None, :, None].expand(len(kvs), -1, -1)
+    logp = logits[:, :-1].float().log_softmax(-1).gather(-1, target)  # (B, J, 1)
+    return logp[..., 0].mean(-1).tolist()
 
 
 # ===== residual-stream trace (method.md §9.2) ===================================================
