@@ -225,6 +225,10 @@ class ConditionCaches:
     computed once per target and window, not per context); relay and relay_q = the source writing its message
     and the target's prefill of it (``relays`` holds the messages); direct = its own translation of the text by the
     full-depth map (source prefill, alignment, the map; no replay).
+
+    ``ahead`` is the part of those seconds that can be done before the question arrives, once the source has read the
+    context: the source's prefill (mot, random, direct; all of kvcomm, whose cache is the source's own) and
+    ``relay``'s writing (its message needs no question); none elsewhere (relay_q writes for the question).
     """
 
     translation: Translation
@@ -234,6 +238,11 @@ class ConditionCaches:
     plans: dict[str, hf.AttentionPlan] = field(default_factory=dict)  # kvcomm: answer its cache under this plan
     direct: Translation | None = None  # the "direct" condition's own translation (its stages in .timings)
     prompt: Prompt | None = None  # the example's prompt, built once: its context was translated, its suffix is asked
+    ahead: dict[str, float] = field(default_factory=dict)  # condition -> seconds of its build done ahead of the question
+
+    def after_question(self, condition: str) -> float:
+        """The seconds of a condition's build left once the question arrives (seconds less ahead)."""
+        return self.seconds[condition] - self.ahead.get(condition, 0.0)
 
 
 def translated_seconds(translation: Translation) -> float:
@@ -286,25 +295,29 @@ def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example
     before = {"native": translation.timings.get("native_prefill", 0.0), "mot": translated_seconds(translation),
               "random": translated_seconds(translation)}
     kv, seconds, relays, plans, directed = {}, {}, {}, {}, None
+    ahead = {c: translation.timings.get("source_prefill", 0.0) for c in ("mot", "random") if c in conditions}
     for condition in (c for c in known if c in conditions):
         if condition in RELAY_CONDITIONS:  # the source writes from the passage the MoT's source read, the target reads
             relays[condition] = relay(source, target, example, condition, relay_tokens)
             kv[condition] = relays[condition].kv
             seconds[condition] = relays[condition].generate_seconds + relays[condition].prefill_seconds
+            ahead[condition] = relays[condition].ahead_seconds
             continue
         if condition == "kvcomm":  # the source's own K/V of the target's tokens, read at the chosen layers only
             shared = kvcomm_cache(source, target, translation.target_ids, kvcomm)
             kv[condition], seconds[condition], plans[condition] = shared.kv, shared.seconds, shared.plan
+            ahead[condition] = shared.seconds
             continue
         if condition == "direct":  # its own translation of the text by the full-depth map: no replay
             directed = translate(direct, source, target, translation.text, with_native=False)
             kv[condition], seconds[condition] = directed.mixed_kv, translated_seconds(directed)
+            ahead[condition] = directed.timings.get("source_prefill", 0.0)
             continue
         start = time.perf_counter()
         kv[condition] = build[condition]()
         own = time.perf_counter() - start if condition not in ("native", "mot") else 0.0
         seconds[condition] = before.get(condition, 0.0) + own
-    return ConditionCaches(translation, kv, seconds, relays, plans, directed, prompt)
+    return ConditionCaches(translation, kv, seconds, relays, plans, directed, prompt, ahead)
 
 
 def answer_all(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample,

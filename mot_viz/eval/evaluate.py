@@ -109,13 +109,15 @@ class EvalSettings:
 
 # one column per field of a row; "error" (type and message) is set on skipped rows only, the message columns on the
 # relay conditions' rows only (the message, its source tokens and UTF-8 bytes, the source's seconds writing it and
-# the target's seconds prefilling it)
+# the target's seconds prefilling it). "seconds": from the question's arrival to the whole answer; "ahead_seconds":
+# the cache's work that can be done before the question (answers.ConditionCaches.ahead: the source's prefill, relay's
+# writing), not in "seconds"
 ROW_COLUMNS = ("dataset", "id", "condition", "score", "exact_match", "answer", "gold", "kv_cosine", "seconds",
                "context_tokens", "error", "message", "message_tokens", "message_bytes", "message_generate_seconds",
-               "message_prefill_seconds")
-# the columns of earlier versions' examples.csv, which --resume still reads: before the message columns, and before
-# skipped rows had an "error"
-EARLIER_ROW_COLUMNS = (ROW_COLUMNS[:11], ROW_COLUMNS[:10])
+               "message_prefill_seconds", "ahead_seconds")
+# the columns of earlier versions' examples.csv, which --resume still reads: before the work done ahead was apart
+# (their "seconds" include it), before the message columns, and before skipped rows had an "error"
+EARLIER_ROW_COLUMNS = (ROW_COLUMNS[:16], ROW_COLUMNS[:11], ROW_COLUMNS[:10])
 
 
 def example_rows(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample, settings: EvalSettings,
@@ -126,10 +128,11 @@ def example_rows(mot: MoT, source: LoadedModel, target: LoadedModel, example: QA
     example = truncate_context(target, example, settings.max_context_tokens)
     built = condition_caches(mot, source, target, example, seed=settings.seed, conditions=settings.conditions,
                              means=means, relay_tokens=settings.relay_tokens, direct=direct, kvcomm=kvcomm)
-    translation, caches, build = built.translation, built.kv, built.seconds
+    translation, caches, build, ahead = built.translation, built.kv, built.seconds, built.ahead
     if second is not None:
         other = translate(second, source, target, translation.text, with_native=False)
         caches["second"], build["second"] = other.mixed_kv, translated_seconds(other)
+        ahead["second"] = other.timings.get("source_prefill", 0.0)
     rows = []
     # one batch (the no-context cache left-padded); a kvcomm cache alone, under its plan
     answers = answers_from_caches(target, caches, example, settings.max_new_tokens, built.prompt.suffix_text,
@@ -143,7 +146,8 @@ def example_rows(mot: MoT, source: LoadedModel, target: LoadedModel, example: QA
             # a relay cache holds the message, not the context: no cosine to the native cache
             "kv_cosine": kv_cosine(kv, translation.native_kv)
             if kv is not None and condition not in ("no_context", "kvcomm", *RELAY_CONDITIONS) else np.nan,
-            "seconds": build[condition] + ans.seconds,
+            "seconds": build[condition] - ahead.get(condition, 0.0) + ans.seconds,
+            "ahead_seconds": ahead.get(condition, 0.0),
             "context_tokens": int(translation.target_ids.shape[1]),
             **(message_fields(built.relays[condition]) if condition in built.relays else {}),
         })

@@ -7,12 +7,15 @@ The text counterpart of handing over a cache, in two protocols:
 * ``relay_q``: C2C's text-to-text protocol: the source sees the question and writes the background needed to solve
   it (C2C's baseline instruction).
 
-Either way the source decodes greedily, inside its chat template when it has one, at most ``max_tokens`` tokens
-(stopping at its end of turn). The target then prefills the message as its context, in the prompt it answers
-``native`` in (mot_viz.engine.prompts.build_prompt, the message in the passage's place), and answers the question
-after it exactly as under ``native``. What is handed over is the message's bytes; what it costs is the source's
-writing (its reading of the prompt included, as the MoT's cost includes the source's prefill) and the target's
-prefill of the message.
+Either way the source reads the instruction, then the passage (KVComm's order), and decodes greedily, inside its
+chat template when it has one, until its end of turn or ``max_tokens`` tokens (256 by default, C2C's length and
+KVComm's README's, so that a message ends where the source stops, not at the cap: a message at the cap is counted,
+``Relay.capped``). The target then prefills the message as its context, in the prompt it answers ``native`` in
+(mot_viz.engine.prompts.build_prompt, the message in the passage's place), and answers the question after it exactly
+as under ``native``. What is handed over is the message's bytes. What it costs after the question arrives: for
+``relay``, whose message needs no question, the target's prefill of the message (the source's writing is work done
+ahead, as the source's prefill is for the cache methods, and is reported apart); for ``relay_q``, the source's
+writing too (its message needs the question).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from ..engine.prompts import PLAIN, QAExample, build_prompt
 from ..errors import ConfigError, ContextError
 
 RELAY_CONDITIONS = ("relay", "relay_q")
-RELAY_TOKENS = 64  # the longest message, in source tokens (--relay_tokens)
+RELAY_TOKENS = 256  # the longest message, in source tokens (--relay_tokens): C2C's and KVComm's README's length
 # KVComm's natural-language baseline (Zephyroam/KVComm, eval.py)
 SUMMARY_INSTRUCTION = ("Summarize the context passage in a concise way, as it will be used by another agent to answer "
                        "the question.")
@@ -48,6 +51,19 @@ class Relay:
     generate_seconds: float  # the source reading its prompt and writing the message
     kv: list[hf.KV]  # the target's own prefill of its prompt with the message as the context
     prefill_seconds: float  # that prefill
+    capped: bool = False  # the source wrote max_tokens tokens without ending its turn (the message may stop mid-sentence)
+
+    @property
+    def ahead_seconds(self) -> float:
+        """The work done before the question arrives: ``relay``'s writing (its message needs no question); none for
+        ``relay_q``, whose message is written for the question."""
+        return self.generate_seconds if self.condition == "relay" else 0.0
+
+    @property
+    def after_question_seconds(self) -> float:
+        """The relay's part of the time to the first answer token (the question's own prefill apart): the target's
+        prefill of the message, and for ``relay_q`` the source's writing before it."""
+        return self.generate_seconds + self.prefill_seconds - self.ahead_seconds
 
     @property
     def bytes(self) -> int:
@@ -58,9 +74,10 @@ class Relay:
 def source_prompt(source: LoadedModel, example: QAExample, condition: str) -> str:
     """The text the source reads before it writes (after its BOS prefix, if any), in its chat turns when it has them.
 
-    ``relay``: the passage, then KVComm's summary instruction; no question. ``relay_q``: the passage, then C2C's
-    instruction with the question. This departs from C2C, whose source sees the question alone (its task has no
-    passage): here the source has read the context, which is what it could add. C2C's target then reads a three-turn
+    ``relay``: KVComm's summary instruction, then the passage (KVComm's order: "Instruction: … Context: …"); no
+    question. ``relay_q``: C2C's instruction with the question, then the passage. This departs from C2C, whose source
+    sees the question alone (its task has no passage): here the source has read the context, which is what it could
+    add. C2C's target then reads a three-turn
     chat (the instruction, the background as the assistant's turn, the question); here the target reads the background
     in the passage's place of the ``native`` prompt and then the question, so every condition is answered from the
     same prompt.
@@ -72,12 +89,13 @@ def source_prompt(source: LoadedModel, example: QAExample, condition: str) -> st
     else:
         raise ConfigError(f"unknown relay condition {condition!r}; choose from {RELAY_CONDITIONS}")
     frame = source.chat_frame or PLAIN
-    return f"{frame.head}Passage: {example.context}\n\n{request}{frame.foot}"
+    return f"{frame.head}{request}\n\nPassage: {example.context}{frame.foot}"
 
 
 def write_message(source: LoadedModel, example: QAExample, condition: str,
                   max_tokens: int = RELAY_TOKENS) -> tuple[str, int, float]:
-    """The source's message about the example (greedy, at most max_tokens tokens): (text, tokens, seconds).
+    """The source's message about the example (greedy, until its end of turn or max_tokens tokens): (text, tokens,
+    seconds); the message is at the cap when tokens == max_tokens.
 
     Raises ContextError when the prompt and the message do not fit the source's positions.
     """
@@ -113,7 +131,7 @@ def relay(source: LoadedModel, target: LoadedModel, example: QAExample, conditio
     """The source writes its message about the example and the target reads it (only it)."""
     message, tokens, generate_seconds = write_message(source, example, condition, max_tokens)
     kv, prefill_seconds = read_message(target, example, message)
-    return Relay(condition, message, tokens, generate_seconds, kv, prefill_seconds)
+    return Relay(condition, message, tokens, generate_seconds, kv, prefill_seconds, capped=tokens >= max_tokens)
 
 
 def check_relay_tokens(relay_tokens: int, source_positions: int | None, context_tokens: int,
@@ -147,18 +165,23 @@ def sharing_costs(rows: pd.DataFrame, config: dict) -> pd.DataFrame:
     the cache, answering), over the examples every condition answered.
 
     The answer's seconds are the example's batch decoding shared evenly among its conditions (answers_from_caches),
-    so a relay row's seconds less its writing and prefill are every condition's answer share, and a cache's
-    building seconds are its row's seconds less that share (native: the target's prefill; mot: every stage of the
-    translation, the source's reading included).
+    so a relay row's whole seconds (``seconds`` + ``ahead_seconds``) less its writing and prefill are every
+    condition's answer share, and a cache's building seconds are its row's whole seconds less that share (native: the
+    target's prefill; mot: every stage of the translation, the source's reading included). ``ahead_seconds``: the
+    part of the building that can be done before the question (the source's prefill; relay's writing);
+    ``after_question_seconds``: the rest, and the answer.
     """
     from ..engine.models import kv_cache_bytes
     from ..engine.checkpoint import spec_from_json
 
     scored = rows[rows["condition"] != "skipped"]
+    # results written before the work done ahead was apart hold it inside "seconds"
+    ahead = scored["ahead_seconds"].fillna(0.0) if "ahead_seconds" in scored else 0.0 * scored["seconds"]
+    scored = scored.assign(ahead_seconds=ahead, whole_seconds=scored["seconds"] + ahead)
     relayed = scored[scored["condition"].isin(RELAY_CONDITIONS)]
     if relayed.empty:
         raise ConfigError("these results have no relay rows: evaluate with --conditions ... relay relay_q")
-    share = (relayed["seconds"] - relayed["message_generate_seconds"] - relayed["message_prefill_seconds"])
+    share = (relayed["whole_seconds"] - relayed["message_generate_seconds"] - relayed["message_prefill_seconds"])
     answer = pd.Series(share.to_numpy(), index=list(zip(relayed["dataset"], relayed["id"]))).groupby(level=0).mean()
     target = spec_from_json(config["target"])
     window = len(config["channels"])
@@ -177,9 +200,11 @@ def sharing_costs(rows: pd.DataFrame, config: dict) -> pd.DataFrame:
             "full_cache_bytes": float(sum(kv_cache_bytes(target, int(t)) for t in tokens) / len(tokens)),
             "write_seconds": float(part["message_generate_seconds"].mean()) if relay_row else float("nan"),
             "read_seconds": float(part["message_prefill_seconds"].mean()) if relay_row else float("nan"),
-            "build_seconds": float((part["seconds"].to_numpy() - share_here).mean()),
+            "build_seconds": float((part["whole_seconds"].to_numpy() - share_here).mean()),
             "answer_seconds": float(share_here.mean()),
-            "seconds": float(part["seconds"].mean()),
+            "ahead_seconds": float(part["ahead_seconds"].mean()),
+            "after_question_seconds": float(part["seconds"].mean()),
+            "seconds": float(part["whole_seconds"].mean()),
         })
     return pd.DataFrame(out)
 
@@ -197,14 +222,16 @@ def handed_over_bytes(cost) -> float:
 def costs_markdown(costs: pd.DataFrame) -> str:
     """sharing_costs as a markdown table (bytes handed over, seconds per example by stage)."""
     lines = ["| condition | n | context tokens | message tokens | handed over (bytes) "
-             "| building the cache, s (source writes + target reads) | answering, s | total, s |",
-             "|---|---:|---:|---:|---:|---|---:|---:|"]
+             "| building the cache, s (source writes + target reads) | answering, s | total, s "
+             "| done ahead of the question, s | after the question, s |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     for r in costs.itertuples():
         relayed = r.condition in RELAY_CONDITIONS
         build = f"{r.build_seconds:.2f} ({r.write_seconds:.2f} + {r.read_seconds:.2f})" if relayed \
             else f"{r.build_seconds:.2f}"
         lines.append(f"| {r.condition} | {r.n} | {r.context_tokens:.0f} | {f'{r.message_tokens:.1f}' if relayed else ''} "
-                     f"| {handed_over_bytes(r):,.0f} | {build} | {r.answer_seconds:.2f} | {r.seconds:.2f} |")
+                     f"| {handed_over_bytes(r):,.0f} | {build} | {r.answer_seconds:.2f} | {r.seconds:.2f} "
+                     f"| {r.ahead_seconds:.2f} | {r.after_question_seconds:.2f} |")
     return "\n".join(lines)
 
 
@@ -238,7 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         note = ("Means per example. Handed over: relay, the message (UTF-8); mot, the translated window (its target "
                 "layers' K and V at every context position, fp16); native, a full target cache of the context (fp16); "
                 "what the source reads is in every row's own build time (mot: the source's prefill; relay: its "
-                "reading and writing). Answering: the example's batch decoding shared evenly among its conditions.")
+                "reading and writing). Answering: the example's batch decoding shared evenly among its conditions. "
+                "Done ahead of the question: the source's prefill (mot, direct, kvcomm) and relay's writing (its "
+                "message needs no question; relay_q's does); after the question: the rest, to the whole answer.")
         write_text_atomic(folder / "costs.md", f"Results: {folder}. {note}\n\n{table}\n")
         print(table)
 

@@ -10,10 +10,13 @@ costs:
   handing over a cache instead of the text would move); no context, nothing;
 * what the target computes over the context: a replay over its N positions, a prefill of the message's M tokens (or,
   native, of the N context tokens), or nothing (direct, kvcomm, no context);
-* the seconds before the target reads the question, the source's reading excluded (in the use case the source holds
-  its cache already) and a relay's writing included (the source's reading of its prompt is part of writing):
-  relay, the source writing + the target's prefill of the message; mot, alignment + translator + replay; direct,
-  alignment + translator + assembling the cache; native, the target's prefill; kvcomm and no context, nothing.
+* the seconds before the target reads the question, the work that can be done ahead of the question excluded: the
+  source's reading (in the use case the source holds its cache already) and relay's writing (its message needs no
+  question, so it is written as soon as the source has read the context; the relay rows keep it in
+  message_generate_seconds): relay, the target's prefill of the message; relay_q, the source writing for the question
+  (its reading of its prompt included) + the target's prefill of the message; mot, alignment + translator + replay;
+  direct, alignment + translator + assembling the cache; native, the target's prefill; kvcomm and no context,
+  nothing.
 """
 
 from __future__ import annotations
@@ -100,7 +103,7 @@ def relay_parts(source: LoadedModel, target: LoadedModel, example: QAExample, te
     prompts = [len(source.prefix_ids + encode(source.tokenizer, source_prompt(source, part, condition)))
                for part in parts]
     return RelayParts(Relay(condition, message, sum(n for _, n, _ in written), sum(s for _, _, s in written), kv,
-                            prefill),
+                            prefill, capped=any(n >= max_tokens for _, n, _ in written)),
                       max(s for _, _, s in written), tuple(p + n for p, (_, n, _) in zip(prompts, written)))
 
 
@@ -133,12 +136,14 @@ def target_work(condition: str, tokens: int, relay: Relay | None = None, prefix:
 
 def target_side(condition: str, timings: dict[str, float], relay: Relay | None = None,
                 writing: float | None = None) -> float:
-    """Seconds before the target reads the question over a condition's cache, the source's reading excluded (module
-    docstring), from the stages of the translation it came from (`timings`) or its relay (`writing`: the agents'
-    wall time writing, when several write in parallel; default the relay's own). NaN where it is not measured (the
-    linear and mean controls, built from the MoT's translation)."""
+    """Seconds before the target reads the question over a condition's cache, the work done ahead of the question
+    excluded (module docstring), from the stages of the translation it came from (`timings`) or its relay (`writing`:
+    relay_q's agents' wall time writing, when several write in parallel; default the relay's own; relay's writing is
+    done ahead). NaN where it is not measured (the linear and mean controls, built from the MoT's translation)."""
     way = method(condition)
-    if way in RELAY_CONDITIONS:
+    if way == "relay":
+        return relay.prefill_seconds
+    if way == "relay_q":
         return (relay.generate_seconds if writing is None else writing) + relay.prefill_seconds
     if way in ("mot", "direct"):
         return sum(timings.get(stage, 0.0) for stage in ("alignment", "translator", "replay", "assemble"))
@@ -194,7 +199,8 @@ def sharing_stages(part) -> dict:
     for condition in RELAY_CONDITIONS:
         rows = part[part["condition"] == condition]
         if len(rows):
-            out[f"{condition}: source writes"] = float(rows["message_generate_seconds"].median())
+            out[f"{condition}: source writes" + (" (done ahead)" if condition == "relay" else "")] = \
+                float(rows["message_generate_seconds"].median())
             out[f"{condition}: target reads"] = float(rows["message_prefill_seconds"].median())
     direct = part[part["condition"] == "direct"]
     if len(direct):

@@ -91,7 +91,9 @@ def test_long_context_answers_under_every_way_of_sharing_and_resumes(checkpoints
         r = row.loc[relay]
         assert 0 < r["message_tokens"] <= 5 and r["message_bytes"] == len(str(r["message"]).encode())
         assert r["handed_bytes"] == r["message_bytes"] and r["target_work"] == "prefill"
-        assert r["target_side_seconds"] == pytest.approx(r["message_generate_seconds"] + r["message_prefill_seconds"])
+        # relay's writing is done ahead of the question (it needs none); relay_q writes for the question
+        writing = r["message_generate_seconds"] if relay == "relay_q" else 0.0
+        assert r["target_side_seconds"] == pytest.approx(writing + r["message_prefill_seconds"], rel=1e-6)
         # the target computed over the message only: its prompt with the message in the document's place
         kv, _ = read_message(target, long_context.long_examples("stacks", target.tokenizer, 300, 1, 0)[0].example,
                              str(r["message"]))
@@ -104,10 +106,10 @@ def test_long_context_answers_under_every_way_of_sharing_and_resumes(checkpoints
         target.spec.num_layers / 3)
     assert pd.isna(row.loc["direct", "replay"]) and row.loc["direct", "translator"] > 0
     s = summary.set_index("condition")
-    assert s.loc["relay", "first_token_seconds"] == pytest.approx(  # the writing and reading counted, one document
+    assert s.loc["relay", "first_token_seconds"] == pytest.approx(  # the reading counted, one document
         row.loc["relay", "target_side_seconds"] + row.loc["relay", "first_token_seconds"])
     stages = pd.read_csv(out / "stages.csv")
-    assert {"relay: source writes", "relay: target reads", "relay_q: source writes",
+    assert {"relay: source writes (done ahead)", "relay: target reads", "relay_q: source writes",
             "direct: alignment + translator + assemble"} <= set(stages.columns)
     paired = pd.read_csv(out / "paired.csv").set_index(["a", "b"])
     assert {("mot", "relay"), ("mot", "relay_q"), ("mot", "direct")} <= set(paired.index)
@@ -375,8 +377,12 @@ def test_shards_relay_and_direct_from_each_agent_and_resume(checkpoints, tmp_pat
         assert 0 < r["message_tokens"] <= 5 * agents and r["handed_bytes"] == r["message_bytes"]
         assert r["message_generate_max_seconds"] <= r["message_generate_seconds"]
     assert rows.loc["relay_2", "source_max_mb"] < rows.loc["relay_2", "source_mb"]  # each agent held its own shard
-    assert rows.loc["relay_2", "target_side_seconds"] == pytest.approx(
-        rows.loc["relay_2", "message_generate_max_seconds"] + rows.loc["relay_2", "message_prefill_seconds"])
+    # relay's agents write ahead of the question; relay_q's slowest agent writes after it
+    assert rows.loc["relay_2", "target_side_seconds"] == pytest.approx(rows.loc["relay_2", "message_prefill_seconds"],
+                                                                       rel=1e-6)
+    assert rows.loc["relay_q_2", "target_side_seconds"] == pytest.approx(
+        rows.loc["relay_q_2", "message_generate_max_seconds"] + rows.loc["relay_q_2", "message_prefill_seconds"],
+        rel=1e-6)
     assert abs(rows.loc["direct_2", "hub_tokens"] - rows.loc["shards_2", "hub_tokens"]) == 0
     assert rows.loc["direct_2", "target_work"] == "none" and rows.loc["shards_2", "target_work"] == "replay"
     assert rows.loc["direct_2", "source_max_mb"] < rows.loc["direct", "source_mb"]

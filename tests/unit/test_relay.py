@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -85,7 +86,11 @@ def test_relay_q_carries_the_question_and_relay_does_not(checkpoints):
     # a chat-tuned source writes inside its chat turns (its template's head, then the assistant's turn)
     source.__dict__["chat_frame"] = ChatFrame("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n")
     framed = source_prompt(source, EXAMPLE, "relay_q")
-    assert framed.startswith("<|im_start|>user\nPassage: ") and framed.endswith("<|im_start|>assistant\n")
+    # the instruction stands before the passage (KVComm's order), inside the user's turn
+    instruction = BACKGROUND_INSTRUCTION.format(question=EXAMPLE.question)
+    assert framed.startswith(f"<|im_start|>user\n{instruction}\n\nPassage: {EXAMPLE.context}")
+    assert framed.endswith("<|im_start|>assistant\n")
+    assert summary.index(SUMMARY_INSTRUCTION) < summary.index(EXAMPLE.context)
     # the evaluator's caches: each relay message written by the source about this example, its cost recorded
     source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
     mot = load_checkpoint(checkpoints["smollm2-to-gemma3"], source, target)[0]
@@ -94,7 +99,12 @@ def test_relay_q_carries_the_question_and_relay_does_not(checkpoints):
         message, tokens, _ = write_message(source, EXAMPLE, condition, 5)
         sent = built.relays[condition]
         assert (sent.message, sent.tokens) == (message, tokens) and built.kv[condition] is sent.kv
+        assert sent.capped == (tokens == 5)
         assert built.seconds[condition] == pytest.approx(sent.generate_seconds + sent.prefill_seconds, rel=1e-9)
+    # relay's writing needs no question: done ahead; relay_q writes for the question: after it
+    assert built.ahead["relay"] == built.relays["relay"].generate_seconds and built.ahead["relay_q"] == 0.0
+    assert built.after_question("relay") == pytest.approx(built.relays["relay"].prefill_seconds, rel=1e-9)
+    assert built.after_question("relay_q") == pytest.approx(built.seconds["relay_q"], rel=1e-9)
 
 
 @pytest.fixture()
@@ -143,6 +153,16 @@ def test_relay_rows_survive_resume_and_old_folders_still_resume(checkpoints, dat
     assert (whole.loc[~whole["condition"].isin(["relay", "relay_q"]), "message"] == "").all()
     seconds = pd.read_csv(tmp_path / "whole" / "examples.csv")
     assert (seconds.loc[seconds["condition"] == "relay", "message_generate_seconds"] > 0).all()
+    # the time columns add up: relay's writing is done ahead, its seconds are the target's reading and its answer;
+    # relay_q's seconds hold its writing too; both answer in one batch, so their answer shares are equal
+    by = {c: seconds[seconds["condition"] == c].set_index("id") for c in ("mot", "relay", "relay_q")}
+    relay_rows, relay_q_rows = by["relay"], by["relay_q"]
+    assert np.allclose(relay_rows["ahead_seconds"], relay_rows["message_generate_seconds"], rtol=1e-9)
+    assert (relay_q_rows["ahead_seconds"] == 0).all() and (by["mot"]["ahead_seconds"] > 0).all()
+    relay_answer = relay_rows["seconds"] - relay_rows["message_prefill_seconds"]
+    relay_q_answer = relay_q_rows["seconds"] - relay_q_rows["message_generate_seconds"] \
+        - relay_q_rows["message_prefill_seconds"]
+    assert (relay_answer > 0).all() and np.allclose(relay_answer, relay_q_answer, rtol=1e-6)
     # what each condition is handed and costs, read back from the rows
     assert main([str(tmp_path / "whole")]) == 0
     costs = pd.read_csv(tmp_path / "whole" / "costs.csv").set_index("condition")
@@ -156,6 +176,9 @@ def test_relay_rows_survive_resume_and_old_folders_still_resume(checkpoints, dat
     assert relay_costs["build_seconds"] == pytest.approx(relay_costs["write_seconds"] + relay_costs["read_seconds"],
                                                          rel=1e-6)
     assert (costs["answer_seconds"] > 0).all() and costs.loc["mot", "answer_seconds"] == relay_costs["answer_seconds"]
+    assert np.allclose(costs["ahead_seconds"] + costs["after_question_seconds"], costs["seconds"], rtol=1e-9)
+    assert np.allclose(costs["build_seconds"] + costs["answer_seconds"], costs["seconds"], rtol=1e-9)
+    assert relay_costs["ahead_seconds"] == pytest.approx(relay_costs["write_seconds"], rel=1e-9)
     # a shorter run resumed to the same rows: the relay rows kept as they were written
     assert evaluate.main(relay_argv(tmp_path / "part", 2)) == 0
     before = table(tmp_path / "part")
@@ -169,7 +192,7 @@ def test_relay_rows_survive_resume_and_old_folders_still_resume(checkpoints, dat
     old = tmp_path / "old"
     assert evaluate.main(argv(checkpoints, data, old, 2)) == 0
     rows = pd.read_csv(old / "examples.csv", dtype=str, keep_default_na=False)
-    rows[list(evaluate.EARLIER_ROW_COLUMNS[0])].to_csv(old / "examples.csv", index=False)
+    rows[list(evaluate.EARLIER_ROW_COLUMNS[1])].to_csv(old / "examples.csv", index=False)
     settings = json.loads((old / "summary.json").read_text())
     del settings["settings"]["relay_tokens"]
     (old / "summary.json").write_text(json.dumps(settings))
