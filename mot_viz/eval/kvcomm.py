@@ -16,9 +16,15 @@ The attention mass is the "context" share of mot_viz.analysis.logit_lens.attenti
 
 Where this departs from KVComm:
 
-* ``alpha`` defaults to 0.5 (score and prior weighed equally): method.md §15 does not record KVComm's default.
+* ``alpha`` is 0.5 (score and prior weighed equally); KVComm's code defaults to 1.0 (the score alone, the prior
+  weighing nothing). The shipped runs used 0.5 (docs/decisions.md records why it stays).
+* The depth prior is not min–max normalised: it runs from exp(−0.5 (μ/σ)²) at the ends (0.35 for 30 layers) to 1,
+  so at alpha < 1 it separates layers less than a [0, 1] prior would. At KVComm's alpha = 1.0 it does not count.
 * Calibration: the evaluator calibrates once per run on the first example of its first dataset (a set of size 1,
-  KVComm's default), and that example is also evaluated; KVComm calibrates on a sample of its own.
+  KVComm's default size), and that example is also evaluated, one of the run's examples.
+* The receiver's instruction is inside the shared context: the sender prefills the receiver's whole context prompt
+  (instruction, then passage), so at an unshared layer the instruction is hidden with the passage. KVComm's receiver
+  reads its own instruction beside the question.
 * Token 0 at an unselected layer is not cut from the cache: every layer of the cache holds all P + N positions
   (Hugging Face's cache, its masks and the positions of the question all assume one length for every layer), and
   an attention mask per layer hides positions 1 … P + N − 1 there (hf.AttentionPlan.hide). What the receiver computes
