@@ -1,8 +1,15 @@
-"""Benchmark of the MoT engine on the bundled pair (a measurement, not a test).
+"""Benchmark of the MoT engine on the bundled pair, or on a synthetic pair of any size (a measurement, not a test).
 
     .venv/bin/python benchmarks/engine.py [--lengths 128 256 512 1024 2048 4096 8000] [--repeats 3]
         [--checkpoint pretrained/smollm2-to-gemma3] [--label "what changed"] [--chunks 0 32 64 128 256] [--split]
-        [--out benchmarks/engine.md]
+        [--dense] [--out benchmarks/engine.md]
+    .venv/bin/python benchmarks/engine.py --source synthetic:llama3.2-1b --target synthetic:qwen2.5-1.5b
+        [--recipe configs/smollm2-to-gemma3.json] [--direct synthetic] ...
+
+A synthetic pair (mot_viz.engine.synthetic: seeded random weights of a real architecture) is translated by a
+translator of the recipe's shape with seeded random weights (testing.synthetic_mot) over contexts of the shared id
+stream; `--direct synthetic` adds a random full-depth map of the shipped direct map's shape. Its times are the
+engine's cost at that size; nothing it computes measures quality.
 
 For each context length (target tokens) it times, on the machine it runs on: source prefill, token
 alignment, translator, replay into the target, and the target's own (native) prefill; it reports the
@@ -32,10 +39,15 @@ import torch
 from mot_viz.engine import hf
 from mot_viz.engine.alignment import encode
 from mot_viz.engine.checkpoint import load_checkpoint
-from mot_viz.engine.models import DEFAULT_SOURCE, DEFAULT_TARGET, load_model
-from mot_viz.errors import ContextError
-from mot_viz.engine.mot import native_cache, prepare_source, replay, translate
+from mot_viz.engine.models import DEFAULT_SOURCE, DEFAULT_TARGET, load_model, model_device
+from mot_viz.engine.mot import MoT, native_cache, prepare_source, replay, translate
+from mot_viz.engine.replay_config import ReplayConfig, replay_mode
+from mot_viz.engine.synthetic import NO_QUALITY, SYNTHETIC_ALIGNMENT, check_fits, is_synthetic, shared_vocab, synthetic_text
+from mot_viz.engine.testing import randomize_linear_path, synthetic_mot
+from mot_viz.errors import ConfigError, ContextError
 from mot_viz.fsutil import write_text_atomic
+from mot_viz.train.config import parse_args
+from mot_viz.train.quickfit import QuickFitConfig, quickfit_channels
 
 PASSAGE = (
     "The Normans were the people who in the 10th and 11th centuries gave their name to Normandy, a region in "
@@ -51,9 +63,28 @@ STAGE_NAMES = {"source_prefill": "source prefill", "alignment": "alignment", "tr
                "replay": "replay", "native_prefill": "native prefill", "stock_native": "stock native prefill"}
 
 
-def context_of(target, n_tokens: int) -> str:
+def context_of(target, n_tokens: int, source=None) -> str:
+    """A context of n_tokens target tokens: the passage repeated, or for a synthetic pair the shared id stream."""
+    if is_synthetic(target.spec.name):
+        return synthetic_text(n_tokens, shared_vocab(target.spec.vocab_size, source.spec.vocab_size))
     ids = encode(target.tokenizer, PASSAGE * (n_tokens // 60 + 2))[:n_tokens]
     return target.tokenizer.decode(ids)
+
+
+def synthetic_direct(source, target) -> MoT:
+    """A full-depth map without replay of the shipped direct map's shape (one linear map per target layer from the
+    depth-matched source layer), with seeded random weights; ConfigError when the source has fewer layers."""
+    channels = quickfit_channels(source, target, QuickFitConfig(direct=True))
+    torch.manual_seed(0)
+    mot = MoT.build(source.spec, target.spec, channels, replay_mode(ReplayConfig(), "none"), variant="linear",
+                    key_space="pre_rope", linear_per_layer=True)
+    randomize_linear_path(mot)
+    return mot.to(target.device).eval()
+
+
+def peak_device_mb(device: torch.device) -> float | None:
+    """The device's peak allocated memory (MB) since the last reset; None on the CPU (peak RSS says it there)."""
+    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
 
 
 @contextlib.contextmanager
@@ -100,6 +131,12 @@ def main() -> int:
                              "hold of this text)")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per length (the median is reported)")
     parser.add_argument("--checkpoint", default="pretrained/smollm2-to-gemma3", help="the MoT checkpoint timed")
+    parser.add_argument("--source", default=DEFAULT_SOURCE, help="source model (e.g. synthetic:llama3.2-1b)")
+    parser.add_argument("--target", default=DEFAULT_TARGET, help="target model (e.g. synthetic:qwen2.5-1.5b)")
+    parser.add_argument("--recipe", default="configs/smollm2-to-gemma3.json",
+                        help="a synthetic pair's translator: this training recipe's shape with seeded random weights")
+    parser.add_argument("--dense", action="store_true",
+                        help="also time the dense replay (every layer attending over every key) of each translation")
     parser.add_argument("--label", default="the engine as it is", help="heading of the new table (what changed)")
     parser.add_argument("--chunks", type=int, nargs="*", default=[],
                         help="also compare the masked sparse replay's query chunk sizes (0: one SDPA call), "
@@ -117,18 +154,34 @@ def main() -> int:
                              "within each repeat")
     parser.add_argument("--direct", default=None,
                         help="also time a full-depth map without replay (a checkpoint of python -m "
-                             "mot_viz.train.quickfit --direct, e.g. pretrained/smollm2-to-gemma3-direct) after each "
-                             "translation: its map alone and its whole cache ÷ the same run's native prefill")
+                             "mot_viz.train.quickfit --direct, e.g. pretrained/smollm2-to-gemma3-direct; 'synthetic': a "
+                             "random one of its shape, for a synthetic pair) after each translation: its map alone and "
+                             "its whole cache ÷ the same run's native prefill")
     parser.add_argument("--out", default="benchmarks/engine.md",
                         help="markdown file the table is written to (the current table; git keeps earlier ones)")
     args = parser.parse_args()
 
     torch.manual_seed(0)
     load_at_start = os.getloadavg()[0]
-    source, target = load_model(DEFAULT_SOURCE), load_model(DEFAULT_TARGET)
-    mot, config = load_checkpoint(args.checkpoint, source, target)
+    device = model_device()
+    synthetic = is_synthetic(args.source) and is_synthetic(args.target)
+    if is_synthetic(args.source) != is_synthetic(args.target):
+        raise ConfigError("--source and --target are both synthetic models or neither: a synthetic model has no "
+                          "tokenizer to align with a real one.")
+    check_fits([args.source, args.target], device)  # a pair too large for the device: said before loading
+    source, target = load_model(args.source), load_model(args.target)
+    if synthetic:
+        mot = synthetic_mot(source, target, parse_args(["--config", args.recipe])[0])
+        direct_note = ""
+        try:
+            direct = synthetic_direct(source, target) if args.direct else None
+        except ConfigError as exc:
+            direct, direct_note = None, str(exc)
+            print(f"no direct map: {exc}", flush=True)
+    else:
+        mot = load_checkpoint(args.checkpoint, source, target)[0]
+        direct = load_checkpoint(args.direct, source, target)[0] if args.direct else None
     mot.eval()
-    direct = load_checkpoint(args.direct, source, target)[0] if args.direct else None
     channels, cfg = mot.channels, mot.translator.config
     paths = f"{cfg.num_experts} experts top-{cfg.top_k}" if cfg.variant == "mot" else cfg.variant
     if cfg.variant != "linear" and cfg.linear_residual:
@@ -162,9 +215,11 @@ def main() -> int:
             measured.setdefault("native_attention", []).append(spent[0])
         return {key: statistics.median(r) for key, r in measured.items()}
 
-    rows, split_rows, skipped, lengths, direct_rows = [], [], [], [], []
+    rows, split_rows, skipped, lengths, direct_rows, dense_rows = [], [], [], [], [], []
     for n in args.lengths:
-        text = context_of(target, n)
+        text = context_of(target, n, source)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         try:
             translate(mot, source, target, text)  # warm-up
         except ContextError as exc:  # longer than the source holds: the other lengths still run
@@ -172,9 +227,14 @@ def main() -> int:
             print(f"{n} tokens skipped: {exc}", flush=True)
             continue
         lengths.append(n)
-        translations, stock, direct_runs = [], [], []
+        translations, stock, direct_runs, dense = [], [], [], []
         for _ in range(args.repeats):  # each translation, then the stock native prefill of the same ids
             translations.append(translate(mot, source, target, text))
+            if args.dense:  # the same translated window replayed with every layer attending over every key
+                tr = translations[-1]
+                t0 = time.perf_counter()
+                replay(target, tr.target_ids, mot.channels.target_layers, tr.translated.keys, tr.translated.values, None)
+                dense.append(time.perf_counter() - t0)
             if direct is not None:  # the full-depth map's cache of the same text (the target never reads it)
                 direct_runs.append(translate(direct, source, target, text, with_native=False).timings)
             with stock_attention():
@@ -185,7 +245,9 @@ def main() -> int:
         med["stock_native"] = statistics.median(stock)
         n_t = len(encode(target.tokenizer, text))
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        rows.append((n_t, med, peak_mb))
+        rows.append((n_t, med, peak_mb, peak_device_mb(device)))
+        if dense:
+            dense_rows.append((n_t, med, statistics.median(dense)))
         if direct_runs:
             direct_rows.append((n_t, {s: statistics.median(r[s] for r in direct_runs) for s in DIRECT_STAGES},
                                 med["native_prefill"]))
@@ -201,7 +263,7 @@ def main() -> int:
         attention module's `setting` (set to value_of(value)) in turn, the shipped value restored after."""
         shipped, out = getattr(hf.attention, setting), []
         for n in lengths:
-            text = context_of(target, n)
+            text = context_of(target, n, source)
             measured: dict[int, list[float]] = {v: [] for v in values}
             for _ in range(args.repeats):
                 for v in values:
@@ -222,7 +284,7 @@ def main() -> int:
     if args.whole_last_layer:  # the same translation with and without the cache-only stop, in turn within each repeat
         compared = ("source_prefill", "replay", "native_prefill")
         for n in lengths:
-            text = context_of(target, n)
+            text = context_of(target, n, source)
             runs_by = {False: [], True: []}
             for _ in range(args.repeats):
                 for whole in (False, True):
@@ -236,14 +298,22 @@ def main() -> int:
             print(f"{stop_rows[-1][0]} tokens, stopped ÷ whole: {stop_rows[-1][1]}, engine ratio {engine}", flush=True)
 
     threads = torch.get_num_threads()
-    title = "# Engine benchmark: SmolLM2-135M → Gemma-3-270m"
+    on_device = device.type == "cuda"
+    title = f"# Engine benchmark: {args.source} → {args.target}" if synthetic else \
+        "# Engine benchmark: SmolLM2-135M → Gemma-3-270m"
+    command = (f"--source {args.source} --target {args.target} --recipe {args.recipe}" if synthetic
+               else f"--checkpoint {args.checkpoint}")
+    on = (f"{torch.cuda.get_device_name(device)} ({device})" if device.type == "cuda" else
+          f"{platform.machine()}, {os.cpu_count()} CPU cores")
     lines = [
         title,
         "",
         f"## {datetime.date.today()}: {args.label}",
         "",
-        f"Measured on {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} with {threads} "
-        f"thread(s), float32; `python benchmarks/engine.py --checkpoint {args.checkpoint}` "
+        *([f"**{NO_QUALITY.capitalize()}**: {args.source} → {args.target}, a translator of the recipe's shape with "
+           f"seeded random weights; {SYNTHETIC_ALIGNMENT}.", ""] if synthetic else []),
+        f"Measured on {on}, torch {torch.__version__} with {threads} "
+        f"thread(s), float32; `python benchmarks/engine.py {command}` "
         f"(window {list(channels.target_layers)}, W={channels.window}, {cfg.key_space.replace('_', '-')} keys, "
         f"dim {cfg.dim}, {paths}; {replay_kind}). The source prefill chooses the top-k source positions of the "
         "sparse replay as it runs (its column includes that); the replay column includes mapping them to the target "
@@ -257,18 +327,21 @@ def main() -> int:
         "",
         "| target tokens | source prefill (ms) | alignment (ms) | translator (ms) | replay (ms) | native prefill (ms) "
         "| stock native prefill (ms) | translator ÷ native | (translator + replay) ÷ native "
-        "| (translator + replay) ÷ stock native | peak RSS (MB) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| (translator + replay) ÷ stock native | peak RSS (MB) |" + (" peak device memory (MB) |" if on_device else ""),
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if on_device else ""),
     ]
-    for n_t, med, peak in rows:
+    for n_t, med, peak, peak_device in rows:
         native = med["native_prefill"]
         lines.append(
             f"| {n_t} | {med['source_prefill']*1e3:.0f} | {med['alignment']*1e3:.0f} | {med['translator']*1e3:.0f} "
             f"| {med['replay']*1e3:.0f} | {native*1e3:.0f} | {med['stock_native']*1e3:.0f} "
             f"| {med['translator']/native:.2f} | {(med['translator'] + med['replay'])/native:.2f} "
             f"| {(med['translator'] + med['replay'])/med['stock_native']:.2f} | {peak:.0f} |"
+            + (f" {peak_device:.0f} |" if on_device else "")
         )
-    lines += ["", "Peak RSS is the whole process (both models loaded) after that length, so it only grows down the table."]
+    lines += ["", "Peak RSS is the whole process (both models loaded) after that length, so it only grows down the table."
+              + (" Peak device memory is the most the device held during that length's runs (both models' weights "
+                 "included)." if on_device else "")]
     if skipped:
         lines += ["", "Skipped: " + "; ".join(skipped)]
     if len(rows) > 1:  # a stage linear in N grows by the tokens' ratio; faster than that is super-linear
@@ -277,7 +350,7 @@ def main() -> int:
                   "tokens' ratio (a stage linear in the length grows by the tokens' ratio):", "",
                   "| target tokens | tokens × | " + " | ".join(STAGE_NAMES[s] + " ×" for s in growth) + " |",
                   "|---:|---:|" + "---:|" * len(growth)]
-        for (n0, m0, _), (n1, m1, _) in zip(rows, rows[1:]):
+        for (n0, m0, *_), (n1, m1, *_) in zip(rows, rows[1:]):
             lines.append(f"| {n1} | {n1 / n0:.2f} | " + " | ".join(f"{m1[s] / m0[s]:.2f}" for s in growth) + " |")
     if split_rows:
         lines += ["", "Where the time goes (`--split`): the replay alone (indices mapped already) and the native "
@@ -313,6 +386,19 @@ def main() -> int:
                          f"| {d['translator']*1e3:.0f} | {d['assemble']*1e3:.0f} | {native*1e3:.0f} "
                          f"| {d['translator']/native:.3f} | {(d['translator'] + d['assemble'])/native:.3f} "
                          f"| {whole/native:.2f} |")
+    if dense_rows:
+        lines += ["", f"Dense replay (`--dense`): the same translated window replayed with every layer attending over "
+                  f"every key (no sparse indices), after each translation; median of {args.repeats}:", "",
+                  "| target tokens | sparse replay (ms) | dense replay (ms) | native prefill (ms) "
+                  "| (translator + sparse replay) ÷ native | (translator + dense replay) ÷ native |",
+                  "|---:|---:|---:|---:|---:|---:|"]
+        for n_t, med, dense_s in dense_rows:
+            native = med["native_prefill"]
+            lines.append(f"| {n_t} | {med['replay']*1e3:.0f} | {dense_s*1e3:.0f} | {native*1e3:.0f} "
+                         f"| {(med['translator'] + med['replay'])/native:.2f} "
+                         f"| {(med['translator'] + dense_s)/native:.2f} |")
+    if synthetic and args.direct and direct is None:
+        lines += ["", f"No full-depth map: {direct_note}"]
     if chunk_rows:
         label = lambda c: "one SDPA call" if c <= 0 else f"chunks of {c}"
         lines += ["", f"Replay ÷ native prefill by the masked sparse replay's query chunk size (`--chunks "

@@ -23,6 +23,8 @@ import torch
 from ..errors import ModelLoadError
 from .model_cache import Progress, _progress, convert_gguf, converted_folder, gguf_architecture, gguf_digest
 from .model_cache import cache_dir  # noqa: F401  (re-exported: the banks live in the same cache)
+from .synthetic import is_synthetic, synthetic_names
+from . import synthetic
 
 if TYPE_CHECKING:
     from .prompts import ChatFrame
@@ -143,7 +145,9 @@ def _supported_message() -> str:
         f"Supported families: {', '.join(SUPPORTED_MODEL_TYPES)}. "
         f"Bundled models that work offline: {bundled}. "
         "Hub ids (e.g. 'gpt2', 'facebook/opt-125m', 'Qwen/Qwen2.5-0.5B') need a reachable Hugging Face Hub; "
-        "local folders and local .gguf files work offline."
+        "local folders and local .gguf files work offline. "
+        f"Synthetic models (random weights of a real architecture, no files: cost, never quality): "
+        f"{', '.join(synthetic_names())}."
     )
 
 
@@ -186,11 +190,7 @@ def _tokenizer_digest(tokenizer) -> str:
 def model_spec(name: str, config, tokenizer) -> ModelSpec:
     """Read the KV geometry from a transformers config (method.md §1)."""
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    num_heads = getattr(text_config, "num_attention_heads", None) or getattr(text_config, "n_head")
-    hidden = getattr(text_config, "hidden_size", None) or getattr(text_config, "n_embd", None)
-    num_layers = getattr(text_config, "num_hidden_layers", None) or getattr(text_config, "n_layer")
-    num_kv = getattr(text_config, "num_key_value_heads", None) or num_heads
-    head_dim = getattr(text_config, "head_dim", None) or hidden // num_heads
+    num_layers, num_heads, num_kv, head_dim, hidden = _attention_geometry(text_config)
     layer_types = getattr(text_config, "layer_types", None) or []
     sliding = tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention")
     limits = [
@@ -213,6 +213,15 @@ def model_spec(name: str, config, tokenizer) -> ModelSpec:
         sliding_window=getattr(text_config, "sliding_window", None) if sliding else None,
         sliding_layers=sliding, fingerprint=fingerprint, **geometry,
     )
+
+
+def _attention_geometry(text_config) -> tuple[int, int, int, int, int]:
+    """(layers, heads, K/V heads, head size, hidden size) of a transformers text config."""
+    num_heads = getattr(text_config, "num_attention_heads", None) or getattr(text_config, "n_head")
+    hidden = getattr(text_config, "hidden_size", None) or getattr(text_config, "n_embd", None)
+    num_layers = getattr(text_config, "num_hidden_layers", None) or getattr(text_config, "n_layer")
+    num_kv = getattr(text_config, "num_key_value_heads", None) or num_heads
+    return num_layers, num_heads, num_kv, getattr(text_config, "head_dim", None) or hidden // num_heads, hidden
 
 
 def _check_supported(model_type: str | None, name: str) -> None:
@@ -362,7 +371,8 @@ def _from_pretrained(name: str, source: str, dtype: torch.dtype, fix: str, **kwa
 
 def load_model(name: str, dtype: torch.dtype = torch.float32, progress: Progress | None = None,
                device: str | torch.device | None = None) -> LoadedModel:
-    """Load a causal LM by bundled name, local folder, local .gguf file or Hub id, onto `device` (model_device:
+    """Load a causal LM by bundled name, local folder, local .gguf file, Hub id or ``synthetic:<name>``
+    (mot_viz.engine.synthetic: seeded random weights of a shipped architecture) onto `device` (model_device:
     default $MOT_VIZ_DEVICE, else the CPU). A translator loaded for it follows it (checkpoint.load_checkpoint).
 
     A .gguf file (bundled or not) is converted once into the user cache and loaded from there; progress
@@ -370,10 +380,30 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, progress: Progress
     for anything that cannot be loaded here; local paths are checked before transformers reads them.
     """
     device = model_device(device)
+    if is_synthetic(name):  # built on the device, after its size is checked against the device's free memory
+        synthetic.parse_name(name)
+        synthetic.check_fits([name], device, dtype)
+        return prepare_model(*synthetic.build(name, dtype, device), name)
     loaded = _load(name, dtype, progress)
     if device.type != "cpu":
         loaded.model.to(device)
     return loaded
+
+
+def model_geometry(name: str) -> tuple[int, int] | None:
+    """(layers, K/V width n_kv·d_h) of a bundled model or local model folder from its config alone, before its weights
+    load (a command's checks of its arguments); None for anything else (a .gguf file or a Hub id: checked once loaded)."""
+    from transformers import AutoConfig
+
+    path = Path(name).expanduser() if isinstance(name, str) else None
+    if name in BUNDLED_MODELS:
+        path = bundled_model_dir(name)
+    if path is None or not (path / "config.json").is_file():
+        return None
+    config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
+    layers, _, num_kv, head_dim, _ = _attention_geometry(config.get_text_config()
+                                                         if hasattr(config, "get_text_config") else config)
+    return layers, num_kv * head_dim
 
 
 def _load(name: str, dtype: torch.dtype, progress: Progress | None) -> LoadedModel:

@@ -21,6 +21,7 @@ from .channels import Channels, sparse_source_layer
 from .layout import context_positions, from_block, to_block, window_blocks
 from .models import LoadedModel, ModelSpec
 from .replay_config import ReplayConfig
+from .synthetic import is_synthetic
 from .translator import GateOverride, KVTranslator, TranslatorConfig, TranslatorOutput
 
 KV = hf.KV
@@ -43,6 +44,8 @@ class MoT(nn.Module):
         self.source, self.target, self.channels = source, target, channels
         self.replay = replay or ReplayConfig()
         self.translator = KVTranslator(translator)
+        if self.translator.linear is not None:
+            self.translator.linear.select_inputs(translator, self.input_layers)
         if self.replay.direct:
             check_direct(self)
 
@@ -153,7 +156,9 @@ def prepare_source(mot: MoT, source: LoadedModel, target: LoadedModel, target_id
             f"The context is {len(s_ids)} tokens long for the source model '{source.spec.name}', which allows at most "
             f"{limit}. Shorten the context (python -m mot_viz.eval.evaluate: lower --max_context_tokens)."
         )
-    same = source.spec.name == target.spec.name and s_ids == t_ids
+    # one tokenizer, or two synthetic models reading one id stream (synthetic.SYNTHETIC_ALIGNMENT)
+    shared = source.spec.name == target.spec.name or is_synthetic(source.spec.name) and is_synthetic(target.spec.name)
+    same = shared and s_ids == t_ids
     alignment = identity_alignment(len(t_ids)) if same else align_ids(source.tokenizer, s_ids, target.tokenizer, t_ids, text)
     timings["alignment"] = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -435,6 +440,13 @@ def check_finite(what: str, *tensors: torch.Tensor) -> None:
 def check_pair(mot: MoT, source: LoadedModel, target: LoadedModel) -> None:
     """Raise CheckpointError if the loaded models are not the ones this MoT was made for."""
     for role, want, got in (("source", mot.source, source.spec), ("target", mot.target, target.spec)):
+        if want.fingerprint != got.fingerprint and is_synthetic(want.name) != is_synthetic(got.name):
+            made, loaded = (("a synthetic", "a real"), ("a real", "a synthetic"))[is_synthetic(got.name)]
+            raise CheckpointError(
+                f"This MoT was made for {made} {role} model '{want.name}', but the loaded {role} is {loaded} model "
+                f"'{got.name}': random weights and trained ones never share a translator. For synthetic models build "
+                "one from a recipe's shape (testing.synthetic_mot); for real ones choose a checkpoint trained for them."
+            )
         if want.fingerprint != got.fingerprint:
             raise CheckpointError(
                 f"This MoT was made for {role} model '{want.name}' ({want.model_type}, {want.num_layers} layers, "

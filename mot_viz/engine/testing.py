@@ -1,4 +1,5 @@
-"""Tiny randomly initialised models and checkpoints for fast tests of the library and the app.
+"""Randomly initialised models and translators: tiny ones for fast tests of the library and the app, and seeded
+translators of a recipe's shape for synthetic pairs (synthetic_mot; mot_viz.engine.synthetic builds the models).
 
 The app swaps its model loader for :func:`load_test_model` when ``MOT_VIZ_TEST_MODELS=1``
 (see mot_viz.app.settings), so every page can be driven in seconds. The bundled names map to a tiny
@@ -13,8 +14,12 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ModelLoadError
+from ..errors import ConfigError, ModelLoadError
+from .channels import injection_channels, terminal_channels
+from .checkpoint import save_checkpoint
 from .models import LoadedModel, prepare_model
+from .mot import MoT
+from .replay_config import ReplayConfig
 
 CORPUS = [
     "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France.",
@@ -117,10 +122,6 @@ def write_test_checkpoints(root: str | Path) -> dict[str, Path]:
     default models) and ``smollm2-to-gemma3-linear`` (a linear map of the default window, reading the previous token
     too: the pages' linear baseline).
     """
-    from .channels import terminal_channels
-    from .checkpoint import save_checkpoint
-    from .mot import MoT
-
     root = Path(root)
     source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
     plans = {
@@ -135,9 +136,38 @@ def write_test_checkpoints(root: str | Path) -> dict[str, Path]:
         torch.manual_seed(100 + i)
         channels = terminal_channels(src.spec.num_layers, tgt.spec.num_layers, 0.5)
         mot = MoT.build(src.spec, tgt.spec, channels, dim=32, heads=4, output_activation="none", **kwargs)
-        if mot.translator.linear is not None:  # a fitted map is never all zeros
-            for tensor in [*mot.translator.linear.parameters(), *mot.translator.linear.buffers()]:
-                torch.nn.init.normal_(tensor, std=0.05)
+        randomize_linear_path(mot, std=0.05)
         out[name] = save_checkpoint(mot, root / name, training={"source": src.spec.name, "target": tgt.spec.name},
                                     metrics={"note": "randomly initialised test checkpoint"})
     return out
+
+
+def randomize_linear_path(mot: MoT, std: float | None = None) -> None:
+    """Random weights for the translator's linear path, if it has one (a fitted map is never all zeros): normal with
+    `std`, else with 1/sqrt of each matrix's larger side (a projection that keeps the features' scale)."""
+    if mot.translator.linear is None:
+        return
+    with torch.no_grad():
+        for tensor in [*mot.translator.linear.parameters(), *mot.translator.linear.buffers()]:
+            scale = std if std is not None else (max(tensor.shape) ** -0.5 if tensor.dim() >= 2 else 0.02)
+            torch.nn.init.normal_(tensor, std=scale)
+
+
+def synthetic_mot(source: LoadedModel, target: LoadedModel, recipe, seed: int = 0) -> MoT:
+    """A translator of the shape a training recipe (a TrainConfig) gives the pair, with seeded random weights, on the
+    target's device: what a synthetic pair is translated with (no checkpoint can fit random models). The recipe's
+    window (terminal or injection; a depth-ratio search needs data and is refused), its translator and its replay."""
+    l_s, l_t = source.spec.num_layers, target.spec.num_layers
+    if recipe.layer_alignment == "terminal":
+        channels = terminal_channels(l_s, l_t, recipe.max_window_size_ratio)
+    elif recipe.layer_alignment == "injection":
+        channels = injection_channels(l_s, l_t, recipe.injection_layer_start_idx, recipe.injection_window_size)
+    else:
+        raise ConfigError(f"a synthetic pair's translator takes a terminal or injection window; the recipe's "
+                          f"'{recipe.layer_alignment}' window is searched on data: set layer_alignment to terminal.")
+    torch.manual_seed(seed)
+    mot = MoT.build(source.spec, target.spec, channels, ReplayConfig(recipe.topk_sparse_attn,
+                                                                      recipe.num_bottom_full_attn),
+                    **recipe.translator_kwargs())
+    randomize_linear_path(mot)
+    return mot.to(target.device).eval()
