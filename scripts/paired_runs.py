@@ -10,9 +10,11 @@ examples both ran, per dataset (or document length, or turn), with a 95% bootstr
 examples each side wins (mot_viz.eval.report.paired_differences), printed as a markdown table.
 
 With --against LABEL instead of --pairs, one table per dataset (or length, or turn) over the examples every label
-ran: each label's mean with its interval, its share of the `native` label's mean, its paired difference against
-LABEL, and its seconds as its run measured them (a QA run: mean seconds per example to the whole answer; a
-long-context run: median seconds to the first answer token). Conditions that do not depend on the run's checkpoint (native, no_context, the relays, the direct
+ran: each label's mean with its interval, its share of the `native` label's mean, its gap closed (the share of the
+context's gain captured, (x − no context) ÷ (native − no context), with a paired interval; needs a label `no context`),
+its paired difference against LABEL, and its seconds as its run measured them (a QA run: mean seconds per example from
+the question's arrival to the whole answer, and apart the work done ahead of the question, the source's prefill or
+relay's writing; a long-context run: median seconds to the first answer token). Conditions that do not depend on the run's checkpoint (native, no_context, the relays, the direct
 map) can so be set beside any checkpoint's run of the same examples; a line under the tables says whether the
 folders' native answers scored the same, example for example (the same target answering the same prompts).
 """
@@ -28,9 +30,12 @@ import pandas as pd
 from mot_viz.analysis.eval_runs import condition_rows, open_run
 from mot_viz.cli import run_cli
 from mot_viz.errors import ConfigError
-from mot_viz.eval.qa_metrics import bootstrap_ci, retained
+from mot_viz.eval.qa_metrics import bootstrap_ci, paired_ratios
 from mot_viz.eval.report import paired_differences, paired_markdown
 
+
+
+NO_CONTEXT = "no context"  # the label whose scores are the floor of gap closed
 
 
 def run_seconds(run, condition: str, rows: pd.DataFrame) -> pd.Series | float:
@@ -55,7 +60,8 @@ def labelled_rows(runs: list[str]) -> tuple[list[pd.DataFrame], dict[str, pd.Dat
                               "squad300:mot=MoT.")
         run = open_run(folder)
         rows = condition_rows(run, condition, label)
-        frames.append(rows.assign(seconds_per_example=run_seconds(run, condition, rows),
+        ahead = rows["ahead_seconds"] if run.kind.name == "evaluate" and "ahead_seconds" in rows else np.nan
+        frames.append(rows.assign(seconds_per_example=run_seconds(run, condition, rows), ahead_per_example=ahead,
                                   run=f"{run.folder.parent.name}/{run.name}"))
         if "native" in run.conditions and str(run.folder) not in natives:
             natives[str(run.folder)] = condition_rows(run, "native", "native")
@@ -92,6 +98,8 @@ def against_table(runs: list[str], against: str, n_boot: int = 1000, seed: int =
             continue
         shared = part[part["id"].isin(wide.index)]
         seconds = shared.groupby("condition")["seconds_per_example"].mean()
+        ahead = shared.groupby("condition")["ahead_per_example"].mean()
+        none = wide[NO_CONTEXT].to_numpy() if NO_CONTEXT in wide else np.full(len(wide), np.nan)
         run = shared.groupby("condition")["run"].first()
         paired = paired_differences(shared,
                                     pairs=[(label, against) for label in labels if label != against],
@@ -99,14 +107,17 @@ def against_table(runs: list[str], against: str, n_boot: int = 1000, seed: int =
         for label in [c for c in labels if c in wide]:
             ci = bootstrap_ci(wide[label].to_numpy(), n_boot=n_boot, seed=seed)
             diff = paired.loc[label] if label in paired.index else None
+            ratios = paired_ratios(wide["native"].to_numpy(), none, wide[label].to_numpy(), n_boot, seed) \
+                if "native" in wide else {}
             out.append({"group": group, "label": label, "n": len(wide), "mean": ci.mean, "ci_low": ci.lo,
-                        "ci_high": ci.hi,
-                        "retained": retained(ci.mean, wide["native"].mean()) if "native" in wide else np.nan,
+                        "ci_high": ci.hi, "retained": ratios.get("retention", np.nan),
+                        **{k: ratios.get(k, np.nan) for k in ("gap_closed", "gap_closed_ci_low", "gap_closed_ci_high")},
                         "diff": np.nan if diff is None else diff["diff"],
                         "diff_low": np.nan if diff is None else diff["ci_low"],
                         "diff_high": np.nan if diff is None else diff["ci_high"],
                         "better": "" if diff is None else f"{diff['a_better']} / {diff['b_better']}",
-                        "seconds": float(seconds.get(label, np.nan)), "run": run[label]})
+                        "seconds": float(seconds.get(label, np.nan)), "ahead": float(ahead.get(label, np.nan)),
+                        "run": run[label]})
     if not out:
         raise ConfigError("no example was run under every label; give runs of the same examples (the same dataset, "
                           "n and seed; for long documents the same source and length).")
@@ -132,14 +143,18 @@ def against_markdown(table: pd.DataFrame, against: str) -> str:
     out = []
     for group, part in table.groupby("group", sort=False):
         out += [f"{group} (n = {part['n'].iloc[0]})", "",
-                f"| method | mean [95% CI] | retained | − {against} [95% CI] | better / {against} better "
-                "| seconds | run |", "|---|---|---:|---|---|---:|---|"]
+                f"| method | mean [95% CI] | retained | gap closed [95% CI] | − {against} [95% CI] "
+                f"| better / {against} better | seconds | done ahead, s | run |",
+                "|---|---|---:|---|---|---|---:|---:|---|"]
         for r in part.itertuples():
             diff = "" if np.isnan(r.diff) else f"{r.diff:+.3f} [{r.diff_low:+.3f}, {r.diff_high:+.3f}]"
             share = "" if np.isnan(r.retained) else f"{r.retained:.1%}"
+            gap = "" if np.isnan(r.gap_closed) else \
+                f"{r.gap_closed:+.2f} [{r.gap_closed_ci_low:+.2f}, {r.gap_closed_ci_high:+.2f}]"
             seconds = "" if np.isnan(r.seconds) else f"{r.seconds:.2f}"
-            out.append(f"| {r.label} | {r.mean:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] | {share} | {diff} | {r.better} "
-                       f"| {seconds} | {r.run} |")
+            ahead = "" if np.isnan(r.ahead) else f"{r.ahead:.2f}"
+            out.append(f"| {r.label} | {r.mean:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] | {share} | {gap} | {diff} "
+                       f"| {r.better} | {seconds} | {ahead} | {r.run} |")
         out.append("")
     return "\n".join(out).rstrip()
 

@@ -38,7 +38,7 @@ from .answers import (CONDITIONS, EXTRA_CONDITIONS, MAX_NEW_TOKENS, answers_from
                       translated_seconds)
 from .kvcomm import KVCOMM_FRACTION, check_kvcomm_fraction, check_kvcomm_pair, kvcomm_selection
 from .processes import Spread, join, run_examples, shown, spread_out
-from .layer_error import LAYER_ERROR_FILE, LayerErrorFile
+from .layer_error import LAYER_ERROR_FILE, LayerErrorFile, check_resumed
 from .relay import RELAY_CONDITIONS, RELAY_TOKENS, Relay, check_relay_tokens
 from .report import markdown_table, paired_differences, paired_markdown, summarize
 from .results_folder import ResultsTable, check_results_folder, resumed_table
@@ -310,6 +310,8 @@ def run(settings: EvalSettings, out_dir: Path, progress: bool = True, resume: bo
     checked: what check_run returned for these arguments (it is called when not given, with overwrite).
     """
     examples, previous = checked or check_run(settings, out_dir, resume, overwrite)
+    if layer_error:  # the examples kept need their rows of layer_error.csv: --resume would not compute them
+        check_resumed(out_dir, ("dataset", "id"), previous)
     config = read_config(settings.checkpoint)
     source = load_model(config["source"]["name"])
     target = load_model(config["target"]["name"])
@@ -362,7 +364,8 @@ def evaluated_weights(settings: EvalSettings) -> dict[str, str]:
 def _write(out_dir: Path, frames: list[pd.DataFrame], settings: EvalSettings) -> pd.DataFrame:
     df = pd.concat([f for f in frames if len(f)] or [pd.DataFrame(columns=ROW_COLUMNS)])
     out_dir.mkdir(parents=True, exist_ok=True)
-    summary = summarize(df, settings.bootstrap, settings.seed)
+    summary = summarize(df, settings.bootstrap, settings.seed,
+                        settings.relay_tokens if set(settings.conditions) & set(RELAY_CONDITIONS) else None)
     # each file is whole or absent, whenever the run is killed (a torn examples.csv would be resumed)
     write_csv_atomic(out_dir / "examples.csv", df)
     write_csv_atomic(out_dir / "summary.csv", summary)

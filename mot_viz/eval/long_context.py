@@ -46,11 +46,12 @@ from .kvcomm import KVCOMM_FRACTION
 from .relay import RELAY_TOKENS
 from .sharing import (COST_COLUMNS, MESSAGE_COLUMNS, SHARING, SharingModels, check_conditions, check_sharing,
                       cost_fields, cost_medians, load_sharing, sharing_stages, target_side_seconds, work_text)
-from .layer_error import LAYER_ERROR_FILE, LayerErrorFile
+from .layer_error import LAYER_ERROR_FILE, LayerErrorFile, check_resumed
 from .processes import Spread, shown
 from .results_folder import ResultsTable, resumed_table, run_units
 from .mean_vector import reference_means
 from .qa_metrics import bootstrap_ci
+from .qa_metrics import paired_ratios as ratios_of
 from .report import paired_differences, paired_markdown
 
 CONDITIONS = ("native", "no_context", "mot", "linear", "mean")  # the default conditions
@@ -240,24 +241,9 @@ def document_rows(mot: MoT, linear: MoT | None, source: LoadedModel, target: Loa
 
 def paired_ratios(wide: pd.DataFrame, condition: str, n_boot: int, seed: int) -> dict:
     """Retention and gap closed of one condition, with paired bootstrap intervals over the same documents (wide: a
-    row per document, a column per condition; "native" needed, "no_context" for the gap)."""
-    native, none, value = (wide[c].to_numpy() for c in ("native", "no_context", condition)) if "no_context" in wide \
-        else (wide["native"].to_numpy(), np.full(len(wide), np.nan), wide[condition].to_numpy())
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(wide), size=(n_boot, len(wide)))  # (n_boot, n): the same resamples for every ratio
-    m_native, m_none, m_value = native[idx].mean(1), none[idx].mean(1), value[idx].mean(1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        retention = m_value / m_native
-        gap = (m_value - m_none) / (m_native - m_none)
-        point_r = value.mean() / native.mean() if native.mean() else np.nan
-        point_g = (value.mean() - none.mean()) / (native.mean() - none.mean()) if native.mean() != none.mean() \
-            else np.nan
-    out = {"retention": point_r, "gap_closed": point_g}
-    for name, boots in (("retention", retention), ("gap_closed", gap)):
-        finite = boots[np.isfinite(boots)]
-        lo, hi = np.quantile(finite, [0.025, 0.975]) if finite.size else (np.nan, np.nan)
-        out[f"{name}_ci_low"], out[f"{name}_ci_high"] = float(lo), float(hi)
-    return out
+    row per document, a column per condition; "native" needed, "no_context" for the gap): qa_metrics.paired_ratios."""
+    none = wide["no_context"].to_numpy() if "no_context" in wide else np.full(len(wide), np.nan)
+    return ratios_of(wide["native"].to_numpy(), none, wide[condition].to_numpy(), n_boot, seed)
 
 
 def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
@@ -376,6 +362,8 @@ def run(settings: LongSettings, out_dir: Path, resume: bool = False, progress: b
     config = check_settings(settings)
     previous = resumed_table(out_dir, settings, resume, overwrite, RESUME_KEYS, RESULT_FILES, RESULTS,
                              set(settings.conditions), "documents")
+    if layer_error:  # the documents kept need their rows of layer_error.csv: --resume would not compute them
+        check_resumed(out_dir, ("budget", "id"), previous)
     source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
     docs = [d for b in settings.budgets for d in long_examples(settings.source, target.tokenizer, b, settings.n,
                                                                 settings.seed)]

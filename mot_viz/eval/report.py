@@ -12,33 +12,42 @@ import pandas as pd
 
 from ..errors import CheckpointError
 from .answers import CONDITION_LABELS, CONDITIONS, EXTRA_CONDITIONS
-from .qa_metrics import bootstrap_ci, retained
+from .qa_metrics import bootstrap_ci, paired_ratios
 
 
-def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
-    """Per dataset and condition: mean metric with a 95% bootstrap interval, retained share, cosine, time."""
+def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0, relay_tokens: int | None = None) -> pd.DataFrame:
+    """Per dataset and condition: mean metric with a 95% bootstrap interval, retained share and gap closed (the share
+    of the context's gain captured, (x − no context) ÷ (native − no context); NaN without no-context rows) with paired
+    intervals (qa_metrics.paired_ratios), cosine, seconds from the question's arrival and work done ahead of it."""
     scored = df[df["condition"] != "skipped"]
     out = []
     for dataset, part in scored.groupby("dataset", sort=False):
         wide = part.pivot_table(index="id", columns="condition", values="score")
         native = wide["native"].to_numpy()
-        rng = np.random.default_rng(seed)
-        boots = rng.integers(0, len(wide), size=(n_boot, len(wide)))
+        none = wide["no_context"].to_numpy() if "no_context" in wide else np.full(len(wide), np.nan)
         for condition in [c for c in (*CONDITIONS, *EXTRA_CONDITIONS, "second") if c in wide]:
             values = wide[condition].to_numpy()
             ci = bootstrap_ci(values, n_boot=n_boot, seed=seed)
-            ratios = values[boots].mean(1) / np.maximum(native[boots].mean(1), 1e-12)
+            ratios = paired_ratios(native, none, values, n_boot, seed)
             cond_rows = part[part["condition"] == condition]
             em = cond_rows["exact_match"].dropna()
+            ahead = cond_rows["ahead_seconds"] if "ahead_seconds" in cond_rows else pd.Series(dtype=float)
             out.append({
                 "dataset": dataset, "condition": condition, "n": len(values),
                 "metric": "F1" if em.size else "accuracy", "mean": ci.mean, "ci_low": ci.lo, "ci_high": ci.hi,
                 "exact_match": float(em.mean()) if em.size else np.nan,
-                "retained": retained(values.mean(), native.mean()),
-                "retained_ci_low": float(np.quantile(ratios, 0.025)),
-                "retained_ci_high": float(np.quantile(ratios, 0.975)),
+                "retained": ratios["retention"],
+                "retained_ci_low": ratios["retention_ci_low"],
+                "retained_ci_high": ratios["retention_ci_high"],
+                "gap_closed": ratios["gap_closed"],
+                "gap_closed_ci_low": ratios["gap_closed_ci_low"],
+                "gap_closed_ci_high": ratios["gap_closed_ci_high"],
                 "kv_cosine": float(cond_rows["kv_cosine"].mean()),
                 "seconds_per_example": float(cond_rows["seconds"].mean()),
+                "ahead_seconds_per_example": float(ahead.mean()) if ahead.notna().any() else np.nan,
+                # relay messages that stopped at the length cap (source tokens == the run's --relay_tokens)
+                "messages_at_cap": np.nan if relay_tokens is None or condition not in ("relay", "relay_q")
+                else float((cond_rows["message_tokens"] >= relay_tokens).mean()),
             })
     return pd.DataFrame(out)
 
@@ -75,14 +84,28 @@ def paired_markdown(paired: pd.DataFrame) -> str:
 
 
 def markdown_table(summary: pd.DataFrame) -> str:
-    lines = ["| dataset | condition | n | metric | mean [95% CI] | EM | retained [95% CI] | KV cosine | s / example |",
-             "|---|---|---:|---|---|---:|---|---:|---:|"]
+    """The summary as a table; gap closed = (x − no context) ÷ (native − no context), the share of the context's gain
+    captured; s / example from the question's arrival to the whole answer, the work done ahead of it apart; at cap:
+    the share of relay messages that stopped at --relay_tokens. Summaries written before a column existed leave it
+    blank."""
+    def get(r, name: str) -> float:
+        return getattr(r, name, np.nan)
+
+    def fmt(value: float, spec: str) -> str:
+        return "" if value is None or np.isnan(value) else format(value, spec)
+
+    lines = ["| dataset | condition | n | metric | mean [95% CI] | EM | retained [95% CI] | gap closed [95% CI] "
+             "| KV cosine | s / example | s done ahead | at cap |",
+             "|---|---|---:|---|---|---:|---|---|---:|---:|---:|---:|"]
     for r in summary.itertuples():
-        em = "" if np.isnan(r.exact_match) else f"{r.exact_match:.3f}"
-        cos = "" if np.isnan(r.kv_cosine) else f"{r.kv_cosine:.3f}"
+        gap = fmt(get(r, "gap_closed"), "+.2f")
+        gap = f"{gap} [{fmt(get(r, 'gap_closed_ci_low'), '+.2f')}, {fmt(get(r, 'gap_closed_ci_high'), '+.2f')}]" \
+            if gap else ""
         lines.append(
-            f"| {r.dataset} | {r.condition} | {r.n} | {r.metric} | {r.mean:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] | {em} "
-            f"| {r.retained:.1%} [{r.retained_ci_low:.1%}, {r.retained_ci_high:.1%}] | {cos} | {r.seconds_per_example:.2f} |"
+            f"| {r.dataset} | {r.condition} | {r.n} | {r.metric} | {r.mean:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] "
+            f"| {fmt(r.exact_match, '.3f')} | {r.retained:.1%} [{r.retained_ci_low:.1%}, {r.retained_ci_high:.1%}] "
+            f"| {gap} | {fmt(r.kv_cosine, '.3f')} | {r.seconds_per_example:.2f} "
+            f"| {fmt(get(r, 'ahead_seconds_per_example'), '.2f')} | {fmt(get(r, 'messages_at_cap'), '.0%')} |"
         )
     return "\n".join(lines)
 

@@ -122,6 +122,17 @@ def test_methods_from_several_runs_are_tabled_against_one_on_the_examples_all_ra
     assert table.loc["direct", "run"] == "direct/" + direct.name
     assert_close(table.loc["MoT", "seconds"], open_run(MID).rows.query("condition == 'mot'")["seconds"].mean(),
                  rtol=1e-12)
+    # gap closed, the share of the context's gain captured: 0 at no context, 1 at native, with a paired interval
+    relay = ROOT / "results/relay/smollm2-to-gemma3-mid-squad"  # the same 300 examples, with no context
+    floored = against_table([*runs, f"{relay}:no_context=no context"], "MoT").set_index("label")
+    means = floored["mean"]
+    assert floored.loc["no context", "gap_closed"] == 0.0 and floored.loc["native", "gap_closed"] == 1.0
+    assert_close(floored.loc["direct", "gap_closed"],
+                 (means["direct"] - means["no context"]) / (means["native"] - means["no context"]), rtol=1e-12)
+    assert floored.loc["direct", "gap_closed_ci_low"] < floored.loc["direct", "gap_closed"] \
+        < floored.loc["direct", "gap_closed_ci_high"]
+    assert floored.loc["direct", "gap_closed"] < floored.loc["direct", "retained"]  # the floor taken off
+    assert np.isnan(table.loc["MoT", "gap_closed"])  # no label "no context": no floor
     assert native_agreement(runs) == (f"native scores against {MID}'s, example for example: {LINEAR}: 300 of 300 "
                                       f"the same; {direct}: 300 of 300 the same.")
     # only the lengths every label ran: the shards hub's documents are the long-context run's at 1,024 tokens

@@ -1,4 +1,4 @@
-"""Known-case tests of the QA metrics (SQuAD F1 / EM, post-processing, bootstrap, retained)."""
+"""Known-case tests of the QA metrics (SQuAD F1 / EM, post-processing, bootstrap, retained, gap closed)."""
 
 import math
 
@@ -9,6 +9,7 @@ from mot_viz.eval.qa_metrics import (
                                      bootstrap_ci,
                                      exact_match,
                                      normalize_answer,
+                                     paired_ratios,
                                      postprocess_generation,
                                      retained,
                                      squad_f1,
@@ -105,3 +106,20 @@ def test_stopping_at_a_complete_answer_never_changes_the_scored_text(pieces):
     assert postprocess_generation("".join(pieces[:stop])) == full
     assert not answer_is_complete("\n") and not answer_is_complete(" \n \r\n")  # a leading blank line goes on
     assert answer_is_complete(" Paris\n")
+
+
+def test_gap_closed_reads_0_at_no_context_and_1_at_native_where_retention_reads_the_floor():
+    rng = np.random.default_rng(0)
+    native = rng.uniform(0.3, 1.0, 200)
+    none = native * rng.uniform(0.0, 0.5, 200)
+    floor = paired_ratios(native, none, none, n_boot=200, seed=1)
+    # no better than no context: retention is no context's own share of native, gap closed is 0
+    assert floor["retention"] == pytest.approx(none.mean() / native.mean(), rel=1e-12) and floor["retention"] > 0.1
+    assert floor["gap_closed"] == 0.0 and floor["gap_closed_ci_low"] == floor["gap_closed_ci_high"] == 0.0
+    top = paired_ratios(native, none, native, n_boot=200, seed=1)
+    assert top["retention"] == pytest.approx(1.0, rel=1e-12) and top["gap_closed"] == pytest.approx(1.0, rel=1e-12)
+    half = paired_ratios(native, none, (native + none) / 2, n_boot=200, seed=1)
+    assert half["gap_closed"] == pytest.approx(0.5, rel=1e-12)
+    assert half["gap_closed_ci_low"] < half["gap_closed_ci_high"] and half["retention_ci_low"] < half["retention"]
+    # without no context there is no floor: gap closed is not a number
+    assert math.isnan(paired_ratios(native, np.full(200, np.nan), native, n_boot=20)["gap_closed"])

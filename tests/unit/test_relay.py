@@ -143,7 +143,7 @@ def table(out) -> pd.DataFrame:
 
 def test_relay_rows_survive_resume_and_old_folders_still_resume(checkpoints, data, tmp_path, monkeypatch):
     monkeypatch.setattr(evaluate, "load_model", load_test_model)
-    relay_argv = lambda out, n, *extra: argv(checkpoints, data, out, n, "--conditions", "mot", "relay",  # noqa: E731
+    relay_argv = lambda out, n, *extra: argv(checkpoints, data, out, n, "--conditions", "no_context", "mot", "relay",  # noqa: E731
                                              "relay_q", "--relay_tokens", "4", *extra)
     assert evaluate.main(relay_argv(tmp_path / "whole", 3)) == 0
     whole = table(tmp_path / "whole")
@@ -163,6 +163,16 @@ def test_relay_rows_survive_resume_and_old_folders_still_resume(checkpoints, dat
     relay_q_answer = relay_q_rows["seconds"] - relay_q_rows["message_generate_seconds"] \
         - relay_q_rows["message_prefill_seconds"]
     assert (relay_answer > 0).all() and np.allclose(relay_answer, relay_q_answer, rtol=1e-6)
+    # the summary: the share of messages at the cap, and gap closed with its floor (no context 0, native 1)
+    summary = pd.read_csv(tmp_path / "whole" / "summary.csv").set_index("condition")
+    for condition in ("relay", "relay_q"):
+        tokens = relay_rows["message_tokens"] if condition == "relay" else relay_q_rows["message_tokens"]
+        assert summary.loc[condition, "messages_at_cap"] == pytest.approx((tokens >= 4).mean(), rel=1e-9)
+    assert pd.isna(summary.loc["mot", "messages_at_cap"])
+    if summary.loc["native", "mean"] != summary.loc["no_context", "mean"]:
+        assert summary.loc["native", "gap_closed"] == pytest.approx(1.0, rel=1e-9)
+        assert summary.loc["no_context", "gap_closed"] == 0.0
+    assert "| gap closed [95% CI] |" in (tmp_path / "whole" / "summary.md").read_text()
     # what each condition is handed and costs, read back from the rows
     assert main([str(tmp_path / "whole")]) == 0
     costs = pd.read_csv(tmp_path / "whole" / "costs.csv").set_index("condition")
@@ -201,3 +211,20 @@ def test_relay_rows_survive_resume_and_old_folders_still_resume(checkpoints, dat
     resumed = table(old)
     assert list(resumed.columns) == [c for c in evaluate.ROW_COLUMNS if not c.endswith("seconds")]
     pd.testing.assert_frame_equal(resumed[list(kept.columns)].iloc[: len(kept)], kept)
+
+
+@pytest.mark.parametrize("target_family", FAMILIES)
+def test_a_relay_whose_message_is_the_passage_itself_is_native(target_family):
+    """The relay's ceiling: were the source's message the passage itself, the target would read exactly its native
+    prompt, so its cache and its answer are native's (a weak relay is its messages, not its reading)."""
+    target = tiny_model(target_family, 400, seed=4, bos=target_family == "gemma3_text")
+    kv, _ = read_message(target, EXAMPLE, EXAMPLE.context)
+    ids = torch.tensor([target.prefix_ids + encode(target.tokenizer,
+                                                   build_prompt(EXAMPLE, target.chat_frame).context_text)])
+    with torch.no_grad():
+        native = hf.run(target.model, ids, logits_to_keep=None).kv
+    assert len(kv) == len(native)
+    for (k, v), (k_ref, v_ref) in zip(kv, native):
+        assert k.shape == k_ref.shape and scale_error(k, k_ref) < 1e-6 and scale_error(v, v_ref) < 1e-6
+    assert answer_from_cache(target, kv, EXAMPLE, "relay", 4).text == \
+        answer_from_cache(target, native, EXAMPLE, "native", 4).text
