@@ -13,6 +13,7 @@ and for V, over the context positions. One row per example and layer (long forma
 from __future__ import annotations
 
 import argparse
+import csv
 import io
 import json
 import sys
@@ -21,13 +22,15 @@ from pathlib import Path
 import pandas as pd
 
 from ..analysis.cache_metrics import KV_NAMES, compared_caches, layer_errors, token_vectors
-from ..cli import run_cli
+from ..cli import logger, run_cli
 from ..engine.channels import Channels
 from ..engine.mot import Translation
 from ..errors import ConfigError
 from ..fsutil import write_text_atomic
 from .processes import unit_file, unit_file_sources
 from .results_folder import RESULTS_TABLE, SETTINGS_FILE, writer_of
+
+log = logger(__name__)
 
 LAYER_ERROR_FILE = "layer_error.csv"
 METRICS = ("K_rel_l2", "V_rel_l2", "K_cosine", "V_cosine")  # the columns after the unit's, "layer" and "in_window"
@@ -53,17 +56,35 @@ def _key(values) -> tuple[str, ...]:
 
 
 def read_layer_errors(path: Path, unit: tuple[str, ...]) -> pd.DataFrame:
-    """A layer_error.csv (the unit columns read as text, budgets as numbers); ConfigError for another table."""
+    """A layer_error.csv (the unit columns read as text, budgets as numbers), the rows of whole examples only; ConfigError
+    for another table. An example with a row cut short or damaged, or fewer layers than the others (a file cut, by
+    versions that wrote in place, or edited), is left out, and a log line says so: it is computed again."""
     text = path.read_text(encoding="utf-8", errors="replace")
     columns = (*unit, "layer", "in_window", *METRICS)
     header = tuple(text.split("\n", 1)[0].rstrip("\r").split(","))
     if header != columns:
         raise ConfigError(f"{path} has the columns {', '.join(header[:8])}, not those of a {LAYER_ERROR_FILE} "
                           f"({', '.join(columns)}). Move it away and record it again.")
-    if not text.endswith("\n"):  # written whole by this module; a cut file keeps its whole rows only
-        text = text.rsplit("\n", 1)[0] + "\n"
-    return pd.read_csv(io.StringIO(text), dtype={c: str for c in unit if c != "budget"}, keep_default_na=False,
-                       float_precision="round_trip")
+    torn = set()
+    if "\n" in text and not text.endswith("\n"):  # its last row was cut: that example is computed again
+        text, cut = text.rsplit("\n", 1)
+        text += "\n"
+        torn.add(_key(next(csv.reader([cut]), [])[: len(unit)]))
+    try:
+        table = pd.read_csv(io.StringIO(text), dtype={c: str for c in unit if c != "budget"}, keep_default_na=False,
+                            float_precision="round_trip")
+    except (ValueError, pd.errors.ParserError) as exc:
+        raise ConfigError(f"{path} does not read as a {LAYER_ERROR_FILE} ({exc}). Move it away and record it "
+                          "again.") from exc
+    numbers = table[["layer", *METRICS]].apply(pd.to_numeric, errors="coerce")
+    keys = [_key(k) for k in zip(*(table[c] for c in unit))]
+    torn |= {k for k, bad in zip(keys, numbers.isna().any(axis=1)) if bad}
+    counts = pd.Series(keys, dtype=object).value_counts()
+    torn = (torn | set(counts.index[counts < counts.max()])) & set(keys)  # a row cut inside its id names none
+    if torn:
+        log.warning(f"{path} was cut short or damaged: {len(torn)} example(s) without a whole row per layer are "
+                    "computed again")
+    return table[[k not in torn for k in keys]].reset_index(drop=True)
 
 
 class LayerErrorFile:
@@ -92,6 +113,22 @@ class LayerErrorFile:
         table = pd.DataFrame([r for rows in self.rows.values() for r in rows],
                              columns=[*self.unit, "layer", "in_window", *METRICS])
         write_text_atomic(self.path, table.to_csv(index=False, float_format="%.6g"))
+
+
+def check_resumed(out_dir: Path, unit: tuple[str, ...], previous: pd.DataFrame | None) -> None:
+    """Raise ConfigError, before a model loads, when --layer_error resumes a run whose kept examples (the scored rows of
+    `previous`, the rows --resume keeps) lack their rows of layer_error.csv: an earlier run without --layer_error
+    (or a damaged file); --resume computes only the examples it lacks, so theirs would be missing for good."""
+    if previous is None:
+        return
+    scored = previous[previous["condition"] != "skipped"]
+    kept = set(zip(*(scored[c] for c in unit)))
+    missing = {_key(k) for k in kept} - LayerErrorFile(out_dir, unit, kept).done
+    if missing:
+        raise ConfigError(f"--out {out_dir} holds {len(missing)} example(s) without their per-layer errors (computed "
+                          f"without --layer_error), which --resume does not compute again. Record them first with "
+                          f"`python -m mot_viz.eval.layer_error {out_dir}`, then resume with --layer_error; or resume "
+                          "without --layer_error.")
 
 
 # ----- recording a folder already written --------------------------------------------------------------------------
@@ -126,6 +163,11 @@ def record(folder: str | Path, budgets: tuple[int, ...] | None = None, progress:
     folder = Path(folder)
     name, raw = _kind(folder)
     rows = pd.read_csv(folder / RESULTS_TABLE, dtype={"dataset": str, "id": str}, keep_default_na=False)
+    lacking = [c for c in (*UNITS[name], "condition") if c not in rows]
+    if lacking:
+        raise ConfigError(f"{folder / RESULTS_TABLE} has no column {', '.join(lacking)} (its columns: "
+                          f"{', '.join(map(str, rows.columns[:8]))}), so it is not the table {name} writes. Pass a "
+                          f"folder python -m mot_viz.eval.{name} wrote with --out, or run it again there.")
     scored = {_key(k) for k in zip(*(rows.loc[rows["condition"] != "skipped", c] for c in UNITS[name]))}
     layers = LayerErrorFile(folder, UNITS[name], scored)
     module = evaluate if name == "evaluate" else long_context

@@ -3,6 +3,7 @@ example, keeps them across --resume, and `python -m mot_viz.eval.layer_error` re
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from mot_viz.engine.mot import translate
 from mot_viz.engine.prompts import build_prompt
 from mot_viz.engine.testing import load_test_model
 from mot_viz.eval import evaluate, layer_error, long_context
+from mot_viz.errors import ConfigError
 from mot_viz.eval.layer_error import LAYER_ERROR_FILE, METRICS
 from tolerance import close
 
@@ -112,3 +114,63 @@ def test_long_context_flag_and_command_agree_per_budget_and_document(checkpoints
 def long_settings(checkpoints) -> long_context.LongSettings:
     return long_context.LongSettings(str(checkpoints["smollm2-to-gemma3"]), None, "stacks", (900,), 1, 0,
                                      max_new_tokens=4, bootstrap=20, conditions=("native", "mot"))
+
+
+def test_the_flag_added_on_resume_is_refused_until_the_kept_examples_are_recorded(checkpoints, data, tmp_path,
+                                                                                  test_models, capsys):
+    whole, plain = tmp_path / "whole", tmp_path / "plain"
+    assert evaluate.main(eval_argv(checkpoints, data, whole, 3, "--layer_error")) == 0
+    assert evaluate.main(eval_argv(checkpoints, data, plain, 2)) == 0  # written without the flag
+    capsys.readouterr()
+    for n in (2, 3):  # the same examples, or more: the kept ones would never get their rows
+        assert evaluate.main(eval_argv(checkpoints, data, plain, n, "--resume", "--layer_error")) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"error: ConfigError: --out {plain} holds 2 example(s) without "
+                                                       "their per-layer errors")
+        assert f"`python -m mot_viz.eval.layer_error {plain}`, then resume with --layer_error" in err
+    assert not (plain / LAYER_ERROR_FILE).exists()  # refused before any work
+    assert layer_error.main([str(plain)]) == 0
+    assert evaluate.main(eval_argv(checkpoints, data, plain, 3, "--resume", "--layer_error")) == 0
+    assert table(plain)[["id", "layer"]].equals(table(whole)[["id", "layer"]])
+    assert close(table(plain)[list(METRICS)], table(whole)[list(METRICS)])
+
+    settings = long_settings(checkpoints)
+    out = tmp_path / "long"
+    long_context.run(settings, out, progress=False)
+    with pytest.raises(ConfigError, match=f"python -m mot_viz.eval.layer_error {out}"):
+        long_context.run(settings, out, resume=True, progress=False, layer_error=True)
+
+
+def test_a_cut_layer_error_file_computes_the_cut_example_again(checkpoints, data, tmp_path, test_models):
+    messages = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logging.getLogger(layer_error.__name__).addHandler(handler)  # the mot_viz logger prints and does not propagate
+    out = tmp_path / "run"
+    assert evaluate.main(eval_argv(checkpoints, data, out, 3, "--layer_error")) == 0
+    whole = table(out)
+    text = (out / LAYER_ERROR_FILE).read_text()
+    (out / LAYER_ERROR_FILE).write_text(text[: text.rstrip("\n").rindex("\n") + 12])  # the last row cut mid-row
+    assert layer_error.main([str(out)]) == 0
+    again = table(out).sort_values(["id", "layer"]).reset_index(drop=True)
+    assert again[["id", "layer"]].equals(whole.sort_values(["id", "layer"]).reset_index(drop=True)[["id", "layer"]])
+    logging.getLogger(layer_error.__name__).removeHandler(handler)
+    assert len(messages) == 1 and "was cut short or damaged: 1 example(s)" in messages[0]
+
+    lines = (out / LAYER_ERROR_FILE).read_text().splitlines(keepends=True)
+    (out / LAYER_ERROR_FILE).write_text("".join(lines[:-1]))  # cut at a row's end: one layer fewer than the others
+    assert layer_error.main([str(out)]) == 0
+    assert len(table(out)) == len(whole) and (table(out).groupby("id").size() == whole.groupby("id").size()).all()
+
+
+def test_the_command_refuses_a_results_table_of_other_columns_in_one_line(checkpoints, data, tmp_path, test_models,
+                                                                         capsys):
+    out = tmp_path / "run"
+    assert evaluate.main(eval_argv(checkpoints, data, out, 1)) == 0
+    (out / "examples.csv").write_text("name,value\nx,1\n")
+    capsys.readouterr()
+    assert layer_error.main([str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"error: ConfigError: {out / 'examples.csv'} has no column dataset, id, condition (its "
+                          "columns: name, value), so it is not the table evaluate writes.")
