@@ -64,14 +64,24 @@ def write_text_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+NUL_STAND_IN = "\ufffd"  # what a NUL character of a text field is written as (U+FFFD, the replacement character)
+
+
+def csv_text(value):
+    """A text field as the results' CSV files hold it: a carriage return becomes a line break (the CSV writer quotes
+    fields holding its line terminator "\\n" but not a lone "\\r", which every reader then takes for the end of the
+    row), and a NUL becomes U+FFFD (NUL_STAND_IN: a file holding NUL reads as binary to many tools). A model's answer
+    or message may hold either, and so may a user's gold answer ("Paris\\u0000" is valid JSON). Anything else as it is."""
+    if not isinstance(value, str) or ("\r" not in value and "\x00" not in value):
+        return value
+    return value.replace("\r\n", "\n").replace("\r", "\n").replace("\x00", NUL_STAND_IN)
+
+
 def write_csv_atomic(path: Path, frame, **to_csv) -> None:
-    """Write a DataFrame as CSV (no index) with write_text_atomic. A carriage return inside a text field becomes a
-    line break first: the CSV writer quotes fields holding its line terminator ("\\n") but not a lone "\\r", which
-    every reader then takes for the end of the row (a model's answer or message may hold one)."""
+    """Write a DataFrame as CSV (no index) with write_text_atomic, its text fields as csv_text writes them."""
     text_columns = frame.select_dtypes(include="object").columns
     if len(text_columns):
         frame = frame.copy()
         for column in text_columns:
-            frame[column] = frame[column].map(
-                lambda v: v.replace("\r\n", "\n").replace("\r", "\n") if isinstance(v, str) and "\r" in v else v)
+            frame[column] = frame[column].map(csv_text)
     write_text_atomic(path, frame.to_csv(index=False, **to_csv))

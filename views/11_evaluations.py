@@ -72,14 +72,20 @@ def _opened(folder: str, stamp: tuple) -> tuple[eval_runs.EvalRun, pd.DataFrame]
 
 
 def _stamp(folder: Path) -> tuple:
-    return tuple((p.stat().st_mtime_ns, p.stat().st_size) if p.is_file() else None
-                 for p in (folder / "examples.csv", folder / "summary.json"))
+    try:
+        return tuple((p.stat().st_mtime_ns, p.stat().st_size) if p.is_file() else None
+                     for p in (folder / "examples.csv", folder / "summary.json"))
+    except (OSError, ValueError):  # a path the system cannot name (too long, a NUL): open_run says so
+        return ()
 
 
 def _resolve(typed: str) -> Path:
     """A typed folder: as given (from the working folder), else from the repository."""
     path = Path(typed.strip()).expanduser()
-    return path if path.is_absolute() or path.exists() else app.REPO_ROOT / path
+    try:
+        return path if path.is_absolute() or path.exists() else app.REPO_ROOT / path
+    except (OSError, ValueError):  # a path the system cannot name: open_run says so
+        return path
 
 
 def _pick_run(key: str, path_key: str, label: str, optional: bool = False):

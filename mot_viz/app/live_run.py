@@ -6,6 +6,7 @@ the Evaluations page draws the widgets."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import os
@@ -85,6 +86,9 @@ def check_upload(name: str, data: bytes, root: Path | None = None) -> Path:
     try:
         load_dataset(str(path), strict=True)
     except DataFormatError as exc:
+        path.unlink(missing_ok=True)  # a refused file is not kept
+        with contextlib.suppress(OSError):  # its folder, unless another upload of the same bytes fills it
+            path.parent.rmdir()
         raise DataFormatError(str(exc).replace(str(path), name)) from exc
     return path
 

@@ -202,6 +202,8 @@ def _parse_row(row: Any, line_no: int, dataset: str) -> QAExample:
     example_id = row.get("id", f"line-{line_no}")
     if not isinstance(example_id, (str, int)) or isinstance(example_id, bool):
         raise ValueError("'id' must be a string or an integer")
+    if "\x00" in str(example_id):  # results files write a NUL as U+FFFD: --resume would never find the id again
+        raise ValueError("'id' holds a NUL character (\\u0000); remove it")
 
     if "choices" in row:
         choices = row["choices"]

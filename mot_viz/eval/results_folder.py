@@ -7,6 +7,7 @@ Shared by mot_viz.eval.evaluate, long_context, conversation and shards; each fil
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import json
@@ -201,6 +202,32 @@ def read_rows(source, text_columns: tuple[str, ...]) -> pd.DataFrame:
                        float_precision="round_trip")
 
 
+HEAD_BYTES = 64 * 2**10  # the start of a results table that tells text from binary data: its header lies within it
+
+
+def binary_start(head: bytes) -> bool:
+    """Whether a file starting with `head` is binary data rather than a CSV table: its first line holds a NUL byte or
+    bytes that are not UTF-8 (a character cut at head's end aside). A NUL in a later row is text (a model's answer, a
+    user's gold answer "Paris\\u0000"): the writers keep it as U+FFFD (fsutil.write_csv_atomic)."""
+    line = head.split(b"\n", 1)[0]
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(line)  # not final: a character cut short is no error
+    except UnicodeDecodeError:
+        return True
+    return b"\x00" in line
+
+
+def table_text(raw: bytes) -> str | None:
+    """A results table's bytes as text, or None when they are binary data (binary_start of their start, or bytes that
+    are not UTF-8 further on)."""
+    if binary_start(raw[:HEAD_BYTES]):
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
 def whole_row(row: dict, keys: tuple[str, ...], numbers: tuple[str, ...], optional: tuple[str, ...] = ()) -> bool:
     """Whether a row of a results table parses completely: its `keys` and condition set, and a scored row's
     `numbers` finite numbers (`optional` ones numbers where not empty)."""
@@ -229,14 +256,13 @@ def complete_rows(path: Path, headers: tuple[tuple[str, ...], ...], text_columns
         raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"{path} cannot be read ({exc.strerror}). {fix}") from exc
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        text = None
-    if text is None or "\x00" in text:
+    text = table_text(raw)
+    if text is None:
         raise ConfigError(f"{path} holds binary data, not the CSV table MoT Viz writes. {fix}")
-    # a file cut inside its header holds no row yet
-    header, *body = list(csv.reader(io.StringIO(text, newline=""))) if "\n" in text else [list(headers[0])]
+    try:  # a file cut inside its header holds no row yet
+        header, *body = list(csv.reader(io.StringIO(text, newline=""))) if "\n" in text else [list(headers[0])]
+    except csv.Error as exc:
+        raise ConfigError(f"{path} does not parse as CSV ({exc}), so it is not the table MoT Viz writes. {fix}") from exc
     if tuple(header) not in headers:
         raise ConfigError(f"{path} has the columns {', '.join(header[:12])}, not those of an examples.csv MoT Viz "
                           f"writes ({', '.join(headers[0])}). {fix}")

@@ -204,3 +204,54 @@ def test_a_live_run_from_the_page_opens_its_folder_above(local_pair_checkpoint, 
     assert sorted(frame(at, "table")["id"]) == sorted(e.id for e in load_dataset("squad", n=2, seed=0))
     assert any("Evaluated 2 examples" in s.value for s in at.success)
     assert live.command in [c.value for c in at.code]
+
+
+OTHER = "other folder (type its path below)"
+
+
+def test_a_path_too_long_a_huge_table_and_a_binary_one_are_one_short_message(tmp_path):
+    at = open_page()
+    at.selectbox(key="pg.evals.folder").set_value(OTHER).run()
+    at.text_input(key="pg.evals.path").input("/tmp/" + "x" * 5000).run()
+    assert not at.exception and len(at.error) == 1
+    message = at.error[0].value.replace("\\", "")  # as shown (Markdown's escapes dropped)
+    assert "cannot be a folder's path (File name too long)" in message and "Unexpected" not in message
+    assert len(message) < 600 and "5,005 characters" in message  # the path cut short, its length said
+    folder = tmp_path / "huge"
+    folder.mkdir()
+    (folder / "summary.json").write_text("{}")
+    with open(folder / "examples.csv", "wb") as handle:  # sparse: takes no disk
+        handle.truncate(eval_runs.MAX_TABLE_BYTES + 1)
+    at.text_input(key="pg.evals.path").input(str(folder)).run()
+    assert not at.exception and len(at.error) == 1
+    assert f"results tables are read up to {eval_runs.MAX_TABLE_BYTES // 2**20} MiB" in at.error[0].value.replace(
+        "\\", "")
+    (folder / "examples.csv").write_bytes(b"\x00" * 1000 + b"id,condition\n")
+    at.text_input(key="pg.evals.path").input(f"{folder}/").run()  # another path: the page reads it anew
+    assert not at.exception and len(at.error) == 1
+    assert "holds a binary examples.csv" in at.error[0].value.replace("\\", "")
+
+
+def test_a_folder_whose_answers_hold_nul_opens(tmp_path, checkpoints, monkeypatch):
+    """A NUL in a text field (a user's gold answer "Paris\\u0000") is text: the folder opens, as earlier versions
+    wrote it (with the NUL itself) and as evaluations write it now (U+FFFD)."""
+    import json
+
+    from mot_viz.engine.testing import CORPUS, load_test_model
+    from mot_viz.eval import evaluate
+
+    monkeypatch.setattr(evaluate, "load_model", load_test_model)
+    data = tmp_path / "nul.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "context": CORPUS[i], "question": "Which city?",
+                                        "answers": ["Paris\u0000"]}) + "\n" for i in range(2)))
+    out = tmp_path / "nul-run"
+    assert evaluate.main(["--checkpoint", str(checkpoints["smollm2-to-gemma3"]), "--datasets", str(data), "--n", "2",
+                          "--max_new_tokens", "2", "--bootstrap", "20", "--out", str(out)]) == 0
+    at = open_page()
+    at.selectbox(key="pg.evals.folder").set_value(OTHER).run()
+    for nul in ("\ufffd", "\x00"):
+        table = out / "examples.csv"
+        table.write_bytes(table.read_bytes().replace("\ufffd".encode(), nul.encode()))
+        at.text_input(key="pg.evals.path").input(str(out) + "/" * (nul == "\x00")).run()
+        assert not at.exception and not at.error, at.error
+        assert set(frame(at, "table")["gold"]) == {f"Paris{nul}"}

@@ -57,8 +57,9 @@ def eval_argv(checkpoints, data, out, n, *extra) -> list[str]:
 
 
 def rows(out) -> pd.DataFrame:
-    """examples.csv exactly as written (every field a string), without the timings."""
-    return pd.read_csv(out / "examples.csv", dtype=str, keep_default_na=False).drop(columns="seconds")
+    """examples.csv exactly as written (every field a string), without the timings (every "…seconds" column)."""
+    table = pd.read_csv(out / "examples.csv", dtype=str, keep_default_na=False)
+    return table.drop(columns=[c for c in table if c.endswith("seconds")])
 
 
 @pytest.mark.parametrize("flag, value, least", [("--n", 0, 1), ("--n", -5, 1), ("--bootstrap", 0, 1),
@@ -579,3 +580,71 @@ def test_ctrl_c_stops_a_command_started_with_sigint_ignored():
         assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+# --- a NUL character in a text field ----------------------------------------------------------------------------------
+
+
+def nul_jsonl(path: Path, n: int = 3) -> Path:
+    """Open questions whose gold answers hold NUL: valid JSON ("Paris\\u0000"), so a user's file may hold them."""
+    path.write_text("".join(json.dumps({"id": f"q{i}", "context": CORPUS[i % 3], "question": "Which city is it?",
+                                        "answers": ["Paris\u0000", f"city\u0000{i}"]}) + "\n" for i in range(n)))
+    return path
+
+
+def test_a_nul_in_the_answers_is_text_through_an_interrupted_run_resume_and_paired_runs(checkpoints, tmp_path,
+                                                                                         test_models, monkeypatch,
+                                                                                         capsys):
+    from scripts.paired_runs import main as paired_runs_main
+
+    from mot_viz.analysis import eval_runs
+
+    data = nul_jsonl(tmp_path / "nul.jsonl")
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    assert evaluate.main(eval_argv(checkpoints, data, whole, 3)) == 0
+    example_rows = evaluate.example_rows
+    second = load_dataset(str(data), n=3)[1].id
+
+    def interrupted(*args, **kwargs):
+        if args[3].id == second:
+            raise KeyboardInterrupt
+        return example_rows(*args, **kwargs)
+
+    monkeypatch.setattr(evaluate, "example_rows", interrupted)
+    assert evaluate.main(eval_argv(checkpoints, data, part, 3)) == 130
+    monkeypatch.setattr(evaluate, "example_rows", example_rows)
+    raw = (part / "examples.csv").read_bytes()
+    assert b"\x00" not in raw and "Paris\ufffd | city\ufffd" in raw.decode()  # written as text, NUL as U+FFFD
+    # a folder an earlier version wrote holds the NUL itself: it is text too, and resumes
+    (part / "examples.csv").write_bytes(raw.replace("\ufffd".encode(), b"\x00"))
+    assert evaluate.main(eval_argv(checkpoints, data, part, 3, "--resume")) == 0
+    pd.testing.assert_frame_equal(rows(part), rows(whole))
+    assert b"\x00" not in (part / "examples.csv").read_bytes()
+
+    (whole / "examples.csv").write_bytes((whole / "examples.csv").read_bytes().replace("\ufffd".encode(), b"\x00"))
+    for folder, nul in ((part, "\ufffd"), (whole, "\x00")):  # both open as results
+        run = eval_runs.open_run(folder)
+        assert set(run.rows["gold"]) == {f"Paris{nul} | city{nul}{i}" for i in range(3)}
+    capsys.readouterr()
+    assert paired_runs_main([f"{part}:mot=resumed", f"{whole}:mot=whole", "--pairs", "resumed:whole"]) == 0
+    assert "| nul/jsonl | resumed − whole | 3 |" in capsys.readouterr().out  # the three examples, paired
+    assert paired_runs_main([f"{part}:native=resumed", f"{whole}:native=whole", "--against", "whole"]) == 0
+    assert "native scores against" in capsys.readouterr().out
+
+
+def test_only_a_binary_start_makes_a_results_table_binary():
+    assert results_folder.binary_start(b"\x89PNG\r\n\x1a\n\x00\x00")
+    assert results_folder.binary_start(b"id\x00,condition\nq0,native\n")
+    assert not results_folder.binary_start(b"id,answer\nq0,Paris\x00\n")
+    assert not results_folder.binary_start("id,réponse".encode()[:-1])  # a character cut at the probe's end
+    assert results_folder.table_text(b"id,answer\nq0,Paris\x00\n") == "id,answer\nq0,Paris\x00\n"
+    assert results_folder.table_text(b"id,answer\nq0,\xff\xfe\n") is None
+
+
+def test_a_nul_in_an_id_is_a_malformed_line(tmp_path):
+    path = tmp_path / "ids.jsonl"
+    path.write_text(json.dumps({"id": "q\u0000", "context": "c", "question": "q?", "answers": ["a"]}) + "\n"
+                    + json.dumps({"id": "q1", "context": "c", "question": "q?", "answers": ["a"]}) + "\n")
+    loaded = load_jsonl(path)
+    assert [e.id for e in loaded.examples] == ["q1"] and loaded.errors == [(1, "'id' holds a NUL character (\\u0000); "
+                                                                               "remove it")]

@@ -8,6 +8,7 @@ import json
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from mot_viz.analysis import eval_runs
@@ -129,6 +130,7 @@ def test_a_bad_upload_is_one_clear_message(tmp_path, data, words):
     for word in words:
         assert word in str(caught.value), (word, str(caught.value))
     assert str(tmp_path) not in str(caught.value)  # the file is named as the user knows it
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]  # nothing refused stays on disk
 
 
 def test_a_huge_upload_is_refused_before_it_is_read(tmp_path, monkeypatch):
@@ -136,3 +138,24 @@ def test_a_huge_upload_is_refused_before_it_is_read(tmp_path, monkeypatch):
     with pytest.raises(DataFormatError, match="at most"):
         live_run.check_upload("big.jsonl", _jsonl(GOOD * 10), tmp_path)
     assert not (tmp_path / "uploads").exists()
+
+
+def test_a_stopped_run_whose_answers_hold_nul_resumes(checkpoint, runs):
+    """A gold answer "Paris\\u0000" (valid JSON) puts a NUL in the results: Resume continues the run all the same, also
+    from a folder that holds the NUL itself (as earlier versions wrote it)."""
+    rows = [{"id": f"q{i}", "context": "The tower is in Paris.", "question": "Where is the tower?",
+             "answers": ["Paris\u0000"]} for i in range(3)]
+    data = str(live_run.check_upload("nul.jsonl", _jsonl(rows)))
+    settings = live_run.settings_for(checkpoint, data, 3, ["mot"], **SMALL)
+    folder = live_run.new_folder(checkpoint, data, 3)
+    run = live_run.start(settings, folder)
+    assert run.wait() == 0, run.log.read_text()
+    table = pd.read_csv(folder / "examples.csv", dtype=str, keep_default_na=False)
+    assert set(table["gold"]) == {"Paris\ufffd"}
+    # what Stop leaves after the first example, written with the NUL itself
+    table[table["id"] == "q0"].replace("\ufffd", "\x00", regex=True).to_csv(folder / "examples.csv", index=False)
+    assert b"\x00" in (folder / "examples.csv").read_bytes()
+    again = live_run.start(settings, folder, resume=True)
+    assert again.wait() == 0, again.log.read_text()
+    assert again.progress() == live_run.Progress(3, 3, "finished") and "2/2" in again.log.read_text()
+    assert _examples(folder) == {"q0", "q1", "q2"}
