@@ -274,9 +274,11 @@ def continuation_logprobs(model, kvs: list[list[KV] | None], prompt_ids: torch.T
     if any(kv is None for kv in kvs) and not all(kv is None for kv in kvs):
         raise ValueError("caches scored as one batch must all hold the same positions (or all be None)")
     kv = kvs[0] if len(kvs) == 1 else stack_caches(kvs)
-    logits = run(model, ids.expand(len(kvs), -1), kv, plan, logits_to_keep=len(continuation) + 1).logits
+    n = prompt_ids.shape[1]  # the logits of the prompt's last position and of each continuation token but the last
+    keep = torch.arange(n - 1, n - 1 + len(continuation), device=ids.device)
+    logits = run(model, ids.expand(len(kvs), -1), kv, plan, logits_to_keep=keep).logits
     target = torch.tensor(continuation, device=logits.device)[None, :, None].expand(len(kvs), -1, -1)
-    logp = logits[:, :-1].float().log_softmax(-1).gather(-1, target)  # (B, J, 1)
+    logp = logits.float().log_softmax(-1).gather(-1, target)  # (B, J, 1)
     return logp[..., 0].mean(-1).tolist()
 
 

@@ -1,0 +1,309 @@
+"""Layer patching across an evaluation's examples: patching.csv of a results folder, written by
+
+    python -m mot_viz.eval.patching results/eval/smollm2-to-gemma3-mid-squad300 --n 100 \
+        --methods mot direct --direct pretrained/smollm2-to-gemma3-direct
+
+which rebuilds the folder's examples from its summary.json settings (as mot_viz.eval.layer_error does), builds each
+example's native cache and each method's cache once, and runs the patching scan of mot_viz.engine.patching over
+them: per target layer and per group (the window, the global and the sliding layers), restoring (the method's cache
+with the native K/V there) and breaking (the native cache with the method's K/V there), read as the gold answer's
+teacher-forced mean log-probability per token, and optionally (--buckets) only at the positions of the sentence
+holding the gold answer, or only at the rest. Each layer's row also holds the relative L2 error of the method's K and
+V against native there (mot_viz.analysis.cache_metrics, as layer_error.csv's), so cost and error sit side by side.
+
+One row per example, method and reading (long format). The command resumes (the examples patching.csv holds for the
+same settings, patching.json, are kept) and spreads over processes as the other evaluations do
+(mot_viz.eval.processes: torchrun --nproc_per_node 2 -m mot_viz.eval.patching -- RESULTS …).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from ..analysis.cache_metrics import layer_errors, token_vectors
+from ..cli import run_cli
+from ..engine import hf
+from ..engine.models import LoadedModel
+from ..engine.mot import MoT, Translation
+from ..engine.patching import (ANSWER_SENTENCE, PatchingScan, answer_sentence_buckets, answer_token_ids,
+                               layer_groups, patching_scan)
+from ..engine.prompts import QAExample, build_prompt
+from ..errors import ConfigError
+from ..fsutil import write_text_atomic
+from .answers import condition_caches, encode_question, linear_cache
+from .kvcomm import KVCommSelection, kvcomm_cache
+from .processes import barrier, join, merge_unit_files, unit_file, unit_file_sources
+from .relay import RELAY_CONDITIONS
+from .results_folder import PARTS, RESULTS_TABLE, SETTINGS_FILE, writer_of
+
+PATCHING_FILE = "patching.csv"
+PATCHING_SETTINGS = "patching.json"
+METHODS = ("mot", "linear", "direct", "kvcomm")  # the caches a scan patches against native
+UNIT = ("dataset", "id")
+COLUMNS = (*UNIT, "method", "direction", "target", "layers", "bucket", "logprob", "share", "native", "translated",
+           "K_rel_l2", "V_rel_l2")
+TEXT_COLUMNS = (*UNIT, "method", "direction", "target", "layers", "bucket")
+
+
+def check_methods(methods: Sequence[str]) -> tuple[str, ...]:
+    """The methods, checked: each must make a cache of the context (a relay does not)."""
+    for method in methods:
+        if method in (*RELAY_CONDITIONS, "no_context"):
+            raise ConfigError(f"'{method}' has no cache of the context to patch (the target reads "
+                              f"{'the source’s message' if method != 'no_context' else 'the question alone'} "
+                              f"instead): choose among {', '.join(METHODS)}")
+        if method not in METHODS:
+            raise ConfigError(f"unknown method '{method}': choose among {', '.join(METHODS)}")
+    return tuple(methods)
+
+
+@dataclass(frozen=True)
+class MethodCache:
+    """A method's cache of one context, as a scan patches it against native."""
+
+    kv: list[hf.KV]  # per layer [1, n_kv, P + N, d_h], the positions of the native cache
+    hidden: dict[int, tuple[int, int]] | None = None  # kvcomm: the positions its reader may not see, per layer
+
+
+def method_cache(method: str, mot: MoT, source: LoadedModel, target: LoadedModel, translation: Translation,
+                 linear: MoT | None = None, direct: MoT | None = None,
+                 kvcomm: KVCommSelection | None = None) -> MethodCache:
+    """`method`'s cache of the translation's context (the MoT's own is the translation's replayed cache)."""
+    check_methods([method])
+    if method == "mot":
+        return MethodCache(translation.mixed_kv)
+    if method == "linear":
+        if linear is None:
+            raise ConfigError("the 'linear' method needs a linear map of the MoT's window: pass --linear "
+                              "pretrained/smollm2-to-gemma3-mid-linear")
+        return MethodCache(linear_cache(mot, linear, source, target, translation))
+    if method == "kvcomm":
+        if kvcomm is None:
+            raise ConfigError("the 'kvcomm' method needs its layer choice (a pair of one architecture)")
+        shared = kvcomm_cache(source, target, translation.target_ids, kvcomm)
+        return MethodCache(shared.kv, dict(shared.plan.hide))
+    built = condition_caches(mot, source, target, None, translation, conditions=("direct",), direct=direct)
+    return MethodCache(built.kv["direct"])
+
+
+def gold_question(target: LoadedModel, example: QAExample) -> tuple:
+    """(question ids [1, S], the gold answer's token ids) of `example`, as the evaluation prompts it."""
+    return encode_question(target, example).suffix_ids, answer_token_ids(target.tokenizer, example, None)
+
+
+def gold_buckets(target: LoadedModel, example: QAExample, prefix_len: int) -> dict[str, tuple[int, ...]]:
+    """The context's positions in the sentence holding the gold answer (in the passage) and the rest."""
+    context = build_prompt(example, target.chat_frame).context_text
+    answer = next((a for a in example.answers if a.strip()), "")
+    return answer_sentence_buckets(target.tokenizer, context, answer, prefix_len,
+                                   first=max(context.find("Passage:"), 0))
+
+
+def layer_error_columns(native: list[hf.KV], kv: list[hf.KV], prefix_len: int) -> dict[int, dict[str, float]]:
+    """Per layer, the relative L2 error of the method's K and V against native over the context positions."""
+    out = {}
+    for layer, ((k, v), (nk, nv)) in enumerate(zip(kv, native)):
+        out[layer] = {f"{name}_rel_l2": layer_errors(token_vectors(c[:, :, prefix_len:]),
+                                                      token_vectors(r[:, :, prefix_len:]))["rel_l2"]
+                      for name, c, r in (("K", k, nk), ("V", v, nv))}
+    return out
+
+
+def scan_rows(scan: PatchingScan, errors: dict[int, dict[str, float]], **unit) -> list[dict]:
+    """One row per reading of a scan, each layer's row with its K/V error (groups: none)."""
+    rows = []
+    for row in scan.frame().to_dict(orient="records"):
+        layer = int(row["target"].split()[1]) if row["target"].startswith("layer ") else None
+        rows.append({**unit, **row, **(errors[layer] if layer is not None else {"K_rel_l2": None, "V_rel_l2": None})})
+    return rows
+
+
+def scan_example(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample, translation: Translation,
+                 methods: Sequence[str], buckets: bool = False, **models) -> list[dict]:
+    """Every method's patching scan of one example (rows of patching.csv); the caches built once."""
+    question, answer = gold_question(target, example)
+    groups = layer_groups(target.spec, mot.channels.target_layers)
+    positions = gold_buckets(target, example, translation.prefix_len) if buckets else None
+    rows = []
+    for method in methods:
+        cache = method_cache(method, mot, source, target, translation, **models)
+        scan = patching_scan(target.model, translation.native_kv, cache.kv, question, answer, groups,
+                             positions, hidden=cache.hidden)
+        rows += scan_rows(scan, layer_error_columns(translation.native_kv, cache.kv, translation.prefix_len),
+                          dataset=example.dataset, id=example.id, method=method)
+    return rows
+
+
+# ----- the results file -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PatchingSettings:
+    """How a folder's patching.csv was recorded (patching.json): --resume keeps its rows only under the same."""
+
+    methods: tuple[str, ...]
+    direct: str | None
+    linear: str | None
+    buckets: bool
+    weights: dict[str, str] | None = None  # method -> SHA-256 of its map's weights (a replaced map is another run)
+
+    @classmethod
+    def from_json(cls, data: dict) -> PatchingSettings:
+        return cls(tuple(data["methods"]), data.get("direct"), data.get("linear"), bool(data.get("buckets")),
+                   data.get("weights"))
+
+
+def read_patching(path: Path) -> pd.DataFrame:
+    """A patching.csv (whole rows only); ConfigError for another table."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    header = tuple(text.split("\n", 1)[0].rstrip("\r").split(","))
+    if header != COLUMNS:
+        raise ConfigError(f"{path} has the columns {', '.join(header[:8])}, not those of a {PATCHING_FILE}. Move it "
+                          "away and record it again.")
+    if not text.endswith("\n"):
+        text = text.rsplit("\n", 1)[0] + "\n"
+    return pd.read_csv(io.StringIO(text), dtype={c: str for c in TEXT_COLUMNS}, keep_default_na=False,
+                       na_values={"share": [""], "K_rel_l2": [""], "V_rel_l2": [""]}, float_precision="round_trip")
+
+
+class PatchingFile:
+    """The patching.csv of a results folder: the rows of the examples kept, each new example's added and the file
+    rewritten whole (this process's part in a run spread over processes; mot_viz.eval.processes.unit_file)."""
+
+    def __init__(self, folder: Path, keep: set[tuple[str, str]]):
+        self.folder, self.path, self.rows = folder, unit_file(folder, PATCHING_FILE), {}
+        for path in unit_file_sources(folder, PATCHING_FILE):
+            for key, part in read_patching(path).groupby(list(UNIT), sort=False):
+                if tuple(key) in keep:
+                    self.rows.setdefault(tuple(key), part.to_dict(orient="records"))
+
+    @property
+    def done(self) -> set[tuple[str, str]]:
+        return set(self.rows)
+
+    def add(self, key: tuple[str, str], rows: list[dict]) -> None:
+        self.rows[key] = rows
+        table = pd.DataFrame([r for rows in self.rows.values() for r in rows], columns=COLUMNS)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(self.path, table.to_csv(index=False, float_format="%.6g"))
+
+
+def _evaluate_settings(folder: Path):
+    """The folder's evaluate settings; ConfigError (before any model loads) for any other folder."""
+    from . import evaluate
+
+    fix = ("Pass a folder python -m mot_viz.eval.evaluate wrote with --out, e.g. "
+           "results/eval/smollm2-to-gemma3-mid-squad300.")
+    writer = writer_of(folder)
+    if (writer or "").rsplit(".", 1)[-1] != "evaluate" or not (folder / RESULTS_TABLE).is_file():
+        what = f"holds results of {writer}" if writer else "is not a results folder"
+        raise ConfigError(f"{folder} {what}, not of evaluate. {fix}")
+    try:
+        return evaluate.EvalSettings.from_json(json.loads((folder / SETTINGS_FILE).read_text())["settings"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{folder} has no readable caches' settings in {SETTINGS_FILE} ({exc}). {fix}") from exc
+
+
+def _check_settings(folder: Path, settings: PatchingSettings, resume: bool) -> None:
+    path = folder / PATCHING_SETTINGS
+    if not path.is_file() or not (folder / PATCHING_FILE).is_file() and not unit_file_sources(folder, PATCHING_FILE):
+        return
+    before = PatchingSettings.from_json(json.loads(path.read_text()))
+    if not resume:
+        raise ConfigError(f"{folder} already holds a {PATCHING_FILE}: pass --resume to continue it (with the same "
+                          "options), or move it away")
+    if before != settings:
+        raise ConfigError(f"{folder}'s {PATCHING_FILE} was recorded with {asdict(before)}, not {asdict(settings)}: "
+                          "pass the same options to --resume, or move the file away")
+
+
+def record(folder: str | Path, methods: Sequence[str] = ("mot",), n: int | None = None, direct: str | None = None,
+           linear: str | None = None, buckets: bool = False, resume: bool = False, progress: bool = True) -> Path:
+    """Write `folder`'s patching.csv for its first `n` scored examples (all: None), keeping, with `resume`, the
+    examples it already holds."""
+    from tqdm import tqdm
+
+    from ..data.eval_data import load_dataset
+    from ..engine.checkpoint import load_checkpoint, read_config, weights_sha256
+    from ..engine.mot import translate
+    from . import evaluate
+    from .kvcomm import check_kvcomm_pair, kvcomm_selection
+
+    folder = Path(folder)
+    methods = check_methods(methods)
+    if n is not None and n < 1:
+        raise ConfigError(f"--n must be at least 1, got {n}")
+    settings = _evaluate_settings(folder)
+    if "direct" in methods and not direct:
+        raise ConfigError("the 'direct' method needs its map: pass --direct pretrained/smollm2-to-gemma3-direct")
+    if "linear" in methods and not linear:
+        raise ConfigError("the 'linear' method needs its map: pass --linear pretrained/smollm2-to-gemma3-mid-linear")
+    maps = {m: path for m, path in (("mot", settings.checkpoint), ("direct", direct), ("linear", linear))
+            if m in methods}
+    patching = PatchingSettings(methods, direct, linear, buckets,
+                                {m: weights_sha256(path) for m, path in maps.items()})
+    config = read_config(settings.checkpoint)
+    if "kvcomm" in methods:
+        check_kvcomm_pair(config["source"], config["target"])
+    _check_settings(folder, patching, resume)
+    rows = pd.read_csv(folder / RESULTS_TABLE, dtype={"dataset": str, "id": str}, keep_default_na=False)
+    scored = set(zip(rows.loc[rows["condition"] != "skipped", "dataset"], rows.loc[rows["condition"] != "skipped", "id"]))
+    rank, world = join()
+    source, target = evaluate.load_model(config["source"]["name"]), evaluate.load_model(config["target"]["name"])
+    mot = evaluate.load_evaluated(settings.checkpoint, settings, source, target)
+    examples = [evaluate.truncate_context(target, e, settings.max_context_tokens)
+                for d in settings.datasets for e in load_dataset(d, n=settings.n, seed=settings.seed)]
+    examples = [e for e in examples if (e.dataset, e.id) in scored][:n]
+    models = {"direct": load_checkpoint(direct, source, target)[0] if "direct" in methods else None,
+              "linear": load_checkpoint(linear, source, target)[0] if "linear" in methods else None,
+              "kvcomm": kvcomm_selection(source, target, examples[:1]) if "kvcomm" in methods else None}
+    keys = [(e.dataset, e.id) for e in examples]
+    barrier()
+    file = PatchingFile(folder, set(keys) if resume else set())
+    if rank == 0:
+        write_text_atomic(folder / PATCHING_SETTINGS, json.dumps(asdict(patching), indent=2))
+    todo = [e for e in examples if (e.dataset, e.id) not in file.done][rank::world]
+    for example in tqdm(todo, desc=f"patching (rank {rank} of {world})", disable=not progress or rank != 0,
+                        dynamic_ncols=True):
+        text = build_prompt(example, target.chat_frame).context_text  # the context the evaluation translated
+        translation = translate(mot, source, target, text)
+        file.add((example.dataset, example.id), scan_example(mot, source, target, example, translation, methods,
+                                                             buckets, **models))
+    barrier()
+    if world > 1 and rank == 0:
+        merge_unit_files(folder, keys, lambda key: key, UNIT, own=True, names=[PATCHING_FILE])
+        for part in unit_file_sources(folder, PATCHING_FILE)[1:]:
+            part.unlink()
+        if not any((folder / PARTS).iterdir()):
+            (folder / PARTS).rmdir()
+    barrier()
+    return folder / PATCHING_FILE
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Record, for every example of an evaluation's results folder, which "
+                                                 "target layers' translated K/V cost the gold answer (layer patching)")
+    parser.add_argument("results", help="a folder python -m mot_viz.eval.evaluate wrote with --out")
+    parser.add_argument("--methods", nargs="+", default=["mot"], help=f"caches to patch: {', '.join(METHODS)}")
+    parser.add_argument("--n", type=int, help="only the first N scored examples (default: all)")
+    parser.add_argument("--direct", help="the full-depth map of the 'direct' method")
+    parser.add_argument("--linear", help="the linear map of the 'linear' method")
+    parser.add_argument("--buckets", action="store_true",
+                        help="also patch only the sentence holding the gold answer, and only the rest")
+    parser.add_argument("--resume", action="store_true", help="keep the examples patching.csv already holds")
+    args = parser.parse_args(argv)
+    written = lambda: record(args.results, args.methods, args.n, args.direct, args.linear, args.buckets,  # noqa: E731
+                             args.resume)
+    return run_cli(lambda: print(f"wrote {written()}"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""python -m mot_viz.eval.patching: the scan per example of a results folder, on the tiny test pair — the rows the
+library computes, kept across --resume, and the same rows from two processes (torchrun, gloo) as from one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import CORPUS
+from mot_viz.data.eval_data import load_dataset
+from mot_viz.engine import hf
+from mot_viz.engine.checkpoint import load_checkpoint
+from mot_viz.engine.mot import translate
+from mot_viz.engine.patching import layer_groups, patch
+from mot_viz.engine.prompts import build_prompt
+from mot_viz.engine.testing import load_test_model
+from mot_viz.eval import evaluate, patching
+from mot_viz.eval.answers import linear_cache
+from mot_viz.errors import ConfigError
+from tolerance import close
+
+ROOT = Path(__file__).resolve().parents[2]
+ROWS = [{"id": f"e{i}", "context": CORPUS[i % 3], "question": "What is it?", "answers": [CORPUS[i % 3].split()[3]]}
+        for i in range(4)]
+WORKER = """
+import sys
+from mot_viz.engine.testing import load_test_model
+from mot_viz.eval import evaluate, patching
+evaluate.load_model = load_test_model
+sys.exit(patching.main(sys.argv[1:]))
+"""
+
+
+@pytest.fixture()
+def folder(checkpoints, tmp_path, monkeypatch) -> Path:
+    """An evaluate results folder of 4 extractive toy examples on the tiny pair."""
+    monkeypatch.setattr(evaluate, "load_model", load_test_model)
+    data = tmp_path / "toy.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    out = tmp_path / "run"
+    assert evaluate.main(["--checkpoint", str(checkpoints["smollm2-to-gemma3"]), "--datasets", str(data), "--n", "4",
+                          "--conditions", "native", "mot", "--max_new_tokens", "2", "--bootstrap", "20", "--out",
+                          str(out)]) == 0
+    return out
+
+
+def args(folder: Path, checkpoints, *extra: str) -> list[str]:
+    return [str(folder), "--methods", "mot", "linear", "--linear", str(checkpoints["smollm2-to-gemma3-linear"]),
+            *extra]
+
+
+def written(folder: Path) -> pd.DataFrame:
+    return pd.read_csv(folder / patching.PATCHING_FILE, dtype=str, keep_default_na=False)
+
+
+def one_process(argv: list[str]) -> None:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each torchrun process (OMP_NUM_THREADS=1): float sums in the same order
+    try:
+        assert patching.main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_rows_are_the_librarys_scan_of_each_example(folder, checkpoints):
+    one_process(args(folder, checkpoints, "--n", "2"))
+    table = pd.read_csv(folder / patching.PATCHING_FILE, dtype={"id": str})
+    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
+    examples = load_dataset(str(folder.parent / "toy.jsonl"), n=4)  # the evaluation's order: the first two scanned
+    assert list(table.id.unique()) == [e.id for e in examples[:2]] and set(table.method) == {"mot", "linear"}
+    layers = target.spec.num_layers
+    groups = layer_groups(target.spec, load_checkpoint(checkpoints["smollm2-to-gemma3"], source,
+                                                                 target)[0].channels.target_layers)
+    assert len(table) == 2 * 2 * 2 * (layers + len(groups))  # examples × methods × directions × (layers + groups)
+    mot = load_checkpoint(checkpoints["smollm2-to-gemma3"], source, target)[0]
+    linear = load_checkpoint(checkpoints["smollm2-to-gemma3-linear"], source, target)[0]
+    example = examples[1]
+    translation = translate(mot, source, target, build_prompt(example, target.chat_frame).context_text)
+    question, answer = patching.gold_question(target, example)
+    kv = linear_cache(mot, linear, source, target, translation)
+    mine = table[(table.id == example.id) & (table.method == "linear")].set_index(["direction", "target"])
+    assert close(mine.translated.iloc[0], hf.continuation_logprob(target.model, kv, question, answer), rtol=1e-5)
+    restored = patch(kv, translation.native_kv, [3])
+    assert close(mine.loc[("restore", "layer 3"), "logprob"],
+                 hf.continuation_logprob(target.model, restored, question, answer), rtol=1e-5)
+    # each layer's row carries that layer's K/V error; below the window the linear map's replay is the MoT's
+    assert mine.loc[("restore", "layer 3"), "K_rel_l2"] > 1e-3 and pd.isna(mine.loc[("restore", "window"), "K_rel_l2"])
+
+
+def test_resume_keeps_the_examples_done_and_equals_a_whole_run(folder, checkpoints, tmp_path, monkeypatch):
+    whole = tmp_path / "whole"
+    import shutil
+
+    shutil.copytree(folder, whole)
+    one_process(args(whole, checkpoints))
+    calls = []
+    scan = patching.scan_example
+
+    def interrupted(*a, **k):
+        calls.append(a[3].id)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return scan(*a, **k)
+
+    monkeypatch.setattr(patching, "scan_example", interrupted)
+    assert patching.main(args(folder, checkpoints)) == 130
+    assert written(folder).id.nunique() == 2
+    with pytest.raises(ConfigError, match="pass --resume to continue it"):
+        patching.record(folder, ["mot", "linear"], linear=str(checkpoints["smollm2-to-gemma3-linear"]))
+    with pytest.raises(ConfigError, match="pass the same options to --resume"):
+        patching.record(folder, ["mot"], resume=True)
+    calls.clear()
+    monkeypatch.setattr(patching, "scan_example", scan)
+    one_process(args(folder, checkpoints, "--resume"))
+    pd.testing.assert_frame_equal(written(folder), written(whole))
+
+
+def test_two_processes_write_the_rows_of_one(folder, checkpoints, tmp_path):
+    two = tmp_path / "two"
+    import shutil
+
+    shutil.copytree(folder, two)
+    one_process(args(folder, checkpoints))
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("MOT_VIZ_DEVICE", None)
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          str(worker), "--", *args(two, checkpoints)], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    pd.testing.assert_frame_equal(written(two), written(folder))
+    assert not (two / ".parts").exists()
+
+
+def test_bad_input_is_one_line_before_any_model_loads(folder, tmp_path, checkpoints):
+    with pytest.raises(ConfigError, match="'relay' has no cache of the context to patch"):
+        patching.record(folder, ["mot", "relay"])
+    with pytest.raises(ConfigError, match="the 'direct' method needs its map: pass --direct"):
+        patching.record(folder, ["direct"])
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    with pytest.raises(ConfigError, match="is not a results folder"):
+        patching.record(bare)
+    (folder / "summary.json").write_text("{}")
+    with pytest.raises(ConfigError, match="no readable caches' settings"):
+        patching.record(folder)
