@@ -8,7 +8,7 @@ import streamlit as st
 from mot_viz import app
 from mot_viz.analysis.figures import answers_figure
 from mot_viz.errors import MotVizError
-from mot_viz.eval.answers import CONDITIONS
+from mot_viz.eval.answers import CONDITIONS, TIE_LABELS, ties_with_mot
 
 
 def main() -> None:
@@ -74,6 +74,12 @@ def main() -> None:
                        "building the cache (s)": st.column_config.NumberColumn(format="%.3f"),
                        "answering (s)": st.column_config.NumberColumn(format="%.3f")},
     )
+    tied = ties_with_mot(dict(zip(table["key"], table["answer"])))
+    if tied:  # the first view must not read as the translation's success where a window without the passage ties it
+        names = " and the ".join(TIE_LABELS[c] for c in tied)
+        st.warning(f"On this context the {names} {'give' if len(tied) > 1 else 'gives'} the MoT's answer: here the "
+                   "answer does not show that the translation carried the passage (the replay runs the target's own "
+                   "layers over every context token). The shipped results say where MoT beats these controls.")
     # plotly reads tags (<a href>, <b>) in hover text: a model's answer, which may copy the context, is shown as typed
     app.show_figure(answers_figure(table.assign(answer=table["answer"].map(html.escape))), table, "answers")
 

@@ -70,7 +70,8 @@ def checkpoints_for_pair(source: str, target: str, checkpoints: dict[str, str]) 
 
 
 def default_checkpoint(source: str, target: str, checkpoints: dict[str, str]) -> str | None:
-    """pretrained/smollm2-to-gemma3 for the default pair if present, else the first made for the chosen names."""
+    """pretrained/smollm2-to-gemma3-mid (DEFAULT_CHECKPOINT) for the default pair if present, else the first made for
+    the chosen names."""
     if source == DEFAULT_SOURCE and target == DEFAULT_TARGET and DEFAULT_CHECKPOINT in checkpoints:
         return DEFAULT_CHECKPOINT
     made_for = checkpoints_for_pair(source, target, checkpoints)

@@ -21,7 +21,7 @@ from ..engine.prompts import Prompt, QAExample, build_prompt, choice_label_texts
 from ..errors import ConfigError, ContextError
 from .kvcomm import KVCommSelection, kvcomm_cache
 from .mean_vector import MeanVectors
-from .qa_metrics import exact_match, postprocess_generation, squad_f1
+from .qa_metrics import exact_match, normalize_answer, postprocess_generation, squad_f1
 from .relay import RELAY_CONDITIONS, RELAY_TOKENS, Relay, relay
 
 CONDITIONS = ("native", "no_context", "mot", "random")  # what every evaluation and the app answer under
@@ -52,6 +52,22 @@ class Answer:
     exact_match: float | None  # extractive with a gold answer only
     choice_logprobs: tuple[float, ...] | None  # closed set only: mean log p per label
     seconds: float  # time to answer from the cache (excludes building the cache)
+
+
+# the caches that hold no context-specific content in the MoT's window, or no context at all: where one gives the
+# MoT's answer, that answer does not show the translation carried the passage
+TIE_CONDITIONS = ("random", "mean", "no_context")
+TIE_LABELS = {"random": "random-window control", "mean": "mean-vector control",
+              "no_context": "question alone (no context)"}  # as a sentence names them
+
+
+def ties_with_mot(answers: dict[str, str]) -> list[str]:
+    """The conditions of TIE_CONDITIONS whose answer (condition -> answer text, as answered) is the MoT's, compared as
+    SQuAD compares answers (normalize_answer); [] without a MoT answer."""
+    if "mot" not in answers:
+        return []
+    mot = normalize_answer(answers["mot"])
+    return [c for c in TIE_CONDITIONS if c in answers and normalize_answer(answers[c]) == mot]
 
 
 def random_control_cache(mot: MoT, target: LoadedModel, translation: Translation, seed: int = 0) -> list[hf.KV]:

@@ -26,7 +26,7 @@ from mot_viz.engine.checkpoint import load_checkpoint
 from mot_viz.engine.mot import translate
 from mot_viz.engine.prompts import build_prompt
 from mot_viz.engine.testing import load_test_model
-from mot_viz.eval.answers import CONDITION_LABELS, answer_from_cache
+from mot_viz.eval.answers import CONDITION_LABELS, TIE_LABELS, answer_from_cache, ties_with_mot
 from mot_viz.eval.fidelity import translation_fidelity
 from plotly_figures import figures
 
@@ -134,6 +134,10 @@ def test_answers_page_shows_every_condition_scored_against_the_gold_answer():
     translation = translate(mot, source, target, build_prompt(example).context_text)
     expected = answer_from_cache(target, translation.native_kv, example, "native")
     assert table["answer"][0] == expected.text
+    # a control that gives the MoT's answer is said to tie it, beside the answers (and only then)
+    tied = ties_with_mot(dict(zip(("native", "no_context", "mot", "random"), table["answer"])))
+    said = [w.value for w in at.warning if "the MoT's answer" in w.value]
+    assert len(said) == bool(tied) and all(TIE_LABELS[c] in said[0] for c in tied)
 
 
 def test_answers_page_answers_from_the_mean_vector_window_on_request():
@@ -495,7 +499,7 @@ def test_every_page_works_on_a_direct_map_and_draws_its_cache_once(app_cache):
 
     # the tiny source has fewer layers than the tiny target: the direct map goes the other way round
     folder = fit_pair(load_test_model("gemma3-270m"), load_test_model("smollm2-135m"),
-                      QuickFitConfig(tokens=256, min_context_tokens=16, max_context_tokens=48, direct=True))
+                      QuickFitConfig(tokens=256, min_context_tokens=16, max_context_tokens=48, direct=True, top_k=2))
     at = start()
     at.selectbox(key="sb.source").set_value("gemma3-270m").run()
     at.selectbox(key="sb.target").set_value("smollm2-135m").run()
