@@ -27,7 +27,7 @@ import sys
 import numpy as np
 import pandas as pd
 
-from mot_viz.analysis.eval_runs import condition_rows, open_run
+from mot_viz.analysis.eval_runs import check_one_pair, condition_rows, open_run
 from mot_viz.cli import run_cli
 from mot_viz.errors import ConfigError
 from mot_viz.eval.qa_metrics import bootstrap_ci, paired_ratios
@@ -51,7 +51,7 @@ def run_seconds(run, condition: str, rows: pd.DataFrame) -> pd.Series | float:
 
 def labelled_rows(runs: list[str]) -> tuple[list[pd.DataFrame], dict[str, pd.DataFrame]]:
     """The rows of each FOLDER:CONDITION=LABEL, and each folder's native rows (folders that ran native)."""
-    frames, natives = [], {}
+    frames, natives, opened = [], {}, []
     for spec in runs:
         folder, _, rest = spec.rpartition(":")
         condition, equals, label = rest.partition("=")
@@ -59,6 +59,7 @@ def labelled_rows(runs: list[str]) -> tuple[list[pd.DataFrame], dict[str, pd.Dat
             raise ConfigError(f"{spec!r} is not FOLDER:CONDITION=LABEL. Write e.g. results/eval/smollm2-to-gemma3-mid-"
                               "squad300:mot=MoT.")
         run = open_run(folder)
+        opened.append(run)
         rows = condition_rows(run, condition, label)
         ahead = rows["ahead_seconds"] if run.kind.name == "evaluate" and "ahead_seconds" in rows else np.nan
         frames.append(rows.assign(seconds_per_example=run_seconds(run, condition, rows), ahead_per_example=ahead,
@@ -67,6 +68,7 @@ def labelled_rows(runs: list[str]) -> tuple[list[pd.DataFrame], dict[str, pd.Dat
             natives[str(run.folder)] = condition_rows(run, "native", "native")
     if len({frame["condition"].iloc[0] for frame in frames}) < len(frames):
         raise ConfigError("two inputs have the same LABEL: give each FOLDER:CONDITION its own.")
+    check_one_pair(opened)
     return frames, natives
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..engine.checkpoint import read_config
 from ..errors import DataFormatError, MotVizError
 from ..eval import conversation, evaluate, long_context, shards
 from ..eval.report import paired_differences
@@ -357,6 +358,29 @@ def _as_slice(run: EvalRun, summary: pd.DataFrame) -> pd.DataFrame:
 # ----- two runs of the same examples ----------------------------------------------------------------------------
 
 
+def model_pair(run: EvalRun) -> tuple[str, str] | None:
+    """The (source, target) models of the run's checkpoint, as its config.json names them (the path as the run gave
+    it, or from the repository); None where that checkpoint is not here."""
+    checkpoint = run.settings.get("checkpoint")
+    for path in (Path(checkpoint), REPO_ROOT / checkpoint) if checkpoint else ():
+        try:
+            config = read_config(path)
+            return str(config["source"]["name"]), str(config["target"]["name"])
+        except (MotVizError, OSError, KeyError, TypeError):
+            continue
+    return None
+
+
+def check_one_pair(runs: Iterable[EvalRun]) -> None:
+    """Raise ResultsFolderError unless the runs (those whose checkpoint is here) are of one model pair: a paired
+    difference compares answers to the same prompts, and another target answers other ones (its native differs)."""
+    pairs = {run.folder: pair for run in runs if (pair := model_pair(run)) is not None}
+    if len(set(pairs.values())) > 1:
+        shown = "; ".join(f"{folder.name}: {source} → {target}" for folder, (source, target) in pairs.items())
+        raise ResultsFolderError(f"These runs are of different model pairs ({shown}), so their answers are not to "
+                                 "the same prompts. Compare runs of one pair (the same source and target models).")
+
+
 def condition_rows(run: EvalRun, condition: str, label: str) -> pd.DataFrame:
     """One condition's rows of a run renamed `label`, with "dataset" naming each row's group (as the run's own
     paired.csv does): what mot_viz.eval.report.paired_differences compares across runs."""
@@ -383,7 +407,9 @@ def compare_runs(a: EvalRun, b: EvalRun, condition_a: str | None = None, conditi
     """Per example, run a's score under condition_a against run b's under condition_b (default: each run's
     translated condition), over the examples both ran (and among `examples` when given), and the paired difference
     a − b per group with its bootstrap interval: mot_viz.eval.report.paired_differences, as scripts/paired_runs.py
-    computes it. A pair of runs with no example in common is a ResultsFolderError."""
+    computes it. A pair of runs with no example in common, or of two model pairs (check_one_pair), is a
+    ResultsFolderError."""
+    check_one_pair((a, b))
     condition_a, condition_b = condition_a or a.translated, condition_b or b.translated
     label_a, label_b = a.name, b.name if b.name != a.name else f"{b.name} (second)"
     rows_a, rows_b = condition_rows(a, condition_a, label_a), condition_rows(b, condition_b, label_b)

@@ -648,3 +648,18 @@ def test_a_nul_in_an_id_is_a_malformed_line(tmp_path):
     loaded = load_jsonl(path)
     assert [e.id for e in loaded.examples] == ["q1"] and loaded.errors == [(1, "'id' holds a NUL character (\\u0000); "
                                                                                "remove it")]
+
+
+def test_paired_runs_refuses_runs_of_two_model_pairs_in_one_line(checkpoints, data, tmp_path, test_models, capsys):
+    from scripts.paired_runs import main as paired_runs_main
+
+    forward, backward = tmp_path / "forward", tmp_path / "backward"
+    assert evaluate.main(eval_argv(checkpoints, data, forward, 2)) == 0
+    assert evaluate.main(eval_argv({"smollm2-to-gemma3": checkpoints["gemma3-to-smollm2"]}, data, backward, 2)) == 0
+    capsys.readouterr()
+    for how in (["--against", "b"], ["--pairs", "a:b"]):
+        assert paired_runs_main([f"{forward}:native=a", f"{backward}:native=b", *how]) == 2
+        captured = capsys.readouterr()
+        assert not captured.out and captured.err.count("\n") == 1
+        assert captured.err.startswith("error: ResultsFolderError: These runs are of different model pairs (forward: ")
+        assert "Compare runs of one pair" in captured.err
