@@ -42,6 +42,12 @@ class TranslatorConfig:
     # the linear map block-diagonal: each window target layer's K and V from its own channel's source K and V only
     # (a map per layer, as the full-depth closed-form map of method.md §15 fits them)
     linear_per_layer: bool = False
+    # a per-layer map's source layers by window layer (the full-depth top-k map of method.md §15): window layer w's K
+    # from the K of linear_key_sources[w]'s source layers, its V from the V of linear_value_sources[w]'s, the same
+    # number k for every layer, each layer among the translator's inputs (MoT.input_layers). Empty: each window
+    # layer's own source K and V together.
+    linear_key_sources: tuple[tuple[int, ...], ...] = ()
+    linear_value_sources: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self):
         limits = {"source_kv_hidden": 65536, "target_kv_hidden": 65536, "window": 512, "dim": 16384, "heads": 256,
@@ -78,9 +84,25 @@ class TranslatorConfig:
         if extra and not (self.variant == "linear" or self.linear_residual):
             raise ConfigError("linear_extra_layers are read by the linear map only: use variant 'linear' or "
                               "linear_residual=True (init 'linear'), or leave them empty")
-        if self.linear_per_layer and (self.variant != "linear" or extra or self.linear_previous or self.linear_rank):
+        self.linear_key_sources, self.linear_value_sources = (_layer_lists(self.linear_key_sources),
+                                                              _layer_lists(self.linear_value_sources))
+        sources = self.linear_key_sources
+        if self.linear_per_layer and (self.variant != "linear" or (extra and not sources) or self.linear_previous
+                                      or self.linear_rank):
             raise ConfigError("linear_per_layer maps each window layer from its own source layer: it needs variant "
-                              "'linear' without linear_extra_layers, linear_previous or linear_rank")
+                              "'linear' without linear_extra_layers (unless its source layers are listed), "
+                              "linear_previous or linear_rank")
+        if (sources or self.linear_value_sources) and not (
+                self.linear_per_layer and len(sources) == len(self.linear_value_sources) == self.window
+                and len({len(s) for s in sources + self.linear_value_sources}) == 1):
+            raise ConfigError(f"linear_key_sources and linear_value_sources list the source layers of each of the "
+                              f"{self.window} window layers of a per-layer map (linear_per_layer), the same number "
+                              "for every layer")
+
+    @property
+    def source_count(self) -> int:
+        """k: the source layers each window layer of a per-layer map reads (1: its own, K and V together)."""
+        return len(self.linear_key_sources[0]) if self.linear_key_sources else 1
 
     @property
     def factored_rank(self) -> int:
@@ -90,6 +112,15 @@ class TranslatorConfig:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def _layer_lists(lists) -> tuple[tuple[int, ...], ...]:
+    """linear_key_sources / linear_value_sources as tuples (JSON gives lists), each a list of distinct layers."""
+    if not isinstance(lists, (list, tuple)) or not all(
+            isinstance(l, (list, tuple)) and l and len(set(l)) == len(l)
+            and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in l) for l in lists):
+        raise ConfigError(f"a per-layer map's source lists must be lists of distinct layer indices, got {lists!r}")
+    return tuple(tuple(l) for l in lists)
 
 
 class CrossAttentionBlock(nn.Module):
@@ -266,7 +297,11 @@ class LinearKVMap(nn.Module):
         # reduced rank: features -> rank (key_down) -> window (key_proj); fitted by fit.fit_linear
         self.key_down = nn.Linear(n_features, rank, bias=False) if rank else None
         self.value_down = nn.Linear(n_features, rank, bias=False) if rank else None
-        if self.per_layer:  # one [2·H_S → H_T] map per window layer
+        self.key_sources = self.value_sources = None  # input positions [W, k] of listed source layers (select_inputs)
+        if self.per_layer and cfg.linear_key_sources:  # one [k·H_S → H_T] map per window layer, K from K, V from V
+            self.key_proj = PerLayerLinear(cfg.window, cfg.source_count * cfg.source_kv_hidden, cfg.target_kv_hidden)
+            self.value_proj = PerLayerLinear(cfg.window, cfg.source_count * cfg.source_kv_hidden, cfg.target_kv_hidden)
+        elif self.per_layer:  # one [2·H_S → H_T] map per window layer
             self.key_proj = PerLayerLinear(cfg.window, 2 * cfg.source_kv_hidden, cfg.target_kv_hidden)
             self.value_proj = PerLayerLinear(cfg.window, 2 * cfg.source_kv_hidden, cfg.target_kv_hidden)
         else:
@@ -275,6 +310,19 @@ class LinearKVMap(nn.Module):
         for proj in (self.key_proj, self.value_proj):  # zeros until fitted: an unfitted map writes nothing
             nn.init.zeros_(proj.weight)
             nn.init.zeros_(proj.bias)
+
+    def select_inputs(self, cfg: TranslatorConfig, input_layers: tuple[int, ...]) -> None:
+        """Where each window layer's listed source layers (linear_key_sources, linear_value_sources) stand among the
+        translator's input layers (MoT.input_layers); MoT calls it once it knows them."""
+        if not cfg.linear_key_sources:
+            return
+        missing = sorted({l for s in cfg.linear_key_sources + cfg.linear_value_sources for l in s} - set(input_layers))
+        if missing:
+            raise ConfigError(f"the per-layer map reads source layers {missing}, which are not among the translator's "
+                              f"input layers {list(input_layers)}: add them to linear_extra_layers")
+        where = {layer: i for i, layer in enumerate(input_layers)}
+        self.key_sources = torch.tensor([[where[l] for l in s] for s in cfg.linear_key_sources])  # (W, k)
+        self.value_sources = torch.tensor([[where[l] for l in s] for s in cfg.linear_value_sources])  # (W, k)
 
     def token_features(self, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """Aligned source blocks [B, N, W + extra layers, H_S] -> each token's own features [B, N, F]: the window's
@@ -294,6 +342,9 @@ class LinearKVMap(nn.Module):
 
     def forward(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         b, n = keys.shape[:2]
+        if self.key_sources is not None:  # window layer w: K from its key sources' K, V from its value sources' V
+            return (self.key_proj(keys[:, :, self.key_sources.to(keys.device)].flatten(3)),  # (B, N, W, H_T)
+                    self.value_proj(values[:, :, self.value_sources.to(values.device)].flatten(3)))
         x = self.inputs(keys, values)
         shape = (b, n, self.window, self.out_hidden)
         keys = self.key_proj(x if self.key_down is None else self.key_down(x))
@@ -323,6 +374,9 @@ def linear_inputs_text(cfg: TranslatorConfig) -> str:
 
 
 def _linear_reads(cfg: TranslatorConfig) -> str:
+    if cfg.linear_key_sources:
+        return (f"each token's aligned source K (for a target layer's K) and V (for its V) of the {cfg.source_count} "
+                "source layers that predict that target layer best on held-out text (a map per layer)")
     if cfg.linear_per_layer:
         return "each token's aligned source K and V of each window layer's own source layer (a map per layer)"
     extra = cfg.linear_extra_layers

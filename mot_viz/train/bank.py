@@ -18,7 +18,7 @@ import hashlib
 import json
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -179,9 +179,28 @@ def build_bank(mot: MoT, source: LoadedModel, target: LoadedModel, cfg: BankConf
     on_progress(tokens done, tokens in total) is called after each shard (the app's progress bar). The bank is loaded
     onto `device` (default: the CPU); a GPU without room for it is refused before it is read (ConfigError).
     """
-    from tqdm import tqdm
-
     from .devices import check_fits
+
+    folder, manifest = complete_bank(mot, source, target, cfg, root, progress, on_progress)
+    device = torch.device("cpu") if device is None else device
+    check_fits(device, sum((folder / s["file"]).stat().st_size for s in manifest["shards"]), "the training bank",
+               "lower --bank_tokens, or train on the CPU (--device cpu)")
+    shards = [load_file(str(folder / s["file"]), device=str(device)) for s in manifest["shards"]]
+    merged = {k: torch.cat([s[k] for s in shards]) for k in _FIELDS}
+    return Bank(**merged, folder=folder, manifest=manifest)
+
+
+def bank_shards(folder: Path, manifest: dict) -> Iterator[dict[str, torch.Tensor]]:
+    """A complete bank's shards one at a time, in context order (a fit that sums over them holds one in memory)."""
+    for shard in manifest["shards"]:
+        yield load_file(str(folder / shard["file"]))
+
+
+def complete_bank(mot: MoT, source: LoadedModel, target: LoadedModel, cfg: BankConfig = BankConfig(),
+                  root: Path | None = None, progress: bool = True,
+                  on_progress: Callable[[int, int], None] | None = None) -> tuple[Path, dict]:
+    """(folder, manifest) of the bank for (mot's pair, window, key space, cfg), its missing shards built first."""
+    from tqdm import tqdm
 
     folder = (root or cache_dir() / "banks") / bank_key(mot, cfg)
     folder.mkdir(parents=True, exist_ok=True)
@@ -225,12 +244,7 @@ def build_bank(mot: MoT, source: LoadedModel, target: LoadedModel, cfg: BankConf
         manifest["num_contexts"] = len(contexts)
         manifest["num_tokens"] = total
         write_text_atomic(manifest_path, json.dumps(manifest, indent=2))
-    device = torch.device("cpu") if device is None else device
-    check_fits(device, sum((folder / s["file"]).stat().st_size for s in manifest["shards"]), "the training bank",
-               "lower --bank_tokens, or train on the CPU (--device cpu)")
-    shards = [load_file(str(folder / s["file"]), device=str(device)) for s in manifest["shards"]]
-    merged = {k: torch.cat([s[k] for s in shards]) for k in _FIELDS}
-    return Bank(**merged, folder=folder, manifest=manifest)
+    return folder, manifest
 
 
 def bank_text(target: LoadedModel, bank: Bank, i: int) -> str:

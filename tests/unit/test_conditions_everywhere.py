@@ -38,7 +38,7 @@ from test_shards import SHARDS, cache_at_offset, identity_mot
 from tolerance import assert_close
 from mot_viz.train.quickfit import QuickFitConfig, fit_pair
 
-DIRECT = QuickFitConfig(tokens=256, min_context_tokens=16, max_context_tokens=48, direct=True)
+DIRECT = QuickFitConfig(tokens=256, min_context_tokens=16, max_context_tokens=48, direct=True, top_k=2)
 
 
 def load(name: str):

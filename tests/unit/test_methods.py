@@ -30,7 +30,7 @@ from tolerance import assert_close
 
 EXAMPLE = QAExample("1", "squad/validation", "The Eiffel Tower is a wrought-iron lattice tower in Paris, France. It "
                     "was designed by the company of Gustave Eiffel.", "Who designed the tower?", ("Gustave Eiffel",))
-DIRECT = QuickFitConfig(tokens=256, min_context_tokens=16, max_context_tokens=48, direct=True)
+DIRECT = QuickFitConfig(tokens=256, min_context_tokens=16, max_context_tokens=48, direct=True, top_k=2)
 
 
 @pytest.fixture(scope="module")
