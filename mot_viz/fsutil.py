@@ -6,7 +6,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
+
+from .errors import ConfigError
 
 # "<name>.tmp-<pid>", "<name>.old-<pid>", "<name>.work-<pid>": what an atomic write leaves while it runs
 _TEMP_NAME = re.compile(r"^(?P<base>.+)\.(?P<kind>tmp|old|work)-(?P<pid>\d+)$")
@@ -55,6 +58,31 @@ def remove_stale_temporaries(folder: Path, keep=lambda path: False) -> list[Path
             p.unlink(missing_ok=True)
         removed.append(p)
     return removed
+
+
+def check_out_place(path: Path, flag: str = "--out", folder: bool = True) -> None:
+    """Raise ConfigError unless this process can write `path` (`flag` names it in the message): a folder, or with
+    folder=False a file (written whole, replacing one there). Checked before any work, so a long job never fails at
+    its end; nothing is created here (a refused run leaves nothing behind)."""
+    path = Path(path)
+    try:
+        existing = next(p for p in (path, *path.absolute().parents) if p.exists())
+    except (OSError, ValueError) as exc:  # a name too long for the system, a NUL in it
+        raise ConfigError(f"{flag} {str(path)[:80]}… cannot be a path ({getattr(exc, 'strerror', None) or exc}). "
+                          "Pass a shorter one.") from exc
+    if existing != path and not existing.is_dir():
+        raise ConfigError(f"{flag} {path} lies inside the file {existing}. Pass a "
+                          f"{'folder (it is created when missing)' if folder else 'path in a folder'}.")
+    if folder and not existing.is_dir():
+        raise ConfigError(f"{flag} {path} is a file. Pass a folder (it is created when missing).")
+    if not folder and path.is_dir():
+        raise ConfigError(f"{flag} {path} is a folder. Pass a file's path, e.g. {path / 'out.md'}.")
+    place = existing if existing.is_dir() else existing.parent
+    try:
+        tempfile.TemporaryFile(dir=place).close()
+    except OSError as exc:
+        raise ConfigError(f"Cannot write into {flag} {path} ({exc.strerror}). Pass a "
+                          f"{'folder' if folder else 'path'} you can write to.") from exc
 
 
 def write_text_atomic(path: Path, text: str) -> None:

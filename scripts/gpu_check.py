@@ -61,7 +61,7 @@ from mot_viz.engine.mot import empty_context_cache, translate  # noqa: E402
 from mot_viz.engine.prompts import build_prompt  # noqa: E402
 from mot_viz.eval import evaluate  # noqa: E402
 from mot_viz.eval.answers import MAX_NEW_TOKENS, answers_from_caches, first_answer_logprobs  # noqa: E402
-from mot_viz.fsutil import write_text_atomic  # noqa: E402
+from mot_viz.fsutil import check_out_place, write_text_atomic  # noqa: E402
 from mot_viz.train.config import TrainConfig, parse_args  # noqa: E402
 from mot_viz.train.train import train  # noqa: E402
 
@@ -251,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                              "bank, 1 example, the engine at 64 tokens")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "gpu.md"), help="the markdown table written")
     args = parser.parse_args(argv)
+    check_out_place(Path(args.out), folder=False)  # a folder, a read-only place: refused before minutes of work
     device = str(model_device(args.device))  # an unavailable device is refused before anything runs
     torch.manual_seed(0)
     t0 = time.perf_counter()

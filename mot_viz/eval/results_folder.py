@@ -13,7 +13,6 @@ import io
 import json
 import math
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pandas as pd
 
 from ..cli import logger
 from ..errors import ConfigError, ContextError, MotVizError
-from ..fsutil import temp_parts
+from ..fsutil import check_out_place, temp_parts
 
 log = logger(__name__)
 
@@ -42,14 +41,7 @@ def check_out(out_dir: Path) -> None:
 
     Nothing is created here (the folder appears with the first results): a run refused later leaves no empty folder.
     """
-    existing = next(p for p in (out_dir, *out_dir.absolute().parents) if p.exists())
-    if not existing.is_dir():
-        what = "is a file" if existing == out_dir else f"lies inside the file {existing}"
-        raise ConfigError(f"--out {out_dir} {what}. Pass a folder (it is created when missing).")
-    try:
-        tempfile.TemporaryFile(dir=existing).close()
-    except OSError as exc:
-        raise ConfigError(f"Cannot write into --out {out_dir} ({exc.strerror}). Pass a folder you can write to.") from exc
+    check_out_place(out_dir)
 
 
 def command_of(settings) -> str:

@@ -35,3 +35,16 @@ def test_the_gpu_check_runs_on_the_cpu_and_every_comparison_it_makes_passes(tmp_
     assert "| squad/validation | native |" in evaluation and "| squad/validation | mot |" in evaluation, evaluation
     assert re.search(r"^\|.*\b64\b.*\|$", parts[SECTIONS[4]], re.M), parts[SECTIONS[4]]  # a row of the 64-token length
     assert "all checks pass" in run.stderr
+
+
+def test_an_out_it_cannot_write_is_refused_before_any_work(tmp_path):
+    """A folder, or a path inside a file, as --out: one line and status 2 at once, not a traceback after a minute's
+    work, and nothing left behind."""
+    (tmp_path / "notes.txt").write_text("mine")
+    for out, words in ((tmp_path, f"--out {tmp_path} is a folder. Pass a file's path"),
+                       (tmp_path / "notes.txt" / "gpu.md", f"lies inside the file {tmp_path / 'notes.txt'}")):
+        run = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--device", "cpu", "--quick",
+                              "--out", str(out)], capture_output=True, text=True, cwd=tmp_path)
+        assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr[-3000:]
+        assert run.stderr.startswith("error: ConfigError: ") and words in run.stderr
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import threading
 from pathlib import Path
 
@@ -132,3 +134,29 @@ def test_a_bank_context_too_long_in_source_tokens_names_the_quickfit_flag(cache)
     assert "longer in source tokens than the source model 'short-gpt2' reads (40)" in message
     assert "Pass a smaller --max_context_tokens to python -m mot_viz.train.quickfit" in message
     assert "mot_viz.eval.evaluate" not in message
+
+
+def _unwritable_place(tmp_path: Path) -> Path:
+    """A folder this process cannot write into: a read-only one, or for root (who writes into those) /sys."""
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        return locked
+    try:
+        tempfile.TemporaryFile(dir="/sys").close()
+    except OSError:
+        return Path("/sys")
+    pytest.skip("no folder this process cannot write into")
+
+
+@pytest.mark.parametrize("place", ["inside a file", "unwritable"])
+def test_an_out_it_cannot_write_is_refused_before_any_model_loads(tmp_path, capsys, monkeypatch, place):
+    monkeypatch.setattr(quickfit, "load_model", lambda name: pytest.fail(f"{name} was loaded: --out was not checked"))
+    if place == "inside a file":
+        (tmp_path / "notes.txt").write_text("mine")
+        out, words = tmp_path / "notes.txt" / "fit", f"lies inside the file {tmp_path / 'notes.txt'}"
+    else:
+        out, words = _unwritable_place(tmp_path) / "fit", "Cannot write into --out"
+    assert quickfit.main(["--source", "smollm2-135m", "--target", "gemma3-270m", "--direct", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ConfigError: ") and words in err and "Pass a" in err
