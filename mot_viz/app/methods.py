@@ -62,6 +62,13 @@ def methods_offer(run: Run) -> MethodsOffer:
     if direct is None:
         missing["direct"] = ("no full-depth map without replay for this pair (e.g. pretrained/smollm2-to-gemma3-"
                              "direct; python -m mot_viz.train.quickfit --direct fits one).")
+    else:
+        try:  # a broken one leaves out that method only, never the page
+            get_checkpoint(direct, run.source, run.target)
+        except MotVizError as exc:
+            missing["direct"] = (f"the full-depth map {Path(direct).name} does not load ({type(exc).__name__}: "
+                                 f"{str(exc)[:300]}). Fix or remove that folder; the other methods are shown.")
+            direct = None
     try:
         check_kvcomm_pair(run.source.spec, run.target.spec)
         kvcomm = True

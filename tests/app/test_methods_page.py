@@ -77,7 +77,8 @@ def test_the_page_shows_the_librarys_answers_and_bytes_and_says_what_is_not_offe
     assert list(mot_trace["y"]) == pytest.approx(want["rel_l2"].tolist(), rel=1e-4)
     assert "The relay's messages" not in [h.value for h in at.subheader]  # the relay only on request
     note = " ".join(m.value for m in at.markdown)  # method.md §6: the replay is the target's own forward pass
-    assert "one forward pass over the context tokens" in note and "never reads the text" not in note
+    assert "one forward pass over every context token" in note and "never reads the text" not in note
+    assert "does not spare the target reading the text" in note
 
 
 def test_the_relay_on_request_shows_the_librarys_messages_and_the_view_lives_in_the_url(library):
@@ -98,3 +99,28 @@ def test_the_relay_on_request_shows_the_librarys_messages_and_the_view_lives_in_
     for row in expected.handed_over.itertuples():
         assert sizes.loc[METHOD_LABELS[row.method], "bytes"] == row.bytes == len(expected.messages[row.method].encode())
     assert at.query_params.get("methods.relay") == "true" and at.query_params.get("methods.kv") == "V"
+
+
+def test_a_broken_direct_map_in_pretrained_leaves_out_that_method_only(pretrained, tmp_path, monkeypatch):
+    """A folder marked as the pair's direct map whose weights do not load: the page shows every other method and
+    says why the direct map is left out (the user never chose it)."""
+    import json
+    import shutil
+
+    folder = tmp_path / "pretrained"
+    for name, path in pretrained.items():
+        shutil.copytree(path, folder / name)
+    broken = folder / "smollm2-to-gemma3-direct"
+    broken.mkdir()
+    config = json.loads((folder / "smollm2-to-gemma3" / "config.json").read_text())
+    config["replay"]["direct"] = True
+    (broken / "config.json").write_text(json.dumps(config))
+    (broken / "translator.safetensors").write_bytes(b"not safetensors at all")
+    monkeypatch.setenv("MOT_VIZ_PRETRAINED", str(folder))
+    at = open_page()  # no error, no exception
+    answers = at.dataframe[0].value
+    assert answers["method"].tolist() == [METHOD_LABELS[m] for m in ("native", "no_context", "mot", "linear")]
+    captions = [shown(c.value) for c in at.caption]
+    note = next(c for c in captions if c.startswith(f"**{METHOD_LABELS['direct']}** is not offered"))
+    assert "the full-depth map smollm2-to-gemma3-direct does not load (CheckpointError: " in note
+    assert note.endswith("Fix or remove that folder; the other methods are shown.")
