@@ -2,6 +2,11 @@
 
     .venv/bin/python scripts/gpu_check.py                                       # on cuda; writes benchmarks/gpu.md
     .venv/bin/python scripts/gpu_check.py --device cpu --quick --out /tmp/gpu.md    # the test suite's mode
+    .venv/bin/python scripts/gpu_check.py --synthetic [--device cpu --quick]   # no model file, checkpoint or dataset
+
+This is the real-weights part; `--synthetic` runs the part that needs only the code (scripts/gpu_check_synthetic.py:
+synthetic models of real architectures, from the bundled pair's to 8B). Each part writes its own part of
+benchmarks/gpu.md and keeps the other's.
 
 What it checks, in order (one section of the table each):
 
@@ -52,6 +57,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+if __name__ == "__main__" and "--synthetic" in sys.argv[1:]:
+    # the synthetic part (scripts/gpu_check_synthetic.py) imports only the engine and training, which the code-only
+    # bundle ships: it runs before the imports below, which the real-weights check needs (datasets, the evaluator)
+    from gpu_check_synthetic import main as synthetic_main
+    from mot_viz.cli import run_cli
+
+    sys.exit(run_cli(synthetic_main))
+
+from gpu_check_synthetic import RTOL, scale_error, write_part  # noqa: E402  (device vs CPU: one rule, one file)
 from mot_viz.analysis.logit_lens import logit_lens, translation_lens_trace  # noqa: E402
 from mot_viz.cli import run_cli  # noqa: E402
 from mot_viz.data.eval_data import load_dataset  # noqa: E402
@@ -61,11 +75,10 @@ from mot_viz.engine.mot import empty_context_cache, translate  # noqa: E402
 from mot_viz.engine.prompts import build_prompt  # noqa: E402
 from mot_viz.eval import evaluate  # noqa: E402
 from mot_viz.eval.answers import MAX_NEW_TOKENS, answers_from_caches, first_answer_logprobs  # noqa: E402
-from mot_viz.fsutil import check_out_place, write_text_atomic  # noqa: E402
+from mot_viz.fsutil import check_out_place  # noqa: E402
 from mot_viz.train.config import TrainConfig, parse_args  # noqa: E402
 from mot_viz.train.train import train  # noqa: E402
 
-RTOL = 1e-3  # device vs CPU, float32: max |device - cpu| over max |cpu| of each compared tensor
 CHECKPOINT = "pretrained/smollm2-to-gemma3"
 DIRECT = "pretrained/smollm2-to-gemma3-direct"  # the evaluator's "direct" condition reads it (--direct)
 RECIPE = "configs/smollm2-to-gemma3.json"
@@ -107,15 +120,6 @@ class Tee(io.TextIOBase):
         for stream in self.streams:
             stream.write(text)
         return len(text)
-
-
-def scale_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """max |actual - expected| / max |expected|, in float64 on the CPU (0 when both are zero)."""
-    a, b = actual.detach().to("cpu", torch.float64), expected.detach().to("cpu", torch.float64)
-    if a.shape != b.shape:
-        return float("inf")
-    scale, diff = float(b.abs().max()), float((a - b).abs().max())
-    return 0.0 if diff == 0.0 else (diff / scale if scale else float("inf"))
 
 
 def context_results(mot, source, target, example, scale: Scale) -> dict:
@@ -250,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the test suite's small mode: 2 contexts of 64 tokens, 2 training steps on a small "
                              "bank, 1 example, the engine at 64 tokens")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "gpu.md"), help="the markdown table written")
+    parser.add_argument("--synthetic", action="store_true",
+                        help="the part that needs no model file, checkpoint or dataset: synthetic models of real "
+                             "architectures (scripts/gpu_check_synthetic.py; handled before this parser)")
     args = parser.parse_args(argv)
     check_out_place(Path(args.out), folder=False)  # a folder, a read-only place: refused before minutes of work
     device = str(model_device(args.device))  # an unavailable device is refused before anything runs
@@ -292,8 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         f"## {SECTIONS[3]}", "", *evaluation, "",
         f"## {SECTIONS[4]}", "", *engine, "",
     ]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(Path(args.out), "\n".join(lines))
+    write_part(Path(args.out), lines[0], lines[1:])  # the synthetic part of the file, if any, is kept
     print(f"{'all checks pass' if same_ok and train_ok else 'a check FAILED'}: {args.out}", file=sys.stderr)
     return 0 if same_ok and train_ok else 1
 
