@@ -36,6 +36,7 @@ PAGES = {
     "10_multi_agent.py": "Multi-agent",
     "11_evaluations.py": "Evaluations",
     "12_methods.py": "Methods",
+    "13_layer_patching.py": "Layer patching",
 }
 
 

@@ -16,6 +16,8 @@ each importing only those above it:
 * ``long_context`` — the Long context page's loaders: one long document evaluated, the shipped results;
 * ``multi_agent`` — the Multi-agent page's loaders: one CoQA conversation answered turn by turn, the shipped results,
   one document read in shards by several source agents;
+* ``methods`` — the Methods page's loaders: which ways of sharing the pair offers, each one's cache and answer;
+* ``patching`` — the Layer patching page's loaders: one method's patching scan of the applied context;
 * ``links`` — the applied view in ``st.query_params`` and back (the pure part is mot_viz.app.permalink);
 * ``page`` — what a page draws with (``explain``, ``run_caption``, ``show_figure``, ``show_error``) and keyed
   widgets' first values (``widget_default``);

@@ -193,8 +193,23 @@ def test_default_pair_every_page_and_two_tabs(app_url, browser):
     assert page.locator(".js-plotly-plot").count() >= 1 and page.locator('[data-testid="stDataFrame"]').count() >= 1
     page.wait_for_timeout(500)
     page.screenshot(path=str(SCREENSHOTS / "multi_agent.png"))
+    # Layer patching: restoring and breaking each target layer of the MoT cache, then of the direct map's
+    _nav_link(page, "Layer patching").click()
+    page.get_by_role("heading", name="Layer patching", exact=True).wait_for()
+    page.get_by_role("heading", name="Groups: layers patched together").wait_for(timeout=SLOW_MS)
+    _wait_until_settled(page)
+    _assert_no_failure(page)
+    assert page.locator(".js-plotly-plot").count() == 1
+    page.get_by_text("direct map (every layer, no replay)").click()
+    page.wait_for_timeout(1000)
+    _wait_until_settled(page)
+    _assert_no_failure(page)
+    assert _query(page)["patch.method"] == "direct"
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(SCREENSHOTS / "layer_patching.png"))
     assert all((SCREENSHOTS / f"{n}.png").stat().st_size > 10_000
-               for n in ["overview", "shift_sweep", "long_context", "logit_lens", "multi_agent", *PAGES.values()])
+               for n in ["overview", "shift_sweep", "long_context", "logit_lens", "multi_agent", "layer_patching",
+                         *PAGES.values()])
 
 
 def _nav_link(page, title: str):

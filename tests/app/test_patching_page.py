@@ -1,0 +1,126 @@
+"""The Layer patching page driven by AppTest on the tiny test pair (MOT_VIZ_TEST_MODELS=1): its bars and groups are
+the library's scan (mot_viz.engine.patching) of the same context, and its options live in the URL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from mot_viz.analysis.methods import METHOD_LABELS
+from mot_viz.app.settings import MAX_CONTEXT_TOKENS
+from mot_viz.data.eval_data import load_dataset
+from mot_viz.engine.alignment import encode
+from mot_viz.engine.checkpoint import load_checkpoint
+from mot_viz.engine.mot import translate
+from mot_viz.engine.patching import (ANSWER_SENTENCE, answer_sentence_buckets, answer_token_ids, layer_groups,
+                                     patching_scan)
+from mot_viz.engine.prompts import build_prompt
+from mot_viz.engine.testing import load_test_model
+from mot_viz.eval.answers import linear_cache
+from plotly_figures import figures
+from test_app_pages import errors, translate_button
+from tolerance import close
+
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
+TIMEOUT = 300
+PAGE = "views/13_layer_patching.py"
+
+
+@pytest.fixture(autouse=True)
+def test_env(pages_env):
+    """Every page runs on the tiny test pair (conftest's pages_env)."""
+
+
+@pytest.fixture(scope="module")
+def library(pretrained):
+    """The page's default context (SQuAD #0), its translation, question and gold answer, computed by the library."""
+    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
+    mot, _ = load_checkpoint(pretrained["smollm2-to-gemma3"], source, target)
+    linear, _ = load_checkpoint(pretrained["smollm2-to-gemma3-linear"], source, target)
+    example = load_dataset("squad", n=50, seed=0)[0]
+    prompt = build_prompt(example, target.chat_frame)
+    translation = translate(mot, source, target, prompt.context_text,
+                            max_tokens=min(MAX_CONTEXT_TOKENS, target.spec.max_positions))
+    question = target.ids_tensor(encode(target.tokenizer, prompt.suffix_text))
+    answer = answer_token_ids(target.tokenizer, example, None)
+    return source, target, mot, linear, example, prompt, translation, question, answer
+
+
+def open_page() -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.run()
+    at.switch_page(PAGE).run()
+    assert not at.exception, at.exception
+    assert not at.error, errors(at)
+    return at
+
+
+def _bars(fig, direction: str) -> list[float]:
+    return list(next(t for t in fig["data"] if t["name"].startswith(direction))["y"])
+
+
+def test_the_bars_and_groups_are_the_librarys_scan_of_the_mot_cache(library):
+    at = open_page()
+    source, target, mot, _, example, _, translation, question, answer = library
+    groups = layer_groups(target.spec, mot.channels.target_layers)
+    expected = patching_scan(target.model, translation.native_kv, translation.mixed_kv, question, answer, groups)
+    frame = expected.frame()
+    figs = figures(at)
+    assert len(figs) == 1
+    layers = frame[frame.target.str.startswith("layer ")]
+    for direction, name in (("restore", "restoring"), ("break", "breaking")):
+        want = layers[layers.direction == direction].share.tolist()
+        assert close(_bars(figs[0], name), want, rtol=1e-4, equal_nan=True)
+    shapes = figs[0]["layout"]["shapes"]  # the window shaded
+    assert any(s["x0"] == min(mot.channels.target_layers) - 0.5 and s["x1"] == max(mot.channels.target_layers) + 0.5
+               for s in shapes)
+    table = at.dataframe[0].value.set_index("target")
+    assert list(table.index) == list(groups)
+    window = frame[(frame.target == "window") & (frame.direction == "restore")].share.iloc[0]
+    assert close(table.loc["window", "restore share"], round(window, 3), rtol=1e-3)
+    native = float(at.metric[0].value)
+    assert close(native, round(expected.native, 3), rtol=1e-3)
+    note = " ".join(m.value for m in at.markdown)
+    assert "misses layers that only matter together" in note and "computes itself" in note
+
+
+def test_method_group_and_buckets_follow_the_widgets_and_live_in_the_url(library):
+    at = open_page()
+    source, target, mot, linear, example, prompt, translation, question, answer = library
+    offered = at.radio(key="pg.patch.method").options  # direct and kvcomm are not offered for this pair
+    assert offered == [METHOD_LABELS["mot"], METHOD_LABELS["linear"]]
+    at.radio(key="pg.patch.method").set_value("linear").run()
+    at.multiselect(key="pg.patch.custom").set_value([0, 3]).run()
+    at.toggle(key="pg.patch.buckets").set_value(True).run()
+    assert not at.exception and not at.error, errors(at)
+    kv = linear_cache(mot, linear, source, target, translation)
+    groups = {**layer_groups(target.spec, mot.channels.target_layers), "your group": (0, 3)}
+    buckets = answer_sentence_buckets(target.tokenizer, prompt.context_text, example.answers[0],
+                                      translation.prefix_len, first=prompt.context_text.find("Passage:"))
+    expected = patching_scan(target.model, translation.native_kv, kv, question, answer, groups, buckets).frame()
+    figs = figures(at)
+    assert len(figs) == 3  # all positions, the answer's sentence, the rest
+    sentence = expected[(expected.bucket == ANSWER_SENTENCE) & expected.target.str.startswith("layer ")]
+    assert close(_bars(figs[1], "breaking"), sentence[sentence.direction == "break"].share.tolist(), rtol=1e-4,
+                 equal_nan=True)
+    table = at.dataframe[0].value
+    mine = table[(table.target == "your group") & (table.bucket == "all")]
+    want = expected[(expected.target == "your group") & (expected.bucket == "all") & (expected.direction == "break")]
+    assert close(mine["break share"].iloc[0], round(want.share.iloc[0], 3), rtol=1e-3)
+    assert at.query_params.get("patch.method") == "linear" and at.query_params.get("patch.buckets") == "true"
+    assert at.query_params.get("patch.custom")
+
+
+def test_free_text_without_a_gold_answer_is_one_message():
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.run()
+    at.radio(key="sb.mode").set_value("Free text").run()
+    at.text_area(key="sb.text").input("My own passage about the tower in Paris.").run()
+    at.text_input(key="sb.question").input("Where is it?").run()
+    at.text_input(key="sb.gold").input("").run()
+    translate_button(at).click().run()
+    at.switch_page(PAGE).run()
+    assert not at.exception
+    assert any("gold answer" in e.value for e in at.error)
