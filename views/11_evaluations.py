@@ -352,8 +352,10 @@ def _live_run() -> None:
     dataset = cols[0].selectbox("Dataset", datasets, key="pg.evals.live_dataset",
                                 format_func=lambda d: "your .jsonl file" if d == UPLOAD else DATASET_LABELS.get(d, d))
     app.widget_default("pg.evals.live_n", 10)
-    n = cols[1].number_input("Examples", 1, live_run.MAX_EXAMPLES, step=1, key="pg.evals.live_n",
-                             help="The first of the dataset's seed-0 sample, as the command draws them.")
+    # no bounds on the widget, which would silently clamp a value past them: Run refuses it in one line
+    n = cols[1].number_input("Examples", step=1, key="pg.evals.live_n",
+                             help=f"1 to {live_run.MAX_EXAMPLES}: the first of the dataset's seed-0 sample, as the "
+                                  "command draws them.")
     app.widget_default("pg.evals.live_conditions", ["no_context", "mot", "random"])  # a list: kept where offered
     st.session_state["pg.evals.live_conditions"] = [c for c in st.session_state["pg.evals.live_conditions"]
                                                     if c in live_run.LIVE_CONDITIONS]

@@ -255,3 +255,13 @@ def test_a_folder_whose_answers_hold_nul_opens(tmp_path, checkpoints, monkeypatc
         at.text_input(key="pg.evals.path").input(str(out) + "/" * (nul == "\x00")).run()
         assert not at.exception and not at.error, at.error
         assert set(frame(at, "table")["gold"]) == {f"Paris{nul}"}
+
+
+@pytest.mark.parametrize("n", [0, 500])
+def test_an_out_of_range_number_of_examples_is_refused_not_clamped(n):
+    at = open_page()
+    at.number_input(key="pg.evals.live_n").set_value(n).run()
+    assert at.number_input(key="pg.evals.live_n").value == n  # kept as typed, never silently 1
+    at.button(key="evals.live_run").click().run()
+    assert not at.exception and len(at.error) == 1 and "evals.live" not in at.session_state
+    assert "a live run evaluates 1 to 50 examples, got " + str(n) in at.error[0].value.replace("\\", "")
