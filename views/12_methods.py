@@ -19,8 +19,10 @@ def main() -> None:
         "- **native** — the target reads the context itself (the reference).\n"
         "- **no context** — only the question.\n"
         "- **MoT** — the sidebar's checkpoint: the source reads the context, its K/V over the window are translated, "
-        "and the target runs one forward pass over the context tokens (the **replay**) whose attention reads the "
-        "translated K/V inside the window; every layer caches the K/V it computes itself.\n"
+        "and the target runs one forward pass over every context token (the **replay**) whose attention reads the "
+        "translated K/V inside the window; every layer caches the K/V it computes itself. It does not spare the "
+        "target reading the text: it changes what the cache holds and the attention work (sparse over the source's "
+        "top-k positions above the bottom layers).\n"
         "- **linear map** — the closed-form map of the same window on the same source context, replayed as the "
         "MoT's is (offered when a `-linear` checkpoint of this pair and window exists).\n"
         "- **direct map** — a full-depth map without replay: every target layer's K and V translated from the "
@@ -33,11 +35,14 @@ def main() -> None:
         "scored by the attention mass of the question's positions on the context (the sink excluded), mixed with a "
         f"Gaussian prior over depth, and the top {KVCOMM_FRACTION:.0%} kept; here the calibration set is this "
         "context (a set of size 1, KVComm's default size).\n"
-        f"- **text relay** (tick *Include the text relay*) — the source writes a message of at most {RELAY_TOKENS} "
-        "tokens (greedy, in its chat template when it has one) and the target reads only that message, in the "
-        "prompt it answers *native* in. *relay* (KVComm's natural-language baseline): a summary of the passage "
-        "written before any question exists. *relay_q* (C2C's protocol): the source sees the question and writes "
+        f"- **text relay** (tick *Include the text relay*) — the source reads the instruction, then the passage, and "
+        f"writes a message (greedy, in its chat template when it has one) until it ends its turn or {RELAY_TOKENS} "
+        "tokens; the target reads only that message, in the prompt it answers *native* in. *relay* (KVComm's "
+        "natural-language baseline): a summary of the passage written before any question exists, so its writing "
+        "is work done ahead of the question. *relay_q* (C2C's protocol): the source sees the question and writes "
         "the background needed to solve it (unlike C2C's, this source also has the passage).\n\n"
+        "Only the direct map, KVComm and the relays answer without the target running over the context; native, "
+        "the MoT and the linear map run it over every context token.\n\n"
         "Extractive questions are scored by token F1 against the gold answers, closed ones by whether the likeliest "
         "choice label is the correct one. Every cache and answer is built by the evaluations' own code "
         "(`mot_viz.eval.answers`, `relay`, `kvcomm`), the code behind the shipped results below."
@@ -53,7 +58,7 @@ def main() -> None:
         st.caption(f"**{METHOD_LABELS[method]}** is not offered: {app.escape_markdown(why)}")
     app.widget_default("pg.methods.relay", False)
     with_relay = st.checkbox("Include the text relay", key="pg.methods.relay",
-                             help="The source writes two messages of up to 64 tokens each: seconds to tens of "
+                             help=f"The source writes two messages of up to {RELAY_TOKENS} tokens each: tens of "
                                   "seconds on two CPU cores. Computed once per context.")
     with st.spinner("Building every method's cache of the context and answering from it …"):
         result = cached_methods(run, offer, app.DEFAULT_MAX_NEW_TOKENS)
@@ -73,7 +78,8 @@ def main() -> None:
 
 def _answers(table: pd.DataFrame, metric: str | None) -> None:
     st.subheader("Answers")
-    shown = table.drop(columns=["method", "handed over", "bytes handed over", "seconds to the first answer token"])
+    shown = table.drop(columns=["method", "handed over", "bytes handed over", "seconds to the first answer token",
+                                "seconds after the question"])
     shown = shown.rename(columns={"label": "method", "exact_match": "EM"})
     formats = {c: st.column_config.NumberColumn(format="%.3f") for c in (metric, "EM") if c in shown}
     st.dataframe(shown, hide_index=True, width="stretch", column_config=formats)
@@ -88,9 +94,11 @@ def _time(result) -> None:
         "replay, the assembly of a direct cache (the target's BOS and the translated layers), the relay's message "
         "writing (the source's reading of its prompt included), the target's prefill (native: of the context; no "
         "context: of its BOS; relay: of the message), and the first answer token (the target reads the question over "
-        "the cache). Measured once per context in this app (the MoT's stages when its translation was first "
-        "computed, shared with the other pages); KVComm's layer choice is not timed (calibrated once per run). On "
-        "two CPU cores shared with other work only the ratios mean much.")
+        "the cache). The source's prefill and relay's message writing (its message needs no question) can run "
+        "before the question arrives: the shipped results' times, and this context's star below, leave them out; "
+        "relay_q's writing, for the question, stays in. Measured once per context in this app (the MoT's stages "
+        "when its translation was first computed, shared with the other pages); KVComm's layer choice is not timed "
+        "(calibrated once per run). On two CPU cores shared with other work only the ratios mean much.")
 
 
 def _bytes(result) -> None:
@@ -144,16 +152,18 @@ def _scatter(run, table: pd.DataFrame, metric: str | None) -> None:
         st.caption(f"No shipped results for {app.escape_markdown(' → '.join(pair))}: every pair's are drawn.")
         mine = points
     live = pd.DataFrame({"method": table["method"], "score": table[metric] if metric else float("nan"),
-                         "seconds": table["seconds to the first answer token"]})
+                         "seconds": table["seconds after the question"]})
     app.show_figure(quality_time_figure(mine, live), pd.concat([mine.assign(context="shipped"),
                                                                 live.assign(context="this context")]),
                     "methods_quality_time")
     st.caption(
         "One point per method and results folder and setting (dataset, or document kind and length): the mean "
-        "score against the mean seconds per example. The long-context runs time the first answer token (circles); "
-        "the QA runs time the whole answer (squares: building the cache plus the example's batch decoding shared "
-        "evenly among its conditions, so within one folder the methods differ by their cache alone). Stars: this "
-        "context, timed to the first answer token" + ("." if metric else " (not drawn: no gold answer to score)."))
+        "score against the mean seconds per example from the question's arrival (the source's prefill and relay's "
+        "writing, done ahead, left out). The long-context runs time the first answer token (circles); the QA runs "
+        "time the whole answer (squares: building the cache plus the example's batch decoding shared evenly among "
+        "its conditions, so within one folder the methods differ by their cache alone; in QA runs written before "
+        "the work done ahead was recorded apart, the cache methods' seconds still hold the source's prefill). "
+        "Stars: this context, timed to the first answer token" + ("." if metric else " (not drawn: no gold answer to score)."))
 
 
 app.run_page(main)

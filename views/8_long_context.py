@@ -19,10 +19,12 @@ def main() -> None:
     st.title("Long context")
     app.explain(
         "The case the method is for: the *source* model has read a long document and holds its KV cache; the "
-        "*target* should answer from that cache instead of reading the document again. The source's K/V over the "
-        "window are translated, the target runs one forward pass over the document's tokens (the **replay**: inside "
-        "the window its attention reads the translated K/V instead of its own; every layer caches the K/V it "
-        "computes itself), and answers from that cache.\n\n"
+        "*target* answers from a cache built with its translation. The source's K/V over the window are translated, "
+        "the target still runs one forward pass over every token of the document (the **replay**: inside the window "
+        "its attention reads the translated K/V instead of its own; under the sparse replay, above the bottom layers "
+        "it attends over the source's top-k positions only; every layer caches the K/V it computes itself), and "
+        "answers from that cache. So the translation changes what the cache holds and the attention work, not the "
+        "target's pass over the text.\n\n"
         "- **Distractor stack** — one SQuAD paragraph that holds the answer, at the start, the middle or the end "
         "of other SQuAD paragraphs, until the budget is filled (document *i* puts its evidence at "
         f"{' / '.join(DEPTHS)} by *i* mod 3).\n"

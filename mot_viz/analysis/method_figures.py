@@ -41,11 +41,12 @@ def shipped_points(root: str | Path = REPO_ROOT / "results", folders: tuple[str,
     """One row per results folder, group (dataset, or document kind and length) and method (POINT_COLUMNS): the
     mean score as the folder's own summary states it and the mean seconds per example.
 
-    Seconds: the long-context runs (python -m mot_viz.eval.long_context) time the first answer token, so there they
-    are building the cache plus the question's pass to the first answer token; the QA runs (python -m
-    mot_viz.eval.evaluate) time the whole answer, building the cache plus the example's batch decoding shared evenly
-    among its conditions (``timed_to`` says which). Within one folder the methods share everything but the cache
-    they answer from. A run of a linear checkpoint counts its "mot" rows as the linear map; controls (random, mean,
+    Seconds run from the question's arrival (after_question_seconds): the work that can be done before it (the
+    source's prefill; relay's writing, whose message needs no question) is left out. The long-context runs (python -m
+    mot_viz.eval.long_context) time the first answer token: the target side of building the cache plus the
+    question's pass; the QA runs (python -m mot_viz.eval.evaluate) time the whole answer: building the cache plus
+    the example's batch decoding shared evenly among its conditions (``timed_to`` says which). Within one folder the
+    methods share everything but the cache they answer from. A run of a linear checkpoint counts its "mot" rows as the linear map; controls (random, mean,
     a second checkpoint) are left out. Folders under `root`/<one of `folders`>; unreadable ones are left out.
     """
     root = Path(root)
@@ -64,7 +65,7 @@ def shipped_points(root: str | Path = REPO_ROOT / "results", folders: tuple[str,
             if method not in METHODS:
                 continue
             part = run.rows[(run.rows["group"] == s.group) & (run.rows["condition"] == s.condition)]
-            seconds = (part["build_seconds"] + part["first_token_seconds"]) if long else part["seconds"]
+            seconds = after_question_seconds(part, long)
             rows.append({"folder": f"{folder.parent.name}/{folder.name}", "group": s.group, "method": method,
                          "checkpoint": Path(str(run.settings.get("checkpoint", ""))).name, "source": source,
                          "target": target, "n": int(s.n),
@@ -72,6 +73,24 @@ def shipped_points(root: str | Path = REPO_ROOT / "results", folders: tuple[str,
                          "score": float(s.mean), "seconds": float(seconds.mean()),
                          "timed_to": FIRST_TOKEN if long else WHOLE_ANSWER})
     return pd.DataFrame(rows, columns=list(POINT_COLUMNS))
+
+
+def after_question_seconds(rows: pd.DataFrame, long: bool) -> pd.Series:
+    """Each row's seconds from the question's arrival. A long-context row: its target side (sharing.target_side;
+    relay: the target's prefill of the message, its writing done ahead, also in rows written when the target side
+    still held it) plus the question's pass to the first answer token; the build where no target side was measured.
+    A QA row: its seconds (from the question's arrival since the evaluator records ahead_seconds; in rows written
+    before, relay's writing is taken out here, and the source's prefill stays in the cache methods' seconds)."""
+    relay = rows["condition"] == "relay"
+    if long:
+        side = rows["target_side_seconds"] if "target_side_seconds" in rows else pd.Series(np.nan, rows.index)
+        side = side.where(~relay, rows.get("message_prefill_seconds"))
+        return side.fillna(rows["build_seconds"]) + rows["first_token_seconds"]
+    if "ahead_seconds" in rows and rows["ahead_seconds"].notna().all():
+        return rows["seconds"]
+    if "message_generate_seconds" not in rows:  # results written before the relay conditions existed
+        return rows["seconds"]
+    return rows["seconds"] - rows["message_generate_seconds"].where(relay, 0.0).fillna(0.0)
 
 
 def side_by_side(points: pd.DataFrame) -> pd.DataFrame:
@@ -125,8 +144,8 @@ def quality_time_figure(points: pd.DataFrame, live: pd.DataFrame | None = None) 
                                                 "line": {"width": 1, "color": "black"}},
                 hovertemplate="this context: %{y:.3f} · %{x:.2f} s to the first answer token<extra>"
                               + _label(row.method) + "</extra>"))
-    fig.update_layout(xaxis_title="mean seconds from the text (circle, star: to the first answer token; square: to "
-                                  "the whole answer)", xaxis_type="log", yaxis_title="mean score (F1 or accuracy)",
+    fig.update_layout(xaxis_title="mean seconds from the question's arrival (circle, star: to the first answer token; "
+                                  "square: to the whole answer)", xaxis_type="log", yaxis_title="mean score (F1 or accuracy)",
                       margin={"t": 30}, legend={"font": {"size": 11}})
     return fig
 

@@ -53,6 +53,9 @@ CACHE_METHODS = ("mot", "linear", "direct", "kvcomm")  # the methods that hand t
 FIRST_TOKEN = "first answer token"
 STAGES = ("source prefill", "alignment", "translation", "replay", "cache assembly", "message writing",
           "target prefill", "target prefill of the message", FIRST_TOKEN)
+# the stages that can run before the question arrives, once the source has read the context: its prefill, and the
+# writing of relay's message, which needs no question (relay_q's does: its writing stays after the question)
+AHEAD_STAGES = {"source prefill": None, "message writing": ("relay",)}  # stage -> the methods it is ahead for (None: all)
 # a translation's timing keys -> the stage names every method shares
 _TRANSLATION_STAGES = {"source_prefill": "source prefill", "alignment": "alignment", "translator": "translation",
                        "replay": "replay", "assemble": "cache assembly"}
@@ -73,6 +76,18 @@ class MethodsResult:
     def first_token_seconds(self) -> pd.Series:
         """Seconds from the text to the first answer token per method (the sum of its stages)."""
         return self.stages.groupby("method", sort=False)["seconds"].sum()
+
+    def after_question_seconds(self) -> pd.Series:
+        """Seconds from the question's arrival to the first answer token per method: its stages but those done
+        ahead (AHEAD_STAGES)."""
+        later = self.stages[[not is_ahead(m, s) for m, s in zip(self.stages["method"], self.stages["stage"])]]
+        return later.groupby("method", sort=False)["seconds"].sum().reindex(
+            self.stages["method"].unique(), fill_value=0.0)
+
+
+def is_ahead(method: str, stage: str) -> bool:
+    """Whether a method's stage can run before the question arrives (AHEAD_STAGES)."""
+    return stage in AHEAD_STAGES and (AHEAD_STAGES[stage] is None or method in AHEAD_STAGES[stage])
 
 
 def combine(*results: MethodsResult) -> MethodsResult:
@@ -201,10 +216,12 @@ def _stage_table(stages: dict[str, list[tuple[str, float]]]) -> pd.DataFrame:
 
 
 def summary_table(result: MethodsResult, metric: str | None) -> pd.DataFrame:
-    """One row per method, in METHODS' order: its answer, score, seconds to the first answer token and bytes
-    handed over (metric: "F1" / "correct"; None when the context has no gold answer: no score column)."""
+    """One row per method, in METHODS' order: its answer, score, seconds to the first answer token (from the text,
+    and from the question's arrival: the stages done ahead left out) and bytes handed over (metric: "F1" /
+    "correct"; None when the context has no gold answer: no score column)."""
     table = result.answers.set_index("method")
     table = table.join(result.first_token_seconds().rename("seconds to the first answer token"))
+    table = table.join(result.after_question_seconds().rename("seconds after the question"))
     table = table.join(result.handed_over.set_index("method")[["what", "bytes"]].rename(
         columns={"what": "handed over", "bytes": "bytes handed over"}))
     table = table.reindex([m for m in METHODS if m in table.index]).reset_index()

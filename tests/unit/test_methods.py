@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from mot_viz.analysis.cache_metrics import cache_error_table
+from mot_viz.analysis.eval_runs import open_run
 from mot_viz.analysis.method_figures import FIRST_TOKEN as FIGURE_FIRST_TOKEN
 from mot_viz.analysis.method_figures import (WHOLE_ANSWER, quality_time_figure, shipped_points, side_by_side,
                                              stages_figure)
@@ -150,6 +151,13 @@ def test_the_relay_hands_over_its_message_and_no_cache_of_the_context(pair):
     both = combine(cache_methods(mot, source, target, EXAMPLE, translation), result)
     assert list(summary_table(both, "F1")["method"]) == ["native", "no_context", "mot", "relay"]
     assert both.messages == result.messages
+    # from the question's arrival: relay's writing and the source's prefill are done ahead, the rest is not
+    stage = both.stages.set_index(["method", "stage"])["seconds"]
+    total, after = both.first_token_seconds(), both.after_question_seconds()
+    assert after["relay"] == pytest.approx(total["relay"] - stage["relay", "message writing"], rel=1e-9)
+    assert after["mot"] == pytest.approx(total["mot"] - stage["mot", "source prefill"], rel=1e-9)
+    assert after["native"] == pytest.approx(total["native"], rel=1e-9) and after["native"] > 0
+    assert summary_table(both, "F1").set_index("method")["seconds after the question"]["relay"] == after["relay"]
 
 
 def test_the_shipped_points_are_their_folders_own_numbers():
@@ -162,8 +170,10 @@ def test_the_shipped_points_are_their_folders_own_numbers():
     for method in ("native", "mot", "relay", "relay_q"):
         assert relay_folder.loc[method, "score"] == pytest.approx(summary.loc[method, "mean"], rel=1e-12)
         assert relay_folder.loc[method, "n"] == summary.loc[method, "n"]
-        assert relay_folder.loc[method, "seconds"] == pytest.approx(
-            rows.loc[rows["condition"] == method, "seconds"].mean(), rel=1e-12)
+        # from the question's arrival: relay's writing is done ahead (these rows predate ahead_seconds)
+        own = rows[rows["condition"] == method]
+        ahead = own["message_generate_seconds"] if method == "relay" else 0.0
+        assert relay_folder.loc[method, "seconds"] == pytest.approx((own["seconds"] - ahead).mean(), rel=1e-12)
         assert relay_folder.loc[method, "timed_to"] == WHOLE_ANSWER
     linear = points[points["folder"] == "eval/smollm2-to-gemma3-mid-linear-squad300"]
     assert set(linear["method"]) == {"native", "linear"}  # a linear checkpoint's "mot" rows are the linear map
@@ -181,3 +191,13 @@ def test_the_shipped_points_are_their_folders_own_numbers():
     for group, part in stacks.groupby("group"):
         assert {"mot", "relay", "direct"} <= set(part["method"]), group
     assert "long/smollm2-to-gemma3-stacks" not in set(compared["folder"])  # the terminal run shared no other way
+    # on documents, to the first answer token from the question's arrival: relay's target side is its reading alone
+    # (its writing done ahead), relay_q's holds its writing
+    relayed = points[points["folder"] == "long/smollm2-to-gemma3-mid-stacks-relay"]
+    run = open_run("results/long/smollm2-to-gemma3-mid-stacks-relay")
+    for method, own in (("relay", ["message_prefill_seconds"]),
+                        ("relay_q", ["message_generate_seconds", "message_prefill_seconds"])):
+        point = relayed[relayed["method"] == method].iloc[0]
+        rows = run.rows[(run.rows["group"] == point["group"]) & (run.rows["condition"] == method)]
+        expected = (rows[own].sum(axis=1) + rows["first_token_seconds"]).mean()
+        assert point["seconds"] == pytest.approx(expected, rel=1e-6)
