@@ -4,9 +4,10 @@ Per target layer, the k source layers whose single-layer ridge map predicts it b
 aligned K concatenated for its K and their V for its V, one ridge map each with a fixed penalty. Everything is
 computed from moments of the bank summed shard by shard in float64 (mot_viz.train.bank.bank_shards), so a bank of
 every source layer over ~100k tokens is never held in memory: the rows of train contexts give the fits, those of
-held-out contexts score them (R² from the same sums). The penalty is absolute: λ·I added to the selected features'
-centred Gram summed over the calibration tokens, the plain reading of the paper's λ = 0.01 (at ~90k tokens, close to
-ordinary least squares); `relative_r2` scores the same layers with mot_viz.train.ridge's relative penalty instead.
+held-out contexts score them (R² from the same sums). The paper's λ = 0.01 reads two ways, both offered: absolute,
+λ·I added to the selected features' centred Gram summed over the calibration tokens (at ~90k tokens close to ordinary
+least squares), or relative, λ times that Gram's mean diagonal (mot_viz.train.ridge's convention; what λ means on
+standardised features); each fit also scores the same layers under the other reading (`other_r2`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from .bank import bank_shards
 
 DIRECT_K = 8  # source layers per target layer (method.md §15)
-DIRECT_LAMBDA = 0.01  # absolute ridge penalty (method.md §15 gives λ = 0.01; see the module's docstring)
+DIRECT_LAMBDA = 0.01  # ridge penalty (method.md §15), absolute or relative: see the module's docstring
 
 
 @dataclass
@@ -90,7 +91,7 @@ class LayerFit:
     y_mean: torch.Tensor  # (H_T,)
     r2: float  # held-out R² of this map
     single_r2: list[float]  # held-out R² of each input layer's own map, by input position
-    relative_r2: float  # held-out R² of the same layers' map with the penalty relative (λ · mean diagonal)
+    other_r2: float  # held-out R² of the same layers' map with the penalty read the other way (relative/absolute)
 
 
 def layer_block(layers: Iterable[int], width: int) -> torch.Tensor:
@@ -124,24 +125,18 @@ def held_out_r2(train: Moments, val: Moments, rows: torch.Tensor, cols: torch.Te
     return 1 - val.sse(rows, cols, weight, x_mean, y_mean) / val.sst(cols)
 
 
-def single_layer_r2(train: Moments, val: Moments, num_inputs: int, in_width: int, out_layer: int, out_width: int,
-                    lam: float) -> list[float]:
-    """Held-out R² of each input layer's own ridge map onto output layer `out_layer`, by input position."""
-    cols = layer_block([out_layer], out_width)
-    return [held_out_r2(train, val, layer_block([l], in_width), cols, lam) for l in range(num_inputs)]
-
-
 def top_k_fit(train: Moments, val: Moments, num_inputs: int, in_width: int, out_layer: int, out_width: int,
-              k: int, lam: float, single: list[float] | None = None) -> LayerFit:
+              k: int, lam: float, relative: bool = False) -> LayerFit:
     """Output layer `out_layer`'s map from the k input layers of highest single-layer held-out R² (ties: the earlier
-    layer), their features concatenated in that order; `single` reuses those R² if already computed."""
-    single = single if single is not None else single_layer_r2(train, val, num_inputs, in_width, out_layer,
-                                                               out_width, lam)
+    layer), their features concatenated in that order; penalty λ, `relative` or absolute (ridge_fit)."""
+    cols = layer_block([out_layer], out_width)
+    single = [held_out_r2(train, val, layer_block([l], in_width), cols, lam, relative) for l in range(num_inputs)]
     sources = tuple(sorted(range(num_inputs), key=lambda l: (-single[l], l))[:k])
-    rows, cols = layer_block(sources, in_width), layer_block([out_layer], out_width)
-    weight, x_mean, y_mean = ridge_fit(train, rows, cols, lam)
+    rows = layer_block(sources, in_width)
+    weight, x_mean, y_mean = ridge_fit(train, rows, cols, lam, relative)
     r2 = 1 - val.sse(rows, cols, weight, x_mean, y_mean) / val.sst(cols)
-    return LayerFit(sources, weight, x_mean, y_mean, r2, single, held_out_r2(train, val, rows, cols, lam, True))
+    return LayerFit(sources, weight, x_mean, y_mean, r2, single,
+                    held_out_r2(train, val, rows, cols, lam, not relative))
 
 
 def bank_moments(shards: Iterable[dict[str, torch.Tensor]], num_contexts: int, val_fraction: float = 0.1
@@ -166,13 +161,14 @@ def bank_moments(shards: Iterable[dict[str, torch.Tensor]], num_contexts: int, v
     return moments
 
 
-def fit_every_layer(moments: dict[str, tuple[Moments, Moments]], in_width: int, out_width: int, k: int, lam: float
-                    ) -> dict[str, list[LayerFit]]:
+def fit_every_layer(moments: dict[str, tuple[Moments, Moments]], in_width: int, out_width: int, k: int, lam: float,
+                    relative: bool = False) -> dict[str, list[LayerFit]]:
     """{"k": [LayerFit per output layer], "v": [...]}: top_k_fit of every output layer of the moments, K and V apart."""
     fits = {}
     for name, (train, val) in moments.items():
         num_inputs, num_outputs = len(train.sx) // in_width, len(train.sy) // out_width
-        fits[name] = [top_k_fit(train, val, num_inputs, in_width, t, out_width, k, lam) for t in range(num_outputs)]
+        fits[name] = [top_k_fit(train, val, num_inputs, in_width, t, out_width, k, lam, relative)
+                      for t in range(num_outputs)]
     return fits
 
 

@@ -56,11 +56,13 @@ class QuickFitConfig:
     # target's whole cache (ReplayConfig.direct)
     direct: bool = False
     # the direct map's recipe: "top_k" (its paper's: each target layer's K from the K, its V from the V, of the top_k
-    # source layers of highest held-out single-layer R², fixed absolute penalty direct_lambda; mot_viz.train.direct)
-    # or "depth_matched" (each target layer from its depth-matched source layer's K and V together, λ per layer)
+    # source layers of highest held-out single-layer R², fixed penalty direct_lambda read as direct_lambda_kind;
+    # mot_viz.train.direct) or "depth_matched" (each target layer from its depth-matched source layer's K and V
+    # together, λ per layer chosen on held-out contexts)
     direct_recipe: str = "top_k"
     top_k: int = DIRECT_K
     direct_lambda: float = DIRECT_LAMBDA
+    direct_lambda_kind: str = "absolute"  # or "relative" (times the Gram's mean diagonal)
 
     def __post_init__(self):
         if self.tokens < 256:
@@ -69,6 +71,8 @@ class QuickFitConfig:
             raise ConfigError("need 0 < window_ratio <= 1 and window_size >= 1")
         if self.direct_recipe not in DIRECT_RECIPES:
             raise ConfigError(f"--direct_recipe must be one of {', '.join(DIRECT_RECIPES)}, not '{self.direct_recipe}'")
+        if self.direct_lambda_kind not in ("absolute", "relative"):
+            raise ConfigError(f"--lambda_kind must be absolute or relative, not '{self.direct_lambda_kind}'")
         if self.top_k < 1 or not self.direct_lambda > 0:
             raise ConfigError(f"need --k >= 1 and --lam > 0, got {self.top_k} and {self.direct_lambda}")
 
@@ -78,6 +82,7 @@ class QuickFitConfig:
 
 
 DIRECT_RECIPES = ("top_k", "depth_matched")
+DIRECT_SETTINGS = ("direct_recipe", "top_k", "direct_lambda", "direct_lambda_kind")  # a window's fit has none
 # (tokens, shortest and longest context) of each recipe's bank when the command is not told: the quick linear fit's
 # few thousand tokens; the top-k map's ~100k tokens in 1,024-token contexts (its paper calibrates on ~500 × 1k
 # tokens); the depth-matched map's 16k in 32–448 (the QA contexts' lengths)
@@ -137,7 +142,7 @@ def quickfit_dir(source: LoadedModel, target: LoadedModel, cfg: QuickFitConfig) 
     """Where the fit of (pair, cfg) is saved: <cache>/fits/<source>-to-<target>-<hash>."""
     settings = asdict(cfg)
     if not cfg.direct:  # the direct map's settings do not name a window's fit
-        for name in ("direct_recipe", "top_k", "direct_lambda"):
+        for name in DIRECT_SETTINGS:
             settings.pop(name)
     ident = json.dumps({"source": source.spec.fingerprint, "target": target.spec.fingerprint, **settings},
                        sort_keys=True)
@@ -217,11 +222,11 @@ def _fit(source: LoadedModel, target: LoadedModel, cfg: QuickFitConfig, out: Pat
         metrics = {"linear_fit": fit_linear(mot, bank, val_fraction=VAL_FRACTION)}
     seconds = time.perf_counter() - t0
     recipe = {"top_k": f"full-depth direct map, no replay: each target layer from its top {cfg.top_k} source "
-                       f"layers by held-out R², absolute λ = {cfg.direct_lambda:g}",
+                       f"layers by held-out R², {cfg.direct_lambda_kind} λ = {cfg.direct_lambda:g}",
               "depth_matched": "full-depth direct map, no replay: each target layer from its depth-matched source "
                                "layer"}[cfg.direct_recipe] if cfg.direct else "quick linear fit"
     settings = {k: v for k, v in asdict(cfg).items()
-                if cfg.direct or k not in ("direct_recipe", "top_k", "direct_lambda")}
+                if cfg.direct or k not in DIRECT_SETTINGS}
     training = {"recipe": f"{recipe} (mot_viz.train.quickfit)", "source": source.spec.name,
                 "target": target.spec.name, **settings,
                 "data": f"{cfg.corpus} bank of {manifest['num_tokens']} target tokens in {manifest['num_contexts']} "
@@ -240,10 +245,11 @@ def _fit_top_k(bank_mot: MoT, source: LoadedModel, target: LoadedModel, cfg: Qui
                moments: dict[str, tuple[Moments, Moments]]) -> tuple[MoT, dict]:
     """The top-k direct map fitted on the bank's moments (mot_viz.train.direct), and its report: per target layer the
     chosen source layers and the held-out R² (of the map; of the depth-matched and of the best single source layer;
-    of the map with the penalty relative instead), then the attention-output cosine on held-out text."""
+    of the map with the penalty read the other way), then the attention-output cosine on held-out text."""
     t0 = time.perf_counter()
     h_s, h_t = bank_mot.source.kv_hidden, bank_mot.target.kv_hidden
-    fits = fit_every_layer(moments, h_s, h_t, cfg.top_k, cfg.direct_lambda)
+    relative = cfg.direct_lambda_kind == "relative"
+    fits = fit_every_layer(moments, h_s, h_t, cfg.top_k, cfg.direct_lambda, relative)
     inputs = bank_mot.input_layers  # the bank's layer order: the channel list's source layers, then the others
     chosen = {name: tuple(tuple(inputs[p] for p in f.sources) for f in layer_fits) for name, layer_fits in fits.items()}
     mot = MoT.build(source.spec, target.spec, bank_mot.channels, replay=bank_mot.replay, variant="linear",
@@ -259,7 +265,7 @@ def _fit_top_k(bank_mot: MoT, source: LoadedModel, target: LoadedModel, cfg: Qui
                 proj.weight[t].copy_(weight)
                 proj.bias[t].copy_(bias)
     train, val = moments["k"]
-    report = {"k": cfg.top_k, "lambda": cfg.direct_lambda, "lambda_kind": "absolute", "train_tokens": train.n,
+    report = {"k": cfg.top_k, "lambda": cfg.direct_lambda, "lambda_kind": cfg.direct_lambda_kind, "train_tokens": train.n,
               "val_tokens": val.n, "features": cfg.top_k * h_s, "layers": []}
     for t in range(mot.target.num_layers):
         row = {"layer": t}
@@ -268,7 +274,7 @@ def _fit_top_k(bank_mot: MoT, source: LoadedModel, target: LoadedModel, cfg: Qui
             row |= {f"{label}_sources": list(chosen[name][t]), f"{label}_r2": round(f.r2, 4),
                     f"{label}_r2_depth_matched": round(f.single_r2[t], 4),  # input position t: channel t's source
                     f"{label}_r2_best_single": round(max(f.single_r2), 4),
-                    f"{label}_r2_relative_lambda": round(f.relative_r2, 4)}
+                    f"{label}_r2_{'absolute' if relative else 'relative'}_lambda": round(f.other_r2, 4)}
         report["layers"].append(row)
     # half the shorter model's reach: the source's tokens may outnumber the target's
     texts = heldout_texts(target, "lambada-heldout", FIDELITY_TEXTS, min(448, min(_reads(source, target).values()) // 2))
@@ -304,12 +310,14 @@ def main(argv: list[str] | None = None) -> int:
                              "never reads the context): by default its paper's recipe (--direct_recipe top_k)")
     parser.add_argument("--direct_recipe", choices=DIRECT_RECIPES, default=QuickFitConfig.direct_recipe,
                         help="top_k: each target layer's K from the K, its V from the V, of the --k source layers "
-                             "that predict it best on held-out tokens (single-layer R²), fixed absolute λ --lam; "
+                             "that predict it best on held-out tokens (single-layer R²), fixed λ --lam (--lambda_kind); "
                              "depth_matched: each target layer from its depth-matched source layer's K and V, λ per "
                              "layer chosen on held-out tokens")
     parser.add_argument("--k", type=int, default=DIRECT_K, help="source layers per target layer (top_k recipe)")
-    parser.add_argument("--lam", type=float, default=DIRECT_LAMBDA,
-                        help="ridge penalty of the top_k recipe, added to the centred Gram summed over the tokens")
+    parser.add_argument("--lam", type=float, default=DIRECT_LAMBDA, help="ridge penalty of the top_k recipe")
+    parser.add_argument("--lambda_kind", choices=("absolute", "relative"), default=QuickFitConfig.direct_lambda_kind,
+                        help="--lam added to the centred Gram summed over the calibration tokens (absolute), or times "
+                             "its mean diagonal (relative)")
     parser.add_argument("--out", default=None,
                         help="also copy the fitted checkpoint folder here (a new folder, e.g. under pretrained/)")
     args = parser.parse_args(argv)
@@ -325,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = QuickFitConfig(tokens=args.tokens or tokens, window_start=args.window_start,
                              window_size=args.window_size, key_space=args.key_space, max_context_tokens=longest,
                              min_context_tokens=shortest, direct=args.direct, direct_recipe=args.direct_recipe,
-                             top_k=args.k, direct_lambda=args.lam)
+                             top_k=args.k, direct_lambda=args.lam, direct_lambda_kind=args.lambda_kind)
         geometry = model_geometry(args.source)  # checked before any model loads where its config can be read
         if geometry is not None:
             check_direct_size(cfg, *geometry)

@@ -163,6 +163,8 @@ def test_the_top_k_source_layers_are_those_of_highest_held_out_r2_not_the_depth_
     assert fit.sources == (3, 1)
     assert fit.single_r2[3] > fit.single_r2[1] > max(fit.single_r2[0], fit.single_r2[2])
     assert top_k_fit(train, val, 4, 3, 0, 2, k=1, lam=0.01).sources == (3,)
+    relative = top_k_fit(train, val, 4, 3, 0, 2, k=2, lam=0.01, relative=True)  # the other reading of λ
+    assert relative.sources == (3, 1) and relative.r2 == pytest.approx(fit.other_r2, rel=1e-9)
     # the moments' held-out R² is the R² of the map's own predictions on the held-out rows
     weight, bias = affine(train, layer_block(fit.sources, 3), layer_block([0], 2), fit.weight, fit.x_mean, fit.y_mean)
     rows = x[-400:][:, list(fit.sources)].flatten(1)
