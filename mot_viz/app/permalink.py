@@ -36,6 +36,10 @@ MAX_QUERY_CHARS = 12 * 1024
 DIGEST_CHARS = 16  # hex characters of the sha256 prefix: 64 bits, never guessed
 FINGERPRINT = "sha256:"  # a page option's text too long to carry goes in a link as "sha256:<digest>" (like ``th``)
 _FINGERPRINTED = re.compile(f"^{FINGERPRINT}[0-9a-f]{{{DIGEST_CHARS}}}$")
+# a fingerprint with fewer hex characters is the end of a link cut short (a chat or mail program cut the address)
+_CUT_FINGERPRINT = re.compile(f"^{FINGERPRINT}[0-9a-f]{{0,{DIGEST_CHARS - 1}}}$")
+_DIGEST = re.compile(f"^[0-9a-f]{{{DIGEST_CHARS}}}$")
+CUT_SHORT = "the link was cut short (copy it again, whole)"
 PAGE_PREFIX = "pg."  # page widget keys; in a link without the prefix
 SIDEBAR_KEYS = ("src", "tgt", "ckpt", "ds", "ex", "text", "th", "q", "gold")
 _PAGE_KEY = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+$")  # "error.metric"
@@ -256,7 +260,10 @@ def parse_link(params: Mapping[str, str], *, models: Collection[str], checkpoint
 
     free = "text" in params or "th" in params
     text = params.get("text")
-    if text is None and "th" in params:
+    if text is None and "th" in params and not _DIGEST.match(params["th"]):
+        ignored.append(f"the context text (its fingerprint th={_short(params['th'], 20)} is not {DIGEST_CHARS} hex "
+                       f"characters: {CUT_SHORT})")
+    elif text is None and "th" in params:
         text = recall_text(params["th"])
         if text is None:
             ignored.append(f"the context text (longer than {MAX_TEXT_IN_LINK:,} characters, so the link holds only "
@@ -287,6 +294,9 @@ def parse_link(params: Mapping[str, str], *, models: Collection[str], checkpoint
             continue
         if _PAGE_KEY.match(key) and option_groups is not None and key.split(".")[0] not in option_groups:
             ignored.append(f"the page option {_short(key, 30)} (no page of this app has it)")
+        elif _PAGE_KEY.match(key) and _CUT_FINGERPRINT.match(raw):
+            ignored.append(f"the page option {_short(key, 30)} (its text's fingerprint {raw} is not {DIGEST_CHARS} "
+                           f"hex characters: {CUT_SHORT})")
         elif _PAGE_KEY.match(key) and _FINGERPRINTED.match(raw):  # a long text: restored where this app saw it
             text = recall_text(raw[len(FINGERPRINT):])
             if text is None:

@@ -150,6 +150,24 @@ def test_hostile_parameters_are_named_and_dropped(params, named):
     assert link.dataset in (None, "squad")
 
 
+def test_a_link_cut_inside_a_fingerprint_says_it_was_cut_short():
+    """A chat or mail program that cuts a long address cuts the fingerprint at its end: named as cut, not as a text
+    this app has not seen, nor restored as the text "sha256:…"."""
+    text = "x" * (MAX_TEXT_IN_LINK + 1)
+    whole = sidebar_params(SidebarLink("smollm2-135m", "gemma3-270m", "smollm2-to-gemma3", text=text))
+    for cut in (whole["th"][:7], ""):
+        parsed = parse_link({**whole, "th": cut}, **LINK_ARGS, recall_text={text_digest(text): text}.get)
+        assert parsed.sidebar.text is None and len(parsed.ignored) == 1
+        assert parsed.ignored[0].endswith("is not 16 hex characters: the link was cut short (copy it again, whole))")
+    option = page_params({"pg.long.text": text})["long.text"]
+    parsed = parse_link({"long.text": option[:15]}, **LINK_ARGS, recall_text={text_digest(text): text}.get)
+    assert parsed.page == {} and parsed.ignored == [f"the page option 'long.text' (its text's fingerprint "
+                                                    f"{option[:15]} is not 16 hex characters: the link was cut short "
+                                                    "(copy it again, whole))"]
+    assert parse_link({"long.text": option}, **LINK_ARGS, recall_text={text_digest(text): text}.get).page == {
+        "pg.long.text": text}
+
+
 # ----- the app: the URL holds the applied view ------------------------------------------------------
 
 
