@@ -7,12 +7,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 default="smollm2-to-gemma3-linear smollm2-to-gemma3 smollm2-to-gemma3-mid-linear smollm2-to-gemma3-mid
 smollm2-to-gemma3-mid-single gemma3-to-smollm2-linear smollm2-to-smollm2-linear gemma3-to-smollm2 smollm2-to-smollm2
-smollm2-to-gemma3-direct"
+smollm2-to-gemma3-direct smollm2-to-gemma3-direct-depth-matched"
 for name in ${@:-$default}; do
-  if [[ "$name" == smollm2-to-gemma3-direct ]]; then  # a full-depth map without replay: a closed-form fit, no run
+  # the full-depth maps without replay: closed-form fits, no run (the bank of the top-k recipe resumes if killed)
+  if [[ "$name" == smollm2-to-gemma3-direct* ]]; then
+    recipe="top_k"; [[ "$name" == *-depth-matched ]] && recipe="depth_matched"
     rm -rf "pretrained/$name"
-    OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" .venv/bin/python -m mot_viz.train.quickfit --direct --source smollm2-135m \
-      --target gemma3-270m --tokens 16384 --max_context_tokens 448 --out "pretrained/$name" || echo "$name failed"
+    OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" .venv/bin/python -m mot_viz.train.quickfit --direct --direct_recipe "$recipe" \
+      --source smollm2-135m --target gemma3-270m --out "pretrained/$name" || echo "$name failed"
     continue
   fi
   mkdir -p "runs/$name"

@@ -107,7 +107,7 @@ def test_long_context_runs_compare_per_length_as_the_script_does(capsys):
 def test_methods_from_several_runs_are_tabled_against_one_on_the_examples_all_ran(tmp_path, capsys):
     from scripts.paired_runs import against_table, main, native_agreement
 
-    direct = ROOT / "results/direct/smollm2-to-gemma3-squad"
+    direct = ROOT / "results/direct/smollm2-to-gemma3-depth-matched-squad"
     runs = [f"{MID}:native=native", f"{MID}:mot=MoT", f"{LINEAR}:mot=linear", f"{direct}:direct=direct"]
     table = against_table(runs, "MoT").set_index("label")
     assert table["n"].tolist() == [300] * 4 and list(table.index) == ["native", "MoT", "linear", "direct"]
