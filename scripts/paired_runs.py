@@ -126,6 +126,20 @@ def against_table(runs: list[str], against: str, n_boot: int = 1000, seed: int =
     return pd.DataFrame(out)
 
 
+def coverage_note(runs: list[str]) -> str:
+    """One line when the labels did not all run the same examples (another n, seed or dataset): how many each ran
+    and how many every one did, which the tables are over (--pairs: each pair over the examples both ran)."""
+    frames, _ = labelled_rows(runs)
+    ran = {frame["condition"].iloc[0]: set(zip(frame["dataset"], frame["id"])) for frame in frames}
+    every, some = set.intersection(*ran.values()), set.union(*ran.values())
+    if every == some:
+        return ""
+    counts = ", ".join(f"{label} {len(examples)}" for label, examples in ran.items())
+    return (f"The runs hold different examples ({counts}): {len(every)} of the {len(some)} are in every one, and "
+            "the tables are over the examples the runs compared share. Runs of the same dataset, n and seed hold "
+            "the same examples.")
+
+
 def native_agreement(runs: list[str]) -> str:
     """One line: whether the native scores of the folders given agree on the examples they share."""
     _, natives = labelled_rows(runs)
@@ -172,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def body() -> None:
+        coverage = coverage_note(args.runs)
+        if coverage:  # said first, before any table
+            print(f"{coverage}\n")
         if args.pairs:
             print(paired_markdown(paired_runs(args.runs, args.pairs, args.bootstrap, args.seed)))
             return

@@ -663,3 +663,20 @@ def test_paired_runs_refuses_runs_of_two_model_pairs_in_one_line(checkpoints, da
         assert not captured.out and captured.err.count("\n") == 1
         assert captured.err.startswith("error: ResultsFolderError: These runs are of different model pairs (forward: ")
         assert "Compare runs of one pair" in captured.err
+
+
+def test_paired_runs_says_first_when_the_runs_hold_different_examples(checkpoints, data, tmp_path, test_models, capsys):
+    from scripts.paired_runs import main as paired_runs_main
+
+    two, three = tmp_path / "two", tmp_path / "three"
+    assert evaluate.main(eval_argv(checkpoints, data, two, 2)) == 0
+    assert evaluate.main(eval_argv(checkpoints, data, three, 3)) == 0
+    capsys.readouterr()
+    for how in (["--against", "b"], ["--pairs", "a:b"]):
+        assert paired_runs_main([f"{two}:mot=a", f"{three}:mot=b", *how]) == 0
+        first = capsys.readouterr().out.splitlines()[0]
+        assert first == ("The runs hold different examples (a 2, b 3): 2 of the 3 are in every one, and the tables are "
+                         "over the examples the runs compared share. Runs of the same dataset, n and seed hold the "
+                         "same examples.")
+    assert paired_runs_main([f"{three}:native=a", f"{three}:mot=b", "--pairs", "a:b"]) == 0
+    assert capsys.readouterr().out.startswith("| dataset |")  # the same examples: no note
