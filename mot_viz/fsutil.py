@@ -60,6 +60,13 @@ def remove_stale_temporaries(folder: Path, keep=lambda path: False) -> list[Path
     return removed
 
 
+def short_path(path: str | Path, most: int = 120) -> str:
+    """A path as a message quotes it: whole up to `most` characters, else its start and end around "…" and its
+    length (a pasted path may be thousands of characters long)."""
+    text = str(path)
+    return text if len(text) <= most else f"{text[:most // 2]}…{text[-(most // 3):]} ({len(text):,} characters)"
+
+
 def check_out_place(path: Path, flag: str = "--out", folder: bool = True) -> None:
     """Raise ConfigError unless this process can write `path` (`flag` names it in the message): a folder, or with
     folder=False a file (written whole, replacing one there). Checked before any work, so a long job never fails at
@@ -68,7 +75,7 @@ def check_out_place(path: Path, flag: str = "--out", folder: bool = True) -> Non
     try:
         existing = next(p for p in (path, *path.absolute().parents) if p.exists())
     except (OSError, ValueError) as exc:  # a name too long for the system, a NUL in it
-        raise ConfigError(f"{flag} {str(path)[:80]}… cannot be a path ({getattr(exc, 'strerror', None) or exc}). "
+        raise ConfigError(f"{flag} {short_path(path)} cannot be a path ({getattr(exc, 'strerror', None) or exc}). "
                           "Pass a shorter one.") from exc
     if existing != path and not existing.is_dir():
         raise ConfigError(f"{flag} {path} lies inside the file {existing}. Pass a "
@@ -99,7 +106,8 @@ def csv_text(value):
     """A text field as the results' CSV files hold it: a carriage return becomes a line break (the CSV writer quotes
     fields holding its line terminator "\\n" but not a lone "\\r", which every reader then takes for the end of the
     row), and a NUL becomes U+FFFD (NUL_STAND_IN: a file holding NUL reads as binary to many tools). A model's answer
-    or message may hold either, and so may a user's gold answer ("Paris\\u0000" is valid JSON). Anything else as it is."""
+    or message may hold either, and so may a user's gold answer ("Paris\\u0000" is valid JSON). Other values as
+    they are."""
     if not isinstance(value, str) or ("\r" not in value and "\x00" not in value):
         return value
     return value.replace("\r\n", "\n").replace("\r", "\n").replace("\x00", NUL_STAND_IN)

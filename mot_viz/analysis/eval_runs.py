@@ -24,10 +24,11 @@ from ..errors import DataFormatError, MotVizError
 from ..eval import conversation, evaluate, long_context, shards
 from ..eval.report import paired_differences
 from ..eval.results_folder import HEAD_BYTES, RESULTS_TABLE, SETTINGS_FILE, binary_start, table_text
+from ..fsutil import short_path
 
 RIGHT = 0.5  # a score at least this is "right" (F1 ≥ 0.5, or a closed question answered): the lost-answer filter
 REPO_ROOT = Path(__file__).resolve().parents[2]
-MAX_TABLE_BYTES = 256 * 2**20  # the largest examples.csv read: far more than any evaluation writes, far less than memory
+MAX_TABLE_BYTES = 256 * 2**20  # the largest examples.csv read: far more than evaluations write, far less than memory
 
 
 class ResultsFolderError(DataFormatError):
@@ -105,17 +106,11 @@ class EvalRun:
 # ----- reading a folder ------------------------------------------------------------------------------------------
 
 
-def _shown(path: str | Path, most: int = 120) -> str:
-    """A path as a message quotes it: whole up to `most` characters, else its start and end around "…"."""
-    text = str(path)
-    return text if len(text) <= most else f"{text[:most // 2]}…{text[-(most // 3):]} ({len(text):,} characters)"
-
-
 def _refuse(folder: Path, what: str) -> ResultsFolderError:
     return ResultsFolderError(
-        f"{_shown(folder)} {what}. Pick a folder that `python -m mot_viz.eval.evaluate`, `long_context`, `conversation` or "
-        "`shards` wrote with --out (it holds examples.csv and summary.json), e.g. results/eval/smollm2-to-gemma3-mid-"
-        "squad300.")
+        f"{short_path(folder)} {what}. Pick a folder that `python -m mot_viz.eval.evaluate`, `long_context`, "
+        "`conversation` or `shards` wrote with --out (it holds examples.csv and summary.json), e.g. "
+        "results/eval/smollm2-to-gemma3-mid-squad300.")
 
 
 def _read_table(folder: Path) -> tuple[RunKind, pd.DataFrame]:
@@ -123,9 +118,9 @@ def _read_table(folder: Path) -> tuple[RunKind, pd.DataFrame]:
     size = path.stat().st_size
     if size > MAX_TABLE_BYTES:
         raise ResultsFolderError(
-            f"{_shown(path)} is {size / 2**20:,.0f} MiB; results tables are read up to {MAX_TABLE_BYTES // 2**20} MiB "
-            "(an evaluation of 300 examples writes under 0.5 MiB), so it is not one an evaluation wrote. Pick the "
-            "folder an evaluation's --out wrote.")
+            f"{short_path(path)} is {size / 2**20:,.0f} MiB; results tables are read up to "
+            f"{MAX_TABLE_BYTES // 2**20} MiB (an evaluation of 300 examples writes under 0.5 MiB), so it is not "
+            "one an evaluation wrote. Pick the folder an evaluation's --out wrote.")
     with path.open("rb") as handle:  # binary data is told from the file's start, before it is read whole
         if binary_start(handle.read(HEAD_BYTES)):
             raise _refuse(folder, f"holds a binary {RESULTS_TABLE}, not the table an evaluation writes")
@@ -166,11 +161,12 @@ def open_run(folder: str | Path) -> EvalRun:
         exists = folder.exists()
     except (OSError, ValueError) as exc:  # a name too long for the system, a NUL in it
         why = exc.strerror if isinstance(exc, OSError) else str(exc)
-        raise ResultsFolderError(f"{_shown(folder)} cannot be a folder's path ({why}). Type the path of a results "
-                                 "folder, e.g. results/eval/smollm2-to-gemma3-mid-squad300.") from exc
+        raise ResultsFolderError(f"{short_path(folder)} cannot be a folder's path ({why}). Type the path of a "
+                                 "results folder, e.g. results/eval/smollm2-to-gemma3-mid-squad300.") from exc
     if not exists:
-        raise ResultsFolderError(f"There is no folder {_shown(folder)}. Type the path of a results folder (absolute, "
-                                 f"or relative to {Path.cwd()}), e.g. results/eval/smollm2-to-gemma3-mid-squad300.")
+        raise ResultsFolderError(f"There is no folder {short_path(folder)}. Type the path of a results folder "
+                                 f"(absolute, or relative to {Path.cwd()}), e.g. "
+                                 "results/eval/smollm2-to-gemma3-mid-squad300.")
     if not folder.is_dir():
         raise _refuse(folder, "is a file, not a folder")
     missing = [name for name in (RESULTS_TABLE, SETTINGS_FILE) if not (folder / name).is_file()]

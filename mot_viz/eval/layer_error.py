@@ -56,9 +56,10 @@ def _key(values) -> tuple[str, ...]:
 
 
 def read_layer_errors(path: Path, unit: tuple[str, ...]) -> pd.DataFrame:
-    """A layer_error.csv (the unit columns read as text, budgets as numbers), the rows of whole examples only; ConfigError
-    for another table. An example with a row cut short or damaged, or fewer layers than the others (a file cut, by
-    versions that wrote in place, or edited), is left out, and a log line says so: it is computed again."""
+    """A layer_error.csv (the unit columns read as text, budgets as numbers), the rows of whole examples only;
+    ConfigError for another table. An example with a row cut short or damaged, or fewer layers than the others (a
+    file cut, by versions that wrote in place, or edited), is left out, and a log line says so: it is computed
+    again."""
     text = path.read_text(encoding="utf-8", errors="replace")
     columns = (*unit, "layer", "in_window", *METRICS)
     header = tuple(text.split("\n", 1)[0].rstrip("\r").split(","))

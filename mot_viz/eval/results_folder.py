@@ -254,7 +254,8 @@ def complete_rows(path: Path, headers: tuple[tuple[str, ...], ...], text_columns
     try:  # a file cut inside its header holds no row yet
         header, *body = list(csv.reader(io.StringIO(text, newline=""))) if "\n" in text else [list(headers[0])]
     except csv.Error as exc:
-        raise ConfigError(f"{path} does not parse as CSV ({exc}), so it is not the table MoT Viz writes. {fix}") from exc
+        raise ConfigError(f"{path} does not parse as CSV ({exc}), so it is not the table MoT Viz writes. "
+                          f"{fix}") from exc
     if tuple(header) not in headers:
         raise ConfigError(f"{path} has the columns {', '.join(header[:12])}, not those of an examples.csv MoT Viz "
                           f"writes ({', '.join(headers[0])}). {fix}")
