@@ -200,7 +200,8 @@ def _fit(source: LoadedModel, target: LoadedModel, cfg: QuickFitConfig, out: Pat
     if cfg.direct:  # every page and evaluation that loads it uses the translated K/V as the cache
         mot.replay = replay_mode(mot.replay, "none")
     bank_cfg = BankConfig(corpus=cfg.corpus, num_tokens=cfg.tokens, min_tokens=cfg.min_context_tokens,
-                          max_tokens=cfg.max_context_tokens, seed=cfg.seed, shard_contexts=4 if extra else 16)
+                          max_tokens=cfg.max_context_tokens, seed=cfg.seed,
+                          shard_contexts=4 if cfg.top_k_direct else 16)  # 4 contexts of every layer: ~1 GB
     report("building the bank: source prefill, alignment and the target's own window K/V", 0.0)
     on_progress = lambda done, total: report(f"bank: {done:,} of {total:,} tokens", 0.9 * done / total)
     try:

@@ -19,7 +19,7 @@ from mot_viz.errors import ConfigError
 from mot_viz.eval import answers, evaluate
 from mot_viz.train.bank import Bank, context_blocks
 from mot_viz.train.fit import fit_linear
-from mot_viz.train import quickfit
+from mot_viz.train import direct, quickfit
 from mot_viz.train.direct import Moments, affine, layer_block, top_k_fit
 from mot_viz.train.quickfit import QuickFitConfig, fit_pair, quickfit_channels
 from tolerance import assert_close
@@ -223,3 +223,21 @@ def test_a_top_k_fit_is_refused_in_one_line_before_any_model_loads(tmp_path, cap
     assert quickfit.main(["--source", str(folder), "--target", "gemma3-270m", "--direct", *flags]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+def test_a_second_top_k_fit_of_a_bank_reads_its_cached_moments(private_cache, monkeypatch):
+    source, target = tiny_model("qwen2", layers=6, seed=2), tiny_model("gemma3_text", layers=4, bos=True)
+    first = load_checkpoint(fit_pair(source, target, DIRECT), source, target)[1]
+    (folder,) = (private_cache / "banks").iterdir()
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["complete"] and list(folder.glob("moments-*.safetensors"))
+    summed = direct.bank_moments(direct.bank_shards(folder, manifest), manifest["num_contexts"], 0.1)
+    monkeypatch.setattr(direct, "bank_moments", lambda *a: pytest.fail("the bank was summed again"))
+    cached = direct.cached_moments(folder, manifest, 0.1)
+    for name in ("k", "v"):
+        for ours, theirs in zip(cached[name], summed[name]):
+            assert ours.n == theirs.n and torch.equal(ours.sxx, theirs.sxx) and torch.equal(ours.sxy, theirs.sxy)
+    second = load_checkpoint(fit_pair(source, target, replace(DIRECT, top_k=1)), source, target)[1]
+    assert [len(s) for s in second["translator"]["linear_key_sources"]] == [1] * 4
+    best = [row["key_sources"][0] for row in first["metrics"]["direct_fit"]["layers"]]
+    assert [s[0] for s in second["translator"]["linear_key_sources"]] == best  # the same ranking, cut at 1
