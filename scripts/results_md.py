@@ -116,15 +116,16 @@ def signed(x: float) -> str:
 
 
 def long_context_tables() -> str:
-    """One table per results/long/*-stacks folder: each condition's F1 per length, MoT's retention and its paired
+    """One table per results/long/*-stacks folder: each condition's F1 per length, MoT's retention and gap closed
+    (the share of the context's gain captured, (MoT − no context) ÷ (native − no context)) and its paired
     differences against the mean-vector window and the linear map (python -m mot_viz.eval.long_context)."""
     out = []
     for folder in sorted((ROOT / "results" / "long").glob("*-stacks")):
         summary = pd.read_csv(folder / "summary.csv")
         paired = pd.read_csv(folder / "paired.csv")
         out += [f"### `{folder.name}`", "", "| length (tokens) | n | native | no context | mean-vector window | linear map | "
-                "MoT | MoT retention [95% CI] | MoT − mean vector [95% CI] | MoT − linear [95% CI] |",
-                "|---:|---:|---|---|---|---|---|---|---|---|"]
+                "MoT | MoT retention [95% CI] | MoT gap closed [95% CI] | MoT − mean vector [95% CI] "
+                "| MoT − linear [95% CI] |", "|---:|---:|---|---|---|---|---|---|---|---|---|"]
         for budget, part in summary.groupby("budget", sort=True):
             by = part.set_index("condition")
             f1 = lambda c: f"{by.loc[c, 'mean']:.3f}" if c in by.index else "–"
@@ -136,7 +137,8 @@ def long_context_tables() -> str:
             m = by.loc["mot"]
             out.append(f"| {budget:,} | {int(m['n'])} | {f1('native')} | {f1('no_context')} | {f1('mean')} | "
                        f"{f1('linear')} | {f1('mot')} | {m['retention']:.0%} [{m['retention_ci_low']:.0%}, "
-                       f"{m['retention_ci_high']:.0%}] | {diffs[0]} | {diffs[1]} |")
+                       f"{m['retention_ci_high']:.0%}] | {m['gap_closed']:.2f} [{m['gap_closed_ci_low']:.2f}, "
+                       f"{m['gap_closed_ci_high']:.2f}] | {diffs[0]} | {diffs[1]} |")
         out.append("")
     return "\n".join(out)
 
