@@ -180,12 +180,14 @@ def train_and_resume(device: str, out: Path, scale: Scale) -> tuple[list[str], b
 
 def engine_benchmark(device: str, out: Path, scale: Scale) -> list[str]:
     """Section 4: benchmarks/engine.py on each pair on the device (one process per pair: it reads $MOT_VIZ_DEVICE)."""
-    env = {**os.environ, DEVICE_VARIABLE: device, "CUDA_LAUNCH_BLOCKING": "1", "PYTHONPATH": str(ROOT)}
+    path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])  # the bundle's wheels stay on it
+    env = {**os.environ, DEVICE_VARIABLE: device, "CUDA_LAUNCH_BLOCKING": "1", "PYTHONPATH": path}
     lines = []
     for i, ((source, target), lengths) in enumerate(scale.pairs):
         table = out / f"engine-{i}.md"
         t0 = time.perf_counter()
-        run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "engine.py"), "--source", source, "--target",
+        python = [sys.executable, *(["-S"] if sys.flags.no_site else [])]  # as isolated as this process
+        run = subprocess.run([*python, str(ROOT / "benchmarks" / "engine.py"), "--source", source, "--target",
                               target, "--recipe", RECIPE, "--lengths", *map(str, lengths), "--repeats",
                               str(scale.repeats), "--split", "--dense", "--direct", "synthetic", "--label",
                               f"on {device}", "--out", str(table)], env=env, capture_output=True, text=True, cwd=ROOT)
