@@ -40,12 +40,29 @@ NO_CONTEXT = "no context"  # the label whose scores are the floor of gap closed
 
 def run_seconds(run, condition: str, rows: pd.DataFrame) -> pd.Series | float:
     """Each row's seconds as its run states them: a QA run's seconds per example (to the whole answer); a
-    long-context run's median seconds to the first answer token for the row's length (its summary's); else none."""
+    long-context run's median seconds to the first answer token for the row's length (its summary's; relay's: the
+    target's prefill of the message and the question's pass, its writing done ahead); else none."""
     if run.kind.name == "evaluate":
         return rows["seconds"]
     if run.kind.name == "long_context":
+        if condition == "relay":  # its writing needs no question: done ahead, also in runs that counted it
+            medians = rows.groupby("group")[["message_prefill_seconds", "first_token_seconds"]].median().sum(axis=1)
+            return rows["group"].map(medians)
         stated = run.summary[run.summary["condition"] == condition]
         return rows["group"].map(pd.Series(stated["first_token_seconds"].to_numpy(), index=run.kind.group(stated)))
+    return np.nan
+
+
+def run_ahead(run, condition: str, rows: pd.DataFrame) -> pd.Series | float:
+    """Each row's work done ahead of the question, as its run records it: a QA run's ahead_seconds (the source's
+    prefill, relay's writing); a long-context run's median per length of relay's writing or of a translation's
+    source prefill; else none."""
+    if run.kind.name == "evaluate":
+        return rows["ahead_seconds"] if "ahead_seconds" in rows else np.nan
+    if run.kind.name == "long_context":
+        column = "message_generate_seconds" if condition == "relay" else "source_prefill"
+        if condition in ("mot", "direct", "relay") and column in rows and rows[column].notna().any():
+            return rows["group"].map(rows.groupby("group")[column].median())
     return np.nan
 
 
@@ -61,8 +78,8 @@ def labelled_rows(runs: list[str]) -> tuple[list[pd.DataFrame], dict[str, pd.Dat
         run = open_run(folder)
         opened.append(run)
         rows = condition_rows(run, condition, label)
-        ahead = rows["ahead_seconds"] if run.kind.name == "evaluate" and "ahead_seconds" in rows else np.nan
-        frames.append(rows.assign(seconds_per_example=run_seconds(run, condition, rows), ahead_per_example=ahead,
+        frames.append(rows.assign(seconds_per_example=run_seconds(run, condition, rows),
+                                  ahead_per_example=run_ahead(run, condition, rows),
                                   run=f"{run.folder.parent.name}/{run.name}"))
         if "native" in run.conditions and str(run.folder) not in natives:
             natives[str(run.folder)] = condition_rows(run, "native", "native")
