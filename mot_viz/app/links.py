@@ -20,6 +20,7 @@ from ..analysis.eval_run_links import AppView, app_views
 from ..analysis.eval_runs import EvalRun
 from ..data.eval_data import BUILTIN_DATASETS
 from ..engine.models import BUNDLED_MODELS, DEFAULT_SOURCE, DEFAULT_TARGET
+from ..engine.synthetic import synthetic_names
 from .loaders import available_checkpoints
 from .long_context import LONG_DOCUMENTS
 from .multi_agent import CONVERSATIONS, SHARD_DOCUMENTS
@@ -73,7 +74,7 @@ def restore_link() -> None:
     params = st.query_params.to_dict()
     if not params:
         return
-    parsed = parse_link(params, models=list(BUNDLED_MODELS), checkpoints=list(available_checkpoints()),
+    parsed = parse_link(params, models=[*BUNDLED_MODELS, *synthetic_names()], checkpoints=list(available_checkpoints()),
                         datasets=list(BUILTIN_DATASETS), examples=EXAMPLES_PER_DATASET, recall_text=_recall_text,
                         option_groups=option_groups())
     link = parsed.sidebar

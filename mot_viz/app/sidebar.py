@@ -9,6 +9,7 @@ import streamlit as st
 from ..data.eval_data import BUILTIN_DATASETS
 from ..engine.checkpoint import checkpoint_zip
 from ..engine.models import BUNDLED_MODELS
+from ..engine.synthetic import NO_QUALITY, SYNTHETIC_ALIGNMENT, is_synthetic, synthetic_names
 from ..engine.prompts import ChatFrame, QAExample, build_prompt, free_text_selection
 from ..errors import MotVizError
 from ..train.quickfit import QuickFitConfig, fit_pair, fits_dir
@@ -22,10 +23,11 @@ from .state import Selection
 
 def _model_picker(role: str) -> str:
     key = f"sb.{role}"
-    options = [*BUNDLED_MODELS, OTHER]
+    options = [*BUNDLED_MODELS, *synthetic_names(), OTHER]
     widget_default(key, options[0], options)
     choice = st.selectbox(f"{role.capitalize()} model", options, key=key,
-                          format_func=lambda n: n if n == OTHER else f"{n} (bundled)")
+                          format_func=lambda n: n if n == OTHER else f"{n} (random weights: cost, no quality)"
+                          if is_synthetic(n) else f"{n} (bundled)")
     typed = st.text_input(f"{role.capitalize()}: Hub id, local folder or .gguf file", key=f"{key}_other",
                           disabled=choice != OTHER, placeholder="e.g. gpt2 or /models/my-model.gguf")
     return typed.strip() if choice == OTHER else choice
@@ -137,6 +139,11 @@ def sidebar() -> Selection:
     with st.sidebar:
         st.subheader("Models and checkpoint")
         source, target = _model_picker("source"), _model_picker("target")
+        if is_synthetic(source) or is_synthetic(target):
+            st.warning(f"{NO_QUALITY.capitalize()}. {SYNTHETIC_ALIGNMENT.capitalize()}: a context is token ids written "
+                       "as numbers ('17 4021 883'), any other word reads as <unk>. A translator for a synthetic pair is "
+                       "built from a recipe's shape with seeded random weights (testing.synthetic_mot), never a "
+                       "checkpoint of real models.", icon="⚠️")
         checkpoint = _checkpoint_picker(source, target)
         st.subheader("Context")
         text, example, suffix, label = _context_picker(target)

@@ -441,6 +441,15 @@ def test_choosing_other_without_typing_asks_for_a_name():
     assert any("No MoT checkpoint is chosen" in e and "smollm2-to-gemma3" in e for e in errors(at))
 
 
+def test_a_synthetic_model_is_offered_and_said_to_measure_no_quality():
+    at = start()
+    assert not any("no quality" in w.value for w in at.sidebar.warning)
+    assert "synthetic:llama3.1-8b (random weights: cost, no quality)" in at.selectbox(key="sb.source").options
+    at.selectbox(key="sb.source").set_value("synthetic:llama3.2-1b").run()
+    warning = " ".join(w.value for w in at.sidebar.warning)
+    assert "no quality" in warning and "identity on a shared id stream" in warning
+
+
 def test_missing_checkpoint_folder_is_reported(tmp_path):
     at = start()
     at.selectbox(key="sb.checkpoint").set_value("other (type below)").run()
