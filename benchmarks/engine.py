@@ -135,6 +135,10 @@ def main() -> int:
     parser.add_argument("--target", default=DEFAULT_TARGET, help="target model (e.g. synthetic:qwen2.5-1.5b)")
     parser.add_argument("--recipe", default="configs/smollm2-to-gemma3.json",
                         help="a synthetic pair's translator: this training recipe's shape with seeded random weights")
+    parser.add_argument("--fused", action="store_true",
+                        help="also compare the sparse replay's gather path with its attention fused into one SDPA call "
+                             "per chunk (shipped) and unfused (two einsums and a softmax), alternating within each "
+                             "repeat: the replay's milliseconds per length")
     parser.add_argument("--dense", action="store_true",
                         help="also time the dense replay (every layer attending over every key) of each translation")
     parser.add_argument("--label", default="the engine as it is", help="heading of the new table (what changed)")
@@ -277,6 +281,8 @@ def main() -> int:
     # the masked sparse replay's query chunks (replay ÷ native), and the sparse index selection's (source prefill)
     chunk_rows = alternating("SPARSE_QUERY_CHUNK", args.chunks, lambda t: t["replay"] / t["native_prefill"],
                              with_native=True) if args.chunks else []
+    fused_rows = alternating("SPARSE_GATHER_FUSED", [1, 0], lambda t: t["replay"], with_native=False,
+                             value_of=bool) if args.fused else []
     topk_rows = alternating("TOPK_QUERY_CHUNK", args.topk_chunks, lambda t: t["source_prefill"], with_native=False,
                             value_of=lambda v: v if v > 0 else 1 << 30) if args.topk_chunks else []  # 0: whole matrix
 
@@ -407,6 +413,13 @@ def main() -> int:
                   "| target tokens | " + " | ".join(label(c) for c in args.chunks) + " |",
                   "|---:|" + "---:|" * len(args.chunks)]
         lines += [f"| {n_t} | " + " | ".join(f"{r[c]:.2f}" for c in args.chunks) + " |" for n_t, r in chunk_rows]
+    if fused_rows:
+        lines += ["", "The sparse replay's gather path with its attention fused (`--fused`: one "
+                  "scaled_dot_product_attention call per chunk of queries, each query a batch of its own over its k "
+                  "gathered keys; shipped) and unfused (two einsums and a float32 softmax, the previous code), each the "
+                  f"median of {args.repeats} translations that take both in turn:", "",
+                  "| target tokens | replay, fused (ms) | replay, unfused (ms) | fused ÷ unfused |", "|---:|---:|---:|---:|"]
+        lines += [f"| {n_t} | {r[1]*1e3:.0f} | {r[0]*1e3:.0f} | {r[1]/r[0]:.2f} |" for n_t, r in fused_rows]
     if topk_rows:
         label = lambda c: "whole matrix" if c <= 0 else f"chunks of {c}"  # noqa: E731
         lines += ["", f"Source prefill (s) by the sparse index selection's query chunk (`--topk_chunks "

@@ -284,9 +284,9 @@ def _sparse_reference(q, key, value, idx, scaling, window):
 
 @pytest.mark.parametrize("per_head, window, own, batch", [
     (False, None, False, 1), (True, None, False, 2), (False, 5, True, 2), (True, 4, True, 1), (False, 3, False, 1)])
-def test_chunked_gather_equals_the_masked_path_and_the_row_by_row_reference(per_head, window, own, batch):
-    """The gather path (O(N·k): each query's k keys gathered, a chunk of queries at a time) equals the masked path
-    and a row-by-row reference, with GQA groups, per-head indices, a batch, sliding windows, duplicate sentinels,
+def test_chunked_gather_equals_the_masked_path_and_the_row_by_row_reference(per_head, window, own, batch, monkeypatch):
+    """The gather path (O(N·k): each query's k keys gathered, a chunk of queries at a time), its attention fused into
+    one SDPA call per chunk (the default) or not, equals the masked path and a row-by-row reference, with GQA groups, per-head indices, a batch, sliding windows, duplicate sentinels,
     queries that see one key only, and (window 3 without the own position) queries that see none, which both the
     gather path and the reference average uniformly while the masked path hands them over (None)."""
     g = torch.Generator().manual_seed(1)
@@ -302,11 +302,13 @@ def test_chunked_gather_equals_the_masked_path_and_the_row_by_row_reference(per_
     module = type("Attn", (), {"sliding_window": window})()
     reference = _sparse_reference(q, key, value, idx, 0.35, window)
     masked = hf.sparse_mask_attention(module, q, key, value, idx, 0.35, chunk=4)
-    for chunk in (1, 4, 64, 0):  # one query per step, steps that do not divide N, one step, all at once
-        gathered = hf.sparse_attention(module, q, key, value, idx, 0.35, chunk=chunk)
-        assert gathered.shape == (batch, n, h, d) and close(gathered, reference)
-        if masked is not None:
-            assert close(gathered, masked)
+    for fused in (True, False):
+        monkeypatch.setattr(hf.attention, "SPARSE_GATHER_FUSED", fused)
+        for chunk in (1, 4, 64, 0):  # one query per step, steps that do not divide N, one step, all at once
+            gathered = hf.sparse_attention(module, q, key, value, idx, 0.35, chunk=chunk)
+            assert gathered.shape == (batch, n, h, d) and close(gathered, reference)
+            if masked is not None:
+                assert close(gathered, masked)
     assert (masked is None) == (window == 3)  # late queries lose position 0 to the window and keep nothing else
 
 

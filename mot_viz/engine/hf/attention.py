@@ -133,6 +133,9 @@ def attention_output(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 
 
 SPARSE_GATHER_CHUNK = 64  # queries per step of the gather path: the fastest of 16–1,024 at 512–4,096 tokens
+# the gather path's attention as one fused scaled_dot_product_attention call per chunk (each query a batch of its own
+# over its k gathered keys; flash or memory-efficient kernels on a GPU), rather than two einsums and a softmax
+SPARSE_GATHER_FUSED = True
 # the gather path is chosen where a query may see at least this many times k keys: per key it costs 5–6× what a
 # masked SDPA does, and the masked path scores every key a query's chunk may see (equal near 8·k: 256 keys at k=33)
 SPARSE_GATHER_RATIO = 8
@@ -171,16 +174,34 @@ def sparse_attention(module, query, key, value, indices, scaling, chunk: int | N
         e = min(n, a + step)
         k_sel = flat_k.index_select(0, rows[:, :, a:e].reshape(-1)).view(b, n_kv, e - a, k, d)
         v_sel = flat_v.index_select(0, rows[:, :, a:e].reshape(-1)).view(b, n_kv, e - a, k, d)
-        scores = torch.einsum("bgrnd,bgnkd->bgrnk", q[:, :, :, a:e].float(), k_sel.float()) * scaling
         q_pos = torch.arange(length - n + a, length - n + e, device=query.device).view(1, 1, 1, e - a, 1)
         key_pos = idx[:, :, a:e].unsqueeze(2)  # (B, n_kv, 1, e - a, k)
         masked = key_pos > q_pos
         if window:
             masked |= (q_pos - key_pos) >= window
+        if SPARSE_GATHER_FUSED:
+            out[:, a:e] = _fused_gather(q[:, :, :, a:e], k_sel, v_sel, masked, scaling)
+            continue
+        scores = torch.einsum("bgrnd,bgnkd->bgrnk", q[:, :, :, a:e].float(), k_sel.float()) * scaling
         scores = scores.masked_fill(masked, torch.finfo(scores.dtype).min)  # all masked -> uniform softmax
         probs = scores.softmax(dim=-1).to(value.dtype)
         out[:, a:e] = torch.einsum("bgrnk,bgnkd->bgrnd", probs, v_sel).reshape(b, h, e - a, d).transpose(1, 2)
     return out
+
+
+def _fused_gather(q: torch.Tensor, k_sel: torch.Tensor, v_sel: torch.Tensor, masked: torch.Tensor,
+                  scaling: float) -> torch.Tensor:
+    """One chunk of the gather path in one SDPA call: q [B, n_kv, rep, c, d] over its own gathered keys and values
+    [B, n_kv, c, k, d], `masked` [B, n_kv, 1, c, k] left out by an additive bias of the dtype's lowest value (a row
+    with every key masked then attends uniformly, as the unfused path's masked_fill does). Returns [B, c, H, d]."""
+    b, n_kv, rep, c, d = q.shape
+    k = k_sel.shape[3]
+    queries = q.permute(0, 1, 3, 2, 4).reshape(b * n_kv * c, 1, rep, d)  # each query position a batch of its own
+    bias = torch.zeros(masked.shape, dtype=q.dtype, device=q.device).masked_fill(masked, torch.finfo(q.dtype).min)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        queries, k_sel.reshape(b * n_kv * c, 1, k, d), v_sel.reshape(b * n_kv * c, 1, k, d),
+        attn_mask=bias.reshape(b * n_kv * c, 1, 1, k), scale=scaling)
+    return out.view(b, n_kv, c, rep, d).permute(0, 2, 1, 3, 4).reshape(b, c, n_kv * rep, d)
 
 
 SPARSE_QUERY_CHUNK = 64  # queries per SDPA call of the masked sparse path (sparse_mask_attention); 0: one call
