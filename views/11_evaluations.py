@@ -10,11 +10,14 @@ import streamlit as st
 
 from mot_viz import app
 from mot_viz.analysis import eval_run_links, eval_runs, figures, layer_separation
+from mot_viz.analysis import patching as patching_analysis
+from mot_viz.app.patching import shipped_patching
 from mot_viz.app import live_run
 from mot_viz.app.permalink import example_link
 from mot_viz.app.settings import DATASET_LABELS
 from mot_viz.errors import MotVizError
 from mot_viz.eval.answers import CONDITION_LABELS
+from mot_viz.eval.patching import PATCHING_FILE
 
 OTHER = "other folder (type its path below)"
 NONE = "(none)"
@@ -41,6 +44,10 @@ def main() -> None:
         "the native cache (the Per-layer cache error page's metrics, recorded per example in the folder's "
         "layer_error.csv) averaged over the slice's lost answers (native right, MoT wrong) and its kept ones (both "
         "right), each with its 95% bootstrap interval, and lost − kept with its interval.\n"
+        "- **Which layers' restoration wins lost answers back** — from the folder's patching.csv (`python -m "
+        "mot_viz.eval.patching`): per target layer, the share of the lost answers' gold-answer log-probability gap "
+        "(native − the method's) that putting the native K/V back at that layer alone wins back, with its 95% "
+        "bootstrap band, beside the rank correlation of each layer's error with that cost.\n"
         "- **Two runs side by side** — a second folder of the same examples (another checkpoint, the linear map, "
         "another window): the paired difference over the slice, as `scripts/paired_runs.py` computes it."
     )
@@ -53,6 +60,7 @@ def main() -> None:
     table, shown = _examples(run, table)
     _slice(run, shown)
     _layers(run, shown)
+    _patching(run, shown)
     _two_runs(run, table, shown)
     _live_run()
 
@@ -263,6 +271,49 @@ def _layers(run: eval_runs.EvalRun, shown: pd.DataFrame) -> None:
     st.caption("Each example's error is one number per layer (over its context tokens); the bands are 95% "
                "bootstrap intervals of the group means, lost − kept resamples both groups. The shaded layers are the "
                "translated window; a layer below it differs from native only through the replay's sparse attention.")
+
+
+# ----- layer patching ----------------------------------------------------------------------------------------------
+
+
+def _patching(run: eval_runs.EvalRun, shown: pd.DataFrame) -> None:
+    st.subheader("Which layers' restoration wins lost answers back")
+    path = run.folder / PATCHING_FILE
+    if run.kind.name != "evaluate" or not path.is_file():
+        st.caption("This folder has no patching.csv. Record it (no answer is regenerated) with `python -m "
+                   f"mot_viz.eval.patching {app.escape_markdown(run.folder)} --n 100 --methods mot direct --direct "
+                   "<a full-depth map>` (folders of `evaluate`).")
+        return
+    frame = shipped_patching(str(run.folder), path.stat().st_mtime_ns)
+    methods = list(dict.fromkeys(frame["method"]))
+    app.widget_default("pg.evals.patch_method", methods[0], methods)
+    cols = st.columns(2)
+    method = cols[0].radio("Method", methods, key="pg.evals.patch_method", horizontal=True,
+                           format_func=lambda m: CONDITION_LABELS.get(m, m))
+    app.widget_default("pg.evals.patch_over", "lost", ["lost", "all"])
+    over = cols[1].radio("Examples", ["lost", "all"], key="pg.evals.patch_over", horizontal=True,
+                         format_func=lambda o: "lost answers" if o == "lost" else "every scanned example of the slice")
+    scanned = set(frame.loc[frame["method"] == method, "id"]) & set(shown["id"].astype(str))
+    ids = patching_analysis.lost_examples(frame, shown, method) if over == "lost" else sorted(scanned)
+    if not ids:
+        st.caption(f"None of the slice's {len(scanned)} scanned examples was lost by {method}: choose every "
+                   "scanned example.")
+        return
+    shares = patching_analysis.gap_shares(frame, method, ids, n_boot=run.settings.get("bootstrap", 1000),
+                                          seed=run.settings.get("seed", 0))
+    window = sorted({int(l) for l in frame.loc[frame["target"] == "window", "layers"].iloc[0].split()})
+    what = "lost answers" if over == "lost" else "examples"
+    app.show_figure(patching_analysis.shares_figure(
+        shares, window, f"{method}: {len(ids)} {what} of {len(scanned)} scanned (mean gap "
+                        f"{shares['gap'].iloc[0]:.2f} nats)"), shares, f"evaluation_patching_{method}")
+    groups = shares[~shares["target"].str.startswith("layer ")]
+    st.dataframe(groups.round(3), hide_index=True, width="stretch")
+    rho = patching_analysis.error_cost_correlation(frame, method, ids)
+    st.caption(f"Share: Σ over the {what} of the log-probability won back ÷ Σ of their gaps (native − "
+               f"{method}), with 95% bootstrap bands over examples; groups patch their layers together. Spearman ρ "
+               "between a layer's mean relative error and its mean cost, over the target layers: "
+               + "; ".join(f"{r.direction} vs {r.error.split('_')[0]} {r.spearman:+.2f}" for r in rho.itertuples())
+               + ". The Layer patching page scans one context with the same code.")
 
 
 # ----- two runs ----------------------------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from . import layer_separation
+from .eval_runs import RIGHT
 from .figures import shade_window
 
 MEASURES = {"share": "share of the native − translated gap", "nats": "log-probability moved (nats)"}
@@ -71,18 +73,19 @@ def group_table(frame: pd.DataFrame) -> pd.DataFrame:
 # ----- across a results folder ------------------------------------------------------------------------------------
 
 
-def lost_examples(patching: pd.DataFrame, answers: pd.DataFrame | None, method: str,
-                  min_gap: float = 0.0) -> pd.Index:
-    """Ids of the examples `method` lost: where the folder's examples.csv scored the method (condition = method),
-    a lower score than native's; otherwise (a method the evaluation did not answer with), a gold answer less likely
-    than native's by more than min_gap nats."""
+def lost_examples(patching: pd.DataFrame, table: pd.DataFrame, method: str) -> list[str]:
+    """Ids of the examples of a results folder's wide table (eval_runs.wide_table, or a slice of it) that `method`
+    lost and patching.csv holds: native right and the method wrong, the Evaluations page's filter, where the
+    evaluation answered with the method; for a method it did not answer with (a direct map scanned afterwards), the
+    examples native got right whose gold answer the method's cache makes less likely than native's."""
     ends = patching[patching["method"] == method].groupby("id")[["native", "translated"]].first()
-    scored = None if answers is None else answers[answers["condition"].isin(["native", method])]
-    if scored is not None and method in set(scored["condition"]):
-        wide = scored.pivot_table(index="id", columns="condition", values="score")
-        lost = wide.index[wide[method] < wide["native"]]
-        return ends.index[ends.index.isin(lost)]
-    return ends.index[ends["native"] - ends["translated"] > min_gap]
+    if f"{method} score" in table:
+        lost = layer_separation.lost_and_kept(table, method)[0]
+        ids = table.loc[table["example"].isin(lost), "id"]
+    else:
+        right = table.loc[table["native score"] >= RIGHT, "id"]
+        ids = right[right.isin(ends.index[ends["native"] > ends["translated"]])]
+    return [i for i in ids.astype(str) if i in ends.index]
 
 
 def gap_shares(patching: pd.DataFrame, method: str, ids: Sequence[str] | None = None, direction: str = "restore",

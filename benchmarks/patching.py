@@ -1,0 +1,100 @@
+"""Benchmark of the Layer patching page's scan for one context, once its caches exist (a measurement, not a test).
+
+    .venv/bin/python benchmarks/patching.py [--checkpoint pretrained/smollm2-to-gemma3-mid]
+        [--direct pretrained/smollm2-to-gemma3-direct-depth-matched] [--examples 3] [--threads 2] [--repeats 1]
+        [--label "what changed"] [--out benchmarks/patching.md]
+
+On the bundled pair, for the first SQuAD validation examples the app offers (seed 0, as its sidebar samples them),
+the translation and the direct map's cache are built first (the page finds them cached), then the page's scan is
+timed: every target layer and the default groups (window, global, sliding), restoring and breaking, read as the gold
+answer's log-probability (mot_viz.engine.patching.patching_scan), for the MoT's cache and for the direct map's; and
+the MoT's scan with the answer's-sentence buckets. Medians over --repeats after a warm-up. It writes the current table
+to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from mot_viz.app.settings import EXAMPLES_PER_DATASET
+from mot_viz.data.eval_data import load_dataset
+from mot_viz.engine.checkpoint import load_checkpoint, read_config
+from mot_viz.engine.models import load_model
+from mot_viz.engine.mot import translate
+from mot_viz.engine.patching import layer_groups, patching_scan
+from mot_viz.engine.prompts import build_prompt
+from mot_viz.eval.patching import gold_buckets, gold_question, method_cache
+from mot_viz.fsutil import write_text_atomic
+
+STAGES = ("mot scan", "direct scan", "mot scan with buckets")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", default="pretrained/smollm2-to-gemma3-mid")
+    parser.add_argument("--direct", default="pretrained/smollm2-to-gemma3-direct-depth-matched")
+    parser.add_argument("--examples", type=int, default=3, help="SQuAD examples (the app's first ones)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs per example (the median is reported)")
+    parser.add_argument("--label", default="the layer patching scan as it is", help="heading of the table")
+    parser.add_argument("--out", default="benchmarks/patching.md")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    config = read_config(args.checkpoint)
+    source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
+    mot, _ = load_checkpoint(args.checkpoint, source, target)
+    direct, _ = load_checkpoint(args.direct, source, target)
+    groups = layer_groups(target.spec, mot.channels.target_layers)
+    rows = []
+    for example in load_dataset("squad", n=EXAMPLES_PER_DATASET, seed=0)[: args.examples]:
+        translation = translate(mot, source, target, build_prompt(example, target.chat_frame).context_text)
+        direct_kv = method_cache("direct", mot, source, target, translation, direct=direct).kv
+        question, answer = gold_question(target, example)
+        buckets = gold_buckets(target, example, translation.prefix_len)
+        runs = []
+        for repeat in range(args.repeats + 1):  # the first is a warm-up
+            t = {}
+            for stage, kv, positions in (("mot scan", translation.mixed_kv, None), ("direct scan", direct_kv, None),
+                                         ("mot scan with buckets", translation.mixed_kv, buckets)):
+                start = time.perf_counter()
+                scan = patching_scan(target.model, translation.native_kv, kv, question, answer, groups, positions)
+                t[stage] = time.perf_counter() - start
+                t[f"{stage} readings"] = len(scan.readings) + 2
+            if repeat:
+                runs.append(t)
+        medians = {stage: statistics.median(r[stage] for r in runs) for stage in STAGES}
+        rows.append({"id": example.id, "tokens": int(translation.target_ids.shape[1]), "question": question.shape[1],
+                     "answer": len(answer), "readings": runs[0]["mot scan readings"],
+                     "bucket readings": runs[0]["mot scan with buckets readings"], **medians})
+        print(f"{example.id}: {rows[-1]['tokens']} tokens, mot scan {medians['mot scan']:.2f} s", flush=True)
+    title = "# Layer patching benchmark: the Layer patching page's scan of one context, its caches built"
+    lines = [f"## {datetime.date.today()}: {args.label}", "",
+             f"`python benchmarks/patching.py --checkpoint {args.checkpoint} --direct {args.direct} --threads "
+             f"{args.threads}` on {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} with "
+             f"{args.threads} thread(s), float32; the app's first {args.examples} SQuAD examples; median of "
+             f"{args.repeats} run(s) per example after a warm-up. Seconds; readings: patched caches read (every layer "
+             "and the window, global and sliding groups, both ways, and the two ends), each the question and the "
+             "gold answer over one cache.", "",
+             "| example | target tokens | question tokens | answer tokens | readings | " + " | ".join(STAGES)
+             + " | readings with buckets |", "|---|---:|---:|---:|---:|" + "---:|" * (len(STAGES) + 1)]
+    for r in rows:
+        lines.append(f"| {r['id']} | {r['tokens']} | {r['question']} | {r['answer']} | {r['readings']} | "
+                     + " | ".join(f"{r[s]:.2f}" for s in STAGES) + f" | {r['bucket readings']} |")
+    lines += ["", f"The page's default scan (MoT, all positions): median {statistics.median(r['mot scan'] for r in rows):.2f} s "
+                  f"(max {max(r['mot scan'] for r in rows):.2f} s)."]
+    write_text_atomic(Path(args.out), title + "\n\n" + "\n".join(lines).strip() + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
