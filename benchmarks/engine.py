@@ -42,7 +42,8 @@ from mot_viz.engine.checkpoint import load_checkpoint
 from mot_viz.engine.models import DEFAULT_SOURCE, DEFAULT_TARGET, load_model, model_device
 from mot_viz.engine.mot import MoT, native_cache, prepare_source, replay, translate
 from mot_viz.engine.replay_config import ReplayConfig, replay_mode
-from mot_viz.engine.synthetic import NO_QUALITY, SYNTHETIC_ALIGNMENT, check_fits, is_synthetic, shared_vocab, synthetic_text
+from mot_viz.engine.synthetic import (NO_QUALITY, SYNTHETIC_ALIGNMENT, check_fits, is_synthetic, shared_vocab,
+                                      synthetic_text)
 from mot_viz.engine.testing import randomize_linear_path, synthetic_mot
 from mot_viz.errors import ConfigError, ContextError
 from mot_viz.fsutil import write_text_atomic

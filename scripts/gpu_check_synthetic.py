@@ -55,7 +55,8 @@ from mot_viz.cli import run_cli  # noqa: E402
 from mot_viz.engine.checkpoint import load_checkpoint  # noqa: E402
 from mot_viz.engine.models import DEVICE_VARIABLE, load_model, model_device  # noqa: E402
 from mot_viz.engine.mot import translate  # noqa: E402
-from mot_viz.engine.synthetic import NO_QUALITY, SYNTHETIC_ALIGNMENT, shared_vocab, synthetic_ids, synthetic_text  # noqa: E402
+from mot_viz.engine.synthetic import (NO_QUALITY, SYNTHETIC_ALIGNMENT, shared_vocab, synthetic_ids,  # noqa: E402
+                                      synthetic_text)
 from mot_viz.engine.testing import synthetic_mot  # noqa: E402
 from mot_viz.eval.answers import first_answer_logprobs  # noqa: E402
 from mot_viz.fsutil import check_out_place, write_text_atomic  # noqa: E402

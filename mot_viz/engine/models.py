@@ -391,16 +391,20 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, progress: Progress
 
 
 def model_geometry(name: str) -> tuple[int, int] | None:
-    """(layers, K/V width n_kv·d_h) of a bundled model or local model folder from its config alone, before its weights
-    load (a command's checks of its arguments); None for anything else (a .gguf file or a Hub id: checked once loaded)."""
+    """(layers, K/V width n_kv·d_h) of a bundled model, a synthetic one or a local model folder from its config alone,
+    before its weights load (a command's checks of its arguments); None for anything else (a .gguf file or a Hub id:
+    checked once loaded)."""
     from transformers import AutoConfig
 
     path = Path(name).expanduser() if isinstance(name, str) else None
     if name in BUNDLED_MODELS:
         path = bundled_model_dir(name)
-    if path is None or not (path / "config.json").is_file():
+    if is_synthetic(name):
+        config = synthetic.hf_config(name)  # its shipped architecture (an unknown name: ModelLoadError)
+    elif path is None or not (path / "config.json").is_file():
         return None
-    config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
+    else:
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
     layers, _, num_kv, head_dim, _ = _attention_geometry(config.get_text_config()
                                                          if hasattr(config, "get_text_config") else config)
     return layers, num_kv * head_dim

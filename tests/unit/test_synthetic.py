@@ -11,7 +11,7 @@ import torch
 from mot_viz.engine import synthetic
 from mot_viz.engine.alignment import decode, encode
 from mot_viz.engine.checkpoint import load_checkpoint, save_checkpoint
-from mot_viz.engine.models import load_model, model_spec
+from mot_viz.engine.models import load_model, model_geometry, model_spec
 from mot_viz.engine.mot import translate
 from mot_viz.engine.testing import load_test_model, synthetic_mot
 from mot_viz.errors import CheckpointError, ModelLoadError
@@ -21,6 +21,12 @@ from mot_viz.train.config import parse_args
 PUBLISHED_PARAMETERS = {"llama3.2-1b": 1_235_814_400, "qwen2.5-1.5b": 1_543_714_304,
                         "llama3.1-8b": 8_030_261_248, "qwen2.5-7b": 7_615_616_512}
 RECIPE = "configs/smollm2-to-gemma3.json"
+
+
+@pytest.fixture(scope="module")
+def bundled_pair():
+    """The synthetic bundled pair at two layers each (every other number as the bundled models')."""
+    return load_model("synthetic:smollm2-135m@2"), load_model("synthetic:gemma3-270m@2")
 
 
 @pytest.mark.parametrize("arch", sorted(PUBLISHED_PARAMETERS))
@@ -34,6 +40,7 @@ def test_real_size_architectures_have_the_published_size_and_geometry(arch):
     assert (spec.num_layers, spec.num_heads, spec.num_kv_heads, spec.hidden_size, spec.vocab_size) == (
         1, heads, kv, numbers["hidden_size"], numbers["vocab_size"])
     assert spec.head_dim == numbers.get("head_dim", numbers["hidden_size"] // heads)
+    assert model_geometry(name) == (numbers["num_hidden_layers"], spec.kv_hidden)  # what a CLI checks before loading
 
 
 def test_the_1b_pair_loads_at_reduced_depth_and_translates_with_an_identity_alignment():
@@ -54,10 +61,10 @@ def test_the_1b_pair_loads_at_reduced_depth_and_translates_with_an_identity_alig
     assert not torch.allclose(tr.injected_kv[0][0], tr.native_kv[first][0][:, :, tr.prefix_len:])
 
 
-def test_the_same_name_gives_the_same_weights_and_the_bundled_pair_keeps_its_geometry():
-    a, b = load_model("synthetic:gemma3-270m@2"), load_model("synthetic:gemma3-270m@2")
+def test_the_same_name_gives_the_same_weights_and_the_bundled_pair_keeps_its_geometry(bundled_pair):
+    other, a = bundled_pair
+    b = load_model("synthetic:gemma3-270m@2")
     assert all(torch.equal(x, y) for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values()))
-    other = load_model("synthetic:smollm2-135m@2")
     assert other.spec.fingerprint != a.spec.fingerprint
     # like Gemma, the synthetic Gemma's caches start with BOS; SmolLM2's do not
     assert a.prefix_ids == [2] and other.prefix_ids == []
@@ -100,8 +107,8 @@ def test_bad_synthetic_input_is_one_line_before_loading(monkeypatch, tmp_path):
     synthetic.check_fits(["smollm2-135m", "gpt2"], torch.device("cpu"))  # real models are not counted
 
 
-def test_a_checkpoint_of_another_pair_is_refused_in_one_line(tmp_path):
-    source, target = load_model("synthetic:smollm2-135m@2"), load_model("synthetic:gemma3-270m@2")
+def test_a_checkpoint_of_another_pair_is_refused_in_one_line(bundled_pair, tmp_path):
+    source, target = bundled_pair
     mot = synthetic_mot(source, target, parse_args(["--config", RECIPE])[0])
     path = save_checkpoint(mot, tmp_path / "synthetic-pair")
     load_checkpoint(path, source, target)  # its own pair loads it
