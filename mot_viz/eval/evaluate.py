@@ -256,7 +256,8 @@ def check_settings(settings: EvalSettings) -> None:
         if value < least:
             raise ConfigError(f"{flag} must be at least {least}, got {value}. Pass {flag} {least} or more.")
     config = checked_config("--checkpoint", settings.checkpoint)
-    check_relay_tokens(settings.relay_tokens, config["source"].get("max_positions"), settings.max_context_tokens)
+    check_relay_tokens(settings.relay_tokens, config["source"].get("max_positions")  # a run with a relay only
+                       if set(settings.conditions) & set(RELAY_CONDITIONS) else None, settings.max_context_tokens)
     second = checked_config("--second", settings.second) if settings.second else config
     check_direct_setting(settings, config)
     check_kvcomm_fraction(settings.kvcomm_fraction)

@@ -93,7 +93,7 @@ def test_settings_are_checked_before_a_run(checkpoint):
         live_run.settings_for(checkpoint, "squad", 2, ["direct"])
     settings = live_run.settings_for(checkpoint, "boolq", 3, ["random", "mot", "mean"], **SMALL)
     assert settings.conditions == ("native", "mot", "random", "mean") and settings.datasets == ("boolq",)
-    with pytest.raises(ConfigError, match="context of 448 tokens"):  # the command's own check, before a model loads
+    with pytest.raises(ConfigError, match="--max_context_tokens 448 leaves no room"):  # the command's own check
         live_run.settings_for(checkpoint, "squad", 2, ["mot"], max_context_tokens=448)
     # the command's 448 passage tokens, cut for a target that reads fewer than 896 positions (the tiny one: 256)
     assert live_run.settings_for(checkpoint, "squad", 2, ["mot"]).max_context_tokens == 128
