@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from mot_viz.analysis.eval_runs import check_one_pair, condition_rows, open_run
+from mot_viz.analysis.method_figures import after_question_seconds
 from mot_viz.cli import run_cli
 from mot_viz.errors import ConfigError
 from mot_viz.eval.qa_metrics import bootstrap_ci, paired_ratios
@@ -42,8 +43,8 @@ def run_seconds(run, condition: str, rows: pd.DataFrame) -> pd.Series | float:
     """Each row's seconds as its run states them: a QA run's seconds per example (to the whole answer); a
     long-context run's median seconds to the first answer token for the row's length (its summary's; relay's: the
     target's prefill of the message and the question's pass, its writing done ahead); else none."""
-    if run.kind.name == "evaluate":
-        return rows["seconds"]
+    if run.kind.name == "evaluate":  # from the question's arrival, also in runs that counted relay's writing
+        return after_question_seconds(rows, False, condition)
     if run.kind.name == "long_context":
         if condition == "relay":  # its writing needs no question: done ahead, also in runs that counted it
             medians = rows.groupby("group")[["message_prefill_seconds", "first_token_seconds"]].median().sum(axis=1)
@@ -58,7 +59,9 @@ def run_ahead(run, condition: str, rows: pd.DataFrame) -> pd.Series | float:
     prefill, relay's writing); a long-context run's median per length of relay's writing or of a translation's
     source prefill; else none."""
     if run.kind.name == "evaluate":
-        return rows["ahead_seconds"] if "ahead_seconds" in rows else np.nan
+        if "ahead_seconds" in rows and rows["ahead_seconds"].notna().all():
+            return rows["ahead_seconds"]
+        return rows["message_generate_seconds"] if condition == "relay" else np.nan
     if run.kind.name == "long_context":
         column = "message_generate_seconds" if condition == "relay" else "source_prefill"
         if condition in ("mot", "direct", "relay") and column in rows and rows[column].notna().any():

@@ -75,13 +75,14 @@ def shipped_points(root: str | Path = REPO_ROOT / "results", folders: tuple[str,
     return pd.DataFrame(rows, columns=list(POINT_COLUMNS))
 
 
-def after_question_seconds(rows: pd.DataFrame, long: bool) -> pd.Series:
+def after_question_seconds(rows: pd.DataFrame, long: bool, condition: str | None = None) -> pd.Series:
     """Each row's seconds from the question's arrival. A long-context row: its target side (sharing.target_side;
     relay: the target's prefill of the message, its writing done ahead, also in rows written when the target side
     still held it) plus the question's pass to the first answer token; the build where no target side was measured.
     A QA row: its seconds (from the question's arrival since the evaluator records ahead_seconds; in rows written
-    before, relay's writing is taken out here, and the source's prefill stays in the cache methods' seconds)."""
-    relay = rows["condition"] == "relay"
+    before, relay's writing is taken out here, and the source's prefill stays in the cache methods' seconds).
+    condition: every row's, when their "condition" column holds other labels (scripts/paired_runs.py)."""
+    relay = rows["condition"] == "relay" if condition is None else pd.Series(condition == "relay", rows.index)
     if long:
         side = rows["target_side_seconds"] if "target_side_seconds" in rows else pd.Series(np.nan, rows.index)
         side = side.where(~relay, rows.get("message_prefill_seconds"))

@@ -136,6 +136,16 @@ def test_methods_from_several_runs_are_tabled_against_one_on_the_examples_all_ra
         < floored.loc["direct", "gap_closed_ci_high"]
     assert floored.loc["direct", "gap_closed"] < floored.loc["direct", "retained"]  # the floor taken off
     assert np.isnan(table.loc["MoT", "gap_closed"])  # no label "no context": no floor
+    # relay's writing needs no question: its seconds run from the question's arrival, its writing is done ahead
+    # (these rows predate ahead_seconds, so the writing is taken from message_generate_seconds)
+    relayed = against_table([f"{relay}:native=native", f"{relay}:relay=relay", f"{relay}:relay_q=relay_q"],
+                            "native").set_index("label")
+    rows = open_run(relay).rows
+    own = rows[rows["condition"] == "relay"]
+    assert_close(relayed.loc["relay", "seconds"], (own["seconds"] - own["message_generate_seconds"]).mean(), rtol=1e-9)
+    assert_close(relayed.loc["relay", "ahead"], own["message_generate_seconds"].mean(), rtol=1e-9)
+    assert_close(relayed.loc["relay_q", "seconds"], rows.query("condition == 'relay_q'")["seconds"].mean(), rtol=1e-9)
+    assert np.isnan(relayed.loc["relay_q", "ahead"])
     assert native_agreement(runs) == (f"native scores against {MID}'s, example for example: {LINEAR}: 300 of 300 "
                                       f"the same; {direct}: 300 of 300 the same.")
     # only the lengths every label ran: the shards hub's documents are the long-context run's at 1,024 tokens
