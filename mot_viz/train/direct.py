@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from tqdm import tqdm
 
 from .bank import bank_shards
 
@@ -139,12 +140,13 @@ def top_k_fit(train: Moments, val: Moments, num_inputs: int, in_width: int, out_
                     held_out_r2(train, val, rows, cols, lam, not relative))
 
 
-def bank_moments(shards: Iterable[dict[str, torch.Tensor]], num_contexts: int, val_fraction: float = 0.1
-                 ) -> dict[str, tuple[Moments, Moments]]:
+def bank_moments(shards: Iterable[dict[str, torch.Tensor]], num_contexts: int, val_fraction: float = 0.1,
+                 progress: bool = False) -> dict[str, tuple[Moments, Moments]]:
     """{"k": (train, held-out), "v": (…)}: moments of every bank input layer's aligned source K (V) against every
     target layer's K (V), summed shard by shard; the last share of contexts is held out (Bank.split's rule)."""
     n_val = max(1, round(num_contexts * val_fraction)) if num_contexts > 1 else 0
     first_val, moments, seen = num_contexts - n_val, {}, 0
+    bar = tqdm(total=num_contexts, desc="moments", unit="context", disable=not progress, dynamic_ncols=True)
     for shard in shards:
         context = torch.repeat_interleave(torch.arange(seen, seen + len(shard["lengths"])), shard["lengths"])
         seen += len(shard["lengths"])
@@ -156,6 +158,8 @@ def bank_moments(shards: Iterable[dict[str, torch.Tensor]], num_contexts: int, v
                 moments[name] = (Moments.zeros(*shift), Moments.zeros(*shift))
             moments[name][0].add(x[~held_out], y[~held_out])
             moments[name][1].add(x[held_out], y[held_out])
+        bar.update(len(shard["lengths"]))
+    bar.close()
     if seen != num_contexts or not moments:
         raise ValueError(f"the bank's shards hold {seen} contexts, its manifest {num_contexts}")
     return moments
@@ -172,7 +176,8 @@ def fit_every_layer(moments: dict[str, tuple[Moments, Moments]], in_width: int, 
     return fits
 
 
-def cached_moments(folder: Path, manifest: dict, val_fraction: float) -> dict[str, tuple[Moments, Moments]]:
+def cached_moments(folder: Path, manifest: dict, val_fraction: float, progress: bool = False
+                   ) -> dict[str, tuple[Moments, Moments]]:
     """bank_moments of a complete bank, saved beside its shards once summed (a second fit of the bank, with another k
     or λ, reads them in seconds instead of summing the bank again)."""
     path = folder / f"moments-val{val_fraction:g}.safetensors"
@@ -183,7 +188,7 @@ def cached_moments(folder: Path, manifest: dict, val_fraction: float) -> dict[st
         for moments in loaded.values():
             moments.n = int(moments.n)
         return {name: (loaded[name, "train"], loaded[name, "val"]) for name in ("k", "v")}
-    moments = bank_moments(bank_shards(folder, manifest), manifest["num_contexts"], val_fraction)
+    moments = bank_moments(bank_shards(folder, manifest), manifest["num_contexts"], val_fraction, progress)
     tensors = {}
     for name, split in parts:
         m = moments[name][split == "val"]

@@ -217,7 +217,7 @@ def _fit(source: LoadedModel, target: LoadedModel, cfg: QuickFitConfig, out: Pat
     bank_seconds = time.perf_counter() - t0
     report("fitting the ridge map in closed form", 0.9)
     if cfg.top_k_direct:
-        mot, fit = _fit_top_k(mot, source, target, cfg, cached_moments(folder, manifest, VAL_FRACTION))
+        mot, fit = _fit_top_k(mot, source, target, cfg, cached_moments(folder, manifest, VAL_FRACTION, progress))
         metrics = {"direct_fit": fit}
     else:
         metrics = {"linear_fit": fit_linear(mot, bank, val_fraction=VAL_FRACTION)}
