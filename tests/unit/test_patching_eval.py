@@ -152,3 +152,38 @@ def test_bad_input_is_one_line_before_any_model_loads(folder, tmp_path, checkpoi
     (folder / "summary.json").write_text("{}")
     with pytest.raises(ConfigError, match="no readable caches' settings"):
         patching.record(folder)
+
+
+def test_direct_and_kvcomm_caches_restore_to_native_and_break_to_themselves(private_cache):
+    from mot_viz.engine.prompts import QAExample
+    from mot_viz.eval.kvcomm import kvcomm_selection
+    from mot_viz.train.quickfit import QuickFitConfig, fit_pair
+    from tolerance import assert_close
+
+    from conftest import tiny_model
+
+    # a direct map needs a source at least as deep as the target
+    source, target = tiny_model("llama", vocab_size=280, layers=6, seed=1), load_test_model("gemma3-270m")
+    with torch.no_grad():  # a random tiny model is near-uniform: a sharper readout makes cache errors cost nats
+        target.model.get_output_embeddings().weight.mul_(30)
+    config = QuickFitConfig(tokens=256, min_context_tokens=16, max_context_tokens=48, direct=True,
+                            direct_recipe="top_k", top_k=4)
+    direct = load_checkpoint(fit_pair(source, target, config), source, target)[0]
+    example = QAExample("x", "toy", CORPUS[1], "Who designed it?", ("Gustave Eiffel",))
+    translation = translate(direct, source, target, build_prompt(example, target.chat_frame).context_text)
+    question, answer = patching.gold_question(target, example)
+    every = {"every": range(target.spec.num_layers)}
+    # KVComm needs a pair of one architecture: the target as its own sender
+    for method, sender, extra in (("direct", source, {"direct": direct}),
+                                  ("kvcomm", target, {"kvcomm": kvcomm_selection(target, target, [example], 0.5)})):
+        cache = patching.method_cache(method, direct, sender, target, translation, **extra)
+        scan = patching.patching_scan(target.model, translation.native_kv, cache.kv, question, answer, every,
+                                      hidden=cache.hidden)
+        assert (cache.hidden is not None) == (method == "kvcomm")
+        assert abs(scan.gap) > 0.005, method  # 30x the tolerance below at least: the identities say something
+        plan = None if cache.hidden is None else hf.AttentionPlan(hide=cache.hidden)
+        assert_close(scan.translated, hf.continuation_logprob(target.model, cache.kv, question, answer, plan),
+                     rtol=1e-5)
+        reading = {(r.direction, r.target): r.logprob for r in scan.readings}
+        assert_close(reading[("restore", "every")], scan.native, rtol=1e-5, what=method)
+        assert_close(reading[("break", "every")], scan.translated, rtol=1e-5, what=method)
