@@ -266,8 +266,8 @@ def _fit_top_k(bank_mot: MoT, source: LoadedModel, target: LoadedModel, cfg: Qui
                 proj.weight[t].copy_(weight)
                 proj.bias[t].copy_(bias)
     train, val = moments["k"]
-    report = {"k": cfg.top_k, "lambda": cfg.direct_lambda, "lambda_kind": cfg.direct_lambda_kind, "train_tokens": train.n,
-              "val_tokens": val.n, "features": cfg.top_k * h_s, "layers": []}
+    report = {"k": cfg.top_k, "lambda": cfg.direct_lambda, "lambda_kind": cfg.direct_lambda_kind,
+              "train_tokens": train.n, "val_tokens": val.n, "features": cfg.top_k * h_s, "layers": []}
     for t in range(mot.target.num_layers):
         row = {"layer": t}
         for name, label in (("k", "key"), ("v", "value")):
@@ -278,7 +278,8 @@ def _fit_top_k(bank_mot: MoT, source: LoadedModel, target: LoadedModel, cfg: Qui
                     f"{label}_r2_{'absolute' if relative else 'relative'}_lambda": round(f.other_r2, 4)}
         report["layers"].append(row)
     # half the shorter model's reach: the source's tokens may outnumber the target's
-    texts = heldout_texts(target, "lambada-heldout", FIDELITY_TEXTS, min(448, min(_reads(source, target).values()) // 2))
+    longest = min(448, min(_reads(source, target).values()) // 2)
+    texts = heldout_texts(target, "lambada-heldout", FIDELITY_TEXTS, longest)
     table = fidelity_table(mot, source, target, texts, progress=False)
     cosine = table.groupby("layer").attn_out_cos.mean()
     for row in report["layers"]:
@@ -311,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
                              "never reads the context): by default its paper's recipe (--direct_recipe top_k)")
     parser.add_argument("--direct_recipe", choices=DIRECT_RECIPES, default=QuickFitConfig.direct_recipe,
                         help="top_k: each target layer's K from the K, its V from the V, of the --k source layers "
-                             "that predict it best on held-out tokens (single-layer R²), fixed λ --lam (--lambda_kind); "
+                             "that predict it best on held-out tokens (single-layer R²), fixed λ --lam "
+                             "(--lambda_kind); "
                              "depth_matched: each target layer from its depth-matched source layer's K and V, λ per "
                              "layer chosen on held-out tokens")
     parser.add_argument("--k", type=int, default=DIRECT_K, help="source layers per target layer (top_k recipe)")
