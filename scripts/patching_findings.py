@@ -49,8 +49,14 @@ def main(argv: list[str] | None = None) -> int:
         for target in shares["restore, all"].index:
             cells = [_band(shares[k].loc[target]) if target in shares[k].index else "" for k in shares]
             print(f"| {target} | " + " | ".join(cells) + " |")
+        errors = patching_analysis.layer_rows(patching[patching["method"] == method]).groupby("layer")[
+            ["K_rel_l2", "V_rel_l2"]].mean()
+        print("\nLargest mean relative error: "
+              + "; ".join(f"{kv[0]} at layers " + ", ".join(f"{l} ({errors.loc[l, kv]:.2f})"
+                                                            for l in errors[kv].nlargest(3).index)
+                          for kv in ("K_rel_l2", "V_rel_l2")))
         rho = patching_analysis.error_cost_correlation(patching, method)
-        print("\nSpearman ρ over the 18 layers, mean relative error against mean cost (every example): "
+        print("Spearman ρ over the 18 layers, mean relative error against mean cost (every example): "
               + "; ".join(f"{r.direction} vs {r.error.split('_')[0]} error {r.spearman:+.2f}" for r in rho.itertuples())
               + "\n")
     return 0
