@@ -54,8 +54,8 @@ from .relay import RELAY_TOKENS
 from .report import paired_differences
 from .sharing import (COST_COLUMNS, MESSAGE_COLUMNS, SharingModels, check_conditions, check_sharing, cost_fields,
                       cost_medians, load_sharing, target_side_seconds, work_text)
-from .processes import Spread, shown
-from .results_folder import ResultsTable, resumed_table, run_units
+from .processes import Spread, resumed_table, run_units, shown
+from .results_folder import ResultsTable
 from .long_context import check_linear, default_linear, paired_ratios
 from .mean_vector import MeanVectors, reference_means
 from .qa_metrics import bootstrap_ci

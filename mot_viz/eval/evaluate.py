@@ -37,11 +37,11 @@ from ..fsutil import remove_stale_temporaries, write_csv_atomic, write_text_atom
 from .answers import (CONDITIONS, EXTRA_CONDITIONS, MAX_NEW_TOKENS, answers_from_caches, condition_caches,
                       translated_seconds)
 from .kvcomm import KVCOMM_FRACTION, check_kvcomm_fraction, check_kvcomm_pair, kvcomm_selection
-from .processes import Spread, join, run_examples, shown, spread_out
+from .processes import Spread, join, resumed_table, run_examples, shown, spread_out
 from .layer_error import LAYER_ERROR_FILE, LayerErrorFile, check_resumed
 from .relay import RELAY_CONDITIONS, RELAY_TOKENS, Relay, check_relay_tokens
 from .report import markdown_table, paired_differences, paired_markdown, summarize
-from .results_folder import ResultsTable, check_results_folder, resumed_table
+from .results_folder import ResultsTable, check_results_folder
 
 
 def kv_cosine(a: list, b: list) -> float:
@@ -280,7 +280,7 @@ def check_settings(settings: EvalSettings) -> None:
 def previous_rows(out_dir: Path, settings: EvalSettings, resume: bool, overwrite: bool = False) -> pd.DataFrame | None:
     """The rows of an earlier run of these settings in out_dir, to keep (--resume); results of others, and files
     that are not this command's results, are refused (unless overwrite). An example with a row cut short or damaged
-    is computed again (results_folder.resumed_table)."""
+    is computed again (processes.resumed_table)."""
     wanted = set(settings.conditions) | ({"second"} if settings.second else set())
     return resumed_table(out_dir, settings, resume, overwrite, RESUME_KEYS, RESULT_FILES, RESULTS, wanted, "examples")
 

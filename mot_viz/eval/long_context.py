@@ -47,8 +47,8 @@ from .relay import RELAY_TOKENS
 from .sharing import (COST_COLUMNS, MESSAGE_COLUMNS, SHARING, SharingModels, check_conditions, check_sharing,
                       cost_fields, cost_medians, load_sharing, sharing_stages, target_side_seconds, work_text)
 from .layer_error import LAYER_ERROR_FILE, LayerErrorFile, check_resumed
-from .processes import Spread, shown
-from .results_folder import ResultsTable, resumed_table, run_units
+from .processes import Spread, resumed_table, run_units, shown
+from .results_folder import ResultsTable
 from .mean_vector import reference_means
 from .qa_metrics import bootstrap_ci
 from .qa_metrics import paired_ratios as ratios_of

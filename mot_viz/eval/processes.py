@@ -1,4 +1,6 @@
-"""An evaluation spread over processes:
+"""How an evaluation runs its units (documents, conversations, examples): the rows an earlier run left to continue
+(resumed_table, --resume), the loop that writes every result file whole after each unit (run_units), alone or
+spread over processes:
 
     torchrun --nproc_per_node 4 -m mot_viz.eval.evaluate -- --checkpoint pretrained/smollm2-to-gemma3 --n 300 \
         --out results/eval/x
@@ -11,7 +13,7 @@ writes its rows to a part file of the results folder (.parts/rank-<r>-of-<n>.csv
 done they meet; rank 0 reads the parts, puts their rows with the rows kept from before in the order of the unit list
 (a single process's order) and writes the evaluation's result files, then removes the parts. Summaries (bootstrap
 intervals) are computed once, by rank 0, on the merged rows, so they are a single process's. --resume counts the rows
-of the parts an interrupted run left as done, with one process or several (results_folder.resumed_table), and the
+of the parts an interrupted run left as done, with one process or several (resumed_table), and the
 first process to continue merges them into the result files before it computes anything. A results file of rows per
 unit beside examples.csv (layer_error.csv) has parts of its own the same way (unit_file, merge_unit_files).
 
@@ -23,6 +25,7 @@ process on its own GPU (cuda:LOCAL_RANK) when $MOT_VIZ_DEVICE names cuda. Every 
 from __future__ import annotations
 
 import datetime
+import io
 import json
 import os
 import shutil
@@ -30,10 +33,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
+from tqdm import tqdm
 
+from ..errors import ContextError, MotVizError
 from ..fsutil import write_csv_atomic, write_text_atomic
 from ..train.devices import init_distributed, process_group, run_device
-from .results_folder import PARTS, SETTINGS_FILE, ResultsTable, part_files, read_rows, unit_key
+from .results_folder import (PARTS, RESULTS_TABLE, SETTINGS_FILE, ResultsTable, check_results_folder, complete_rows,
+                             condition_label, earlier_run, has_results, part_files, read_rows, unit_key, whole_row)
 
 
 @dataclass(frozen=True)
@@ -166,8 +172,6 @@ def run_share(spread: Spread, rank: int, world: int, units, rows: list[dict], do
     unit's unit_rows(unit) written to its part file as soon as they are computed; then, once every process is done,
     rank 0 adds every part's rows to `rows` and writes the result files (returns write()'s result: begin's, which puts
     the rows in unit order) and removes the parts. The other ranks return None."""
-    from tqdm import tqdm
-
     todo = [unit for unit in units if key(unit) not in done]
     path, own = part_path(spread.out_dir, rank, world), []
     for unit in tqdm(todo[rank::world], desc=f"{desc} (rank 0 of {world})", disable=not progress or rank != 0,
@@ -185,14 +189,84 @@ def run_share(spread: Spread, rank: int, world: int, units, rows: list[dict], do
     return result
 
 
+def resumed_table(out_dir: Path, settings, resume: bool, overwrite: bool, keys: tuple[str, ...],
+                  files: tuple[str, ...], table: ResultsTable, wanted: set, unit: str,
+                  label=condition_label) -> pd.DataFrame | None:
+    """Check out_dir (check_results_folder: it
+    may hold only results of this command, whose `files` these are, unless `overwrite`), and return the rows of an
+    earlier run of `settings` there to continue (--resume, see earlier_run; None when there is none): every unit
+    with a whole row for each of the `wanted` labels (label(row)), or its one skipped row (complete_rows), in the
+    result files or in the part files a run spread over processes left (those of units the result files lack).
+
+    Under torchrun this process first joins the others (processes.join: before any model loads)."""
+    join()
+    check_results_folder(out_dir, settings, files, overwrite, resume)
+    if overwrite or not earlier_run(out_dir, settings, resume, keys, unit=unit):
+        return None
+    read = lambda path, headers: complete_rows(  # noqa: E731
+        path, headers, table.text_columns, table.units, label, wanted,
+        lambda row: whole_row(row, table.units, table.numbers, table.optional), unit)
+    tables = [read(out_dir / RESULTS_TABLE, (table.columns, *table.earlier))] if has_results(out_dir) else []
+    for part in part_files(out_dir):
+        found = {unit_key(key) for frame in tables for key in zip(*(frame[c] for c in table.units))}
+        rows = read(part, (table.columns,))
+        tables.append(rows[[unit_key(key) not in found for key in zip(*(rows[c] for c in table.units))]])
+    if not tables:  # only the settings of a spread run killed before its first unit
+        return read_rows(io.StringIO(",".join(table.columns) + "\n"), table.text_columns)
+    return pd.concat([t for t in tables if len(t)] or tables[:1], ignore_index=True)
+
+
+def unit_rows(unit, compute, skipped, skip=MotVizError) -> list[dict]:
+    """compute(unit)'s rows, or when it raises one of `skip` one "skipped" row: skipped(unit)'s fields and the
+    error (e.g. a document a model cannot hold: counted with its reason)."""
+    try:
+        return compute(unit)
+    except skip as exc:
+        return [{**skipped(unit), "condition": "skipped", "error": f"{type(exc).__name__}: {exc}"}]
+
+
+def run_units(units, rows: list[dict], done: set, key, compute, skipped, write, desc: str, progress: bool,
+              what: str | None = "documents", spread=None, skip=MotVizError):
+    """The loop of a resumable evaluation: every unit (document, conversation) whose key(unit) is not in `done`
+    adds unit_rows(unit)'s rows to `rows` (compute(unit)'s, or one "skipped" row when it raises one of `skip`);
+    write() writes every result file after each unit, and on Ctrl-C or a failure what was computed is written first.
+    Returns write()'s result; a run whose every unit was skipped (`what` names them; None: never) raises
+    ContextError once its results are written.
+
+    spread (processes.Spread: the results folder, the settings, the results table): under torchrun each process
+    computes its share of the units and rank 0 writes the merged results (processes.run_share); the other ranks
+    return None. Alone, a process first merges the part files an interrupted spread run left (processes.begin)."""
+    rank, world, write = begin(spread, rows, units, key, write) if spread is not None else (0, 1, write)
+    if world > 1:
+        result = run_share(spread, rank, world, units, rows, done, key,
+                           lambda unit: unit_rows(unit, compute, skipped, skip), write, desc, progress)
+        if rank != 0:
+            return None
+    else:
+        try:
+            for unit in tqdm(units, desc=desc, disable=not progress, dynamic_ncols=True):
+                if key(unit) in done:
+                    continue
+                rows += unit_rows(unit, compute, skipped, skip)
+                write()
+        except BaseException:
+            if rows:
+                write()
+            raise
+        result = write()
+    if what and rows and all(row["condition"] == "skipped" for row in rows):
+        raise ContextError(f"all {what} ({len(rows)}) were skipped, so there is nothing to report (the first: "
+                           f"{rows[0]['error']}). The results folder lists each with its reason; fix what they name "
+                           "and run again.")
+    return result
+
+
 def run_examples(examples: dict[str, list], previous: pd.DataFrame | None, compute, write, spread: Spread,
                  progress: bool):
     """mot_viz.eval.evaluate's examples (each dataset's, a QA example named by its dataset and id) as the units of
-    results_folder.run_units: compute(example) gives its rows, and an example that raises anything is one skipped
+    run_units: compute(example) gives its rows, and an example that raises anything is one skipped
     row with its reason, as evaluate_examples counts it. The rows `previous` keeps of other examples are dropped, as a
     single process drops them; write(frames) writes the result files of the rows."""
-    from .results_folder import run_units
-
     units = [example for part in examples.values() for example in part]
     names = {(e.dataset, e.id) for e in units}
     kept = [] if previous is None else previous.to_dict(orient="records")

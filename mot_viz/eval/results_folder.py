@@ -1,5 +1,5 @@
 """A results folder (--out of the evaluation commands): whether it may be written, what an earlier run left in it
-and which of its rows --resume keeps, and the loop that writes every result file whole after each unit.
+and which of its rows are whole (the run that reads them back and writes after each unit is eval.processes).
 
 Shared by mot_viz.eval.evaluate, long_context, conversation and shards; each file is written atomically
 (fsutil.write_text_atomic), so a kill leaves the old file or the new one, never a torn one.
@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..cli import logger
-from ..errors import ConfigError, ContextError, MotVizError
+from ..errors import ConfigError
 from ..fsutil import check_out_place, temp_parts
 
 log = logger(__name__)
@@ -110,7 +110,7 @@ def earlier_run(out_dir: Path, settings, resume: bool, keys: tuple[str, ...], un
     part files of a run spread over processes (PARTS). Results of other settings (any of `keys` differs), or of these
     without --resume, are refused with ConfigError; `settings` is a dataclass with a from_json classmethod, as
     summary.json stores it."""
-    metas = [meta for meta in (out_dir / SETTINGS_FILE,) if _has_results(out_dir)]
+    metas = [meta for meta in (out_dir / SETTINGS_FILE,) if has_results(out_dir)]
     metas += [meta for meta in (out_dir / PARTS / SETTINGS_FILE,) if meta.is_file()]
     if not metas:
         return False
@@ -148,37 +148,8 @@ def condition_label(row: dict) -> str:
     return row["condition"]
 
 
-def _has_results(out_dir: Path) -> bool:
+def has_results(out_dir: Path) -> bool:
     return (out_dir / RESULTS_TABLE).is_file() and (out_dir / SETTINGS_FILE).is_file()
-
-
-def resumed_table(out_dir: Path, settings, resume: bool, overwrite: bool, keys: tuple[str, ...],
-                  files: tuple[str, ...], table: ResultsTable, wanted: set, unit: str,
-                  label=condition_label) -> pd.DataFrame | None:
-    """Check out_dir (check_results_folder: it
-    may hold only results of this command, whose `files` these are, unless `overwrite`), and return the rows of an
-    earlier run of `settings` there to continue (--resume, see earlier_run; None when there is none): every unit
-    with a whole row for each of the `wanted` labels (label(row)), or its one skipped row (complete_rows), in the
-    result files or in the part files a run spread over processes left (those of units the result files lack).
-
-    Under torchrun this process first joins the others (processes.join: before any model loads)."""
-    from .processes import join
-
-    join()
-    check_results_folder(out_dir, settings, files, overwrite, resume)
-    if overwrite or not earlier_run(out_dir, settings, resume, keys, unit=unit):
-        return None
-    read = lambda path, headers: complete_rows(  # noqa: E731
-        path, headers, table.text_columns, table.units, label, wanted,
-        lambda row: whole_row(row, table.units, table.numbers, table.optional), unit)
-    tables = [read(out_dir / RESULTS_TABLE, (table.columns, *table.earlier))] if _has_results(out_dir) else []
-    for part in part_files(out_dir):
-        found = {unit_key(key) for frame in tables for key in zip(*(frame[c] for c in table.units))}
-        rows = read(part, (table.columns,))
-        tables.append(rows[[unit_key(key) not in found for key in zip(*(rows[c] for c in table.units))]])
-    if not tables:  # only the settings of a spread run killed before its first unit
-        return read_rows(io.StringIO(",".join(table.columns) + "\n"), table.text_columns)
-    return pd.concat([t for t in tables if len(t)] or tables[:1], ignore_index=True)
 
 
 def unit_key(values) -> tuple:
@@ -277,52 +248,3 @@ def complete_rows(path: Path, headers: tuple[tuple[str, ...], ...], text_columns
     csv.writer(kept, lineterminator="\n").writerows([header] + [f for f in kept_rows if unit(f) in done])
     kept.seek(0)
     return read_rows(kept, text_columns)  # kept rows are written back unchanged
-
-
-def unit_rows(unit, compute, skipped, skip=MotVizError) -> list[dict]:
-    """compute(unit)'s rows, or when it raises one of `skip` one "skipped" row: skipped(unit)'s fields and the
-    error (e.g. a document a model cannot hold: counted with its reason)."""
-    try:
-        return compute(unit)
-    except skip as exc:
-        return [{**skipped(unit), "condition": "skipped", "error": f"{type(exc).__name__}: {exc}"}]
-
-
-def run_units(units, rows: list[dict], done: set, key, compute, skipped, write, desc: str, progress: bool,
-              what: str | None = "documents", spread=None, skip=MotVizError):
-    """The loop of a resumable evaluation: every unit (document, conversation) whose key(unit) is not in `done`
-    adds unit_rows(unit)'s rows to `rows` (compute(unit)'s, or one "skipped" row when it raises one of `skip`);
-    write() writes every result file after each unit, and on Ctrl-C or a failure what was computed is written first.
-    Returns write()'s result; a run whose every unit was skipped (`what` names them; None: never) raises
-    ContextError once its results are written.
-
-    spread (processes.Spread: the results folder, the settings, the results table): under torchrun each process
-    computes its share of the units and rank 0 writes the merged results (processes.run_share); the other ranks
-    return None. Alone, a process first merges the part files an interrupted spread run left (processes.begin)."""
-    from tqdm import tqdm
-
-    from .processes import begin, run_share
-
-    rank, world, write = begin(spread, rows, units, key, write) if spread is not None else (0, 1, write)
-    if world > 1:
-        result = run_share(spread, rank, world, units, rows, done, key,
-                           lambda unit: unit_rows(unit, compute, skipped, skip), write, desc, progress)
-        if rank != 0:
-            return None
-    else:
-        try:
-            for unit in tqdm(units, desc=desc, disable=not progress, dynamic_ncols=True):
-                if key(unit) in done:
-                    continue
-                rows += unit_rows(unit, compute, skipped, skip)
-                write()
-        except BaseException:
-            if rows:
-                write()
-            raise
-        result = write()
-    if what and rows and all(row["condition"] == "skipped" for row in rows):
-        raise ContextError(f"all {what} ({len(rows)}) were skipped, so there is nothing to report (the first: "
-                           f"{rows[0]['error']}). The results folder lists each with its reason; fix what they name "
-                           "and run again.")
-    return result

@@ -64,8 +64,8 @@ from .answers import MAX_NEW_TOKENS, answers_from_caches, linear_cache, mean_vec
 from .relay import RELAY_CONDITIONS, RELAY_TOKENS, Relay
 from .sharing import (COST_COLUMNS, MESSAGE_COLUMNS, check_conditions, check_sharing, cost_fields, cost_medians,
                       relay_parts, target_side, work_text)
-from .processes import Spread, shown
-from .results_folder import ResultsTable, resumed_table, run_units
+from .processes import Spread, resumed_table, run_units, shown
+from .results_folder import ResultsTable
 from .long_context import check_budget, check_linear, default_linear, paired_ratios
 from .mean_vector import MeanVectors, reference_means
 from .qa_metrics import bootstrap_ci

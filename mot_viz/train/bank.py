@@ -30,6 +30,7 @@ from ..engine.models import LoadedModel, cache_dir
 from ..engine.mot import MoT, native_cache, prepare_source, translator_inputs, translator_targets
 from ..errors import ConfigError
 from ..fsutil import remove_stale_temporaries, write_text_atomic
+from .devices import check_fits
 
 BANK_VERSION = 1
 LAMBADA_HELDOUT = 500  # the last LAMBADA passages: never in a bank, kept for in-domain held-out checks
@@ -179,8 +180,6 @@ def build_bank(mot: MoT, source: LoadedModel, target: LoadedModel, cfg: BankConf
     on_progress(tokens done, tokens in total) is called after each shard (the app's progress bar). The bank is loaded
     onto `device` (default: the CPU); a GPU without room for it is refused before it is read (ConfigError).
     """
-    from .devices import check_fits
-
     folder, manifest = complete_bank(mot, source, target, cfg, root, progress, on_progress)
     device = torch.device("cpu") if device is None else device
     check_fits(device, sum((folder / s["file"]).stat().st_size for s in manifest["shards"]), "the training bank",

@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
+from .bank import BankConfig
+from .devices import AUTOCAST_MODES
 
 
 LAYER_WEIGHTINGS = ("none", "map_residual")  # bank_layer_weighting (mot_viz.train.fit.bank_stage)
-AUTOCAST_MODES = ("none", "bf16")  # autocast (mot_viz.train.devices.forward_autocast)
 
 
 @dataclass
@@ -170,9 +173,7 @@ class TrainConfig:
                               "features of a token this pair and window give the map: set --linear_previous_dims to "
                               f"at most {token_features} (0: earlier tokens unprojected).")
 
-    def bank_config(self):
-        from .bank import BankConfig
-
+    def bank_config(self) -> BankConfig:
         return BankConfig(corpus=self.bank_corpus, num_tokens=self.bank_tokens, min_tokens=self.bank_min_tokens,
                           max_tokens=self.bank_max_tokens, seed=self.seed)
 
@@ -190,9 +191,6 @@ class TrainConfig:
 
 def field_help() -> dict[str, str]:
     """Each TrainConfig field's end-of-line comment (the --help of its flag): one place documents a field."""
-    import inspect
-    import re
-
     comments = dict(re.findall(r"^    (\w+): [^=\n]+=[^#\n]*#\s*(.+)$", inspect.getsource(TrainConfig), re.M))
     return {f.name: comments.get(f.name, f.name.replace("_", " ")) for f in dataclasses.fields(TrainConfig)}
 

@@ -17,7 +17,8 @@ import torch
 
 from ..engine.models import model_device
 from ..errors import ConfigError
-from .config import AUTOCAST_MODES
+
+AUTOCAST_MODES = ("none", "bf16")  # TrainConfig.autocast: forward_autocast's modes
 
 
 def run_device(device: str = "") -> torch.device:
