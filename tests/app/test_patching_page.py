@@ -63,6 +63,7 @@ def _bars(fig, direction: str) -> list[float]:
 
 def test_the_bars_and_groups_are_the_librarys_scan_of_the_mot_cache(library):
     at = open_page()
+    assert not any(k.startswith("patch.") for k in at.query_params)  # options at their defaults stay out of the link
     source, target, mot, _, example, _, translation, question, answer = library
     groups = layer_groups(target.spec, mot.channels.target_layers)
     expected = patching_scan(target.model, translation.native_kv, translation.mixed_kv, question, answer, groups)
