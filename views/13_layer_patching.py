@@ -8,6 +8,7 @@ from mot_viz.analysis.patching import MEASURES, group_table, scan_figure
 from mot_viz.app.methods import methods_offer
 from mot_viz.app.patching import gold_answer_text, offered_methods, scan
 from mot_viz.engine.patching import ANSWER_SENTENCE, REST, layer_groups
+from mot_viz.errors import MotVizError
 
 
 def main() -> None:
@@ -43,7 +44,7 @@ def main() -> None:
     app.question_header(sel.example)
     try:
         gold = gold_answer_text(sel)
-    except Exception as exc:  # a free-text context without a gold answer: nothing to read
+    except MotVizError as exc:  # a free-text context without a gold answer: nothing to read
         app.show_error(exc)
         st.stop()
     offer = methods_offer(run)
