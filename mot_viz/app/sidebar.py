@@ -141,9 +141,9 @@ def sidebar() -> Selection:
         source, target = _model_picker("source"), _model_picker("target")
         if is_synthetic(source) or is_synthetic(target):
             st.warning(f"{NO_QUALITY.capitalize()}. {SYNTHETIC_ALIGNMENT.capitalize()}: a context is token ids written "
-                       "as numbers ('17 4021 883'), any other word reads as <unk>. A translator for a synthetic pair is "
-                       "built from a recipe's shape with seeded random weights (testing.synthetic_mot), never a "
-                       "checkpoint of real models.", icon="⚠️")
+                       "as numbers ('17 4021 883'), any other word reads as <unk>. A synthetic pair's translator is a "
+                       "recipe's shape with seeded random weights, written by `python -m mot_viz.engine.testing "
+                       "--source … --target … --out …` (never a checkpoint of real models).", icon="⚠️")
         checkpoint = _checkpoint_picker(source, target)
         st.subheader("Context")
         text, example, suffix, label = _context_picker(target)

@@ -13,6 +13,7 @@ from mot_viz.engine.alignment import decode, encode
 from mot_viz.engine.checkpoint import load_checkpoint, save_checkpoint
 from mot_viz.engine.models import load_model, model_geometry, model_spec
 from mot_viz.engine.mot import translate
+from mot_viz.engine.testing import _main as write_synthetic_checkpoint
 from mot_viz.engine.testing import load_test_model, synthetic_mot
 from mot_viz.errors import CheckpointError, ModelLoadError
 from mot_viz.train.config import parse_args
@@ -121,3 +122,19 @@ def test_a_checkpoint_of_another_pair_is_refused_in_one_line(bundled_pair, tmp_p
     with pytest.raises(CheckpointError, match="fingerprint"):
         load_checkpoint(path, source, deeper)
     assert json.loads((path / "config.json").read_text())["target"]["name"] == "synthetic:gemma3-270m@2"
+
+
+def test_the_command_writes_a_synthetic_pairs_translator_that_loads_by_its_names(bundled_pair, tmp_path, capsys):
+    source, target = bundled_pair
+    out = tmp_path / "synthetic-checkpoint"
+    assert write_synthetic_checkpoint(["--source", source.spec.name, "--target", target.spec.name, "--recipe", RECIPE,
+                                       "--seed", "3", "--out", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert "no quality" in config["metrics"]["note"] and "no quality" in capsys.readouterr().out
+    loaded = load_checkpoint(out, load_model(config["source"]["name"]), target)[0]  # as the evaluator loads it
+    expected = synthetic_mot(source, target, parse_args(["--config", RECIPE])[0], seed=3)
+    assert all(torch.equal(a, b) for a, b in zip(loaded.translator.state_dict().values(),
+                                                 expected.translator.state_dict().values()))
+    assert write_synthetic_checkpoint(["--source", "smollm2-135m", "--target", target.spec.name,
+                                       "--out", str(tmp_path / "refused")]) == 2
+    assert "both be synthetic" in capsys.readouterr().err and not (tmp_path / "refused").exists()
