@@ -45,8 +45,8 @@ from mot_viz.engine.prompts import build_prompt
 from mot_viz.engine.translator import gate_balance
 from mot_viz.eval.answers import (MAX_NEW_TOKENS, answer_from_cache, answers_from_caches, condition_caches,
                                   first_answer_logprobs)
-from mot_viz.eval.fidelity import translation_fidelity
-from mot_viz.eval.mean_vector import reference_means
+from mot_viz.train.window_fidelity import translation_fidelity
+from mot_viz.train.mean_vector import reference_means
 from mot_viz.train.runs import read_training_log
 
 TARGET_SECONDS = {"Answers": 2.5}  # the app's targets; every other page: DEFAULT_TARGET_SECONDS

@@ -22,8 +22,8 @@ import torch
 
 from mot_viz.engine.checkpoint import load_checkpoint
 from mot_viz.engine.models import load_model
-from mot_viz.eval.fidelity import fidelity_table, summarize_fidelity
-from mot_viz.eval.mean_vector import heldout_texts, reference_means
+from mot_viz.train.window_fidelity import fidelity_table, summarize_fidelity
+from mot_viz.train.mean_vector import heldout_texts, reference_means
 from mot_viz.train.quickfit import QuickFitConfig, fit_pair
 
 ROOT = Path(__file__).resolve().parents[1]

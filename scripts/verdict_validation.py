@@ -43,8 +43,8 @@ from mot_viz.engine.prompts import build_prompt
 from mot_viz.eval.answers import answers_from_caches, first_answer_logprobs
 from mot_viz.eval.conversation import turn_example
 from mot_viz.eval.evaluate import truncate_context
-from mot_viz.eval.fidelity import translation_fidelity
-from mot_viz.eval.mean_vector import reference_means
+from mot_viz.train.window_fidelity import translation_fidelity
+from mot_viz.train.mean_vector import reference_means
 from mot_viz.eval.verdict import VerdictThresholds, layer_signals, reuse_verdict
 
 GRID = {"attn_out_cos": [0.0, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95],

@@ -6,12 +6,13 @@ import pandas as pd
 import streamlit as st
 
 from mot_viz import app
-from mot_viz.analysis.cache_metrics import COMPARISONS, cache_error_grid, cache_error_table
+from mot_viz.analysis.cache_metrics import cache_error_grid, cache_error_table
 from mot_viz.analysis.figures import FIDELITY_TITLES, METRIC_TITLES, error_heatmap, fidelity_figure, layer_error_figure
+from mot_viz.engine.cache_errors import COMPARISONS
 from mot_viz.engine.checkpoint import read_config
 from mot_viz.engine.mot import unread_window_layers
 from mot_viz.engine.translator import TranslatorConfig, linear_inputs_text
-from mot_viz.eval.fidelity import fidelity_verdicts
+from mot_viz.train.window_fidelity import fidelity_verdicts
 from mot_viz.eval.verdict import VerdictThresholds, reuse_verdict
 
 

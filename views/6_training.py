@@ -10,7 +10,7 @@ from mot_viz.analysis.figures import training_figure
 from mot_viz.engine.checkpoint import read_config
 from mot_viz.engine.translator import TranslatorConfig, linear_inputs_text
 from mot_viz.errors import MotVizError
-from mot_viz.eval.fidelity import recorded_fidelity_table
+from mot_viz.train.window_fidelity import recorded_fidelity_table
 from mot_viz.eval.report import evaluation_table
 from mot_viz.train.runs import read_training_log
 

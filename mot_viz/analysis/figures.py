@@ -289,7 +289,7 @@ CANDIDATE_COLOURS = {"translator": "#d62728", "linear": "#ff7f0e", "mean vector"
 
 def fidelity_figure(rows: pd.DataFrame, metrics: Sequence[str] = ("centered_cos_k", "centered_cos_v", "attn_out_cos")
                     ) -> go.Figure:
-    """Window fidelity per window layer (rows of mot_viz.eval.fidelity.translation_fidelity), one panel per metric."""
+    """Window fidelity per window layer (rows of mot_viz.train.window_fidelity.translation_fidelity), one panel per metric."""
     fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=[FIDELITY_TITLES[m] for m in metrics])
     for c, metric in enumerate(metrics, start=1):
         for candidate, part in rows.groupby("candidate", sort=False):

@@ -13,10 +13,10 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from ..engine.cache_errors import KV_NAMES, compared_caches, per_token_errors, token_vectors
 from ..engine.channels import Channels
 from ..engine.models import ModelSpec
 from ..engine.mot import Translation
-from .cache_metrics import KV_NAMES, compared_caches, per_token_errors, token_vectors
 
 CURVE_CONDITIONS = {"mot": "MoT", "linear": "linear map", "mean": "mean-vector window"}
 

@@ -27,6 +27,7 @@ import torch
 
 from ..engine import hf
 from ..engine.alignment import encode
+from ..engine.cache_errors import KV_NAMES, layer_errors, token_vectors
 from ..engine.layout import context_positions
 from ..engine.models import LoadedModel, kv_cache_bytes
 from ..engine.mot import MoT, Translation, replay_window, translate_window
@@ -36,7 +37,6 @@ from ..eval.kvcomm import KVCommSelection
 from ..eval.long_context import first_token_seconds
 from ..eval.relay import RELAY_CONDITIONS, RELAY_TOKENS
 from ..eval.sharing import handed_bytes
-from .cache_metrics import KV_NAMES, layer_errors, token_vectors
 
 METHODS = ("native", "no_context", "mot", "linear", "direct", "kvcomm", "relay", "relay_q")
 METHOD_LABELS = {

@@ -13,13 +13,14 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
+from ..engine.cache_errors import KV_NAMES, per_token_errors, token_vectors
 from ..engine.layout import context_positions
 from ..engine.models import LoadedModel
 from ..engine.mot import MoT, Translation, translate_again
 from ..engine.prompts import QAExample
 from ..engine.translator import GateOverride
 from ..eval.answers import Answer, MAX_NEW_TOKENS, answer_from_cache, first_answer_logprobs
-from .cache_metrics import KV_NAMES, cache_error_table, per_token_errors, token_vectors
+from .cache_metrics import cache_error_table
 from .shift.metrics import kl_divergence
 
 

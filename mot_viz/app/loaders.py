@@ -32,8 +32,8 @@ from ..engine.translator import GateOverride
 from ..errors import CheckpointError, ModelLoadError, MotVizError
 from ..eval.answers import (CONDITION_LABELS, CONDITIONS, Answer, ConditionCaches, PromptedCache, answers_from_caches,
                             condition_caches, first_answer_logprobs, mean_vector_cache, translated_seconds)
-from ..eval.fidelity import translation_fidelity
-from ..eval.mean_vector import MeanVectors, reference_means
+from ..train.window_fidelity import translation_fidelity
+from ..train.mean_vector import MeanVectors, reference_means
 from ..train.quickfit import fits_dir
 from .settings import (DEFAULT_CHECKPOINT, EXAMPLES_PER_DATASET, MAX_CONTEXT_TOKENS, MEAN_VECTOR_PASSAGES,
                        REPO_ROOT, pretrained_dir, test_mode)

@@ -19,14 +19,14 @@ from ..engine.models import LoadedModel
 from ..engine.mot import MoT, Translation, empty_context_cache, replay_window, translate, translate_window
 from ..engine.prompts import Prompt, QAExample, build_prompt, choice_label_texts
 from ..errors import ConfigError, ContextError
+from ..train.mean_vector import MeanVectors
 from .kvcomm import KVCommSelection, kvcomm_cache
-from .mean_vector import MeanVectors
 from .qa_metrics import exact_match, normalize_answer, postprocess_generation, squad_f1
 from .relay import RELAY_CONDITIONS, RELAY_TOKENS, Relay, relay
 
 CONDITIONS = ("native", "no_context", "mot", "random")  # what every evaluation and the app answer under
 MAX_NEW_TOKENS = 24  # greedy answer length of the evaluator, the app and the benchmarks
-# on request: mean needs the mean native window (mot_viz.eval.mean_vector.mean_vectors); relay and relay_q have the
+# on request: mean needs the mean native window (mot_viz.train.mean_vector.mean_vectors); relay and relay_q have the
 # source write a message the target reads instead of the context (mot_viz.eval.relay)
 EXTRA_CONDITIONS = ("mean", *RELAY_CONDITIONS, "kvcomm", "direct")
 CONDITION_LABELS = {

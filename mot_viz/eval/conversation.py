@@ -48,6 +48,7 @@ from ..engine.mot import MoT
 from ..engine.prompts import QAExample, build_prompt
 from ..errors import ConfigError, ContextError
 from ..fsutil import write_csv_atomic, write_text_atomic
+from ..train.mean_vector import MeanVectors, reference_means
 from .answers import MAX_NEW_TOKENS, answers_from_caches, condition_caches, linear_cache
 from .kvcomm import KVCOMM_FRACTION
 from .relay import RELAY_TOKENS
@@ -57,7 +58,6 @@ from .sharing import (COST_COLUMNS, MESSAGE_COLUMNS, SharingModels, check_condit
 from .processes import Spread, resumed_table, run_units, shown
 from .results_folder import ResultsTable
 from .long_context import check_linear, default_linear, paired_ratios
-from .mean_vector import MeanVectors, reference_means
 from .qa_metrics import bootstrap_ci
 
 CONDITIONS = ("native", "mot", "no_context")  # every run's

@@ -170,7 +170,7 @@ def evaluate_examples(mot: MoT, source: LoadedModel, target: LoadedModel, exampl
 
     on_checkpoint(rows so far as a DataFrame) is called every checkpoint_every examples (partial results),
     and before an interruption or an error between examples is re-raised.
-    means (mot_viz.eval.mean_vector.MeanVectors) is needed for the "mean" condition, direct (a full-depth map without
+    means (mot_viz.train.mean_vector.MeanVectors) is needed for the "mean" condition, direct (a full-depth map without
     replay) for the "direct" one.
     """
     from tqdm import tqdm
@@ -328,7 +328,7 @@ def run(settings: EvalSettings, out_dir: Path, progress: bool = True, resume: bo
     settings.prompt = "plain" if target.chat_frame is None else f"chat template of {target.spec.name}"
     means = None
     if "mean" in settings.conditions:
-        from .mean_vector import reference_means
+        from ..train.mean_vector import reference_means
 
         means = reference_means(target, mot.channels.target_layers)
     done = set() if previous is None else set(zip(previous["dataset"], previous["id"]))

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..analysis.cache_metrics import KV_NAMES, compared_caches, layer_errors, token_vectors
 from ..cli import logger, run_cli
+from ..engine.cache_errors import KV_NAMES, compared_caches, layer_errors, token_vectors
 from ..engine.channels import Channels
 from ..engine.mot import Translation
 from ..errors import ConfigError

@@ -41,6 +41,7 @@ from ..engine.models import LoadedModel, kv_cache_bytes, load_model
 from ..engine.mot import MoT, Translation
 from ..errors import ConfigError, ContextError, MotVizError
 from ..fsutil import write_csv_atomic, write_text_atomic
+from ..train.mean_vector import reference_means
 from .answers import MAX_NEW_TOKENS, answers_from_caches, condition_caches, encode_question, linear_cache
 from .kvcomm import KVCOMM_FRACTION
 from .relay import RELAY_TOKENS
@@ -49,7 +50,6 @@ from .sharing import (COST_COLUMNS, MESSAGE_COLUMNS, SHARING, SharingModels, che
 from .layer_error import LAYER_ERROR_FILE, LayerErrorFile, check_resumed
 from .processes import Spread, resumed_table, run_units, shown
 from .results_folder import ResultsTable
-from .mean_vector import reference_means
 from .qa_metrics import bootstrap_ci
 from .qa_metrics import paired_ratios as ratios_of
 from .report import paired_differences, paired_markdown

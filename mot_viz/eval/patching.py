@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..analysis.cache_metrics import layer_errors, token_vectors
 from ..cli import run_cli
 from ..engine import hf
+from ..engine.cache_errors import layer_errors, token_vectors
 from ..engine.models import LoadedModel
 from ..engine.mot import MoT, Translation
 from ..engine.patching import (ANSWER_SENTENCE, PatchingScan, answer_sentence_buckets, answer_token_ids,

@@ -60,6 +60,7 @@ from ..engine.prompts import build_prompt
 from ..engine.shards import translate_shards, translate_shards_direct
 from ..errors import ConfigError
 from ..fsutil import write_csv_atomic, write_text_atomic
+from ..train.mean_vector import MeanVectors, reference_means
 from .answers import MAX_NEW_TOKENS, answers_from_caches, linear_cache, mean_vector_cache
 from .relay import RELAY_CONDITIONS, RELAY_TOKENS, Relay
 from .sharing import (COST_COLUMNS, MESSAGE_COLUMNS, check_conditions, check_sharing, cost_fields, cost_medians,
@@ -67,7 +68,6 @@ from .sharing import (COST_COLUMNS, MESSAGE_COLUMNS, check_conditions, check_sha
 from .processes import Spread, resumed_table, run_units, shown
 from .results_folder import ResultsTable
 from .long_context import check_budget, check_linear, default_linear, paired_ratios
-from .mean_vector import MeanVectors, reference_means
 from .qa_metrics import bootstrap_ci
 from .report import paired_differences, paired_markdown
 

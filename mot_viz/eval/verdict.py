@@ -63,7 +63,7 @@ class Verdict:
 
 def layer_signals(fidelity: pd.DataFrame, candidate: str) -> pd.DataFrame:
     """Per window layer: the candidate's signals and whether it errs less than the mean vector (rows of
-    mot_viz.eval.fidelity.translation_fidelity, with the "mean vector" candidate beside it)."""
+    mot_viz.train.window_fidelity.translation_fidelity, with the "mean vector" candidate beside it)."""
     mine = fidelity[fidelity.candidate == candidate].set_index("layer")
     out = mine[["attn_out_cos", "centered_cos_k", "centered_cos_v", "rel_err_k", "rel_err_v"]].copy()
     means = fidelity[fidelity.candidate == "mean vector"].set_index("layer")

@@ -14,7 +14,7 @@ from ..engine.alignment import decode, encode
 from ..engine.layout import window_blocks
 from ..engine.models import LoadedModel
 from ..engine.mot import native_cache, target_context_ids
-from ..train.bank import corpus_passages
+from .bank import corpus_passages
 
 REFERENCE_PASSAGES = 40  # LAMBADA training passages behind the mean-vector baseline (fidelity CLI, evaluator)
 

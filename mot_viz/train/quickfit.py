@@ -31,12 +31,12 @@ from ..engine.models import LoadedModel, load_model, model_geometry
 from ..engine.mot import MoT
 from ..engine.replay_config import replay_mode
 from ..errors import ConfigError, ContextError
-from ..eval.fidelity import fidelity_table
-from ..eval.mean_vector import heldout_texts
 from ..fsutil import check_out_place, remove_stale_temporaries
 from .bank import CORPORA, BankConfig, build_bank, complete_bank
 from .direct import DIRECT_K, DIRECT_LAMBDA, Moments, affine, cached_moments, fit_every_layer, layer_block
 from .fit import fit_linear
+from .mean_vector import heldout_texts
+from .window_fidelity import fidelity_table
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ source K and V and, where the checkpoint's linear path reads it, the previous to
 path, and trains a wide per-token residual MLP on top of it (LayerNorm → Linear(F, hidden) → GELU →
 Linear(hidden, K and V of the window)) with Adam on the bank's training contexts, the loss the MSE of each
 output dimension divided by its training variance. It scores, per window layer, raw and centered cosine of K and
-V on the bank's held-out contexts (mot_viz.eval.fidelity.vector_fidelity per context, mean over contexts), for the
+V on the bank's held-out contexts (mot_viz.train.window_fidelity.vector_fidelity per context, mean over contexts), for the
 checkpoint's linear path, the checkpoint itself (experts included), and the MLP after every --eval_every epochs:
 
     OMP_NUM_THREADS=1 python research/probes/capacity_probe.py --checkpoint pretrained/smollm2-to-gemma3-mid \

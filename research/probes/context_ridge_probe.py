@@ -4,7 +4,7 @@ The closed-form map (mot_viz.train.ridge, `variant: linear`) reads one token's a
 the same ridge map on the same training bank (the shipped checkpoints' three-genre bank, read from the user
 cache; built first if missing) with each token's features widened by its context, λ chosen on the bank's
 held-out tenth as fit_linear chooses it, and scores every variant on the bank's held-out contexts per window
-layer: raw and centered cosine of K and V (mot_viz.eval.fidelity.vector_fidelity per context, then the mean over
+layer: raw and centered cosine of K and V (mot_viz.train.window_fidelity.vector_fidelity per context, then the mean over
 contexts; keys in the translator's pre-RoPE space). A probe of the input, not a training run:
 
     OMP_NUM_THREADS=1 python research/probes/context_ridge_probe.py --checkpoint pretrained/smollm2-to-gemma3-mid-linear \

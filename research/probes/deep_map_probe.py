@@ -6,7 +6,7 @@ layer's aligned K and V is computed once per bank context (one source prefill ea
 candidate input: the window's own source layers plus extra source layers, optionally projected on principal axes of
 the bank (`name=layers[:dims]`, layers `all` for every source layer outside the window), each with the previous
 token's features on 256 principal axes as the shipped maps read them. Scored per window layer on the bank's
-held-out contexts (raw and centered cosine of K and V, mot_viz.eval.fidelity.window_cosines):
+held-out contexts (raw and centered cosine of K and V, mot_viz.train.window_fidelity.window_cosines):
 
     OMP_NUM_THREADS=2 python research/probes/deep_map_probe.py --checkpoint pretrained/smollm2-to-gemma3-mid \
         --sets window= u14=3,5,7,9,11,12,13,15,27 u14-512=3,5,7,9,11,12,13,15,27:512 all=all

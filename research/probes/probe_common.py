@@ -15,7 +15,7 @@ from mot_viz.engine.checkpoint import load_checkpoint
 from mot_viz.engine.models import LoadedModel, load_model
 from mot_viz.engine.mot import MoT
 from mot_viz.errors import ConfigError
-from mot_viz.eval.fidelity import vector_fidelity
+from mot_viz.train.window_fidelity import vector_fidelity
 from mot_viz.fsutil import write_text_atomic
 from mot_viz.train.bank import Bank, build_bank
 from mot_viz.train.config import TrainConfig

@@ -4,7 +4,7 @@ A linear checkpoint's map (mot_viz.engine.translator.LinearKVMap: the inputs it 
 on its bank (mot_viz.train.bank.checkpoint_bank) from the training contexts alone: λ chosen per K and V on the last tenth
 of them, then, for every rank asked, its K and V outputs confined to that many principal directions of its own
 fitted values (mot_viz.train.ridge, `linear_rank`). Each fit is scored per window layer on the bank's held-out contexts
-(raw and centered cosine of K and V, mot_viz.eval.fidelity.window_cosines), beside the fp16 size of the map it makes:
+(raw and centered cosine of K and V, mot_viz.train.window_fidelity.window_cosines), beside the fp16 size of the map it makes:
 
     OMP_NUM_THREADS=2 python research/probes/rank_probe.py --checkpoint pretrained/smollm2-to-gemma3-mid-linear \
         --ranks 128 256 384 512 768 0 --out research/results/fidelity/rank_probe-mid.md

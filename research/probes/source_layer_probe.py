@@ -4,7 +4,7 @@ For one pair and one target window, every candidate set of source layers (as man
 strictly increasing: a channel list of method.md §3) gets its own ridge map (mot_viz.train.ridge, λ chosen on the
 held-out tenth of the bank) from the aligned source K and V of those layers to the target window's K and V,
 fitted on a small in-memory bank of `--corpus` text. Each map is scored on held-out passages with the fidelity
-metrics of mot_viz.eval.fidelity (window means over layers; keys in the translator's pre-RoPE space, so centered K
+metrics of mot_viz.train.window_fidelity (window means over layers; keys in the translator's pre-RoPE space, so centered K
 reads a little lower than the post-RoPE numbers of docs/results.md). A probe of the input, not a training run:
 
     OMP_NUM_THREADS=1 python research/probes/source_layer_probe.py --target_layers 5 6 7 8 9 \
@@ -28,8 +28,8 @@ from mot_viz.engine.channels import Channels
 from mot_viz.engine.models import load_model
 from mot_viz.engine.mot import (MoT, ReplayConfig, native_cache, prepare_source, target_context_ids,
                                 translator_inputs, translator_targets)
-from mot_viz.eval.fidelity import vector_fidelity
-from mot_viz.eval.mean_vector import heldout_texts
+from mot_viz.train.window_fidelity import vector_fidelity
+from mot_viz.train.mean_vector import heldout_texts
 from mot_viz.train.bank import CORPORA, BankConfig, context_ids
 from mot_viz.train.ridge import fit_ridge_many
 

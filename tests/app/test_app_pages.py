@@ -27,7 +27,7 @@ from mot_viz.engine.mot import translate
 from mot_viz.engine.prompts import build_prompt
 from mot_viz.engine.testing import load_test_model
 from mot_viz.eval.answers import CONDITION_LABELS, TIE_LABELS, answer_from_cache, ties_with_mot
-from mot_viz.eval.fidelity import translation_fidelity
+from mot_viz.train.window_fidelity import translation_fidelity
 from plotly_figures import figures
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
@@ -145,7 +145,7 @@ def test_answers_page_answers_from_the_mean_vector_window_on_request():
     library's answer from the same replay; off by default, and in the page's link when ticked."""
     from mot_viz.app.settings import MEAN_VECTOR_PASSAGES
     from mot_viz.eval.answers import mean_vector_cache
-    from mot_viz.eval.mean_vector import reference_means
+    from mot_viz.train.mean_vector import reference_means
 
     at = goto(start(), "1_answers")
     assert len(at.dataframe[0].value) == 4
@@ -311,7 +311,8 @@ def test_cache_space_page_projects_each_kind(method):
 
 
 def test_cache_space_page_paired_options_follow_the_library():
-    from mot_viz.analysis.cache_metrics import per_token_errors, window_vectors
+    from mot_viz.analysis.cache_metrics import window_vectors
+    from mot_viz.engine.cache_errors import per_token_errors
 
     at = goto(use_free_text(start(), FREE_TEXT), "5_cache_space")
     at.multiselect(key="pg.space.kinds").set_value(["native target", "translated", "replayed target", "linear map"]).run()
@@ -525,8 +526,8 @@ def test_every_page_works_on_a_direct_map_and_draws_its_cache_once(app_cache):
 
 def test_training_page_shows_the_recorded_held_out_fidelity(pretrained):
     from mot_viz.engine.checkpoint import record_metrics
-    from mot_viz.eval.fidelity import fidelity_record, fidelity_table
-    from mot_viz.eval.mean_vector import mean_vectors
+    from mot_viz.train.window_fidelity import fidelity_record, fidelity_table
+    from mot_viz.train.mean_vector import mean_vectors
 
     source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
     path = pretrained["smollm2-to-gemma3"]

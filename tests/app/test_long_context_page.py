@@ -19,7 +19,7 @@ from mot_viz.data.user_documents import document_label, user_long_document
 from mot_viz.engine.checkpoint import load_checkpoint
 from mot_viz.engine.testing import load_test_model
 from mot_viz.eval.long_context import LongSettings, evaluate_document
-from mot_viz.eval.mean_vector import reference_means
+from mot_viz.train.mean_vector import reference_means
 from plotly_figures import figures
 from test_app_pages import errors, shown
 

@@ -18,7 +18,7 @@ from mot_viz.engine.mot import (MoT, ReplayConfig, native_cache, prepare_source,
                                 translator_targets)
 from mot_viz.engine.translator import previous_features
 from mot_viz.errors import CheckpointError, ConfigError
-from mot_viz.eval.fidelity import attention_output_cosine, context_fidelity, vector_fidelity
+from mot_viz.train.window_fidelity import attention_output_cosine, context_fidelity, vector_fidelity
 from mot_viz.train import train as train_mod
 from mot_viz.train.bank import Bank, BankConfig, build_bank, context_blocks
 from mot_viz.train.fit import bank_loss, bank_stage, fit_linear
@@ -484,7 +484,7 @@ def test_attention_output_cosine_on_the_replays_own_queries():
     the project's default reads the native prefill's (docs/decisions.md). Both are kept per translation."""
     from mot_viz.engine.layout import from_block
     from mot_viz.engine.mot import translate
-    from mot_viz.eval.fidelity import translation_fidelity
+    from mot_viz.train.window_fidelity import translation_fidelity
 
     source, target = _pair()
     torch.manual_seed(0)
@@ -508,7 +508,7 @@ def test_attention_output_cosine_on_the_replays_own_queries():
 def test_mean_vector_control_replays_one_shared_vector_per_layer():
     from mot_viz.engine.prompts import QAExample
     from mot_viz.eval.answers import condition_caches
-    from mot_viz.eval.mean_vector import mean_vectors
+    from mot_viz.train.mean_vector import mean_vectors
 
     source, target = _pair()
     mot = MoT.build(source.spec, target.spec, Channels((2, 3), (2, 3)), ReplayConfig(4, 1), variant="linear")
@@ -646,7 +646,7 @@ def test_fidelity_verdicts_name_no_structure_the_mean_vector_and_the_linear_map(
     """The Per-layer page's warnings: no token structure, more error than the mean vector, behind the linear map."""
     import pandas as pd
 
-    from mot_viz.eval.fidelity import fidelity_verdicts
+    from mot_viz.train.window_fidelity import fidelity_verdicts
 
     def row(candidate, cent, rel):
         return {"candidate": candidate, "centered_cos_k": cent, "centered_cos_v": cent, "rel_err_k": rel,
