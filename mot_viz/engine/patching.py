@@ -11,10 +11,11 @@ teacher-forced, over each patched cache:
 Each reading is the gold answer's mean log-probability per token (hf.continuation_logprobs, the closed-set score
 of method.md §8 rule a), and its **share** of the native − translated gap: restoring (patched − translated) / gap,
 breaking (native − patched) / gap. The caches are built once by the caller; a reading re-runs only the question and
-the answer over the patched cache. A layer is patched as its K/V, not as the computation that made them: in a
-replayed cache every layer from the window's first up is the target's own K/V of hidden states the window moved
-(method.md §6), so restoring one such layer puts back what that layer would have cached natively, and the layers
-above it keep what the shifted states gave them.
+the answer over the patched cache, and only from its lowest patched layer up (below it the patched cache is the one it
+was patched from, so the question's and the answer's states there are that cache's reading's). A layer is patched as
+its K/V, not as the computation that made them: in a replayed cache every layer from the window's first up is the
+target's own K/V of hidden states the window moved (method.md §6), so restoring one such layer puts back what that
+layer would have cached natively, and the layers above it keep what the shifted states gave them.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ DIRECTIONS = ("restore", "break")
 ALL_POSITIONS = "all"  # the bucket name of a patch at every position of the cache
 ANSWER_SENTENCE, REST = "answer sentence", "rest"  # the buckets answer_sentence_buckets makes
 BATCH = 8  # patched caches read in one forward (the output layer over the answer tokens dominates)
+# a patched reading starts at its lowest patched layer, from the state the unpatched cache's reading had there (below
+# it the two caches are the same, so are the question's and the answer's hidden states); read at the call (False:
+# every reading runs every layer, the plain path the fast one is tested and benchmarked against)
+REUSE_LOWER_LAYERS = True
 MIN_GAP = 1e-6  # a native − translated gap below this (nats) has no share to move: the share is NaN
 
 
@@ -224,6 +229,8 @@ def patching_scan(model, native: list[KV], translated: list[KV], question_ids: t
     if hidden:  # each reading hides its own layers: one at a time
         for i, (*_, cache, _held) in enumerate(jobs):
             logprobs[i] = hf.continuation_logprobs(model, [cache], question_ids, answer, plans[i])[0]
+    elif REUSE_LOWER_LAYERS:
+        logprobs = _readings_from_layer_starts(model, jobs, question_ids, answer, batch)
     else:
         for at in range(0, len(jobs), batch):
             chunk = jobs[at : at + batch]
@@ -233,3 +240,31 @@ def patching_scan(model, native: list[KV], translated: list[KV], question_ids: t
     readings = tuple(PatchReading(direction, name, group, bucket, lp, _share(direction, lp, native_lp, translated_lp))
                      for (direction, name, group, bucket, _c, _h), lp in zip(jobs[2:], logprobs[2:]))
     return PatchingScan(native_lp, translated_lp, readings)
+
+
+def _readings_from_layer_starts(model, jobs: list, question_ids: torch.Tensor, answer: list[int],
+                                batch: int) -> list[float]:
+    """The readings of `jobs` (the native and the translated cache, then the patched ones), each patched cache read
+    from its lowest patched layer up: restoring starts from the translated cache's reading, breaking from the native
+    one's (hf.LayerStart). The latest starts are read first, `batch` at a time, each batch from its lowest start."""
+    num_layers = len(jobs[0][4])
+    ends, trace = hf.continuation_trace(model, [jobs[0][4], jobs[1][4]], question_ids, answer)
+    logprobs = ends + [0.0] * (len(jobs) - 2)
+    # (start layer, job, the row of the unpatched reading it starts from: 0 native, 1 translated), latest first
+    order = sorted(((min(group, default=num_layers), i, int(direction == "restore"))
+                    for i, (direction, _n, group, *_rest) in enumerate(jobs[2:], 2)), reverse=True)
+    for at in range(0, len(order), batch):
+        chunk = order[at : at + batch]
+        layer = min(start for start, _i, _row in chunk)
+        if layer == num_layers:  # nothing patched (an empty group): the unpatched reading itself
+            for _s, i, row in chunk:
+                logprobs[i] = ends[row]
+            continue
+        rows = [row for *_, row in chunk]
+        start = hf.LayerStart(layer, trace.residual[layer][rows],
+                              tuple((k[rows], v[rows]) for k, v in trace.result.kv[:layer]))
+        scores = hf.continuation_logprobs(model, [jobs[i][4] for _s, i, _r in chunk], question_ids, answer,
+                                          hf.AttentionPlan(start=start))
+        for (_s, i, _r), lp in zip(chunk, scores):
+            logprobs[i] = lp
+    return logprobs

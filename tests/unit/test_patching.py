@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import FAMILIES, tiny_model
-from mot_viz.engine import hf
+from mot_viz.engine import hf, patching
 from mot_viz.engine.alignment import encode
 from mot_viz.engine.mot import native_cache, target_context_ids
 from mot_viz.engine.patching import (ANSWER_SENTENCE, REST, answer_sentence_buckets, layer_groups, patch,
@@ -104,6 +104,24 @@ def test_bucket_readings_patch_their_positions_and_together_make_the_whole():
     expected = hf.continuation_logprob(model.model, patch(translated, native, range(4), buckets[ANSWER_SENTENCE]),
                                        question, answer)
     assert_close(_reading(scan, "restore", "every", ANSWER_SENTENCE).logprob, expected)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_readings_started_above_the_lowest_patched_layer_equal_readings_of_every_layer(family, monkeypatch):
+    model, native, question, answer = _setup(family)
+    translated = _noisy(native, range(4), scale=100.0)
+    buckets = answer_sentence_buckets(model.tokenizer, CONTEXT, "Gustave Eiffel", prefix_len=0)
+    groups = {"upper": (2, 3), "ends": (0, 3), "none": ()}
+    scans = {}
+    for fast in (False, True):  # batch 3: batches mix starts, the lowest start reads a batch
+        monkeypatch.setattr(patching, "REUSE_LOWER_LAYERS", fast)
+        scans[fast] = patching_scan(model.model, native, translated, question, answer, groups, buckets, batch=3)
+    plain, fast = scans[False].frame(), scans[True].frame()
+    assert abs(scans[False].gap) > 0.05 and len(fast) == 2 * 3 * (4 + len(groups))
+    assert fast[["direction", "target", "bucket"]].equals(plain[["direction", "target", "bucket"]])
+    assert_close(fast[["logprob", "native", "translated"]].to_numpy(), plain[["logprob", "native", "translated"]]
+                 .to_numpy(), what="readings")
+    assert_close(fast.share.to_numpy(), plain.share.to_numpy(), rtol=1e-3, what="shares")
 
 
 def test_hidden_positions_follow_the_translated_k_v():

@@ -11,7 +11,8 @@ variable, so two Streamlit sessions in two threads never see each other's plan) 
 * keep the top-k key positions of the head-averaged attention probabilities (the sparse index construction,
   done inside the source's prefill, so no N x N probabilities are kept);
 * keep the hidden state entering one layer, and start a later forward of the same ids there
-  (:class:`LayerStart`): replays that differ only from the window up skip the layers below it.
+  (:class:`LayerStart`): replays that differ only from the window up skip the layers below it, and so do
+  readings over caches that differ only from some layer up (layer patching).
 
 No copy of a family's forward pass is kept (method.md §12). Everything else in the project works on
 plain tensors in the Hugging Face layout ``[batch, kv_heads, seq, head_dim]``.
@@ -24,7 +25,7 @@ from .attention import (KV, SPARSE_QUERY_CHUNK, TOPK_QUERY_CHUNK, AttentionPlan,
                         attention_output, causal_probs, decoder_layers, install_attention, mot_attention,
                         sparse_attention, sparse_mask_attention, topk_positions, whole_last_layer)
 from .forward import (FEW_ROWS, ForwardResult, ResidualTrace, cache_from_kv, continuation_logprob,
-                      continuation_logprobs, eos_ids,
+                      continuation_logprobs, continuation_trace, eos_ids,
                       final_readout,
                       greedy_generate, greedy_generate_batch, has_rope, install_output_layer, kv_from_cache,
                       left_padded, new_cache, residual_trace, rotate_keys, run, stack_caches)
@@ -33,7 +34,8 @@ __all__ = [
     "KV", "SPARSE_QUERY_CHUNK", "TOPK_QUERY_CHUNK", "topk_positions", "AttentionPlan", "LayerStart", "active_plan",
     "attention_output", "causal_probs", "decoder_layers", "install_attention", "mot_attention", "sparse_attention",
     "sparse_mask_attention", "whole_last_layer", "FEW_ROWS", "ForwardResult", "ResidualTrace", "cache_from_kv",
-    "continuation_logprob", "continuation_logprobs", "eos_ids", "greedy_generate", "greedy_generate_batch", "has_rope", "install_output_layer",
+    "continuation_logprob", "continuation_logprobs", "continuation_trace", "eos_ids", "greedy_generate",
+    "greedy_generate_batch", "has_rope", "install_output_layer",
     "kv_from_cache", "left_padded", "new_cache", "residual_trace", "rotate_keys", "run", "stack_caches",
     "final_readout",
 ]

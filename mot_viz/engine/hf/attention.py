@@ -41,9 +41,11 @@ class AttentionPlan:
 @dataclass(frozen=True)
 class LayerStart:
     """Where a forward of the same ids can start instead of at layer 0: the hidden state entering ``layer`` and the
-    cache entries of the layers below it, both from an earlier forward whose plan below ``layer`` was the same
-    (the same sparse indices, nothing injected there). The layers below ``layer`` are then not run at all; the
-    model's own forward still builds the embeddings, masks and rotary tables and runs every layer from ``layer`` up.
+    cache entries of the layers below it, both from an earlier forward of the same ids over a cache that was the
+    same below ``layer`` (or none), whose plan below ``layer`` was the same (the same sparse indices, nothing
+    injected there); a batch's rows may start from different forwards. The layers below ``layer`` are then not run
+    at all; the model's own forward still builds the embeddings, masks and rotary tables and runs every layer from
+    ``layer`` up.
     """
 
     layer: int

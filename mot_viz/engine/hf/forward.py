@@ -137,8 +137,6 @@ def run(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: AttentionPla
         # one position: at two threads that measured slower for two rows (a 25-token question: 0.20 s against 0.16 s),
         # before install_output_layer gave 2-8 rows their faster kernel (not measured again since)
         keep = torch.arange(max(ids.shape[1] - logits_to_keep, 0), ids.shape[1], device=ids.device)
-    if plan is not None and plan.start is not None and kv:
-        raise ValueError("a forward that starts above layer 0 needs an empty cache (a prefill of the same ids)")
     with active_plan(plan):
         if keep is None:  # the decoder alone, up to the last layer's K/V: no later work, no output layer
             logits = None
@@ -270,16 +268,27 @@ def continuation_logprob(model, kv: list[KV] | None, prompt_ids: torch.Tensor, c
 def continuation_logprobs(model, kvs: list[list[KV] | None], prompt_ids: torch.Tensor, continuation: list[int],
                           plan: AttentionPlan | None = None) -> list[float]:
     """continuation_logprob after each of several caches of one length (or all None), run as one batch."""
-    ids = torch.cat([prompt_ids, torch.tensor([continuation], device=prompt_ids.device)], dim=1)
     if any(kv is None for kv in kvs) and not all(kv is None for kv in kvs):
         raise ValueError("caches scored as one batch must all hold the same positions (or all be None)")
     kv = kvs[0] if len(kvs) == 1 else stack_caches(kvs)
+    ids, keep = _continuation_ids(prompt_ids, continuation)
+    return _mean_logprobs(run(model, ids.expand(len(kvs), -1), kv, plan, logits_to_keep=keep).logits, continuation)
+
+
+def _continuation_ids(prompt_ids: torch.Tensor, continuation: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(prompt + continuation ids [1, S + J], the positions whose logits predict the continuation [J])."""
+    ids = torch.cat([prompt_ids, torch.tensor([continuation], device=prompt_ids.device)], dim=1)
     n = prompt_ids.shape[1]  # the logits of the prompt's last position and of each continuation token but the last
-    keep = torch.arange(n - 1, n - 1 + len(continuation), device=ids.device)
-    logits = run(model, ids.expand(len(kvs), -1), kv, plan, logits_to_keep=keep).logits
-    target = torch.tensor(continuation, device=logits.device)[None, :, None].expand(len(kvs), -1, -1)
-    logp = logits.float().log_softmax(-1).gather(-1, target)  # (B, J, 1)
-    return logp[..., 0].mean(-1).tolist()
+    return ids, torch.arange(n - 1, n - 1 + len(continuation), device=ids.device)
+
+
+def _mean_logprobs(logits: torch.Tensor, continuation: list[int]) -> list[float]:
+    """Per row, the mean log p of the continuation's tokens under logits [B, J, vocab] (log-softmax at the J tokens
+    only: the logsumexp of each row, no [B, J, vocab] log-probabilities written)."""
+    logits = logits.float()
+    target = torch.tensor(continuation, device=logits.device)[None, :, None].expand(logits.shape[0], -1, -1)
+    logp = logits.gather(-1, target)[..., 0] - logits.logsumexp(-1)  # (B, J)
+    return logp.mean(-1).tolist()
 
 
 # ===== residual-stream trace (method.md §9.2) ===================================================
@@ -374,6 +383,18 @@ def residual_trace(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: A
         attn.append(a)
         mlp.append(m)
     return ResidualTrace(result, residual, torch.stack(attn), torch.stack(mlp))
+
+
+@torch.no_grad()
+def continuation_trace(model, kvs: list[list[KV]], prompt_ids: torch.Tensor,
+                       continuation: list[int]) -> tuple[list[float], ResidualTrace]:
+    """continuation_logprobs of several caches of one length, with the forward's residual stream recorded: the state
+    entering each layer l (trace.residual[l]) and the cache entries below it (trace.result.kv[:l]) make the
+    LayerStart of a later reading of the same ids over a cache that differs from this one only from layer l up."""
+    ids, keep = _continuation_ids(prompt_ids, continuation)
+    trace = residual_trace(model, ids.expand(len(kvs), -1), kvs[0] if len(kvs) == 1 else stack_caches(kvs),
+                           logits_to_keep=keep)
+    return _mean_logprobs(trace.result.logits, continuation), trace
 
 
 def final_readout(model) -> Callable[[torch.Tensor], torch.Tensor]:
