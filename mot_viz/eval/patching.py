@@ -3,6 +3,10 @@
     python -m mot_viz.eval.patching results/eval/smollm2-to-gemma3-mid-squad300 --n 100 \
         --methods mot direct --direct pretrained/smollm2-to-gemma3-direct
 
+or, for one budget of a long-context run (mot_viz.eval.patching_long),
+
+    python -m mot_viz.eval.patching results/long/smollm2-to-gemma3-mid-stacks --budget 1024 --n 24
+
 which rebuilds the folder's examples from its summary.json settings (as mot_viz.eval.layer_error does), builds each
 example's native cache and each method's cache once, and runs the patching scan of mot_viz.engine.patching over
 them: per target layer and per group (the window, the global and the sliding layers), restoring (the method's cache
@@ -40,6 +44,7 @@ from ..errors import ConfigError
 from ..fsutil import write_text_atomic
 from .answers import condition_caches, encode_question, linear_cache
 from .kvcomm import KVCommSelection, kvcomm_cache
+from .patching_long import is_long_folder, long_documents, long_settings
 from .processes import barrier, join, merge_unit_files, unit_file, unit_file_sources
 from .relay import RELAY_CONDITIONS
 from .results_folder import PARTS, RESULTS_TABLE, SETTINGS_FILE, writer_of
@@ -154,11 +159,12 @@ class PatchingSettings:
     linear: str | None
     buckets: bool
     weights: dict[str, str] | None = None  # method -> SHA-256 of its map's weights (a replaced map is another run)
+    budget: int | None = None  # a long-context folder's budget scanned (None: an evaluation's folder)
 
     @classmethod
     def from_json(cls, data: dict) -> PatchingSettings:
         return cls(tuple(data["methods"]), data.get("direct"), data.get("linear"), bool(data.get("buckets")),
-                   data.get("weights"))
+                   data.get("weights"), data.get("budget"))
 
 
 def read_patching(path: Path) -> pd.DataFrame:
@@ -200,12 +206,12 @@ def _evaluate_settings(folder: Path):
     """The folder's evaluate settings; ConfigError (before any model loads) for any other folder."""
     from . import evaluate
 
-    fix = ("Pass a folder python -m mot_viz.eval.evaluate wrote with --out, e.g. "
-           "results/eval/smollm2-to-gemma3-mid-squad300.")
+    fix = ("Pass a folder python -m mot_viz.eval.evaluate or python -m mot_viz.eval.long_context wrote with --out, "
+           "e.g. results/eval/smollm2-to-gemma3-mid-squad300.")
     writer = writer_of(folder)
     if (writer or "").rsplit(".", 1)[-1] != "evaluate" or not (folder / RESULTS_TABLE).is_file():
         what = f"holds results of {writer}" if writer else "is not a results folder"
-        raise ConfigError(f"{folder} {what}, not of evaluate. {fix}")
+        raise ConfigError(f"{folder} {what}, not of evaluate or long_context. {fix}")
     try:
         return evaluate.EvalSettings.from_json(json.loads((folder / SETTINGS_FILE).read_text())["settings"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -226,7 +232,8 @@ def _check_settings(folder: Path, settings: PatchingSettings, resume: bool) -> N
 
 
 def record(folder: str | Path, methods: Sequence[str] = ("mot",), n: int | None = None, direct: str | None = None,
-           linear: str | None = None, buckets: bool = False, resume: bool = False, progress: bool = True) -> Path:
+           linear: str | None = None, buckets: bool = False, resume: bool = False, progress: bool = True,
+           budget: int | None = None) -> Path:
     """Write `folder`'s patching.csv for its first `n` scored examples (all: None), keeping, with `resume`, the
     examples it already holds."""
     from tqdm import tqdm
@@ -241,7 +248,8 @@ def record(folder: str | Path, methods: Sequence[str] = ("mot",), n: int | None 
     methods = check_methods(methods)
     if n is not None and n < 1:
         raise ConfigError(f"--n must be at least 1, got {n}")
-    settings = _evaluate_settings(folder)
+    long = is_long_folder(folder)  # a long-context run's documents at one budget, else an evaluation's examples
+    settings, budget = long_settings(folder, budget) if long else (_evaluate_settings(folder), None)
     if "direct" in methods and not direct:
         raise ConfigError("the 'direct' method needs its map: pass --direct pretrained/smollm2-to-gemma3-direct")
     if "linear" in methods and not linear:
@@ -249,19 +257,24 @@ def record(folder: str | Path, methods: Sequence[str] = ("mot",), n: int | None 
     maps = {m: path for m, path in (("mot", settings.checkpoint), ("direct", direct), ("linear", linear))
             if m in methods}
     patching = PatchingSettings(methods, direct, linear, buckets,
-                                {m: weights_sha256(path) for m, path in maps.items()})
+                                {m: weights_sha256(path) for m, path in maps.items()}, budget)
     config = read_config(settings.checkpoint)
     if "kvcomm" in methods:
         check_kvcomm_pair(config["source"], config["target"])
     _check_settings(folder, patching, resume)
-    rows = pd.read_csv(folder / RESULTS_TABLE, dtype={"dataset": str, "id": str}, keep_default_na=False)
-    scored = set(zip(rows.loc[rows["condition"] != "skipped", "dataset"], rows.loc[rows["condition"] != "skipped", "id"]))
     rank, world = join()
     source, target = evaluate.load_model(config["source"]["name"]), evaluate.load_model(config["target"]["name"])
-    mot = evaluate.load_evaluated(settings.checkpoint, settings, source, target)
-    examples = [evaluate.truncate_context(target, e, settings.max_context_tokens)
-                for d in settings.datasets for e in load_dataset(d, n=settings.n, seed=settings.seed)]
-    examples = [e for e in examples if (e.dataset, e.id) in scored][:n]
+    if long:
+        mot = load_checkpoint(settings.checkpoint, source, target)[0]
+        examples = long_documents(folder, settings, budget, target)[:n]
+    else:
+        rows = pd.read_csv(folder / RESULTS_TABLE, dtype={"dataset": str, "id": str}, keep_default_na=False)
+        kept = rows["condition"] != "skipped"
+        scored = set(zip(rows.loc[kept, "dataset"], rows.loc[kept, "id"]))
+        mot = evaluate.load_evaluated(settings.checkpoint, settings, source, target)
+        examples = [evaluate.truncate_context(target, e, settings.max_context_tokens)
+                    for d in settings.datasets for e in load_dataset(d, n=settings.n, seed=settings.seed)]
+        examples = [e for e in examples if (e.dataset, e.id) in scored][:n]
     models = {"direct": load_checkpoint(direct, source, target)[0] if "direct" in methods else None,
               "linear": load_checkpoint(linear, source, target)[0] if "linear" in methods else None,
               "kvcomm": kvcomm_selection(source, target, examples[:1]) if "kvcomm" in methods else None}
@@ -299,9 +312,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--buckets", action="store_true",
                         help="also patch only the sentence holding the gold answer, and only the rest")
     parser.add_argument("--resume", action="store_true", help="keep the examples patching.csv already holds")
+    parser.add_argument("--budget", type=int, help="a long-context folder's budget to scan (one of its budgets)")
     args = parser.parse_args(argv)
     written = lambda: record(args.results, args.methods, args.n, args.direct, args.linear, args.buckets,  # noqa: E731
-                             args.resume)
+                             args.resume, budget=args.budget)
     return run_cli(lambda: print(f"wrote {written()}"))
 
 

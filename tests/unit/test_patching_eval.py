@@ -15,14 +15,16 @@ import torch
 
 from conftest import CORPUS
 from mot_viz.data.eval_data import load_dataset
+from mot_viz.data.long_context import DEPTHS, long_examples
 from mot_viz.engine import hf
 from mot_viz.engine.checkpoint import load_checkpoint
 from mot_viz.engine.mot import translate
 from mot_viz.engine.patching import layer_groups, patch
 from mot_viz.engine.prompts import build_prompt
 from mot_viz.engine.testing import load_test_model
-from mot_viz.eval import evaluate, patching
+from mot_viz.eval import evaluate, long_context, patching
 from mot_viz.eval.answers import linear_cache
+from mot_viz.eval.long_settings import LongSettings
 from mot_viz.errors import ConfigError
 from tolerance import close
 
@@ -187,3 +189,32 @@ def test_direct_and_kvcomm_caches_restore_to_native_and_break_to_themselves(priv
         reading = {(r.direction, r.target): r.logprob for r in scan.readings}
         assert_close(reading[("restore", "every")], scan.native, rtol=1e-5, what=method)
         assert_close(reading[("break", "every")], scan.translated, rtol=1e-5, what=method)
+
+
+def test_a_long_context_folder_is_scanned_at_one_budget(checkpoints, tmp_path, monkeypatch):
+    monkeypatch.setattr(long_context, "load_model", load_test_model)
+    monkeypatch.setattr(evaluate, "load_model", load_test_model)
+    out = tmp_path / "long"
+    settings = LongSettings(checkpoint=str(checkpoints["smollm2-to-gemma3"]), linear=None, source="stacks",
+                            budgets=(900, 950), n=1, seed=0, max_new_tokens=2, bootstrap=20,
+                            conditions=("native", "mot"))
+    long_context.run(settings, out, progress=False)
+    with pytest.raises(ConfigError, match=r"holds the budgets 900, 950: pass --budget with one of them"):
+        patching.record(out)
+    with pytest.raises(ConfigError, match=r"no documents at the budget 1024: pass --budget with one of 900, 950"):
+        patching.record(out, budget=1024)
+    one_process([str(out), "--budget", "950"])
+    table = pd.read_csv(out / patching.PATCHING_FILE, dtype={"id": str})
+    assert json.loads((out / patching.PATCHING_SETTINGS).read_text())["budget"] == 950
+    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
+    doc = long_examples("stacks", target.tokenizer, 950, 1, 0)[0].example
+    assert list(table.id.unique()) == [doc.id] and doc.id.endswith(tuple(f"-950-{d}" for d in DEPTHS))
+    mot = load_checkpoint(checkpoints["smollm2-to-gemma3"], source, target)[0]
+    translation = translate(mot, source, target, build_prompt(doc, target.chat_frame).context_text)
+    assert translation.target_ids.shape[1] > 800  # the document at its budget, not a short context
+    question, answer = patching.gold_question(target, doc)
+    mine = table.set_index(["direction", "target"])
+    assert close(mine.native.iloc[0], hf.continuation_logprob(target.model, translation.native_kv, question, answer),
+                 rtol=1e-5)
+    assert close(mine.loc[("break", "layer 3"), "logprob"], hf.continuation_logprob(
+        target.model, patch(translation.native_kv, translation.mixed_kv, [3]), question, answer), rtol=1e-5)
