@@ -75,6 +75,7 @@ from mot_viz.engine.mot import empty_context_cache, translate  # noqa: E402
 from mot_viz.engine.prompts import build_prompt  # noqa: E402
 from mot_viz.eval import evaluate  # noqa: E402
 from mot_viz.eval.answers import MAX_NEW_TOKENS, answers_from_caches, first_answer_logprobs  # noqa: E402
+from mot_viz.eval.qa_settings import truncate_context  # noqa: E402
 from mot_viz.fsutil import check_out_place  # noqa: E402
 from mot_viz.train.config import TrainConfig, parse_args  # noqa: E402
 from mot_viz.train.train import train  # noqa: E402
@@ -89,7 +90,7 @@ class Scale:
     """How much each section does: the full check, or --quick (the test suite's CPU mode)."""
 
     contexts: int  # SQuAD contexts compared with the CPU
-    context_tokens: int  # each cut to at most this many target tokens (evaluate.truncate_context)
+    context_tokens: int  # each cut to at most this many target tokens (qa_settings.truncate_context)
     answer_tokens: int  # greedy answer tokens compared
     lens_tokens: int  # answer positions the logit lens follows
     train: dict  # overrides of the shipped recipe
@@ -124,7 +125,7 @@ class Tee(io.TextIOBase):
 
 def context_results(mot, source, target, example, scale: Scale) -> dict:
     """What section 1 compares for one example: translate, replay, answers, logit lens (tensors, on the CPU)."""
-    example = evaluate.truncate_context(target, example, scale.context_tokens)
+    example = truncate_context(target, example, scale.context_tokens)
     prompt = build_prompt(example, target.chat_frame)
     tr = translate(mot, source, target, prompt.context_text)
     caches = {"native": tr.native_kv, "mot": tr.mixed_kv, "no_context": empty_context_cache(target)}

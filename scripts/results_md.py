@@ -21,7 +21,7 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from mot_viz.eval.evaluate import EvalSettings
+from mot_viz.eval.qa_settings import EvalSettings
 from mot_viz.eval.report import markdown_table, measured_these_weights, paired_differences, paired_markdown
 
 # (first checkpoint, second checkpoint): paired over the examples both were evaluated on, first − second

@@ -42,7 +42,7 @@ from mot_viz.engine.mot import translate
 from mot_viz.engine.prompts import build_prompt
 from mot_viz.eval.answers import answers_from_caches, first_answer_logprobs
 from mot_viz.eval.conversation import turn_example
-from mot_viz.eval.evaluate import truncate_context
+from mot_viz.eval.qa_settings import truncate_context
 from mot_viz.train.window_fidelity import translation_fidelity
 from mot_viz.train.mean_vector import reference_means
 from mot_viz.eval.verdict import VerdictThresholds, layer_signals, reuse_verdict

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..data.eval_data import BUILTIN_DATASETS, load_dataset
+from ..engine.checkpoint import read_config
 from ..errors import MotVizError
 from .eval_runs import REPO_ROOT, EvalRun
 
@@ -34,8 +36,6 @@ class AppView:
 def _checkpoint_models(checkpoint: str) -> tuple[str, str] | None:
     """The source and target model names of a run's checkpoint (a path as the run was given it, from the working
     folder or the repository), or None when it is not here."""
-    from ..engine.checkpoint import read_config
-
     for path in (Path(checkpoint), REPO_ROOT / checkpoint):
         if (path / "config.json").is_file():
             try:
@@ -116,8 +116,6 @@ def _views(run: EvalRun, table: pd.DataFrame, base: dict, examples_per_dataset: 
 
 def _dataset_views(run: EvalRun, table: pd.DataFrame, base: dict, examples_per_dataset: int) -> list[AppView]:
     """The sidebar's dataset example of each row of an `evaluate` run (its place among the examples offered)."""
-    from ..data.eval_data import BUILTIN_DATASETS, load_dataset
-
     offered = {}
     for name in run.settings.get("datasets", []):
         if name in BUILTIN_DATASETS:

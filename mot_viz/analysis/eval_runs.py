@@ -19,10 +19,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..data.coqa import _conversations
+from ..data.eval_data import load_dataset
+from ..data.long_context import _qasper_docs
 from ..engine.checkpoint import read_config
 from ..errors import DataFormatError, MotVizError
 from ..eval import conversation, evaluate, long_context, shards
-from ..eval.report import paired_differences
+from ..eval.long_settings import LongSettings
+from ..eval.qa_settings import EvalSettings
+from ..eval.report import paired_differences, summarize
 from ..eval.results_folder import HEAD_BYTES, RESULTS_TABLE, SETTINGS_FILE, binary_start, table_text
 from ..fsutil import short_path
 
@@ -60,10 +65,10 @@ def _budget_label(source: pd.Series, budget: pd.Series) -> pd.Series:
 
 KINDS = (
     RunKind("evaluate", (evaluate.ROW_COLUMNS, *evaluate.RESULTS.earlier), evaluate.TEXT_COLUMNS,
-            ("dataset", "id"), lambda rows: rows["dataset"].astype(str), "mot", evaluate.EvalSettings),
+            ("dataset", "id"), lambda rows: rows["dataset"].astype(str), "mot", EvalSettings),
     RunKind("long_context", (long_context.ROW_COLUMNS, *long_context.RESULTS.earlier), long_context.TEXT_COLUMNS,
             ("source", "budget", "id"), lambda rows: _budget_label(rows["source"], rows["budget"]), "mot",
-            long_context.LongSettings),
+            LongSettings),
     RunKind("conversation", (conversation.ROW_COLUMNS, *conversation.RESULTS.earlier), conversation.TEXT_COLUMNS,
             ("id", "turn"), lambda rows: "turn " + rows["turn"].astype(str), "mot", conversation.ConversationSettings),
     RunKind("shards", (shards.ROW_COLUMNS, *shards.RESULTS.earlier), shards.TEXT_COLUMNS, ("budget", "id"),
@@ -217,27 +222,19 @@ def questions(run: EvalRun) -> dict[str, str]:
     names = run.rows.drop_duplicates("example")
     try:
         if run.kind.name == "evaluate":
-            from ..data.eval_data import load_dataset
-
             for name in run.settings.get("datasets", []):
                 for e in load_dataset(name, n=run.settings["n"], seed=run.settings["seed"]):
                     out[(e.dataset, e.id)] = e.question
             return {r.example: out[(r.dataset, r.id)] for r in names.itertuples() if (r.dataset, r.id) in out}
         if run.kind.name == "conversation":
-            from ..data.coqa import _conversations
-
             stories = {c.id: c for c in _conversations()}
             return {r.example: stories[r.id].turns[int(r.turn) - 1].question for r in names.itertuples()
                     if r.id in stories and int(r.turn) <= len(stories[r.id].turns)}
         source = run.settings.get("source", "stacks")
         if source == "qasper":
-            from ..data.long_context import _qasper_docs
-
             by_id = {d["id"]: d["question"].strip() for d in _qasper_docs()}
             return {r.example: by_id[r.id.rsplit("-", 1)[0]] for r in names.itertuples()
                     if r.id.rsplit("-", 1)[0] in by_id}
-        from ..data.eval_data import load_dataset
-
         if source == "stacks":  # a stack's id is its SQuAD question's, its budget and its depth
             by_id = {e.id: e.question for e in load_dataset("squad")}
             return {r.example: by_id[r.id.rsplit("-", 2)[0]] for r in names.itertuples()
@@ -310,8 +307,6 @@ def _summarize(run: EvalRun, rows: pd.DataFrame) -> pd.DataFrame:
     """The writer's own summary of `rows` (its columns), with its bootstrap settings."""
     n_boot, seed = run.settings.get("bootstrap", 1000), run.settings.get("seed", 0)
     if run.kind.name == "evaluate":
-        from ..eval.report import summarize
-
         return summarize(rows, n_boot, seed).rename(columns=_RETAINED)
     if run.kind.name == "long_context":
         return long_context.summarize(rows, n_boot, seed)

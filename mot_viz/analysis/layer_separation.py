@@ -12,7 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..eval.layer_error import LAYER_ERROR_FILE, METRICS, UNITS, read_layer_errors
+from ..eval.layer_error_file import LAYER_ERROR_FILE, METRICS, UNITS, read_layer_errors
 from ..eval.qa_metrics import bootstrap_ci
 from .eval_runs import RIGHT, EvalRun, select
 

@@ -22,7 +22,9 @@ from ..data.eval_data import BUILTIN_DATASETS, load_dataset
 from ..engine.model_cache import cache_dir
 from ..errors import ConfigError, DataFormatError
 from ..eval.answers import CONDITIONS, EXTRA_CONDITIONS, MAX_NEW_TOKENS
-from ..eval.evaluate import EvalSettings, check_settings, checked_config
+from ..eval.evaluate import check_settings
+from ..eval.qa_settings import EvalSettings
+from ..eval.sharing import checked_config
 from .settings import REPO_ROOT
 
 MAX_EXAMPLES = 50  # the most examples a live run evaluates (the app is for looking; a full run is the command's)

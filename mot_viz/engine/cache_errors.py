@@ -56,3 +56,10 @@ def compared_caches(translation: Translation, channels: Channels, comparison: st
     if comparison == "replayed":
         return {t: (context_positions(kv, p), native[t]) for t, kv in enumerate(translation.mixed_kv)}
     raise ValueError(f"comparison must be one of {tuple(COMPARISONS)}, got {comparison!r}")
+
+
+def kv_cosine(a: list, b: list) -> float:
+    """Cosine between two caches, all layers' K and V flattened together (method.md §8 'Cosine')."""
+    flat_a = torch.cat([t.flatten().float() for kv in a for t in kv])
+    flat_b = torch.cat([t.flatten().float() for kv in b for t in kv])
+    return float(torch.nn.functional.cosine_similarity(flat_a, flat_b, dim=0))

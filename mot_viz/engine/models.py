@@ -16,18 +16,15 @@ import sys
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 import torch
 
+from ..cli import run_cli
 from ..errors import ModelLoadError
 from .model_cache import Progress, _progress, convert_gguf, converted_folder, gguf_architecture, gguf_digest
 from .model_cache import cache_dir  # noqa: F401  (re-exported: the banks live in the same cache)
 from .synthetic import is_synthetic, synthetic_names
 from . import synthetic
-
-if TYPE_CHECKING:
-    from .prompts import ChatFrame
+from .prompts import ChatFrame
 
 # Families whose attention runs through transformers' attention-function registry (method.md §12).
 SUPPORTED_MODEL_TYPES = ("gpt2", "opt", "qwen2", "llama", "gemma3_text")
@@ -122,8 +119,6 @@ class LoadedModel:
         so it holds exactly what the template adds (SmolLM2: its default system turn, ``<|im_start|>user``
         and, after the message, ``<|im_end|>`` and ``<|im_start|>assistant``).
         """
-        from .prompts import ChatFrame
-
         tuned = CHAT_TUNED_BUNDLED.get(self.spec.name, bool(_CHAT_NAME.search(self.spec.name)))
         if not tuned or not getattr(self.tokenizer, "chat_template", None):
             return None
@@ -232,7 +227,7 @@ def _check_supported(model_type: str | None, name: str) -> None:
 def prepare_model(model: torch.nn.Module, tokenizer, name: str) -> LoadedModel:
     """Freeze a transformers causal LM, route its attention through MoT Viz and give its output layer the faster
     kernel for a few positions (see mot_viz.engine.hf)."""
-    from . import hf
+    from . import hf  # imports transformers (heavy): loaded with the first model, not with this module
 
     _check_supported(getattr(model.config, "model_type", None), name)
     model.eval()
@@ -432,8 +427,6 @@ def _load(name: str, dtype: torch.dtype, progress: Progress | None) -> LoadedMod
 
 def _main(argv: list[str] | None = None) -> int:
     import argparse
-
-    from ..cli import run_cli
 
     parser = argparse.ArgumentParser(prog="python -m mot_viz.engine.models", description="Bundled models.")
     parser.add_argument("command", choices=["prepare"],

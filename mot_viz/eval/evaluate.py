@@ -17,94 +17,34 @@ import argparse
 import datetime
 import json
 import sys
-from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
+from tqdm import tqdm
 
 from ..cli import run_cli
 from ..data.eval_data import BUILTIN_DATASETS, load_dataset
-from ..engine.alignment import encode
+from ..engine.cache_errors import kv_cosine
 from ..engine.checkpoint import WEIGHTS_FILE, load_checkpoint, read_config, weights_sha256
 from ..engine.models import LoadedModel, load_model, model_device
 from ..engine.mot import MoT, translate
-from ..engine.replay_config import REPLAY_MODES, replay_mode
-from ..engine.prompts import QAExample, build_prompt
-from ..errors import CheckpointError, ConfigError, MotVizError
+from ..engine.replay_config import REPLAY_MODES
+from ..engine.prompts import QAExample
+from ..errors import CheckpointError, ConfigError
 from ..fsutil import remove_stale_temporaries, write_csv_atomic, write_text_atomic
+from ..train.mean_vector import reference_means
 from .answers import (CONDITIONS, EXTRA_CONDITIONS, MAX_NEW_TOKENS, answers_from_caches, condition_caches,
                       translated_seconds)
 from .kvcomm import KVCOMM_FRACTION, check_kvcomm_fraction, check_kvcomm_pair, kvcomm_selection
+from .layer_error_file import LAYER_ERROR_FILE, LayerErrorFile, check_resumed
+from .lm_check import run_lm
 from .processes import Spread, join, resumed_table, run_examples, shown, spread_out
-from .layer_error import LAYER_ERROR_FILE, LayerErrorFile, check_resumed
-from .relay import RELAY_CONDITIONS, RELAY_TOKENS, Relay, check_relay_tokens
+from .qa_settings import MIN_CONTEXT_TOKENS, EvalSettings, load_evaluated, truncate_context
+from .relay import RELAY_CONDITIONS, RELAY_TOKENS, check_relay_tokens, message_fields
 from .report import markdown_table, paired_differences, paired_markdown, summarize
 from .results_folder import ResultsTable, check_results_folder
-
-
-def kv_cosine(a: list, b: list) -> float:
-    """Cosine between two caches, all layers' K and V flattened together (method.md §8 'Cosine')."""
-    flat_a = torch.cat([t.flatten().float() for kv in a for t in kv])
-    flat_b = torch.cat([t.flatten().float() for kv in b for t in kv])
-    return float(torch.nn.functional.cosine_similarity(flat_a, flat_b, dim=0))
-
-
-MIN_CONTEXT_TOKENS = 16  # truncate_context keeps at least this many passage tokens
-
-
-def truncate_context(target: LoadedModel, example: QAExample, budget: int) -> QAExample:
-    """Right-truncate the example's passage so the context part fits `budget` target tokens."""
-    prompt = build_prompt(example, target.chat_frame)
-    if len(encode(target.tokenizer, prompt.context_text)) <= budget:
-        return example
-    overhead = len(encode(target.tokenizer, prompt.context_text.replace(example.context, "")))
-    ids = encode(target.tokenizer, example.context)[: max(MIN_CONTEXT_TOKENS, budget - overhead)]
-    return replace(example, context=target.tokenizer.decode(ids))
-
-
-@dataclass
-class EvalSettings:
-    """How one evaluation run was made; written beside its results."""
-
-    checkpoint: str
-    second: str | None
-    datasets: tuple[str, ...]
-    n: int
-    seed: int
-    max_new_tokens: int
-    max_context_tokens: int
-    bootstrap: int
-    conditions: tuple[str, ...] = CONDITIONS  # native is always among them: retained shares divide by it
-    prompt: str = "plain"  # "chat template" when the target is chat-tuned (data.build_prompt); set by run()
-    replay: str = "checkpoint"  # each checkpoint's own replay, or "dense" / "sparse" for both (replay_config.replay_mode)
-    relay_tokens: int = RELAY_TOKENS  # the longest relay message, in source tokens (relay conditions only)
-    direct: str | None = None  # the full-depth map without replay the "direct" condition answers from (--direct)
-    kvcomm_fraction: float = KVCOMM_FRACTION  # share of the layers the kvcomm condition shares (--kvcomm_fraction)
-    kvcomm_layers: tuple[int, ...] = ()  # the layers the kvcomm condition shared, chosen by the run (set by run())
-    kvcomm_scores: tuple[float, ...] = ()  # per layer, the calibration's attention on the context (set by run())
-
-    @classmethod
-    def from_json(cls, data: dict) -> EvalSettings:
-        """The settings as summary.json stores them (lists for tuples; older runs lack the later fields)."""
-        return cls(**{**data, "datasets": tuple(data["datasets"]),
-                      "conditions": tuple(data.get("conditions") or CONDITIONS)})
-
-    def command(self, out_dir: Path | None = None) -> str:
-        """The command line that runs this evaluation (writing to `out_dir` when given)."""
-        return ("python -m mot_viz.eval.evaluate --checkpoint " + self.checkpoint
-                + (f" --second {self.second}" if self.second else "")
-                + f" --datasets {' '.join(self.datasets)} --n {self.n} --seed {self.seed}"
-                + ("" if self.conditions == CONDITIONS else f" --conditions {' '.join(self.conditions)}")
-                + ("" if self.replay == "checkpoint" else f" --replay {self.replay}")
-                + ("" if self.relay_tokens == RELAY_TOKENS or not set(self.conditions) & set(RELAY_CONDITIONS)
-                   else f" --relay_tokens {self.relay_tokens}")
-                + (f" --direct {self.direct}" if self.direct else "")
-                + ("" if self.kvcomm_fraction == KVCOMM_FRACTION or "kvcomm" not in self.conditions
-                   else f" --kvcomm_fraction {self.kvcomm_fraction}")
-                + f" --max_new_tokens {self.max_new_tokens} --max_context_tokens {self.max_context_tokens}"
-                + (f" --out {out_dir}" if out_dir is not None else ""))
+from .sharing import check_direct_flag, checked_config, full_depth
 
 
 # one column per field of a row; "error" (type and message) is set on skipped rows only, the message columns on the
@@ -156,12 +96,6 @@ def example_rows(mot: MoT, source: LoadedModel, target: LoadedModel, example: QA
     return rows
 
 
-def message_fields(relay: Relay) -> dict:
-    """A relay row's message columns."""
-    return {"message": relay.message, "message_tokens": relay.tokens, "message_bytes": relay.bytes,
-            "message_generate_seconds": relay.generate_seconds, "message_prefill_seconds": relay.prefill_seconds}
-
-
 def evaluate_examples(mot: MoT, source: LoadedModel, target: LoadedModel, examples: list[QAExample],
                       settings: EvalSettings, second: MoT | None = None, progress: bool = True,
                       checkpoint_every: int = 0, on_checkpoint=None, means=None,
@@ -173,8 +107,6 @@ def evaluate_examples(mot: MoT, source: LoadedModel, target: LoadedModel, exampl
     means (mot_viz.train.mean_vector.MeanVectors) is needed for the "mean" condition, direct (a full-depth map without
     replay) for the "direct" one.
     """
-    from tqdm import tqdm
-
     rows = []
     try:
         for i, example in enumerate(tqdm(examples, desc="evaluate", disable=not progress, dynamic_ncols=True)):
@@ -204,20 +136,6 @@ RESULT_FILES = ("examples.csv", "summary.csv", "paired.csv", "summary.json", "su
                 "costs.csv", "costs.md", LAYER_ERROR_FILE)
 
 
-def checked_config(flag: str, path: str) -> dict:
-    """read_config of the checkpoint passed as `flag`, any failure raised as CheckpointError naming the flag."""
-    try:
-        return read_config(path)
-    except (MotVizError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{flag} {path}: {exc} Pass a checkpoint folder written by MoT Viz "
-                              "(config.json + translator.safetensors), e.g. pretrained/smollm2-to-gemma3.") from exc
-
-
-def full_depth(config: dict) -> bool:
-    """Whether a checkpoint's config translates every target layer (what replay 'none' needs)."""
-    return [c["dst_layer_idx"] for c in config["channels"]] == list(range(config["target"]["num_layers"]))
-
-
 def check_direct_setting(settings: EvalSettings, config: dict) -> None:
     """Raise ConfigError/CheckpointError unless the "direct" condition and --direct come together, with a full-depth map
     without replay of --checkpoint's pair."""
@@ -227,25 +145,6 @@ def check_direct_setting(settings: EvalSettings, config: dict) -> None:
                           f"{config['target']['num_layers']} layers. Pass another --replay, or evaluate a full-depth map "
                           "with --conditions direct --direct CHECKPOINT.")
     check_direct_flag(settings.conditions, settings.direct, settings.checkpoint, config)
-
-
-def check_direct_flag(conditions: tuple[str, ...], direct_path: str | None, checkpoint: str, config: dict) -> None:
-    """Raise ConfigError/CheckpointError unless the "direct" condition and --direct come together, with a full-depth
-    map without replay of the pair of --checkpoint (whose config.json is `config`)."""
-    wanted = "direct" in conditions
-    if wanted != bool(direct_path):
-        raise ConfigError("the 'direct' condition needs --direct CHECKPOINT (a full-depth map without replay, e.g. "
-                          "pretrained/smollm2-to-gemma3-direct)" if wanted else
-                          f"--direct {direct_path} is read by the 'direct' condition: add direct to --conditions")
-    if not wanted:
-        return
-    direct = checked_config("--direct", direct_path)
-    if any(direct[k].get("fingerprint") != config[k].get("fingerprint") for k in ("source", "target")):
-        raise CheckpointError(f"--direct {direct_path} was made for another model pair than --checkpoint "
-                              f"{checkpoint}. Pass a direct map of the same pair.")
-    if not (direct.get("replay") or {}).get("direct") or not full_depth(direct):
-        raise CheckpointError(f"--direct {direct_path} replays its window; the 'direct' condition needs a full-depth "
-                              "map without replay: fit one with python -m mot_viz.train.quickfit --direct.")
 
 
 def check_settings(settings: EvalSettings) -> None:
@@ -296,13 +195,6 @@ def check_run(settings: EvalSettings, out_dir: Path, resume: bool = False, overw
     return examples, previous
 
 
-def load_evaluated(path: str, settings: EvalSettings, source: LoadedModel, target: LoadedModel) -> MoT:
-    """One evaluated checkpoint (--checkpoint or --second), replaying as settings.replay says."""
-    mot = load_checkpoint(path, source, target)[0]
-    mot.replay = replay_mode(mot.replay, settings.replay)
-    return mot
-
-
 def run(settings: EvalSettings, out_dir: Path, progress: bool = True, resume: bool = False,
         checked=None, overwrite: bool = False, layer_error: bool = False) -> pd.DataFrame:
     """Evaluate and write the results; with resume, examples out_dir already has rows for are not recomputed;
@@ -328,8 +220,6 @@ def run(settings: EvalSettings, out_dir: Path, progress: bool = True, resume: bo
     settings.prompt = "plain" if target.chat_frame is None else f"chat template of {target.spec.name}"
     means = None
     if "mean" in settings.conditions:
-        from ..train.mean_vector import reference_means
-
         means = reference_means(target, mot.channels.target_layers)
     done = set() if previous is None else set(zip(previous["dataset"], previous["id"]))
     layers = LayerErrorFile(out_dir, ("dataset", "id"), done) if layer_error else None
@@ -444,8 +334,6 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--lm_sequences must be at least 0, got {args.lm_sequences}. Pass 0 to skip the LM check.")
         checked = check_run(settings, out_dir, args.resume, args.overwrite)  # before any model is loaded
         if args.lm_sequences and join()[0] == 0:  # one process writes lm.csv
-            from .lm_check import run_lm  # it imports this module
-
             run_lm(settings, out_dir, args.lm_sequences)
         if args.datasets:
             shown(run(settings, out_dir, resume=args.resume, checked=checked, layer_error=args.layer_error),

@@ -15,15 +15,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from tqdm import tqdm
 
 from ..data.corpus import split_sequence, training_sequences
+from ..engine import hf
+from ..engine.cache_errors import kv_cosine
 from ..engine.checkpoint import read_config
 from ..engine.models import LoadedModel, load_model
 from ..engine.mot import MoT, translate
 from ..fsutil import write_csv_atomic, write_text_atomic
 from .answers import condition_caches
-from .evaluate import EvalSettings, kv_cosine, load_evaluated
 from .qa_metrics import bootstrap_ci
+from .qa_settings import EvalSettings, load_evaluated
 
 
 @torch.no_grad()
@@ -31,10 +34,6 @@ def lm_losses(mot: MoT, source: LoadedModel, target: LoadedModel, rows: torch.Te
               seed: int = 0, progress: bool = True) -> pd.DataFrame:
     """Held-out language-modelling check (method.md §8, 'OpenWebText validation'): per row, the target's
     cross-entropy on the prompt tokens given each condition's cache of the context (nats per token)."""
-    from tqdm import tqdm
-
-    from ..engine import hf
-
     out = []
     for i, row in enumerate(tqdm(rows, desc="lm", disable=not progress, dynamic_ncols=True)):
         context, prompt, labels = split_sequence(row[None].to(target.device), prefix_tokens)

@@ -47,14 +47,14 @@ from .kvcomm import KVCOMM_FRACTION
 from .relay import RELAY_TOKENS
 from .sharing import (COST_COLUMNS, MESSAGE_COLUMNS, SHARING, SharingModels, check_conditions, check_sharing,
                       cost_fields, cost_medians, load_sharing, sharing_stages, target_side_seconds, work_text)
-from .layer_error import LAYER_ERROR_FILE, LayerErrorFile, check_resumed
+from .layer_error_file import LAYER_ERROR_FILE, LayerErrorFile, check_resumed
+from .long_settings import CONDITIONS, LongSettings
 from .processes import Spread, resumed_table, run_units, shown
 from .results_folder import ResultsTable
 from .qa_metrics import bootstrap_ci
 from .qa_metrics import paired_ratios as ratios_of
 from .report import paired_differences, paired_markdown
 
-CONDITIONS = ("native", "no_context", "mot", "linear", "mean")  # the default conditions
 ALL_CONDITIONS = CONDITIONS + SHARING
 QUESTION_ROOM = 96  # target tokens kept free after a budget for the prompt's frame and the question
 ROW_COLUMNS = ("budget", "source", "id", "depth", "evidence_fraction", "condition", "score", "exact_match", "answer",
@@ -73,41 +73,6 @@ RESULT_FILES = ("examples.csv", "summary.csv", "stages.csv", "paired.csv", "summ
 # the paired tests: does the translation beat its own map, a window with no context in it, and no context at all?
 PAIRS = (("mot", "linear"), ("mot", "mean"), ("mot", "no_context"), ("mot", "native"), ("linear", "mean"),
          *(("mot", c) for c in SHARING))
-
-
-@dataclass
-class LongSettings:
-    """How one long-context run was made; written beside its results."""
-
-    checkpoint: str
-    linear: str | None  # the closed-form map of the same window (default: "<checkpoint>-linear" when it exists)
-    source: str  # "stacks", "qasper" or a .jsonl path (mot_viz.data.long_context)
-    budgets: tuple[int, ...]
-    n: int  # documents per budget
-    seed: int
-    max_new_tokens: int = MAX_NEW_TOKENS
-    bootstrap: int = 1000
-    conditions: tuple[str, ...] = CONDITIONS
-    relay_tokens: int = RELAY_TOKENS  # the longest relay message, in source tokens (relay conditions only)
-    direct: str | None = None  # the full-depth map without replay the "direct" condition answers from (--direct)
-    kvcomm_fraction: float = KVCOMM_FRACTION  # share of the layers the kvcomm condition shares (--kvcomm_fraction)
-    kvcomm_layers: tuple[int, ...] = ()  # the layers the kvcomm condition shared (set by run())
-
-    @classmethod
-    def from_json(cls, data: dict) -> LongSettings:
-        return cls(**{**data, "budgets": tuple(data["budgets"]), "conditions": tuple(data["conditions"]),
-                      "kvcomm_layers": tuple(data.get("kvcomm_layers", ()))})
-
-    def command(self, out_dir: Path | None = None) -> str:
-        """The command line that runs this evaluation (writing to `out_dir` when given)."""
-        return ("python -m mot_viz.eval.long_context --checkpoint " + self.checkpoint
-                + (f" --linear {self.linear}" if self.linear else "") + f" --source {self.source}"
-                + f" --budgets {' '.join(map(str, self.budgets))} --n {self.n} --seed {self.seed}"
-                + ("" if self.conditions == CONDITIONS else f" --conditions {' '.join(self.conditions)}")
-                + ("" if self.relay_tokens == RELAY_TOKENS else f" --relay_tokens {self.relay_tokens}")
-                + (f" --direct {self.direct}" if self.direct else "")
-                + ("" if self.kvcomm_fraction == KVCOMM_FRACTION else f" --kvcomm_fraction {self.kvcomm_fraction}")
-                + f" --max_new_tokens {self.max_new_tokens}" + (f" --out {out_dir}" if out_dir is not None else ""))
 
 
 def default_linear(checkpoint: str) -> str | None:

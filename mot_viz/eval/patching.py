@@ -31,19 +31,23 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
+from tqdm import tqdm
 
 from ..cli import run_cli
+from ..data.eval_data import load_dataset
 from ..engine import hf
 from ..engine.cache_errors import layer_errors, token_vectors
+from ..engine.checkpoint import load_checkpoint, read_config, weights_sha256
 from ..engine.models import LoadedModel
-from ..engine.mot import MoT, Translation
+from ..engine.mot import MoT, Translation, translate
 from ..engine.patching import (ANSWER_SENTENCE, PatchingScan, answer_sentence_buckets, answer_token_ids,
                                layer_groups, patching_scan)
 from ..engine.prompts import QAExample, build_prompt
 from ..errors import ConfigError
 from ..fsutil import write_text_atomic
+from . import evaluate  # the folder's evaluation: its settings, models and examples are rebuilt as it made them
 from .answers import condition_caches, encode_question, linear_cache
-from .kvcomm import KVCommSelection, kvcomm_cache
+from .kvcomm import KVCommSelection, check_kvcomm_pair, kvcomm_cache, kvcomm_selection
 from .patching_long import is_long_folder, long_documents, long_settings
 from .processes import barrier, join, merge_unit_files, unit_file, unit_file_sources
 from .relay import RELAY_CONDITIONS
@@ -204,8 +208,6 @@ class PatchingFile:
 
 def _evaluate_settings(folder: Path):
     """The folder's evaluate settings; ConfigError (before any model loads) for any other folder."""
-    from . import evaluate
-
     fix = ("Pass a folder python -m mot_viz.eval.evaluate or python -m mot_viz.eval.long_context wrote with --out, "
            "e.g. results/eval/smollm2-to-gemma3-mid-squad300.")
     writer = writer_of(folder)
@@ -236,14 +238,6 @@ def record(folder: str | Path, methods: Sequence[str] = ("mot",), n: int | None 
            budget: int | None = None) -> Path:
     """Write `folder`'s patching.csv for its first `n` scored examples (all: None), keeping, with `resume`, the
     examples it already holds."""
-    from tqdm import tqdm
-
-    from ..data.eval_data import load_dataset
-    from ..engine.checkpoint import load_checkpoint, read_config, weights_sha256
-    from ..engine.mot import translate
-    from . import evaluate
-    from .kvcomm import check_kvcomm_pair, kvcomm_selection
-
     folder = Path(folder)
     methods = check_methods(methods)
     if n is not None and n < 1:

@@ -20,17 +20,24 @@ writing too (its message needs the question).
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import pandas as pd
 
+from ..cli import run_cli
 from ..engine import hf
 from ..engine.alignment import encode
-from ..engine.models import LoadedModel
+from ..engine.checkpoint import read_config, spec_from_json
+from ..engine.models import LoadedModel, kv_cache_bytes
 from ..engine.mot import native_cache, target_context_ids
 from ..engine.prompts import PLAIN, QAExample, build_prompt
 from ..errors import ConfigError, ContextError
+from ..fsutil import write_csv_atomic, write_text_atomic
 
 RELAY_CONDITIONS = ("relay", "relay_q")
 RELAY_TOKENS = 256  # the longest message, in source tokens (--relay_tokens): C2C's and KVComm's README's length
@@ -171,9 +178,6 @@ def sharing_costs(rows: pd.DataFrame, config: dict) -> pd.DataFrame:
     part of the building that can be done before the question (the source's prefill; relay's writing);
     ``after_question_seconds``: the rest, and the answer.
     """
-    from ..engine.models import kv_cache_bytes
-    from ..engine.checkpoint import spec_from_json
-
     scored = rows[rows["condition"] != "skipped"]
     # results written before the work done ahead was apart hold it inside "seconds"
     ahead = scored["ahead_seconds"].fillna(0.0) if "ahead_seconds" in scored else 0.0 * scored["seconds"]
@@ -235,16 +239,14 @@ def costs_markdown(costs: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def message_fields(relay: Relay) -> dict:
+    """A relay row's message columns."""
+    return {"message": relay.message, "message_tokens": relay.tokens, "message_bytes": relay.bytes,
+            "message_generate_seconds": relay.generate_seconds, "message_prefill_seconds": relay.prefill_seconds}
+
+
 def main(argv: list[str] | None = None) -> int:
     """python -m mot_viz.eval.relay RESULTS: write costs.md / costs.csv (sharing_costs) into an evaluation folder."""
-    import argparse
-    import json
-    from pathlib import Path
-
-    from ..cli import run_cli
-    from ..engine.checkpoint import read_config
-    from ..fsutil import write_csv_atomic, write_text_atomic
-
     parser = argparse.ArgumentParser(description="What each way of sharing the context hands over and costs, from "
                                                  "an evaluation folder with relay rows (python -m mot_viz.eval.evaluate)")
     parser.add_argument("results", help="the evaluation's --out folder (examples.csv, summary.json)")
@@ -275,6 +277,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(main())

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..engine.checkpoint import weights_sha256
 from ..errors import CheckpointError
 from .answers import CONDITION_LABELS, CONDITIONS, EXTRA_CONDITIONS
 from .qa_metrics import bootstrap_ci, paired_ratios
@@ -136,8 +137,6 @@ def measured_these_weights(results: str, meta: dict, checkpoint: str, config: Pa
     """Whether the evaluation folder `results` (its summary.json: meta) measured the current weights of `checkpoint`
     (whose config.json is `config`): its recorded weights digest matches, or, for folders from before digests were
     recorded, the checkpoint's config already cites the folder (scripts/results_md.py --record keeps those)."""
-    from ..engine.checkpoint import weights_sha256
-
     recorded = (meta.get("weights_sha256") or {}).get(checkpoint)
     if recorded is not None:
         return recorded == weights_sha256(config.parent)

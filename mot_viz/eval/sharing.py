@@ -27,16 +27,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..engine.alignment import encode
-from ..engine.checkpoint import load_checkpoint
+from ..engine.checkpoint import load_checkpoint, read_config
 from ..engine.models import LoadedModel, ModelSpec, kv_cache_bytes
 from ..engine.mot import MoT
 from ..engine.prompts import QAExample
-from ..errors import ConfigError
+from ..errors import CheckpointError, ConfigError, MotVizError
 from .answers import ConditionCaches
-from .evaluate import check_direct_flag, message_fields
 from .kvcomm import KVCommSelection, check_kvcomm_fraction, check_kvcomm_pair, kvcomm_selection
-from .relay import (RELAY_CONDITIONS, Relay, check_relay_tokens, layers_bytes, read_message, source_prompt,
-                    write_message)
+from .relay import (RELAY_CONDITIONS, Relay, check_relay_tokens, layers_bytes, message_fields, read_message,
+                    source_prompt, write_message)
 
 SHARING = (*RELAY_CONDITIONS, "direct", "kvcomm")
 MESSAGE_COLUMNS = ("message", "message_tokens", "message_bytes", "message_generate_seconds", "message_prefill_seconds")
@@ -51,6 +50,39 @@ class SharingModels:
 
     direct: MoT | None = None
     kvcomm: KVCommSelection | None = None
+
+
+def checked_config(flag: str, path: str) -> dict:
+    """read_config of the checkpoint passed as `flag`, any failure raised as CheckpointError naming the flag."""
+    try:
+        return read_config(path)
+    except (MotVizError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{flag} {path}: {exc} Pass a checkpoint folder written by MoT Viz "
+                              "(config.json + translator.safetensors), e.g. pretrained/smollm2-to-gemma3.") from exc
+
+
+def full_depth(config: dict) -> bool:
+    """Whether a checkpoint's config translates every target layer (what replay 'none' needs)."""
+    return [c["dst_layer_idx"] for c in config["channels"]] == list(range(config["target"]["num_layers"]))
+
+
+def check_direct_flag(conditions: tuple[str, ...], direct_path: str | None, checkpoint: str, config: dict) -> None:
+    """Raise ConfigError/CheckpointError unless the "direct" condition and --direct come together, with a full-depth
+    map without replay of the pair of --checkpoint (whose config.json is `config`)."""
+    wanted = "direct" in conditions
+    if wanted != bool(direct_path):
+        raise ConfigError("the 'direct' condition needs --direct CHECKPOINT (a full-depth map without replay, e.g. "
+                          "pretrained/smollm2-to-gemma3-direct)" if wanted else
+                          f"--direct {direct_path} is read by the 'direct' condition: add direct to --conditions")
+    if not wanted:
+        return
+    direct = checked_config("--direct", direct_path)
+    if any(direct[k].get("fingerprint") != config[k].get("fingerprint") for k in ("source", "target")):
+        raise CheckpointError(f"--direct {direct_path} was made for another model pair than --checkpoint "
+                              f"{checkpoint}. Pass a direct map of the same pair.")
+    if not (direct.get("replay") or {}).get("direct") or not full_depth(direct):
+        raise CheckpointError(f"--direct {direct_path} replays its window; the 'direct' condition needs a full-depth "
+                              "map without replay: fit one with python -m mot_viz.train.quickfit --direct.")
 
 
 def check_sharing(conditions: tuple[str, ...], config: dict, checkpoint: str, relay_tokens: int,

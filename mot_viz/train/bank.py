@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from ..data.corpus import brown_passages, lambada_passages, sotu_passages
+from ..data.eval_data import load_dataset
 from ..engine.alignment import decode, encode
 from ..engine.models import LoadedModel, cache_dir
 from ..engine.mot import MoT, native_cache, prepare_source, translator_inputs, translator_targets
@@ -68,9 +70,6 @@ class BankConfig:
 
 def corpus_passages(corpus: str) -> list[str]:
     """The passages of one of CORPORA, in their stored order."""
-    from ..data.corpus import brown_passages, lambada_passages, sotu_passages
-    from ..data.eval_data import load_dataset
-
     if "+" in corpus:  # the first corpus whole, then as many passages drawn from each of the others
         first, *others = (corpus_passages(part) for part in corpus.split("+"))
         return first + [p for i, other in enumerate(others) for p in random.Random(i).sample(other, len(first))]

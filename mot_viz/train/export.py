@@ -19,9 +19,11 @@ from pathlib import Path
 
 import torch
 
+from ..cli import run_cli
 from ..engine.checkpoint import CONFIG_FILE, SHARED_LINEAR, load_checkpoint, mot_config_json, save_checkpoint
 from ..engine.replay_config import REPLAY_MODES, replay_mode
 from ..errors import ConfigError
+from .bank import CORPORA
 from .runs import CONFIG_FILE as RUN_CONFIG_FILE, STATE_FILE
 
 LOG_FILES = ("log.jsonl", "bank_log.jsonl")  # training curves kept beside the weights (the Training page reads them)
@@ -29,8 +31,6 @@ LOG_FILES = ("log.jsonl", "bank_log.jsonl")  # training curves kept beside the w
 
 def _from_run(config: dict, log_rows: list[dict]) -> dict:
     """How a run was trained, as recorded in the exported checkpoint."""
-    from .bank import CORPORA
-
     training = dict(config.get("training", {}))
     bank = config.get("metrics", {}).get("bank")
     training.update({
@@ -117,8 +117,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="how the exported checkpoint replays: as trained (checkpoint), dense everywhere, or the "
                              "method's sparse top-32 from layer 2 up (a per-pair decision, docs/decisions.md)")
     args = parser.parse_args(argv)
-    from ..cli import run_cli
-
     return run_cli(lambda: print(export_run(args.source, args.out, args.shared_linear, args.replay, args.overwrite)))
 
 

@@ -39,6 +39,7 @@ from ..engine.mot import MoT, ReplayConfig, native_cache, prepare_source, replay
 from ..engine.translator import TranslatorOutput, gate_balance
 from ..errors import ConfigError, ContextError, MotVizError
 from . import runs
+from .bank import build_bank
 from .config import TrainConfig, parse_args  # noqa: F401  (the CLI's and the tests' entry points)
 from .devices import ddp_kwargs, forward_autocast, init_distributed, resume_note, run_device
 from .devices import process_group as _dist
@@ -209,8 +210,6 @@ def proxy_window_search(cfg: TrainConfig, source: LoadedModel, target: LoadedMod
 def _bank_stages(cfg: TrainConfig, mot: MoT, source: LoadedModel, target: LoadedModel, run_dir: Path, rank: int,
                  world: int, log, progress: bool, params: list[torch.nn.Parameter]) -> dict:
     """Build (or reuse) the bank, fit the linear path in closed form, then the bank stage; returns their summary."""
-    from .bank import build_bank
-
     dist = _dist()
     if rank != 0 and dist is not None:
         dist.barrier()  # rank 0 builds the bank; the others then read it

@@ -18,7 +18,8 @@ from mot_viz.data.long_context import distractor_stacks
 from mot_viz.data.user_documents import document_label, user_long_document
 from mot_viz.engine.checkpoint import load_checkpoint
 from mot_viz.engine.testing import load_test_model
-from mot_viz.eval.long_context import LongSettings, evaluate_document
+from mot_viz.eval.long_context import evaluate_document
+from mot_viz.eval.long_settings import LongSettings
 from mot_viz.train.mean_vector import reference_means
 from plotly_figures import figures
 from test_app_pages import errors, shown

@@ -29,7 +29,7 @@ from mot_viz.eval import conversation, long_context
 from mot_viz.eval import shards as shard_eval
 from mot_viz.eval.answers import answer_from_cache, linear_cache, mean_vector_cache
 from mot_viz.eval.conversation import ConversationSettings, history_text, turn_example
-from mot_viz.eval.long_context import LongSettings
+from mot_viz.eval.long_settings import LongSettings
 from mot_viz.train.mean_vector import reference_means
 from mot_viz.eval.relay import read_message
 from mot_viz.eval.sharing import SharingModels

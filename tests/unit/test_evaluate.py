@@ -14,7 +14,9 @@ from mot_viz.engine.mot import MoT
 from mot_viz.engine.prompts import QAExample
 from mot_viz.errors import ConfigError
 from mot_viz.eval.answers import answer_all, condition_caches
-from mot_viz.eval.evaluate import EvalSettings, evaluate_examples, kv_cosine, truncate_context
+from mot_viz.engine.cache_errors import kv_cosine
+from mot_viz.eval.evaluate import evaluate_examples
+from mot_viz.eval.qa_settings import EvalSettings, load_evaluated, truncate_context
 from mot_viz.eval.report import summarize
 
 EXTRACTIVE = QAExample(id="e1", dataset="toy", context=CORPUS[0] + " " + CORPUS[1], question="Who built it?",
@@ -159,7 +161,6 @@ def test_batched_answers_equal_one_by_one(family):
 def test_replay_mode_overrides_the_checkpoints_replay_and_is_in_the_command(setup, tmp_path):
     from mot_viz.engine.checkpoint import save_checkpoint
     from mot_viz.engine.replay_config import ReplayConfig, replay_mode
-    from mot_viz.eval.evaluate import load_evaluated
     from mot_viz.train.export import export_run
 
     mot, source, target = setup

@@ -16,9 +16,10 @@ from mot_viz.engine.checkpoint import load_checkpoint
 from mot_viz.engine.mot import translate
 from mot_viz.engine.prompts import build_prompt
 from mot_viz.engine.testing import load_test_model
-from mot_viz.eval import evaluate, layer_error, long_context
 from mot_viz.errors import ConfigError
-from mot_viz.eval.layer_error import LAYER_ERROR_FILE, METRICS
+from mot_viz.eval import evaluate, layer_error, layer_error_file, long_context
+from mot_viz.eval.layer_error_file import LAYER_ERROR_FILE, METRICS
+from mot_viz.eval.long_settings import LongSettings
 from tolerance import close
 
 
@@ -26,6 +27,7 @@ from tolerance import close
 def test_models(monkeypatch):
     monkeypatch.setattr(evaluate, "load_model", load_test_model)
     monkeypatch.setattr(long_context, "load_model", load_test_model)
+    monkeypatch.setattr(layer_error, "load_model", load_test_model)
 
 
 def eval_argv(checkpoints, data, out, n, *extra) -> list[str]:
@@ -77,7 +79,7 @@ def test_resume_keeps_the_rows_of_kept_examples_and_the_command_records_the_same
     assert layer_error.main([str(plain)]) == 0
     assert close(table(plain)[list(METRICS)], table(whole)[list(METRICS)])
     assert table(plain)[["id", "layer"]].equals(table(whole)[["id", "layer"]])
-    monkeypatch.setattr(layer_error, "layer_error_rows", lambda *a, **k: pytest.fail("a done example was redone"))
+    monkeypatch.setattr(layer_error_file, "layer_error_rows", lambda *a, **k: pytest.fail("a done example was redone"))
     assert layer_error.main([str(plain)]) == 0  # every example recorded: nothing to do
     assert evaluate.main(eval_argv(checkpoints, data, plain, 3, "--resume")) == 0  # the file is one of its results
 
@@ -111,9 +113,9 @@ def test_long_context_flag_and_command_agree_per_budget_and_document(checkpoints
     assert layer_error.main([str(copy), "--budgets", "512"]) == 2  # not a budget of the folder
 
 
-def long_settings(checkpoints) -> long_context.LongSettings:
-    return long_context.LongSettings(str(checkpoints["smollm2-to-gemma3"]), None, "stacks", (900,), 1, 0,
-                                     max_new_tokens=4, bootstrap=20, conditions=("native", "mot"))
+def long_settings(checkpoints) -> LongSettings:
+    return LongSettings(str(checkpoints["smollm2-to-gemma3"]), None, "stacks", (900,), 1, 0,
+                        max_new_tokens=4, bootstrap=20, conditions=("native", "mot"))
 
 
 def test_the_flag_added_on_resume_is_refused_until_the_kept_examples_are_recorded(checkpoints, data, tmp_path,
@@ -145,7 +147,7 @@ def test_a_cut_layer_error_file_computes_the_cut_example_again(checkpoints, data
     messages = []
     handler = logging.Handler()
     handler.emit = lambda record: messages.append(record.getMessage())
-    logging.getLogger(layer_error.__name__).addHandler(handler)  # the mot_viz logger prints and does not propagate
+    logging.getLogger(layer_error_file.__name__).addHandler(handler)  # the mot_viz logger prints and does not propagate
     out = tmp_path / "run"
     assert evaluate.main(eval_argv(checkpoints, data, out, 3, "--layer_error")) == 0
     whole = table(out)
@@ -154,7 +156,7 @@ def test_a_cut_layer_error_file_computes_the_cut_example_again(checkpoints, data
     assert layer_error.main([str(out)]) == 0
     again = table(out).sort_values(["id", "layer"]).reset_index(drop=True)
     assert again[["id", "layer"]].equals(whole.sort_values(["id", "layer"]).reset_index(drop=True)[["id", "layer"]])
-    logging.getLogger(layer_error.__name__).removeHandler(handler)
+    logging.getLogger(layer_error_file.__name__).removeHandler(handler)
     assert len(messages) == 1 and "was cut short or damaged: 1 example(s)" in messages[0]
 
     lines = (out / LAYER_ERROR_FILE).read_text().splitlines(keepends=True)

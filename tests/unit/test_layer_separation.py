@@ -9,7 +9,7 @@ import pytest
 
 from mot_viz.analysis.layer_separation import (layer_separation, lost_and_kept, separation_figure,
                                                separation_text)
-from mot_viz.eval.layer_error import METRICS
+from mot_viz.eval.layer_error_file import METRICS
 
 LAYERS = 6
 WINDOW = (2, 3)

@@ -16,7 +16,8 @@ from mot_viz.engine.alignment import encode
 from mot_viz.engine.testing import load_test_model, tiny_tokenizer
 from mot_viz.errors import ConfigError, ContextError
 from mot_viz.eval import long_context
-from mot_viz.eval.long_context import LongSettings, summarize
+from mot_viz.eval.long_context import summarize
+from mot_viz.eval.long_settings import LongSettings
 
 REPO = Path(__file__).resolve().parents[2]
 
