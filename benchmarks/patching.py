@@ -8,8 +8,10 @@ On the bundled pair, for the first SQuAD validation examples the app offers (see
 the translation and the direct map's cache are built first (the page finds them cached), then the page's scan is
 timed: every target layer and the default groups (window, global, sliding), restoring and breaking, read as the gold
 answer's log-probability (mot_viz.engine.patching.patching_scan), for the MoT's cache and for the direct map's; and
-the MoT's scan with the answer's-sentence buckets. Medians over --repeats after a warm-up. It writes the current table
-to --out.
+the MoT's scan with the answer's-sentence buckets; and, in the same run, the MoT's scan with every reading running every
+layer (patching.REUSE_LOWER_LAYERS off: the plain path the page's scan, which starts each patched reading at its
+lowest patched layer, is measured against). Medians over --repeats after a warm-up; the load average before and after
+the run is written beside them (the machine may be shared). It writes the current table to --out.
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ from mot_viz.data.eval_data import load_dataset
 from mot_viz.engine.checkpoint import load_checkpoint, read_config
 from mot_viz.engine.models import load_model
 from mot_viz.engine.mot import translate
+from mot_viz.engine import patching
 from mot_viz.engine.patching import layer_groups, patching_scan
 from mot_viz.engine.prompts import build_prompt
 from mot_viz.eval.patching import gold_buckets, gold_question, method_cache
 from mot_viz.fsutil import write_text_atomic
 
-STAGES = ("mot scan", "direct scan", "mot scan with buckets")
+PLAIN = "mot scan, every layer run"
+STAGES = ("mot scan", "direct scan", "mot scan with buckets", PLAIN)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     direct, _ = load_checkpoint(args.direct, source, target)
     groups = layer_groups(target.spec, mot.channels.target_layers)
     rows = []
+    load_before = os.getloadavg()
     for example in load_dataset("squad", n=EXAMPLES_PER_DATASET, seed=0)[: args.examples]:
         translation = translate(mot, source, target, build_prompt(example, target.chat_frame).context_text)
         direct_kv = method_cache("direct", mot, source, target, translation, direct=direct).kv
@@ -64,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         for repeat in range(args.repeats + 1):  # the first is a warm-up
             t = {}
             for stage, kv, positions in (("mot scan", translation.mixed_kv, None), ("direct scan", direct_kv, None),
-                                         ("mot scan with buckets", translation.mixed_kv, buckets)):
+                                         ("mot scan with buckets", translation.mixed_kv, buckets),
+                                         (PLAIN, translation.mixed_kv, None)):
+                patching.REUSE_LOWER_LAYERS = stage != PLAIN
                 start = time.perf_counter()
                 scan = patching_scan(target.model, translation.native_kv, kv, question, answer, groups, positions)
                 t[stage] = time.perf_counter() - start
@@ -75,13 +82,16 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"id": example.id, "tokens": int(translation.target_ids.shape[1]), "question": question.shape[1],
                      "answer": len(answer), "readings": runs[0]["mot scan readings"],
                      "bucket readings": runs[0]["mot scan with buckets readings"], **medians})
-        print(f"{example.id}: {rows[-1]['tokens']} tokens, mot scan {medians['mot scan']:.2f} s", flush=True)
+        print(f"{example.id}: {rows[-1]['tokens']} tokens, mot scan {medians['mot scan']:.2f} s, every layer run "
+              f"{medians[PLAIN]:.2f} s", flush=True)
+    load_after = os.getloadavg()
     title = "# Layer patching benchmark: the Layer patching page's scan of one context, its caches built"
     lines = [f"## {datetime.date.today()}: {args.label}", "",
              f"`python benchmarks/patching.py --checkpoint {args.checkpoint} --direct {args.direct} --threads "
              f"{args.threads}` on {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} with "
              f"{args.threads} thread(s), float32; the app's first {args.examples} SQuAD examples; median of "
-             f"{args.repeats} run(s) per example after a warm-up. Seconds; readings: patched caches read (every layer "
+             f"{args.repeats} run(s) per example after a warm-up; load average (1 min) {load_before[0]:.1f} before "
+             f"the run, {load_after[0]:.1f} after. Seconds; readings: patched caches read (every layer "
              "and the window, global and sliding groups, both ways, and the two ends), each the question and the "
              "gold answer over one cache.", "",
              "| example | target tokens | question tokens | answer tokens | readings | " + " | ".join(STAGES)
@@ -89,8 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         lines.append(f"| {r['id']} | {r['tokens']} | {r['question']} | {r['answer']} | {r['readings']} | "
                      + " | ".join(f"{r[s]:.2f}" for s in STAGES) + f" | {r['bucket readings']} |")
-    lines += ["", f"The page's default scan (MoT, all positions): median {statistics.median(r['mot scan'] for r in rows):.2f} s "
-                  f"(max {max(r['mot scan'] for r in rows):.2f} s)."]
+    fast, plain = statistics.median(r["mot scan"] for r in rows), statistics.median(r[PLAIN] for r in rows)
+    lines += ["", f"The page's default scan (MoT, all positions): median {fast:.2f} s (max "
+                  f"{max(r['mot scan'] for r in rows):.2f} s); with every reading running every layer {plain:.2f} s "
+                  f"(fast ÷ plain {fast / plain:.2f}, per example "
+                  + ", ".join(f"{r['mot scan'] / r[PLAIN]:.2f}" for r in rows) + ")."]
     write_text_atomic(Path(args.out), title + "\n\n" + "\n".join(lines).strip() + "\n")
     print("\n".join(lines))
     return 0
