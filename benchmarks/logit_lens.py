@@ -35,7 +35,7 @@ from mot_viz.engine.models import load_model
 from mot_viz.engine.mot import empty_context_cache, translate
 from mot_viz.engine.prompts import build_prompt
 from mot_viz.eval.answers import linear_cache
-from mot_viz.eval.long_context import default_linear
+from mot_viz.eval.long_settings import default_linear
 from mot_viz.fsutil import write_text_atomic
 
 STAGES = ("linear replay", "traces", "lens", "attention", "total", "native answer", "traces with it", "total following it")

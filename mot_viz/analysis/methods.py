@@ -4,7 +4,7 @@ token stage by stage, the bytes it hands the target, and the per-layer K/V error
 The caches and answers come from the evaluator's own code (mot_viz.eval.answers.condition_caches and
 answers_from_caches, as mot_viz.eval.evaluate.example_rows builds them; the text relay from mot_viz.eval.relay; the
 linear map as mot_viz.eval.answers.linear_cache), the bytes handed over from mot_viz.eval.sharing.handed_bytes and the
-time to the first answer token from mot_viz.eval.long_context.first_token_seconds. Pure functions: no Streamlit. The
+time to the first answer token from mot_viz.eval.answers.first_token_seconds. Pure functions: no Streamlit. The
 methods:
 
 * ``native`` — the target prefills the context itself (the reference);
@@ -32,9 +32,8 @@ from ..engine.layout import context_positions
 from ..engine.models import LoadedModel, kv_cache_bytes
 from ..engine.mot import MoT, Translation, replay_window, translate_window
 from ..engine.prompts import QAExample, build_prompt
-from ..eval.answers import MAX_NEW_TOKENS, answers_from_caches, condition_caches
+from ..eval.answers import MAX_NEW_TOKENS, answers_from_caches, condition_caches, first_token_seconds
 from ..eval.kvcomm import KVCommSelection
-from ..eval.long_context import first_token_seconds
 from ..eval.relay import RELAY_CONDITIONS, RELAY_TOKENS
 from ..eval.sharing import handed_bytes
 

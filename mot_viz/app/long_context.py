@@ -18,8 +18,8 @@ from ..data.long_context import BUDGETS, LongExample, long_examples
 from ..data.user_documents import Readers, UserFile, read_upload, user_long_document
 from ..engine.models import LoadedModel, kv_cache_bytes
 from ..eval.answers import MAX_NEW_TOKENS
-from ..eval.long_context import QUESTION_ROOM, check_budget, evaluate_document
-from ..eval.long_settings import CONDITIONS, LongSettings
+from ..eval.long_context import evaluate_document
+from ..eval.long_settings import CONDITIONS, QUESTION_ROOM, LongSettings, check_budget
 from .loaders import cached_mean_vectors, checkpoint_stamp, get_checkpoint, get_model, linear_baseline_for
 from .settings import REPO_ROOT, test_mode
 from .state import Run

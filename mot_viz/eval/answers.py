@@ -351,3 +351,13 @@ def first_answer_logprobs(target: LoadedModel, kvs: list[list[hf.KV]], suffix_te
     suffix_ids = target.ids_tensor(encode(target.tokenizer, suffix_text)).expand(len(kvs), -1)
     logits = hf.run(target.model, suffix_ids, kv=hf.stack_caches(kvs), logits_to_keep=1).logits
     return logits[:, -1].float().log_softmax(-1)
+
+
+def first_token_seconds(target: LoadedModel, kv: list[hf.KV] | None, suffix_ids: torch.Tensor,
+                        plan: hf.AttentionPlan | None = None) -> float:
+    """Seconds for the target to read the question over a cache (under `plan`: kvcomm's) and give its first answer
+    token's logits."""
+    start = time.perf_counter()
+    with torch.no_grad():
+        hf.run(target.model, suffix_ids, kv, plan=plan)
+    return time.perf_counter() - start

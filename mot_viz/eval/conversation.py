@@ -57,8 +57,8 @@ from .sharing import (COST_COLUMNS, MESSAGE_COLUMNS, SharingModels, check_condit
                       cost_medians, load_sharing, target_side_seconds, work_text)
 from .processes import Spread, resumed_table, run_units, shown
 from .results_folder import ResultsTable
-from .long_context import check_linear, default_linear, paired_ratios
-from .qa_metrics import bootstrap_ci
+from .long_settings import check_linear, default_linear
+from .qa_metrics import bootstrap_ci, condition_ratios
 
 CONDITIONS = ("native", "mot", "no_context")  # every run's
 CONTROLS = ("linear", "mean")  # on request: the pair's closed-form map of the window, the mean-vector window
@@ -234,7 +234,7 @@ def summarize(rows: pd.DataFrame, target_spec_mb: float, source_spec_mb: float, 
             source_mb = float(rows_c["source_tokens"].median()) * source_spec_mb
             out.append({"turn": int(turn), "condition": condition, "n": len(wide), "mean": ci.mean, "ci_low": ci.lo,
                         "ci_high": ci.hi,
-                        **(paired_ratios(wide, condition, n_boot, seed) if condition not in ("native", "no_context")
+                        **(condition_ratios(wide, condition, n_boot, seed) if condition not in ("native", "no_context")
                            else {}),
                         "start_seconds": float(rows_c["start_seconds"].median()),
                         "cumulative_seconds": float(rows_c["cumulative_seconds"].median()),
@@ -250,7 +250,7 @@ def overall(rows: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> dict:
     scored = rows[rows["condition"] != "skipped"]
     wide = scored.pivot_table(index="id", columns="condition", values="score", aggfunc="mean").dropna()
     return {**{c: float(wide[c].mean()) for c in CONDITIONS if c in wide}, "n": len(wide),
-            **paired_ratios(wide, "mot", n_boot, seed)}
+            **condition_ratios(wide, "mot", n_boot, seed)}
 
 
 def markdown(summary: pd.DataFrame) -> str:

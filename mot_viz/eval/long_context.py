@@ -31,32 +31,30 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
 from ..cli import run_cli
 from ..data.long_context import BUDGETS, MIN_BUDGET, SOURCES, LongExample, check_fills, long_examples
-from ..engine import hf
 from ..engine.checkpoint import load_checkpoint, read_config
 from ..engine.models import LoadedModel, kv_cache_bytes, load_model
 from ..engine.mot import MoT, Translation
-from ..errors import ConfigError, ContextError, MotVizError
+from ..errors import ConfigError
 from ..fsutil import write_csv_atomic, write_text_atomic
 from ..train.mean_vector import reference_means
-from .answers import MAX_NEW_TOKENS, answers_from_caches, condition_caches, encode_question, linear_cache
+from .answers import (MAX_NEW_TOKENS, answers_from_caches, condition_caches, encode_question, first_token_seconds,
+                      linear_cache)
 from .kvcomm import KVCOMM_FRACTION
 from .relay import RELAY_TOKENS
 from .sharing import (COST_COLUMNS, MESSAGE_COLUMNS, SHARING, SharingModels, check_conditions, check_sharing,
                       cost_fields, cost_medians, load_sharing, sharing_stages, target_side_seconds, work_text)
 from .layer_error_file import LAYER_ERROR_FILE, LayerErrorFile, check_resumed
-from .long_settings import CONDITIONS, LongSettings
+from .long_settings import CONDITIONS, LongSettings, check_budget, check_linear, default_linear
 from .processes import Spread, resumed_table, run_units, shown
 from .results_folder import ResultsTable
 from .qa_metrics import bootstrap_ci
-from .qa_metrics import paired_ratios as ratios_of
+from .qa_metrics import condition_ratios
 from .report import paired_differences, paired_markdown
 
 ALL_CONDITIONS = CONDITIONS + SHARING
-QUESTION_ROOM = 96  # target tokens kept free after a budget for the prompt's frame and the question
 ROW_COLUMNS = ("budget", "source", "id", "depth", "evidence_fraction", "condition", "score", "exact_match", "answer",
                "gold", "context_tokens", "text_bytes", "build_seconds", "first_token_seconds", "source_prefill",
                "alignment", "translator", "replay", "native_prefill", "peak_rss_mb", "error", *MESSAGE_COLUMNS,
@@ -73,24 +71,6 @@ RESULT_FILES = ("examples.csv", "summary.csv", "stages.csv", "paired.csv", "summ
 # the paired tests: does the translation beat its own map, a window with no context in it, and no context at all?
 PAIRS = (("mot", "linear"), ("mot", "mean"), ("mot", "no_context"), ("mot", "native"), ("linear", "mean"),
          *(("mot", c) for c in SHARING))
-
-
-def default_linear(checkpoint: str) -> str | None:
-    """The `-linear` checkpoint beside a MoT (pretrained/x-mid → pretrained/x-mid-linear), when there is one."""
-    path = Path(str(checkpoint).rstrip("/").removesuffix("-single") + "-linear")
-    return str(path) if path != Path(checkpoint) and (path / "config.json").is_file() else None
-
-
-def check_linear(conditions: tuple[str, ...], linear: str | None, checkpoint: str, config: dict) -> None:
-    """Raise ConfigError for a linear condition without the pair's closed-form map, or a --linear checkpoint made for
-    another model pair than `checkpoint` (whose config is `config`)."""
-    if "linear" in conditions and not linear:
-        raise ConfigError(f"the linear condition needs the pair's closed-form map: pass --linear <checkpoint>, or "
-                          f"--conditions without linear (no '-linear' checkpoint beside {checkpoint}).")
-    if linear:
-        other = read_config(linear)
-        if any(other[k].get("fingerprint") != config[k].get("fingerprint") for k in ("source", "target")):
-            raise ConfigError(f"--linear {linear} was made for another model pair than {checkpoint}.")
 
 
 def check_settings(settings: LongSettings) -> dict:
@@ -116,35 +96,6 @@ def check_settings(settings: LongSettings) -> dict:
     check_budget(max(settings.budgets), {role: (config[role]["name"], config[role].get("max_positions"))
                                          for role in ("source", "target")}, settings.max_new_tokens, ConfigError)
     return config
-
-
-def check_budget(budget: int, models: dict[str, tuple[str, int | None]], max_new_tokens: int = MAX_NEW_TOKENS,
-                 error: type[MotVizError] = ContextError) -> None:
-    """Raise `error` when a `budget`-token document, its question and its answer do not fit a model's positions;
-    models: role -> (name, max_positions)."""
-    room = QUESTION_ROOM + max_new_tokens
-    for role, (name, limit) in models.items():
-        if limit and budget + room > limit and limit - room < MIN_BUDGET:  # no document fits beside such an answer
-            longest = limit - QUESTION_ROOM - budget  # the longest answer beside this document
-            raise error(f"answers of up to {max_new_tokens} tokens leave no room for a document in the {role} model "
-                        f"'{name}', which allows {limit} positions. "
-                        + (f"Pass --max_new_tokens {longest} or less for {budget}-token documents." if longest > 0
-                           else f"Pass a smaller --max_new_tokens, and documents of under {limit - QUESTION_ROOM} "
-                           "tokens." if limit > QUESTION_ROOM + MIN_BUDGET else "Choose another model."))
-        if limit and budget + room > limit:
-            raise error(f"a {budget}-token document does not fit the {role} model '{name}': it allows {limit} "
-                        f"positions and the question and answer need about {room} more. Choose a length of at most "
-                        f"{limit - room} tokens.")
-
-
-def first_token_seconds(target: LoadedModel, kv: list[hf.KV] | None, suffix_ids: torch.Tensor,
-                        plan: hf.AttentionPlan | None = None) -> float:
-    """Seconds for the target to read the question over a cache (under `plan`: kvcomm's) and give its first answer
-    token's logits."""
-    start = time.perf_counter()
-    with torch.no_grad():
-        hf.run(target.model, suffix_ids, kv, plan=plan)
-    return time.perf_counter() - start
 
 
 @dataclass
@@ -204,13 +155,6 @@ def document_rows(mot: MoT, linear: MoT | None, source: LoadedModel, target: Loa
     return result.rows
 
 
-def paired_ratios(wide: pd.DataFrame, condition: str, n_boot: int, seed: int) -> dict:
-    """Retention and gap closed of one condition, with paired bootstrap intervals over the same documents (wide: a
-    row per document, a column per condition; "native" needed, "no_context" for the gap): qa_metrics.paired_ratios."""
-    none = wide["no_context"].to_numpy() if "no_context" in wide else np.full(len(wide), np.nan)
-    return ratios_of(wide["native"].to_numpy(), none, wide[condition].to_numpy(), n_boot, seed)
-
-
 def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     """Per source, budget and condition: score with its interval, retention and gap closed against native with
     paired intervals, median time to the first answer token, cache and text megabytes."""
@@ -229,7 +173,7 @@ def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFra
             out.append({"source": src, "budget": int(budget), "condition": condition, "n": len(wide),
                         "metric": "F1" if rows["exact_match"].notna().any() else "accuracy",
                         "mean": ci.mean, "ci_low": ci.lo, "ci_high": ci.hi,
-                        **(paired_ratios(wide, condition, n_boot, seed) if condition not in ("native", "no_context")
+                        **(condition_ratios(wide, condition, n_boot, seed) if condition not in ("native", "no_context")
                            else {}),
                         "first_token_seconds": float(ttft),
                         "build_seconds": float(rows["build_seconds"].median()),

@@ -1,5 +1,7 @@
-"""How one long-context run (python -m mot_viz.eval.long_context) was made, as its summary.json stores it: what the
-command runs from and layer_error rebuilds the run's documents from.
+"""How a long-document run is set up: LongSettings (how one python -m mot_viz.eval.long_context run was made, as its
+summary.json stores it; layer_error and patching rebuild the run's documents from it), whether a document fits a
+model beside its question and answer (check_budget) and the pair's closed-form map beside a MoT (default_linear,
+check_linear) — shared by long_context, shards, conversation and the Long context page.
 """
 
 from __future__ import annotations
@@ -7,11 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..data.long_context import MIN_BUDGET
+from ..engine.checkpoint import read_config
+from ..errors import ConfigError, ContextError, MotVizError
 from .answers import MAX_NEW_TOKENS
 from .kvcomm import KVCOMM_FRACTION
 from .relay import RELAY_TOKENS
 
 CONDITIONS = ("native", "no_context", "mot", "linear", "mean")  # the default conditions
+QUESTION_ROOM = 96  # target tokens kept free after a budget for the prompt's frame and the question
 
 
 @dataclass
@@ -47,3 +53,40 @@ class LongSettings:
                 + (f" --direct {self.direct}" if self.direct else "")
                 + ("" if self.kvcomm_fraction == KVCOMM_FRACTION else f" --kvcomm_fraction {self.kvcomm_fraction}")
                 + f" --max_new_tokens {self.max_new_tokens}" + (f" --out {out_dir}" if out_dir is not None else ""))
+
+
+def default_linear(checkpoint: str) -> str | None:
+    """The `-linear` checkpoint beside a MoT (pretrained/x-mid → pretrained/x-mid-linear), when there is one."""
+    path = Path(str(checkpoint).rstrip("/").removesuffix("-single") + "-linear")
+    return str(path) if path != Path(checkpoint) and (path / "config.json").is_file() else None
+
+
+def check_linear(conditions: tuple[str, ...], linear: str | None, checkpoint: str, config: dict) -> None:
+    """Raise ConfigError for a linear condition without the pair's closed-form map, or a --linear checkpoint made for
+    another model pair than `checkpoint` (whose config is `config`)."""
+    if "linear" in conditions and not linear:
+        raise ConfigError(f"the linear condition needs the pair's closed-form map: pass --linear <checkpoint>, or "
+                          f"--conditions without linear (no '-linear' checkpoint beside {checkpoint}).")
+    if linear:
+        other = read_config(linear)
+        if any(other[k].get("fingerprint") != config[k].get("fingerprint") for k in ("source", "target")):
+            raise ConfigError(f"--linear {linear} was made for another model pair than {checkpoint}.")
+
+
+def check_budget(budget: int, models: dict[str, tuple[str, int | None]], max_new_tokens: int = MAX_NEW_TOKENS,
+                 error: type[MotVizError] = ContextError) -> None:
+    """Raise `error` when a `budget`-token document, its question and its answer do not fit a model's positions;
+    models: role -> (name, max_positions)."""
+    room = QUESTION_ROOM + max_new_tokens
+    for role, (name, limit) in models.items():
+        if limit and budget + room > limit and limit - room < MIN_BUDGET:  # no document fits beside such an answer
+            longest = limit - QUESTION_ROOM - budget  # the longest answer beside this document
+            raise error(f"answers of up to {max_new_tokens} tokens leave no room for a document in the {role} model "
+                        f"'{name}', which allows {limit} positions. "
+                        + (f"Pass --max_new_tokens {longest} or less for {budget}-token documents." if longest > 0
+                           else f"Pass a smaller --max_new_tokens, and documents of under {limit - QUESTION_ROOM} "
+                           "tokens." if limit > QUESTION_ROOM + MIN_BUDGET else "Choose another model."))
+        if limit and budget + room > limit:
+            raise error(f"a {budget}-token document does not fit the {role} model '{name}': it allows {limit} "
+                        f"positions and the question and answer need about {room} more. Choose a length of at most "
+                        f"{limit - room} tokens.")

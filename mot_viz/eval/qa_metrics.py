@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
+import pandas as pd
 
 _PUNCTUATION = set(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -124,3 +125,10 @@ def paired_ratios(native: np.ndarray, none: np.ndarray, value: np.ndarray, n_boo
         lo, hi = np.quantile(finite, [0.025, 0.975]) if finite.size else (np.nan, np.nan)
         out[f"{name}_ci_low"], out[f"{name}_ci_high"] = float(lo), float(hi)
     return out
+
+
+def condition_ratios(wide: pd.DataFrame, condition: str, n_boot: int, seed: int) -> dict:
+    """Retention and gap closed of one condition, with paired bootstrap intervals over the same documents (wide: a
+    row per document, a column per condition; "native" needed, "no_context" for the gap): paired_ratios."""
+    none = wide["no_context"].to_numpy() if "no_context" in wide else np.full(len(wide), np.nan)
+    return paired_ratios(wide["native"].to_numpy(), none, wide[condition].to_numpy(), n_boot, seed)

@@ -67,8 +67,8 @@ from .sharing import (COST_COLUMNS, MESSAGE_COLUMNS, check_conditions, check_sha
                       relay_parts, target_side, work_text)
 from .processes import Spread, resumed_table, run_units, shown
 from .results_folder import ResultsTable
-from .long_context import check_budget, check_linear, default_linear, paired_ratios
-from .qa_metrics import bootstrap_ci
+from .long_settings import check_budget, check_linear, default_linear
+from .qa_metrics import bootstrap_ci, condition_ratios
 from .report import paired_differences, paired_markdown
 
 STAGES = ("source_prefill", "source_prefill_max", "alignment", "translator", "replay", "native_prefill")
@@ -325,7 +325,7 @@ def summarize(rows: pd.DataFrame, shards: tuple[int, ...], n_boot: int = 1000, s
         ci = bootstrap_ci(wide[condition].to_numpy(), n_boot=n_boot, seed=seed)
         medians = part[[*STAGES, "answer_seconds", "hub_tokens", "source_mb", "source_max_mb", "hub_mb"]].median()
         out.append({"condition": condition, "n": len(wide), "mean": ci.mean, "ci_low": ci.lo, "ci_high": ci.hi,
-                    **(paired_ratios(wide, condition, n_boot, seed) if condition not in ("native", "no_context")
+                    **(condition_ratios(wide, condition, n_boot, seed) if condition not in ("native", "no_context")
                        else {}), **{k: float(v) for k, v in medians.items()},
                     "target_side_seconds": float(part["target_side_seconds"].median())
                     if "target_side_seconds" in part else np.nan, **cost_medians(part)})

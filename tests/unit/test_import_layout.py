@@ -1,5 +1,6 @@
 """The package's import layout (docs/architecture.md, "The wings"), read from the source with `ast`: no import circle
-between files, no wing importing one above it, and no import of the package's own modules inside a function."""
+between files, no wing importing one after it in the list (a climb), and no import of the package's own modules inside
+a function."""
 
 from __future__ import annotations
 
@@ -102,7 +103,7 @@ def test_no_import_circle_between_files():
     assert not _circles(), f"import circles (each a set of files importing one another): {_circles()}"
 
 
-def test_no_wing_imports_one_above_it():
+def test_no_wing_imports_one_after_it():
     climbs = []
     for module, found in IMPORTS.items():
         wing = _wing(module)
@@ -114,7 +115,8 @@ def test_no_wing_imports_one_above_it():
                 bad = to in WINGS and WINGS.index(to) > WINGS.index(wing)
             if bad:
                 climbs.append(f"{module}:{line} -> {target}")
-    assert not climbs, "imports of a wing above the importer's (docs/architecture.md):\n" + "\n".join(sorted(set(climbs)))
+    assert not climbs, ("imports of a wing after the importer's in docs/architecture.md's list:\n"
+                        + "\n".join(sorted(set(climbs))))
 
 
 def test_no_project_import_inside_a_function():
