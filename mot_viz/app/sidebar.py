@@ -142,8 +142,9 @@ def sidebar() -> Selection:
         if is_synthetic(source) or is_synthetic(target):
             st.warning(f"{NO_QUALITY.capitalize()}. {SYNTHETIC_ALIGNMENT.capitalize()}: a context is token ids written "
                        "as numbers ('17 4021 883'), any other word reads as <unk>. A synthetic pair's translator is a "
-                       "recipe's shape with seeded random weights, written by `python -m mot_viz.engine.testing "
-                       "--source … --target … --out …` (never a checkpoint of real models).", icon="⚠️")
+                       "recipe's shape with seeded random weights, written by "
+                       "`python -m mot_viz.train.synthetic_checkpoint --source … --target … --out …` (never a checkpoint "
+                       "of real models).", icon="⚠️")
         checkpoint = _checkpoint_picker(source, target)
         st.subheader("Context")
         text, example, suffix, label = _context_picker(target)

@@ -445,8 +445,8 @@ def check_pair(mot: MoT, source: LoadedModel, target: LoadedModel) -> None:
             raise CheckpointError(
                 f"This MoT was made for {made} {role} model '{want.name}', but the loaded {role} is {loaded} model "
                 f"'{got.name}': random weights and trained ones never share a translator. For synthetic models write "
-                "one of a recipe's shape (python -m mot_viz.engine.testing --source … --target … --out …); for real "
-                "ones choose a checkpoint trained for them."
+                "one of a recipe's shape (python -m mot_viz.train.synthetic_checkpoint --source … --target … --out …); "
+                "for real ones choose a checkpoint trained for them."
             )
         if want.fingerprint != got.fingerprint:
             raise CheckpointError(

@@ -13,7 +13,7 @@ from mot_viz.engine.alignment import decode, encode
 from mot_viz.engine.checkpoint import load_checkpoint, save_checkpoint
 from mot_viz.engine.models import load_model, model_geometry, model_spec
 from mot_viz.engine.mot import translate
-from mot_viz.engine.testing import _main as write_synthetic_checkpoint
+from mot_viz.train.synthetic_checkpoint import main as write_synthetic_checkpoint
 from mot_viz.engine.testing import load_test_model, synthetic_mot
 from mot_viz.errors import CheckpointError, ModelLoadError
 from mot_viz.train.config import parse_args
