@@ -625,7 +625,7 @@ REPLAY_IS_A_FORWARD_PASS = {  # page -> words its "What am I looking at?" must c
     "1_answers": "one forward pass over the same context tokens",
     "2_cache_error": "the replay is the target's own forward pass",
     "6_training": "the target replays the context",
-    "8_long_context": "one forward pass over the document's tokens",
+    "8_long_context": "one forward pass over every token of the document",
     "9_logit_lens": "the target's own forward pass over the context",
     "10_multi_agent": "one forward pass over the story's tokens",
 }
