@@ -43,7 +43,7 @@ from .processes import Spread, join, resumed_table, run_examples, shown, spread_
 from .qa_settings import MIN_CONTEXT_TOKENS, EvalSettings, load_evaluated, truncate_context
 from .relay import RELAY_CONDITIONS, RELAY_TOKENS, check_relay_tokens, message_fields
 from .report import markdown_table, paired_differences, paired_markdown, summarize
-from .results_folder import ResultsTable, check_results_folder
+from .results_folder import PATCHING_FILES, ResultsTable, check_results_folder
 from .sharing import check_direct_flag, checked_config, full_depth
 
 
@@ -133,7 +133,7 @@ RESULTS = ResultsTable(ROW_COLUMNS, TEXT_COLUMNS, ("dataset", "id"), ("score", "
                        ("exact_match", "kv_cosine"), EARLIER_ROW_COLUMNS)
 # what a results folder of this command holds (costs.*: python -m mot_viz.eval.relay's reading of these results)
 RESULT_FILES = ("examples.csv", "summary.csv", "paired.csv", "summary.json", "summary.md", "lm.csv", "lm.md",
-                "costs.csv", "costs.md", LAYER_ERROR_FILE)
+                "costs.csv", "costs.md", LAYER_ERROR_FILE, *PATCHING_FILES)
 
 
 def check_direct_setting(settings: EvalSettings, config: dict) -> None:

@@ -49,7 +49,7 @@ from .sharing import (COST_COLUMNS, MESSAGE_COLUMNS, SHARING, SharingModels, che
 from .layer_error_file import LAYER_ERROR_FILE, LayerErrorFile, check_resumed
 from .long_settings import CONDITIONS, LongSettings, check_budget, check_linear, default_linear
 from .processes import Spread, resumed_table, run_units, shown
-from .results_folder import ResultsTable
+from .results_folder import PATCHING_FILES, ResultsTable
 from .qa_metrics import bootstrap_ci
 from .qa_metrics import condition_ratios
 from .report import paired_differences, paired_markdown
@@ -67,7 +67,7 @@ RESULTS = ResultsTable(ROW_COLUMNS, TEXT_COLUMNS, ("budget", "id"),
                        ("evidence_fraction", "exact_match", "source_prefill", "alignment", "translator", "replay",
                         "native_prefill"), (ROW_COLUMNS[:ROW_COLUMNS.index("error") + 1],))
 RESULT_FILES = ("examples.csv", "summary.csv", "stages.csv", "paired.csv", "summary.json", "summary.md",
-                LAYER_ERROR_FILE)
+                LAYER_ERROR_FILE, *PATCHING_FILES)
 # the paired tests: does the translation beat its own map, a window with no context in it, and no context at all?
 PAIRS = (("mot", "linear"), ("mot", "mean"), ("mot", "no_context"), ("mot", "native"), ("linear", "mean"),
          *(("mot", c) for c in SHARING))

@@ -51,10 +51,9 @@ from .kvcomm import KVCommSelection, check_kvcomm_pair, kvcomm_cache, kvcomm_sel
 from .patching_long import is_long_folder, long_documents, long_settings
 from .processes import barrier, join, merge_unit_files, unit_file, unit_file_sources
 from .relay import RELAY_CONDITIONS
-from .results_folder import PARTS, RESULTS_TABLE, SETTINGS_FILE, writer_of
+from .results_folder import PARTS, PATCHING_FILES, RESULTS_TABLE, SETTINGS_FILE, writer_of
 
-PATCHING_FILE = "patching.csv"
-PATCHING_SETTINGS = "patching.json"
+PATCHING_FILE, PATCHING_SETTINGS = PATCHING_FILES
 METHODS = ("mot", "linear", "direct", "kvcomm")  # the caches a scan patches against native
 UNIT = ("dataset", "id")
 COLUMNS = (*UNIT, "method", "direction", "target", "layers", "bucket", "logprob", "share", "native", "translated",

@@ -29,6 +29,9 @@ SETTINGS_FILE = "summary.json"  # the run's settings (key "settings"): whose res
 # the rows each process of a run spread over processes writes (mot_viz.eval.processes): "rank-<r>-of-<n>.csv", and
 # the run's settings (SETTINGS_FILE); merged into the result files, and removed, when the processes are done
 PARTS = ".parts"
+# what python -m mot_viz.eval.patching adds to an evaluation's or a long-context run's folder (its rows, its settings):
+# a later --resume of that run keeps them
+PATCHING_FILES = ("patching.csv", "patching.json")
 
 
 def part_files(out_dir: Path) -> list[Path]:
