@@ -25,6 +25,7 @@ from mot_viz.engine.testing import load_test_model
 from mot_viz.eval import evaluate, long_context, patching
 from mot_viz.eval.answers import linear_cache
 from mot_viz.eval.long_settings import LongSettings
+from mot_viz.eval.results_folder import check_results_folder
 from mot_viz.errors import ConfigError
 from tolerance import close
 
@@ -206,6 +207,7 @@ def test_a_long_context_folder_is_scanned_at_one_budget(checkpoints, tmp_path, m
     one_process([str(out), "--budget", "950"])
     table = pd.read_csv(out / patching.PATCHING_FILE, dtype={"id": str})
     assert json.loads((out / patching.PATCHING_SETTINGS).read_text())["budget"] == 950
+    check_results_folder(out, settings, long_context.RESULT_FILES, resume=True)  # the run's --resume keeps them
     source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
     doc = long_examples("stacks", target.tokenizer, 950, 1, 0)[0].example
     assert list(table.id.unique()) == [doc.id] and doc.id.endswith(tuple(f"-950-{d}" for d in DEPTHS))
