@@ -8,9 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from mot_viz.app.settings import MAX_CONTEXT_TOKENS
+from mot_viz.data.eval_data import load_dataset
+from mot_viz.engine.checkpoint import load_checkpoint
 from mot_viz.engine.models import LoadedModel, load_model
-from mot_viz.engine.testing import (CORPUS, FAMILIES, tiny_config, tiny_model,  # noqa: F401  (re-exported)
-                                    tiny_tokenizer, write_test_checkpoints)
+from mot_viz.engine.mot import translate
+from mot_viz.engine.prompts import build_prompt
+from mot_viz.engine.testing import (CORPUS, FAMILIES, load_test_model, tiny_config,  # noqa: F401  (re-exported)
+                                    tiny_model, tiny_tokenizer, write_test_checkpoints)
 
 
 # What the training tests were written for, beside TrainConfig's defaults (the shipped recipe, whose three-genre bank,
@@ -48,6 +53,20 @@ def pretrained(checkpoints) -> dict[str, Path]:
     """The app's pretrained/ folder in the app tests: the tiny pair's test checkpoints, which are alone in their
     folder."""
     return checkpoints
+
+
+@pytest.fixture(scope="module")
+def default_context(pretrained):
+    """What the app opens on in the app tests, computed by the library: the tiny pair, the test MoT and its linear map,
+    SQuAD #0, its prompt and its translation (source, target, mot, linear, example, prompt, translation)."""
+    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
+    mot, _ = load_checkpoint(pretrained["smollm2-to-gemma3"], source, target)
+    linear, _ = load_checkpoint(pretrained["smollm2-to-gemma3-linear"], source, target)
+    example = load_dataset("squad", n=50, seed=0)[0]
+    prompt = build_prompt(example, target.chat_frame)
+    translation = translate(mot, source, target, prompt.context_text,
+                            max_tokens=min(MAX_CONTEXT_TOKENS, target.spec.max_positions))
+    return source, target, mot, linear, example, prompt, translation
 
 
 @pytest.fixture

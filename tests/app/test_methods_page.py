@@ -9,12 +9,6 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from mot_viz.analysis.methods import METHOD_LABELS, cache_methods, relay_methods
-from mot_viz.app.settings import MAX_CONTEXT_TOKENS
-from mot_viz.data.eval_data import load_dataset
-from mot_viz.engine.checkpoint import load_checkpoint
-from mot_viz.engine.mot import translate
-from mot_viz.engine.prompts import build_prompt
-from mot_viz.engine.testing import load_test_model
 from plotly_figures import figures
 from test_app_pages import errors, shown
 
@@ -29,16 +23,9 @@ def test_env(pages_env):
 
 
 @pytest.fixture(scope="module")
-def library(pretrained):
+def library(default_context):
     """The page's default context (SQuAD #0) translated and shared by every method, computed by the library."""
-    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
-    mot, _ = load_checkpoint(pretrained["smollm2-to-gemma3"], source, target)
-    linear, _ = load_checkpoint(pretrained["smollm2-to-gemma3-linear"], source, target)
-    example = load_dataset("squad", n=50, seed=0)[0]
-    prompt = build_prompt(example, target.chat_frame)
-    translation = translate(mot, source, target, prompt.context_text,
-                            max_tokens=min(MAX_CONTEXT_TOKENS, target.spec.max_positions))
-    return source, target, mot, linear, example, prompt, translation
+    return default_context
 
 
 def open_page() -> AppTest:

@@ -9,15 +9,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from mot_viz.analysis.methods import METHOD_LABELS
-from mot_viz.app.settings import MAX_CONTEXT_TOKENS
-from mot_viz.data.eval_data import load_dataset
 from mot_viz.engine.alignment import encode
-from mot_viz.engine.checkpoint import load_checkpoint
-from mot_viz.engine.mot import translate
 from mot_viz.engine.patching import (ANSWER_SENTENCE, answer_sentence_buckets, answer_token_ids, layer_groups,
                                      patching_scan)
-from mot_viz.engine.prompts import build_prompt
-from mot_viz.engine.testing import load_test_model
 from mot_viz.eval.answers import linear_cache
 from plotly_figures import figures
 from test_app_pages import errors, translate_button
@@ -34,15 +28,9 @@ def test_env(pages_env):
 
 
 @pytest.fixture(scope="module")
-def library(pretrained):
+def library(default_context):
     """The page's default context (SQuAD #0), its translation, question and gold answer, computed by the library."""
-    source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
-    mot, _ = load_checkpoint(pretrained["smollm2-to-gemma3"], source, target)
-    linear, _ = load_checkpoint(pretrained["smollm2-to-gemma3-linear"], source, target)
-    example = load_dataset("squad", n=50, seed=0)[0]
-    prompt = build_prompt(example, target.chat_frame)
-    translation = translate(mot, source, target, prompt.context_text,
-                            max_tokens=min(MAX_CONTEXT_TOKENS, target.spec.max_positions))
+    source, target, mot, linear, example, prompt, translation = default_context
     question = target.ids_tensor(encode(target.tokenizer, prompt.suffix_text))
     answer = answer_token_ids(target.tokenizer, example, None)
     return source, target, mot, linear, example, prompt, translation, question, answer
