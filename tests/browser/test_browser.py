@@ -512,9 +512,9 @@ def _stack(parts: list[Path], path: Path, gap: int = 16) -> None:
 
 
 def test_instrument_screenshots_and_fragment_links(app_url, browser, tmp_path):
-    """README screenshots of five instruments on the default pair (reuse verdict, expert what-if, paired cache-space
-    projection, two checkpoints compared, the quick fit's expander), and a page option inside app.fragment: its
-    fragment-only rerun writes the option to the URL."""
+    """README screenshots of five instruments on the default pair and the checkpoint the app opens on (mid-depth): the
+    reuse verdict, expert what-if, paired cache-space projection, two checkpoints compared, the quick fit's expander;
+    and a page option inside app.fragment: its fragment-only rerun writes the option to the URL."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page = browser.new_page(viewport={"width": 1440, "height": 1000})
     page.set_default_timeout(SLOW_MS)
@@ -547,16 +547,16 @@ def test_instrument_screenshots_and_fragment_links(app_url, browser, tmp_path):
         titles.filter(has_text=re.compile(r"^V: ")).wait_for(timeout=60_000)
         assert titles.filter(has_text=re.compile(r"^K: ")).count() == 0
         query = _query(page)
-        assert query["ckpt"] == "smollm2-to-gemma3" and not {"error.metric", "error.comparison"} & set(query)
+        assert query["ckpt"] == "smollm2-to-gemma3-mid" and not {"error.metric", "error.comparison"} & set(query)
 
         # a second checkpoint: dashed per-layer lines, a "second" fidelity curve
         since = len(runs.finished)
         _choose(page, page.get_by_role("combobox", name="Compare with a second checkpoint (optional)"),
-                "smollm2-to-gemma3-linear")
+                "smollm2-to-gemma3-mid-linear")
         assert runs.wait(page, since)[-1] == runs.full
         _wait_until_settled(page)
         _assert_no_failure(page)
-        assert _query(page)["error.second"] == "smollm2-to-gemma3-linear"
+        assert _query(page)["error.second"] == "smollm2-to-gemma3-mid-linear"
         per_layer = plots.filter(has=page.locator(".legendtext", has_text="translated (2nd)"))
         per_layer.wait_for()
         assert per_layer.evaluate("e => [...e.querySelectorAll('path.js-line')]"
