@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import io
-import json
 import os
 import platform
 import subprocess
@@ -65,7 +64,7 @@ if __name__ == "__main__" and "--synthetic" in sys.argv[1:]:
 
     sys.exit(run_cli(synthetic_main))
 
-from gpu_check_synthetic import RTOL, scale_error, write_part  # noqa: E402  (device vs CPU: one rule, one file)
+from gpu_check_synthetic import RTOL, scale_error, stopped_and_resumed, write_part  # noqa: E402  (device vs CPU: one rule, one file)
 from mot_viz.analysis.logit_lens import logit_lens, translation_lens_trace  # noqa: E402
 from mot_viz.cli import run_cli  # noqa: E402
 from mot_viz.data.eval_data import load_dataset  # noqa: E402
@@ -77,8 +76,7 @@ from mot_viz.eval import evaluate  # noqa: E402
 from mot_viz.eval.answers import MAX_NEW_TOKENS, answers_from_caches, first_answer_logprobs  # noqa: E402
 from mot_viz.eval.qa_settings import truncate_context  # noqa: E402
 from mot_viz.fsutil import check_out_place  # noqa: E402
-from mot_viz.train.config import TrainConfig, parse_args  # noqa: E402
-from mot_viz.train.train import train  # noqa: E402
+from mot_viz.train.config import parse_args  # noqa: E402
 
 CHECKPOINT = "pretrained/smollm2-to-gemma3"
 DIRECT = "pretrained/smollm2-to-gemma3-direct"  # the evaluator's "direct" condition reads it (--direct)
@@ -193,24 +191,9 @@ def train_and_resume(device: str, out: Path, scale: Scale) -> tuple[list[str], b
                   linear_from=str(ROOT / base.linear_from), device=device)
     source = load_model(cfg.source, device=device)
     target = load_model(cfg.target, device=device)
-    t0 = time.perf_counter()
-    whole = train(replace(cfg, output_dir=str(out / "whole")), source=source, target=target, progress=False)
-    seconds = time.perf_counter() - t0
-    half = replace(cfg, output_dir=str(out / "resumed"), max_steps=steps // 2)
-    train(half, source=source, target=target, progress=False)
-    resumed = train(replace(half, max_steps=steps), resume=True, source=source, target=target, progress=False)
-    a = load_checkpoint(whole / "checkpoint")[0].translator.state_dict()
-    b = load_checkpoint(resumed / "checkpoint")[0].translator.state_dict()
-    exact = all(torch.equal(a[k], b[k]) for k in a)
-    err = max(scale_error(b[k], a[k]) for k in a)
-    ok = exact if device == "cpu" else err <= RTOL
-    log = [json.loads(line) for line in (whole / "log.jsonl").read_text().splitlines()]
-    rows = [f"| replay steps (after the recipe's bank stage of {cfg.bank_steps} steps) | {steps} |",
-            f"| seconds, uninterrupted run (bank stage included) | {seconds:.1f} |",
-            f"| loss at the first and last logged step | {log[0]['loss']:.4f} -> {log[-1]['loss']:.4f} |",
-            f"| stopped at step {steps // 2}, resumed to {steps}: equal to the uninterrupted run | "
-            f"{'bit for bit' if exact else f'to {err:.2e} of scale'} ({'pass' if ok else 'FAIL'}) |"]
-    return rows, ok
+    seconds, rows, ok = stopped_and_resumed(cfg, out, device, source=source, target=target)
+    return [f"| replay steps (after the recipe's bank stage of {cfg.bank_steps} steps) | {steps} |",
+            f"| seconds, uninterrupted run (bank stage included) | {seconds:.1f} |", *rows], ok
 
 
 def squad_evaluation(device: str, out: Path, scale: Scale) -> list[str]:

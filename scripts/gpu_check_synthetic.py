@@ -41,7 +41,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -158,25 +157,31 @@ def train_and_resume(device: str, out: Path, scale: Scale) -> tuple[list[str], b
     if scale is QUICK:
         cfg = replace(cfg, save_every=1, log_every=1, total_tokens=64, prefix_tokens=32)
     bank = torch.tensor([synthetic_ids(cfg.total_tokens, vocab, seed=10_000 + i) for i in range(scale.bank_rows)])
+    seconds, rows, ok = stopped_and_resumed(cfg, out, device, source=source, target=target, bank=bank)
+    return [f"| replay steps on a synthetic bank of {scale.bank_rows} rows of {cfg.total_tokens} ids | {scale.steps} |",
+            f"| seconds, uninterrupted run | {seconds:.1f} |", *rows], ok
+
+
+def stopped_and_resumed(cfg, out: Path, device: str, **inputs) -> tuple[float, list[str], bool]:
+    """Train cfg (its max_steps) uninterrupted, and again stopped halfway then resumed, with train's other `inputs`
+    (the models, a bank); the seconds of the uninterrupted run, its loss and the two translators' equality as table
+    rows, and whether they are equal (bit for bit on the CPU, within RTOL of scale on a device)."""
+    steps = cfg.max_steps
     t0 = time.perf_counter()
-    whole = train(replace(cfg, output_dir=str(out / "whole")), source=source, target=target, bank=bank, progress=False)
+    whole = train(replace(cfg, output_dir=str(out / "whole")), progress=False, **inputs)
     seconds = time.perf_counter() - t0
-    half = replace(cfg, output_dir=str(out / "resumed"), max_steps=scale.steps // 2)
-    train(half, source=source, target=target, bank=bank, progress=False)
-    resumed = train(replace(half, max_steps=scale.steps), resume=True, source=source, target=target, bank=bank,
-                    progress=False)
+    half = replace(cfg, output_dir=str(out / "resumed"), max_steps=steps // 2)
+    train(half, progress=False, **inputs)
+    resumed = train(replace(half, max_steps=steps), resume=True, progress=False, **inputs)
     a = load_checkpoint(whole / "checkpoint")[0].translator.state_dict()
     b = load_checkpoint(resumed / "checkpoint")[0].translator.state_dict()
     exact = all(torch.equal(a[k], b[k]) for k in a)
     err = max(scale_error(b[k], a[k]) for k in a)
     ok = exact if device == "cpu" else err <= RTOL
     log = [json.loads(line) for line in (whole / "log.jsonl").read_text().splitlines()]
-    rows = [f"| replay steps on a synthetic bank of {scale.bank_rows} rows of {cfg.total_tokens} ids | {scale.steps} |",
-            f"| seconds, uninterrupted run | {seconds:.1f} |",
-            f"| loss at the first and last logged step | {log[0]['loss']:.4f} -> {log[-1]['loss']:.4f} |",
-            f"| stopped at step {scale.steps // 2}, resumed to {scale.steps}: equal to the uninterrupted run | "
-            f"{'bit for bit' if exact else f'to {err:.2e} of scale'} ({'pass' if ok else 'FAIL'}) |"]
-    return rows, ok
+    return seconds, [f"| loss at the first and last logged step | {log[0]['loss']:.4f} -> {log[-1]['loss']:.4f} |",
+                     f"| stopped at step {steps // 2}, resumed to {steps}: equal to the uninterrupted run | "
+                     f"{'bit for bit' if exact else f'to {err:.2e} of scale'} ({'pass' if ok else 'FAIL'}) |"], ok
 
 
 def engine_benchmark(device: str, out: Path, scale: Scale) -> list[str]:
