@@ -8,6 +8,8 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from .direct_map import (PerLayerLinear, check_source_lists, listed_inputs, per_layer_reads, source_lists,
+                         source_positions)
 
 
 @dataclass
@@ -84,20 +86,14 @@ class TranslatorConfig:
         if extra and not (self.variant == "linear" or self.linear_residual):
             raise ConfigError("linear_extra_layers are read by the linear map only: use variant 'linear' or "
                               "linear_residual=True (init 'linear'), or leave them empty")
-        self.linear_key_sources, self.linear_value_sources = (_layer_lists(self.linear_key_sources),
-                                                              _layer_lists(self.linear_value_sources))
-        sources = self.linear_key_sources
-        if self.linear_per_layer and (self.variant != "linear" or (extra and not sources) or self.linear_previous
-                                      or self.linear_rank):
+        self.linear_key_sources = source_lists(self.linear_key_sources)
+        self.linear_value_sources = source_lists(self.linear_value_sources)
+        if self.linear_per_layer and (self.variant != "linear" or (extra and not self.linear_key_sources)
+                                      or self.linear_previous or self.linear_rank):
             raise ConfigError("linear_per_layer maps each window layer from its own source layer: it needs variant "
                               "'linear' without linear_extra_layers (unless its source layers are listed), "
                               "linear_previous or linear_rank")
-        if (sources or self.linear_value_sources) and not (
-                self.linear_per_layer and len(sources) == len(self.linear_value_sources) == self.window
-                and len({len(s) for s in sources + self.linear_value_sources}) == 1):
-            raise ConfigError(f"linear_key_sources and linear_value_sources list the source layers of each of the "
-                              f"{self.window} window layers of a per-layer map (linear_per_layer), the same number "
-                              "for every layer")
+        check_source_lists(self.linear_key_sources, self.linear_value_sources, self.window, self.linear_per_layer)
 
     @property
     def source_count(self) -> int:
@@ -112,15 +108,6 @@ class TranslatorConfig:
 
     def to_json(self) -> dict:
         return asdict(self)
-
-
-def _layer_lists(lists) -> tuple[tuple[int, ...], ...]:
-    """linear_key_sources / linear_value_sources as tuples (JSON gives lists), each a list of distinct layers."""
-    if not isinstance(lists, (list, tuple)) or not all(
-            isinstance(l, (list, tuple)) and l and len(set(l)) == len(l)
-            and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in l) for l in lists):
-        raise ConfigError(f"a per-layer map's source lists must be lists of distinct layer indices, got {lists!r}")
-    return tuple(tuple(l) for l in lists)
 
 
 class CrossAttentionBlock(nn.Module):
@@ -298,12 +285,11 @@ class LinearKVMap(nn.Module):
         self.key_down = nn.Linear(n_features, rank, bias=False) if rank else None
         self.value_down = nn.Linear(n_features, rank, bias=False) if rank else None
         self.key_sources = self.value_sources = None  # input positions [W, k] of listed source layers (select_inputs)
-        if self.per_layer and cfg.linear_key_sources:  # one [k·H_S → H_T] map per window layer, K from K, V from V
-            self.key_proj = PerLayerLinear(cfg.window, cfg.source_count * cfg.source_kv_hidden, cfg.target_kv_hidden)
-            self.value_proj = PerLayerLinear(cfg.window, cfg.source_count * cfg.source_kv_hidden, cfg.target_kv_hidden)
-        elif self.per_layer:  # one [2·H_S → H_T] map per window layer
-            self.key_proj = PerLayerLinear(cfg.window, 2 * cfg.source_kv_hidden, cfg.target_kv_hidden)
-            self.value_proj = PerLayerLinear(cfg.window, 2 * cfg.source_kv_hidden, cfg.target_kv_hidden)
+        if self.per_layer:  # one map per window layer (engine.direct_map): [k·H_S → H_T], K from K and V from V
+            # where source layers are listed, else [2·H_S → H_T] from its own source layer's K and V
+            width = (cfg.source_count if cfg.linear_key_sources else 2) * cfg.source_kv_hidden
+            self.key_proj = PerLayerLinear(cfg.window, width, cfg.target_kv_hidden)
+            self.value_proj = PerLayerLinear(cfg.window, width, cfg.target_kv_hidden)
         else:
             self.key_proj = nn.Linear(rank or n_features, out)
             self.value_proj = nn.Linear(rank or n_features, out)
@@ -314,15 +300,9 @@ class LinearKVMap(nn.Module):
     def select_inputs(self, cfg: TranslatorConfig, input_layers: tuple[int, ...]) -> None:
         """Where each window layer's listed source layers (linear_key_sources, linear_value_sources) stand among the
         translator's input layers (MoT.input_layers); MoT calls it once it knows them."""
-        if not cfg.linear_key_sources:
-            return
-        missing = sorted({l for s in cfg.linear_key_sources + cfg.linear_value_sources for l in s} - set(input_layers))
-        if missing:
-            raise ConfigError(f"the per-layer map reads source layers {missing}, which are not among the translator's "
-                              f"input layers {list(input_layers)}: add them to linear_extra_layers")
-        where = {layer: i for i, layer in enumerate(input_layers)}
-        self.key_sources = torch.tensor([[where[l] for l in s] for s in cfg.linear_key_sources])  # (W, k)
-        self.value_sources = torch.tensor([[where[l] for l in s] for s in cfg.linear_value_sources])  # (W, k)
+        if cfg.linear_key_sources:
+            self.key_sources, self.value_sources = source_positions(cfg.linear_key_sources, cfg.linear_value_sources,
+                                                                    input_layers)
 
     def token_features(self, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """Aligned source blocks [B, N, W + extra layers, H_S] -> each token's own features [B, N, F]: the window's
@@ -343,26 +323,13 @@ class LinearKVMap(nn.Module):
     def forward(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         b, n = keys.shape[:2]
         if self.key_sources is not None:  # window layer w: K from its key sources' K, V from its value sources' V
-            return (self.key_proj(keys[:, :, self.key_sources.to(keys.device)].flatten(3)),  # (B, N, W, H_T)
-                    self.value_proj(values[:, :, self.value_sources.to(values.device)].flatten(3)))
+            key_inputs, value_inputs = listed_inputs(keys, values, self.key_sources, self.value_sources)
+            return self.key_proj(key_inputs), self.value_proj(value_inputs)  # each (B, N, W, H_T)
         x = self.inputs(keys, values)
         shape = (b, n, self.window, self.out_hidden)
         keys = self.key_proj(x if self.key_down is None else self.key_down(x))
         values = self.value_proj(x if self.value_down is None else self.value_down(x))
         return keys.reshape(shape), values.reshape(shape)
-
-
-class PerLayerLinear(nn.Module):
-    """W affine maps side by side: [B, N, W, F] -> [B, N, W, O], window layer w through weight[w] and bias[w]
-    (zeros until fitted: an unfitted map writes nothing)."""
-
-    def __init__(self, window: int, in_features: int, out_features: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(window, in_features, out_features))
-        self.bias = nn.Parameter(torch.zeros(window, out_features))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.einsum("bnwf,wfo->bnwo", x, self.weight) + self.bias
 
 
 def linear_inputs_text(cfg: TranslatorConfig) -> str:
@@ -374,11 +341,8 @@ def linear_inputs_text(cfg: TranslatorConfig) -> str:
 
 
 def _linear_reads(cfg: TranslatorConfig) -> str:
-    if cfg.linear_key_sources:
-        return (f"each token's aligned source K (for a target layer's K) and V (for its V) of the {cfg.source_count} "
-                "source layers that predict that target layer best on held-out text (a map per layer)")
     if cfg.linear_per_layer:
-        return "each token's aligned source K and V of each window layer's own source layer (a map per layer)"
+        return per_layer_reads(cfg.source_count, bool(cfg.linear_key_sources))
     extra = cfg.linear_extra_layers
     projected = (f", the latter projected on {cfg.linear_extra_dims} principal axes of the bank"
                  if cfg.linear_extra_dims else "")
