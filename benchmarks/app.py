@@ -32,8 +32,9 @@ from mot_viz.analysis import shift
 from mot_viz.analysis.cache_metrics import (cache_error_grid, cache_error_table, cache_space_table, expert_usage,
                                             gate_table, token_routing_table, window_vectors)
 from mot_viz.analysis.figures import (alignment_heatmap, alignment_table, answers_figure, cache_space_figure,
-                                      entropy_figure, error_heatmap, expert_usage_figure, gates_heatmap,
-                                      layer_error_figure, token_labels, training_figure)
+                                      error_heatmap, layer_error_figure, token_labels)
+from mot_viz.analysis.routing_figures import entropy_figure, expert_usage_figure, gates_heatmap
+from mot_viz.analysis.training_figures import training_figure
 from mot_viz.analysis.shift.figures import correction_split_figure, correction_trajectory_figure, rho_trajectory_figure
 from mot_viz.analysis.shift.metrics import kl_divergence
 from mot_viz.data.eval_data import load_dataset

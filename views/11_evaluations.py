@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from mot_viz import app
-from mot_viz.analysis import eval_run_links, eval_runs, figures, layer_separation
+from mot_viz.analysis import eval_run_links, eval_runs, layer_separation, run_figures
 from mot_viz.analysis import patching as patching_analysis
 from mot_viz.app.patching import shipped_patching
 from mot_viz.app import live_run
@@ -225,11 +225,11 @@ def _slice(run: eval_runs.EvalRun, shown: pd.DataFrame) -> None:
     delta = eval_runs.delta_column(run)
     if delta not in shown:
         return
-    axes = [x for x in figures.X_AXES if x in shown and shown[x].notna().any()]
+    axes = [x for x in run_figures.X_AXES if x in shown and shown[x].notna().any()]
     app.widget_default("pg.evals.x", axes[0], axes)
-    x = st.radio("Against", axes, format_func=figures.X_AXES.get, key="pg.evals.x", horizontal=True)
+    x = st.radio("Against", axes, format_func=run_figures.X_AXES.get, key="pg.evals.x", horizontal=True)
     data = shown[["example", "group", x, delta]]
-    app.show_figure(figures.delta_figure(shown, delta, x), data, "evaluation_delta")
+    app.show_figure(run_figures.delta_figure(shown, delta, x), data, "evaluation_delta")
 
 
 # ----- the layers --------------------------------------------------------------------------------------------------
@@ -349,7 +349,7 @@ def _two_runs(run: eval_runs.EvalRun, table: pd.DataFrame, shown: pd.DataFrame) 
     signed = st.column_config.NumberColumn(format="%+.3f")
     st.dataframe(sliced.paired, hide_index=True,
                  column_config=dict.fromkeys(("diff", "ci_low", "ci_high"), signed))
-    app.show_figure(figures.comparison_figure(sliced.pairs, sliced.labels), sliced.pairs, "evaluation_two_runs")
+    app.show_figure(run_figures.comparison_figure(sliced.pairs, sliced.labels), sliced.pairs, "evaluation_two_runs")
     links = table.set_index("example")
     for title, wins in ((f"{a} wins", sliced.a_wins), (f"{b} wins", sliced.b_wins)):
         with st.expander(f"{title} ({len(wins)})"):

@@ -7,7 +7,8 @@ import streamlit as st
 
 from mot_viz import app
 from mot_viz.analysis.cache_metrics import cache_error_grid, cache_error_table
-from mot_viz.analysis.figures import FIDELITY_TITLES, METRIC_TITLES, error_heatmap, fidelity_figure, layer_error_figure
+from mot_viz.analysis.figures import METRIC_TITLES, error_heatmap, layer_error_figure
+from mot_viz.analysis.training_figures import FIDELITY_TITLES, fidelity_figure
 from mot_viz.engine.cache_errors import COMPARISONS
 from mot_viz.engine.checkpoint import read_config
 from mot_viz.engine.mot import unread_window_layers
@@ -133,7 +134,8 @@ def _verdict_section(run, fidelity, candidate: str, second) -> None:
         "stays within a KL bound of the native one. Against QA (does MoT keep ≥ 90% of native F1?) none of these "
         "signals separates kept from lost answers well: on the shipped mid-depth checkpoint's SQuAD examples the "
         "first-token KL does best, and only a little better than chance, so the per-layer thresholds default to 0 "
-        "and only the mean-vector check and the KL bound decide (docs/results.md, \"Known limits\"). Read the "
+        "and only the mean-vector check and the KL bound decide (docs/results/fidelity.md, \"The reuse verdict\"). "
+        "Read the "
         "verdict as a hint. Raise the thresholds below to see what each signal would say."
     )
     validation = app.verdict_validation(run.selection.checkpoint)

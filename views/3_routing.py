@@ -7,7 +7,7 @@ import streamlit as st
 
 from mot_viz import app
 from mot_viz.analysis.cache_metrics import expert_usage, gate_table, token_routing_table
-from mot_viz.analysis.figures import entropy_figure, expert_usage_figure, gates_heatmap, what_if_figure
+from mot_viz.analysis.routing_figures import entropy_figure, expert_usage_figure, gates_heatmap, what_if_figure
 from mot_viz.analysis.whatif import expert_error_table
 from mot_viz.engine.translator import gate_balance, linear_inputs_text
 

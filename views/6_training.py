@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from mot_viz import app
-from mot_viz.analysis.figures import training_figure
+from mot_viz.analysis.training_figures import training_figure
 from mot_viz.engine.checkpoint import read_config
 from mot_viz.engine.translator import TranslatorConfig, linear_inputs_text
 from mot_viz.errors import MotVizError
@@ -66,7 +66,8 @@ def main() -> None:
     if evaluation is not None:
         st.subheader("Measured quality")
         st.caption("QA results recorded in config.json (metrics.evaluation): greedy SQuAD F1 or closed-set accuracy per "
-                   "condition on the same examples, with 95% bootstrap intervals; the commands are in docs/results.md.")
+                   "condition on the same examples, with 95% bootstrap intervals; the commands are in"
+                   " docs/results/single-passages.md.")
         st.dataframe(evaluation, hide_index=True, width="stretch")
 
     fidelity = recorded_fidelity_table(config)

@@ -3,8 +3,8 @@
 import streamlit as st
 
 from mot_viz import app
-from mot_viz.analysis.figures import (LENS_VALUES, attention_share_figure, lens_heatmap, lens_rank_figure,
-                                      show_whitespace)
+from mot_viz.analysis.figures import show_whitespace
+from mot_viz.analysis.lens_figures import LENS_VALUES, attention_share_figure, lens_heatmap, lens_rank_figure
 from mot_viz.analysis.logit_lens import LENS_ANSWER_TOKENS
 from mot_viz.analysis.shift.cases import answer_token_ids
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mot_viz.analysis import cache_metrics as cm
-from mot_viz.analysis import figures
+from mot_viz.analysis import figures, training_figures
 from mot_viz.engine.mot import translate
 from mot_viz.engine.testing import load_test_model, write_test_checkpoints
 from tolerance import assert_close
@@ -144,7 +144,7 @@ def test_figures_mark_the_window_and_keep_exact_values():
     np.testing.assert_array_equal(heat.data[0].z, [[0.5, 0.25], [0.125, 1.0]])
     assert list(heat.data[0].x) == ["0 a", "1 b"]
     log = pd.DataFrame({"step": [1, 2], "ce": [3.0, 2.0], "lr": [0.1, 0.2]})
-    training = figures.training_figure(log)
+    training = training_figures.training_figure(log)
     assert [t.name for t in training.data] == ["ce", "lr"]  # panels without columns are left out
 
 
