@@ -75,10 +75,13 @@ def main() -> int:
     sub = parser.add_subparsers(dest="kind", required=True, help="which results")
     shift = sub.add_parser("shift", help="a sweep written by scripts/shift_sweep.py (docs/shift.md)")
     shift.add_argument("--starts", default=None, help="comma-separated starts for ρ_k plots (default: first, last)")
-    sub.add_parser("long", help="a folder written by python -m mot_viz.eval.long_context (docs/results.md)")
-    sub.add_parser("conversation", help="a folder written by python -m mot_viz.eval.conversation (docs/results.md)")
+    sub.add_parser("long", help="a folder written by python -m mot_viz.eval.long_context "
+                                "(docs/results/long-documents.md)")
+    sub.add_parser("conversation", help="a folder written by python -m mot_viz.eval.conversation "
+                                        "(docs/results/conversations-and-hub.md)")
     sub.add_parser("methods", help="the results folder (results/): each method's mean F1 against its mean seconds, "
-                                   "one point per results folder and setting (docs/results.md)")
+                                   "one point per results folder and setting "
+                                   "(docs/results/other-ways-of-sharing.md)")
     for command in sub.choices.values():
         command.add_argument("results", type=Path, help="the results folder")
         command.add_argument("--out", type=Path, default=None, help="folder the figures are written to "

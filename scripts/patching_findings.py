@@ -1,4 +1,5 @@
-"""The layer patching findings of docs/results.md, from a results folder's patching.csv (python -m mot_viz.eval.patching).
+"""The layer patching findings of docs/results/lost-answers.md, from a results folder's patching.csv
+(python -m mot_viz.eval.patching).
 
     .venv/bin/python scripts/patching_findings.py results/eval/smollm2-to-gemma3-mid-squad300
 

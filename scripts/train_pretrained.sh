@@ -21,7 +21,7 @@ for name in ${@:-$default}; do
   resume=""; [ -f "runs/$name/train_config.json" ] && resume="--resume"  # continue an unfinished run
   OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" .venv/bin/python -m mot_viz.train.train --config "configs/$name.json" $resume >> "runs/$name/train.log" 2>&1 || { echo "$name failed"; continue; }
   # Gemma-3 -> SmolLM2 replays densely: there the source-chosen sparse pattern costs half of native F1
-  # (docs/results.md, docs/decisions.md); the others keep the replay they trained with (the method's sparse one)
+  # (docs/results/single-passages.md, docs/decisions.md); the others keep the replay they trained with (the method's sparse one)
   replay="checkpoint"; [[ "$name" == gemma3-to-smollm2 || "$name" == gemma3-to-smollm2-linear ]] && replay="dense"
   # a linear-initialised mixture stores its fixed linear path once, in the -linear checkpoint of its window
   linear="pretrained/${name%-single}-linear"

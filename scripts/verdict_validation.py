@@ -1,6 +1,7 @@
 """Validate the reuse verdict (mot_viz.eval.verdict) against QA: does "reuse" agree with "MoT keeps >= 90% of the
-native answer's F1"? Thresholds are tuned on the first half of the SQuAD examples of docs/results.md and the
-agreement is reported on the second half, and on other genres never used for tuning (--held_out).
+native answer's F1"? Thresholds are tuned on the first half of the SQuAD examples of
+docs/results/single-passages.md and the agreement is reported on the second half, and on other genres never
+used for tuning (--held_out).
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/verdict_validation.py signals \\
         --checkpoint pretrained/smollm2-to-gemma3-mid --n 300 --out results/verdict/smollm2-to-gemma3-mid

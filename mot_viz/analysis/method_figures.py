@@ -1,7 +1,8 @@
 """The Methods page's figures, and the shipped results as quality against time, one point per method and setting.
 
 Pure functions: tables in (mot_viz.analysis.methods, the results folders read by mot_viz.analysis.eval_runs),
-plotly figures out; no Streamlit. scripts/doc_figures.py draws the same scatter for docs/results.md.
+plotly figures out; no Streamlit. scripts/doc_figures.py draws the same scatter for
+docs/results/other-ways-of-sharing.md.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from ..eval.answers import MAX_NEW_TOKENS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # the mid-depth window: where the translation measurably matters (at the terminal window a window with no context in
-# it answers as well as the MoT: docs/results.md)
+# it answers as well as the MoT: docs/results/single-passages.md)
 DEFAULT_CHECKPOINT = "smollm2-to-gemma3-mid"
 MEAN_VECTOR_PASSAGES = 16  # LAMBADA passages behind the pages' mean-vector baseline (fewer than the CLIs' 40: start-up)
 MAX_CONTEXT_TOKENS = 1024  # the app's cap on target tokens: CPU time grows with the context

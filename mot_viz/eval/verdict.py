@@ -7,8 +7,8 @@ translated K/V against over the native K/V, same queries; a published ridge-mapp
 answer retention), the centered cosine of K and V (token structure) and the relative error against the
 mean-vector baseline; over the whole cache the first answer token's KL to the native distribution. Each
 threshold is a field of VerdictThresholds; scripts/verdict_validation.py checks the defaults against QA on the
-SQuAD examples of docs/results.md (thresholds tuned on one half, checked on the other), with the logit-lens
-signals beside them (results/verdict/<checkpoint>/report.md).
+SQuAD examples of docs/results/single-passages.md (thresholds tuned on one half, checked on the other), with
+the logit-lens signals beside them (results/verdict/<checkpoint>/report.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What the fidelity probes share: a checkpoint's bank, the probe split, window cosines as markdown, reports.
 
-One-off research code, kept to rerun the probes whose numbers docs/results.md cites; not part of the library.
+One-off research code, kept to rerun the probes whose numbers docs/results/training.md cites; not part of the library.
 """
 
 from __future__ import annotations

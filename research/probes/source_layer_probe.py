@@ -5,7 +5,7 @@ strictly increasing: a channel list of method.md §3) gets its own ridge map (mo
 held-out tenth of the bank) from the aligned source K and V of those layers to the target window's K and V,
 fitted on a small in-memory bank of `--corpus` text. Each map is scored on held-out passages with the fidelity
 metrics of mot_viz.train.window_fidelity (window means over layers; keys in the translator's pre-RoPE space, so centered K
-reads a little lower than the post-RoPE numbers of docs/results.md). A probe of the input, not a training run:
+reads a little lower than the post-RoPE numbers of docs/results/fidelity.md). A probe of the input, not a training run:
 
     OMP_NUM_THREADS=1 python research/probes/source_layer_probe.py --target_layers 5 6 7 8 9 \
         --sets top=17,18,19,20,21 ratio=9,10,12,14,15 spread=9,12,15,18,21 --unions top+spread
