@@ -19,7 +19,8 @@ import streamlit as st
 from ..analysis.eval_run_links import AppView, app_views
 from ..analysis.eval_runs import EvalRun
 from ..data.eval_data import BUILTIN_DATASETS
-from ..engine.models import BUNDLED_MODELS, DEFAULT_SOURCE, DEFAULT_TARGET
+from ..engine.model_files import BUNDLED_MODELS
+from ..engine.models import DEFAULT_SOURCE, DEFAULT_TARGET
 from ..engine.synthetic import synthetic_names
 from .loaders import available_checkpoints
 from .long_context import LONG_DOCUMENTS

@@ -8,7 +8,7 @@ import streamlit as st
 
 from ..data.eval_data import BUILTIN_DATASETS
 from ..engine.checkpoint import checkpoint_zip
-from ..engine.models import BUNDLED_MODELS
+from ..engine.model_files import BUNDLED_MODELS
 from ..engine.synthetic import NO_QUALITY, SYNTHETIC_ALIGNMENT, is_synthetic, synthetic_names
 from ..engine.prompts import ChatFrame, QAExample, build_prompt, free_text_selection
 from ..errors import MotVizError

@@ -8,7 +8,7 @@ from mot_viz.app.loaders import available_checkpoints
 from mot_viz.app.permalink import parse_link
 from mot_viz.app.settings import EXAMPLES_PER_DATASET, page_option_groups
 from mot_viz.data.eval_data import BUILTIN_DATASETS
-from mot_viz.engine.models import BUNDLED_MODELS
+from mot_viz.engine.model_files import BUNDLED_MODELS
 
 
 def restored(link: str):

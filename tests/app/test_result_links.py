@@ -17,7 +17,8 @@ from mot_viz.app.loaders import dataset_examples
 from mot_viz.app.permalink import example_link
 from mot_viz.data.coqa import coqa_conversations
 from mot_viz.data.long_context import long_examples
-from mot_viz.engine.models import DEFAULT_TARGET, bundled_model_dir
+from mot_viz.engine.model_files import bundled_model_dir
+from mot_viz.engine.models import DEFAULT_TARGET
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = eval_runs.shipped_runs(ROOT / "results")

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import mot_viz.engine.model_files as model_files
 import mot_viz.engine.models as models
 from mot_viz.engine.model_cache import MARKER
 from tolerance import close
@@ -25,7 +26,7 @@ def test_a_local_gguf_is_converted_once_and_matches_the_bundled_model(real_sourc
     assert converted.name.startswith("gguf-") and (converted / MARKER).exists()
     del first
 
-    monkeypatch.setattr(models, "convert_gguf", lambda *a: pytest.fail("converted twice"))
+    monkeypatch.setattr(model_files, "convert_gguf", lambda *a: pytest.fail("converted twice"))
     messages.clear()
     second = models.load_model(str(gguf), progress=messages.append)
     assert messages == []  # neither hashed nor converted again

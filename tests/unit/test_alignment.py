@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 
 from mot_viz.engine.alignment import (align_ids, align_spans, apply_alignment, char_spans, decode, encode,
                                       identity_alignment, remap_sparse_indices)
-from mot_viz.engine.models import bundled_model_dir
+from mot_viz.engine.model_files import bundled_model_dir
 from mot_viz.engine.testing import TEST_MODELS, tiny_tokenizer
 
 TEXTS = {

@@ -15,7 +15,8 @@ from conftest import FAMILIES, tiny_model
 from mot_viz.engine import hf
 from mot_viz.engine.channels import Channels
 from mot_viz.engine.checkpoint import WEIGHTS_FILE, load_checkpoint, read_config, save_checkpoint
-from mot_viz.engine.models import SUPPORTED_MODEL_TYPES, load_model
+from mot_viz.engine.model_files import SUPPORTED_MODEL_TYPES
+from mot_viz.engine.models import load_model
 from mot_viz.engine.mot import MoT
 from mot_viz.errors import CheckpointError, ModelLoadError
 from tolerance import close

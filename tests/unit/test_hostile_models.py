@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import mot_viz.engine.model_files as model_files
 import mot_viz.engine.models as models
 from conftest import tiny_model
 from mot_viz.engine.model_cache import MARKER, cache_dir, models_root
@@ -164,7 +165,7 @@ def test_a_cache_variable_pointing_at_a_file_is_refused(tmp_path, monkeypatch):
     not_a_folder = tmp_path / "cache-file"
     not_a_folder.write_text("")
     monkeypatch.setenv("MOT_VIZ_CACHE", str(not_a_folder))
-    for call in (cache_dir, lambda: models.bundled_model_dir("smollm2-135m"), lambda: models.load_model("gemma3-270m")):
+    for call in (cache_dir, lambda: model_files.bundled_model_dir("smollm2-135m"), lambda: models.load_model("gemma3-270m")):
         with pytest.raises(ModelLoadError, match="MOT_VIZ_CACHE points to .* is a file, not a folder") as err:
             call()
         assert "writable folder" in str(err.value) and "export MOT_VIZ_CACHE=" in str(err.value)
@@ -180,7 +181,7 @@ def test_an_unwritable_cache_folder_is_refused(tmp_path, monkeypatch):
         monkeypatch.setattr(os, "access", lambda path, mode: False)
     try:
         with pytest.raises(ModelLoadError, match="MOT_VIZ_CACHE points to .* is not writable") as err:
-            models.bundled_model_dir("smollm2-135m")
+            model_files.bundled_model_dir("smollm2-135m")
         assert "set MOT_VIZ_CACHE to a folder you can write to" in str(err.value)
     finally:
         locked.chmod(0o755)
@@ -192,8 +193,8 @@ class FakeConversion:
 
     def __init__(self, monkeypatch):
         self.calls = 0
-        monkeypatch.setattr(models, "convert_gguf", self)
-        monkeypatch.setattr(models, "_bundled_gguf", lambda name, work: work / "fake.gguf")
+        monkeypatch.setattr(model_files, "convert_gguf", self)
+        monkeypatch.setattr(model_files, "_bundled_gguf", lambda name, work: work / "fake.gguf")
 
     def __call__(self, gguf_path: Path, out_dir: Path) -> None:
         self.calls += 1
@@ -208,21 +209,21 @@ class FakeConversion:
 def test_a_converted_folder_records_its_files_and_is_reconverted_when_damaged(monkeypatch):
     convert = FakeConversion(monkeypatch)
     messages: list[str] = []
-    folder = models.bundled_model_dir("smollm2-135m", progress=messages.append)
+    folder = model_files.bundled_model_dir("smollm2-135m", progress=messages.append)
     record = json.loads((folder / MARKER).read_text())["files"]
     assert record["model.safetensors"]["size"] == 1000 and len(record["model.safetensors"]["sha256"]) == 64
     assert record["config.json"] == {"size": 2} and convert.calls == 1
     assert any("converting smollm2-135m" in m for m in messages)
 
-    assert models.bundled_model_dir("smollm2-135m") == folder and convert.calls == 1  # intact: reused
+    assert model_files.bundled_model_dir("smollm2-135m") == folder and convert.calls == 1  # intact: reused
     (folder / "model.safetensors").write_bytes(b"w" * 10)  # truncated, e.g. by a full disk
     messages.clear()
-    assert models.bundled_model_dir("smollm2-135m", progress=messages.append) == folder
+    assert model_files.bundled_model_dir("smollm2-135m", progress=messages.append) == folder
     assert convert.calls == 2 and (folder / "model.safetensors").stat().st_size == 1000
     assert any("damaged (model.safetensors); converting it again" in m for m in messages)
 
     (folder / "config.json").unlink()  # a recorded file gone
-    models.bundled_model_dir("smollm2-135m", progress=messages.append)
+    model_files.bundled_model_dir("smollm2-135m", progress=messages.append)
     assert convert.calls == 3 and (folder / "config.json").exists()
 
 
@@ -231,7 +232,7 @@ def test_a_folder_converted_before_sizes_were_recorded_is_upgraded_not_reconvert
     folder = models_root() / "smollm2-135m-v1"
     convert(Path("fake.gguf"), folder)  # as an older version left it: a marker without "files"
     assert "files" not in json.loads((folder / MARKER).read_text())
-    assert models.bundled_model_dir("smollm2-135m") == folder and convert.calls == 1
+    assert model_files.bundled_model_dir("smollm2-135m") == folder and convert.calls == 1
     assert json.loads((folder / MARKER).read_text())["files"]["model.safetensors"]["size"] == 1000
 
 
@@ -244,7 +245,7 @@ def test_stale_temporaries_of_dead_processes_are_removed_when_converting(monkeyp
     (dead_dir / "model.safetensors").write_bytes(b"half")
     dead_file.write_text("half")
     ours.mkdir()
-    models.bundled_model_dir("smollm2-135m")
+    model_files.bundled_model_dir("smollm2-135m")
     assert not dead_dir.exists() and not dead_file.exists()
     assert ours.exists()  # this process is alive: its temporary may be in use
 
@@ -270,7 +271,7 @@ def test_a_gguf_of_an_unsupported_architecture_is_refused_from_its_header_before
     from mot_viz.engine.model_cache import gguf_architecture
 
     mamba = _gguf(tmp_path / "mamba.gguf", "mamba")
-    monkeypatch.setattr(models, "convert_gguf", lambda *a: pytest.fail("an unsupported GGUF was converted"))
+    monkeypatch.setattr(model_files, "convert_gguf", lambda *a: pytest.fail("an unsupported GGUF was converted"))
     _refused(str(mamba), "GGUF model of the 'mamba' architecture", "does not support", "nothing was converted",
              "GGUF architectures it loads: gpt2, qwen2, llama, gemma3", "Supported families")
     assert not private_cache.exists()  # not even hashed: nothing in the cache
