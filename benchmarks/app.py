@@ -44,8 +44,8 @@ from mot_viz.engine.models import DEFAULT_SOURCE, DEFAULT_TARGET, load_model
 from mot_viz.engine.mot import translate, translate_window
 from mot_viz.engine.prompts import build_prompt
 from mot_viz.engine.translator import gate_balance
-from mot_viz.eval.answers import (MAX_NEW_TOKENS, answer_from_cache, answers_from_caches, condition_caches,
-                                  first_answer_logprobs)
+from mot_viz.eval.answers import MAX_NEW_TOKENS, answer_from_cache, answers_from_caches, first_answer_logprobs
+from mot_viz.sharing.caches import condition_caches
 from mot_viz.train.window_fidelity import translation_fidelity
 from mot_viz.train.mean_vector import reference_means
 from mot_viz.train.runs import read_training_log

@@ -34,7 +34,7 @@ from mot_viz.engine.checkpoint import load_checkpoint, read_config
 from mot_viz.engine.models import load_model
 from mot_viz.engine.mot import empty_context_cache, translate
 from mot_viz.engine.prompts import build_prompt
-from mot_viz.eval.answers import linear_cache
+from mot_viz.sharing.linear import linear_cache
 from mot_viz.eval.long_settings import default_linear
 from mot_viz.fsutil import write_text_atomic
 

@@ -7,8 +7,8 @@ from mot_viz import app
 from mot_viz.analysis.method_figures import kv_error_figure, quality_time_figure, stages_figure
 from mot_viz.analysis.methods import CACHE_METHODS, METHOD_LABELS, combine, summary_table
 from mot_viz.app.methods import cached_methods, cached_relays, methods_offer, results_root, shipped_method_points
-from mot_viz.eval.kvcomm import KVCOMM_FRACTION
-from mot_viz.eval.relay import RELAY_CONDITIONS, RELAY_TOKENS
+from mot_viz.sharing.kvcomm import KVCOMM_FRACTION
+from mot_viz.sharing.relay import RELAY_CONDITIONS, RELAY_TOKENS
 
 
 def main() -> None:

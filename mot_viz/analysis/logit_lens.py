@@ -24,7 +24,8 @@ from ..engine.alignment import encode
 from ..engine.models import LoadedModel
 from ..engine.mot import MoT, Translation, empty_context_cache
 from ..errors import ContextError
-from ..eval.answers import answer_is_complete, check_question_fits, linear_cache
+from ..eval.answers import answer_is_complete, check_question_fits
+from ..sharing.linear import linear_cache
 
 TOP_TOKENS = 5  # tokens listed per layer and condition
 LENS_ANSWER_TOKENS = 8  # native answer tokens the lens follows (each costs a decoding step)

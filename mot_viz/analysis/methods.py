@@ -1,9 +1,10 @@
 """The ways of sharing one context side by side (method.md §15): each method's answer, the time to its first answer
 token stage by stage, the bytes it hands the target, and the per-layer K/V error of its cache against native.
 
-The caches and answers come from the evaluator's own code (mot_viz.eval.answers.condition_caches and
-answers_from_caches, as mot_viz.eval.evaluate.example_rows builds them; the text relay from mot_viz.eval.relay; the
-linear map as mot_viz.eval.answers.linear_cache), the bytes handed over from mot_viz.eval.sharing.handed_bytes and the
+The caches and answers come from the evaluator's own code (mot_viz.sharing.caches.condition_caches and
+mot_viz.eval.answers.answers_from_caches, as mot_viz.eval.evaluate.example_rows builds them; the text relay from
+mot_viz.sharing.relay; the linear map as mot_viz.sharing.linear.linear_cache), the bytes handed over from
+mot_viz.sharing.costs.handed_bytes and the
 time to the first answer token from mot_viz.eval.answers.first_token_seconds. Pure functions: no Streamlit. The
 methods:
 
@@ -32,10 +33,11 @@ from ..engine.layout import context_positions
 from ..engine.models import LoadedModel, kv_cache_bytes
 from ..engine.mot import MoT, Translation, replay_window, translate_window
 from ..engine.prompts import QAExample, build_prompt
-from ..eval.answers import MAX_NEW_TOKENS, answers_from_caches, condition_caches, first_token_seconds
-from ..eval.kvcomm import KVCommSelection
-from ..eval.relay import RELAY_CONDITIONS, RELAY_TOKENS
-from ..eval.sharing import handed_bytes
+from ..eval.answers import MAX_NEW_TOKENS, answers_from_caches, first_token_seconds
+from ..sharing.caches import condition_caches
+from ..sharing.costs import handed_bytes
+from ..sharing.kvcomm import KVCommSelection
+from ..sharing.relay import RELAY_CONDITIONS, RELAY_TOKENS
 
 METHODS = ("native", "no_context", "mot", "linear", "direct", "kvcomm", "relay", "relay_q")
 METHOD_LABELS = {
@@ -66,7 +68,7 @@ class MethodsResult:
 
     answers: pd.DataFrame  # method, answer, score (F1 / correct; NaN without a gold answer), exact_match
     stages: pd.DataFrame  # method, stage (STAGES), seconds: the stages up to the first answer token, in order
-    handed_over: pd.DataFrame  # method, what, bytes (mot_viz.eval.sharing.handed_bytes: caches in fp16),
+    handed_over: pd.DataFrame  # method, what, bytes (mot_viz.sharing.costs.handed_bytes: caches in fp16),
     # full_cache_bytes (a full target cache of the context, fp16)
     kv_error: pd.DataFrame  # method, layer, kv, carries (the layer holds what the source sent), mse, rel_l2, cosine
     messages: dict[str, str] = field(default_factory=dict)  # relay method -> the source's message
@@ -131,7 +133,7 @@ def cache_methods(mot: MoT, source: LoadedModel, target: LoadedModel, example: Q
     per-layer K/V error against native.
 
     linear: a linear checkpoint of the MoT's window (replayed as the MoT's is); direct: a full-depth map without
-    replay; kvcomm: the layer choice of a same-shape pair (mot_viz.eval.kvcomm.kvcomm_selection).
+    replay; kvcomm: the layer choice of a same-shape pair (mot_viz.sharing.kvcomm.kvcomm_selection).
     """
     conditions = ("native", "no_context", "mot") + (("direct",) if direct is not None else ()) + \
         (("kvcomm",) if kvcomm is not None else ())
@@ -146,7 +148,7 @@ def cache_methods(mot: MoT, source: LoadedModel, target: LoadedModel, example: Q
     what = {"native": "a full target cache of the context, were it handed over", "no_context": "nothing",
             "mot": f"the translated window's K/V ({mot.channels.window} layers)"}
     errors = kv_error_rows("mot", translation.mixed_kv, translation.native_kv, p, mot.channels.target_layers)
-    if linear is not None:  # mot_viz.eval.answers.linear_cache, its two steps timed apart
+    if linear is not None:  # mot_viz.sharing.linear.linear_cache, its two steps timed apart
         start = time.perf_counter()
         out = translate_window(linear, translation.source, source, target)
         mapped = time.perf_counter() - start

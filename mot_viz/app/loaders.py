@@ -32,8 +32,11 @@ from ..engine.prompts import QAExample
 from ..engine.testing import load_test_model
 from ..engine.translator import GateOverride
 from ..errors import CheckpointError, ModelLoadError, MotVizError
-from ..eval.answers import (CONDITION_LABELS, CONDITIONS, Answer, ConditionCaches, PromptedCache, answers_from_caches,
-                            condition_caches, first_answer_logprobs, mean_vector_cache, translated_seconds)
+from ..eval.answers import (CONDITION_LABELS, CONDITIONS, Answer, PromptedCache, answers_from_caches,
+                            first_answer_logprobs)
+from ..sharing.caches import ConditionCaches, condition_caches
+from ..sharing.mean import mean_vector_cache
+from ..sharing.method import translated_seconds
 from ..train.mean_vector import MeanVectors, reference_means
 from ..train.quickfit import fits_dir
 from ..train.window_fidelity import translation_fidelity

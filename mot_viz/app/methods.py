@@ -16,8 +16,8 @@ from ..analysis.methods import MethodsResult, cache_methods, relay_methods
 from ..engine.checkpoint import read_config
 from ..engine.mot import MoT
 from ..errors import MotVizError
-from ..eval.kvcomm import check_kvcomm_pair, kvcomm_selection
-from ..eval.relay import RELAY_TOKENS
+from ..sharing.kvcomm import check_kvcomm_pair, kvcomm_selection
+from ..sharing.relay import RELAY_TOKENS
 from .loaders import (available_checkpoints, checkpoint_stamp, get_checkpoint, get_model, get_translation,
                       linear_baseline_for)
 from .settings import REPO_ROOT, test_mode

@@ -12,7 +12,7 @@ import streamlit as st
 from ..engine.alignment import encode
 from ..engine.patching import answer_sentence_buckets, answer_token_ids, patching_scan
 from ..errors import ConfigError
-from ..eval.kvcomm import kvcomm_selection
+from ..sharing.kvcomm import kvcomm_selection
 from ..eval.patching import PATCHING_FILE, layer_error_columns, method_cache, read_patching, scan_rows
 from .loaders import checkpoint_stamp, get_checkpoint, get_model, get_translation
 from .methods import MethodsOffer

@@ -1,4 +1,4 @@
-"""What the target answers from each cache: native context, no context, MoT-translated, random control.
+"""What the target answers from each cache (the caches: mot_viz.sharing.caches.condition_caches).
 
 Used by the evaluator (mot_viz.eval.evaluate) and the app alike, so both score answers the same way
 (method.md §8): the prompt's context part is cached (natively or translated), its suffix is appended
@@ -8,38 +8,24 @@ natively, then the target decodes greedily (extractive) or scores each choice la
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from ..engine import hf
 from ..engine.alignment import encode
-from ..engine.controls import random_control_window
 from ..engine.models import LoadedModel
-from ..engine.mot import MoT, Translation, empty_context_cache, replay_window, translate, translate_window
-from ..engine.prompts import Prompt, QAExample, build_prompt, choice_label_texts
-from ..errors import ConfigError, ContextError
-from ..train.mean_vector import MeanVectors
-from .kvcomm import KVCommSelection, kvcomm_cache
+from ..engine.mot import MoT, Translation
+from ..engine.prompts import QAExample, build_prompt, choice_label_texts
+from ..errors import ContextError
+from ..sharing.caches import condition_caches
+from ..sharing.mot import MOT
+from ..sharing.registry import DEFAULTS, REGISTRY, choices, labels
 from .qa_metrics import exact_match, normalize_answer, postprocess_generation, squad_f1
-from .relay import RELAY_CONDITIONS, RELAY_TOKENS, Relay, relay
 
-CONDITIONS = ("native", "no_context", "mot", "random")  # what every evaluation and the app answer under
+CONDITIONS = DEFAULTS["evaluate"]  # what every evaluation and the app answer under
 MAX_NEW_TOKENS = 24  # greedy answer length of the evaluator, the app and the benchmarks
-# on request: mean needs the mean native window (mot_viz.train.mean_vector.mean_vectors); relay and relay_q have the
-# source write a message the target reads instead of the context (mot_viz.eval.relay)
-EXTRA_CONDITIONS = ("mean", *RELAY_CONDITIONS, "kvcomm", "direct")
-CONDITION_LABELS = {
-    "native": "Native context (target prefilled the text itself)",
-    "no_context": "No context (question only)",
-    "mot": "MoT-translated cache",
-    "random": "Random-window control (norm-matched noise)",
-    "mean": "Mean-vector control (window = mean native K/V, no context-specific content)",
-    "relay": "Text relay (the source's summary of the context, read by the target)",
-    "relay_q": "Question-aware text relay (the source's background for the question, read by the target)",
-    "kvcomm": "Selective layer sharing (KVComm: the source's own K/V at the chosen layers, token 0 elsewhere)",
-    "direct": "Full-depth direct map (every layer's K/V translated, no replay: the target never reads the context)",
-}
+CONDITION_LABELS = {name: label for name, label in labels().items() if name in choices("evaluate")}  # the evaluator's
 
 
 @dataclass
@@ -54,45 +40,20 @@ class Answer:
     seconds: float  # time to answer from the cache (excludes building the cache)
 
 
-# the caches that hold no context-specific content in the MoT's window, or no context at all: where one gives the
-# MoT's answer, that answer does not show the translation carried the passage
-TIE_CONDITIONS = ("random", "mean", "no_context")
-TIE_LABELS = {"random": "random-window control", "mean": "mean-vector control",
-              "no_context": "question alone (no context)"}  # as a sentence names them
+# the caches that hold no context-specific content in the MoT's window, then those with no context at all (Method.tie):
+# where one gives the MoT's answer, that answer does not show the translation carried the passage
+TIE_LABELS = {name: m.tie for name, m in sorted(REGISTRY.items(), key=lambda item: not item[1].comparable)
+              if m.tie}  # as a sentence names them
+TIE_CONDITIONS = tuple(TIE_LABELS)
 
 
 def ties_with_mot(answers: dict[str, str]) -> list[str]:
     """The conditions of TIE_CONDITIONS whose answer (condition -> answer text, as answered) is the MoT's, compared as
     SQuAD compares answers (normalize_answer); [] without a MoT answer."""
-    if "mot" not in answers:
+    if MOT.name not in answers:
         return []
-    mot = normalize_answer(answers["mot"])
+    mot = normalize_answer(answers[MOT.name])
     return [c for c in TIE_CONDITIONS if c in answers and normalize_answer(answers[c]) == mot]
-
-
-def random_control_cache(mot: MoT, target: LoadedModel, translation: Translation, seed: int = 0) -> list[hf.KV]:
-    """Replay with the norm-matched random window (method.md §9.2), drawn independently for K and V."""
-    out = translation.translated
-    k, v = random_control_window(*translation.native_window_blocks(mot.channels), out.keys, out.values, seed)
-    with torch.no_grad():
-        return replay_window(mot, target, translation, k, v)
-
-
-def mean_vector_cache(mot: MoT, target: LoadedModel, translation: Translation, means: MeanVectors) -> list[hf.KV]:
-    """Replay with every window token's K/V replaced by the layer's mean native K/V (method.md §13, "Mean vector").
-
-    `means`: the mean native window of this target and window layers; the sparse indices are the translation's.
-    """
-    k, v = means.blocks(translation.target_ids.shape[1])
-    with torch.no_grad():
-        return replay_window(mot, target, translation, k, v)
-
-
-def linear_cache(mot: MoT, linear: MoT, source: LoadedModel, target: LoadedModel, translation: Translation) -> list[hf.KV]:
-    """The closed-form map's window on the translation's own source context, replayed as the MoT's was."""
-    with torch.no_grad():
-        out = translate_window(linear, translation.source, source, target)
-        return replay_window(mot, target, translation, out.keys, out.values)
 
 
 def answer_is_complete(text: str) -> bool:
@@ -228,112 +189,6 @@ def _scored(example: QAExample, condition: str, generated: str, seconds: float) 
     if not example.answers:  # free text typed in the app: nothing to score against
         return Answer(condition, text, None, None, None, seconds)
     return Answer(condition, text, squad_f1(text, example.answers), exact_match(text, example.answers), None, seconds)
-
-
-@dataclass(frozen=True)
-class ConditionCaches:
-    """Each requested condition's cache of one context, and the seconds it took to build from the text.
-
-    The one owner of these times, for the evaluator and the app alike: native = the target's own prefill;
-    no_context = the empty cache; mot = every stage of the translation but the native prefill
-    (:func:`translated_seconds`); random = the same plus its own replay (its noise is norm-matched to the
-    translation's error, so it needs the translation); mean = its own replay (the mean native window is
-    computed once per target and window, not per context); relay and relay_q = the source writing its message
-    and the target's prefill of it (``relays`` holds the messages); direct = its own translation of the text by the
-    full-depth map (source prefill, alignment, the map; no replay).
-
-    ``ahead`` is the part of those seconds that can be done before the question arrives, once the source has read the
-    context: the source's prefill (mot, random, direct; all of kvcomm, whose cache is the source's own) and
-    ``relay``'s writing (its message needs no question); none elsewhere (relay_q writes for the question).
-    """
-
-    translation: Translation
-    kv: dict[str, list[hf.KV] | None]
-    seconds: dict[str, float]
-    relays: dict[str, Relay] = field(default_factory=dict)  # relay conditions only
-    plans: dict[str, hf.AttentionPlan] = field(default_factory=dict)  # kvcomm: answer its cache under this plan
-    direct: Translation | None = None  # the "direct" condition's own translation (its stages in .timings)
-    prompt: Prompt | None = None  # the example's prompt, built once: its context was translated, its suffix is asked
-    ahead: dict[str, float] = field(default_factory=dict)  # condition -> seconds of its build done ahead of the question
-
-    def after_question(self, condition: str) -> float:
-        """The seconds of a condition's build left once the question arrives (seconds less ahead)."""
-        return self.seconds[condition] - self.ahead.get(condition, 0.0)
-
-
-def translated_seconds(translation: Translation) -> float:
-    """Seconds to build the MoT cache: every stage of the translation except the target's native prefill."""
-    return sum(v for stage, v in translation.timings.items() if stage != "native_prefill")
-
-
-def check_direct_map(direct: MoT | None) -> None:
-    """Raise ConfigError unless `direct` is a full-depth map without replay (the "direct" condition's cache)."""
-    if direct is None or not direct.replay.direct:
-        raise ConfigError("the 'direct' condition needs a full-depth map without replay: pass --direct "
-                          "pretrained/smollm2-to-gemma3-direct (or a fit of python -m mot_viz.train.quickfit --direct)")
-
-
-def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample | None,
-                     translation: Translation | None = None, seed: int = 0,
-                     conditions: tuple[str, ...] = CONDITIONS, means: MeanVectors | None = None,
-                     relay_tokens: int = RELAY_TOKENS, kvcomm: KVCommSelection | None = None,
-                     direct: MoT | None = None) -> ConditionCaches:
-    """The translation of the example's context (or the one given) and the cache of each requested condition.
-
-    The "mean" condition needs `means` (the mean native window of this target and window layers); the relay
-    conditions need the example (its passage and question), their messages at most `relay_tokens` source tokens.
-    The "kvcomm" condition needs `kvcomm`, its layer choice (mot_viz.eval.kvcomm.kvcomm_selection); its cache is
-    answered under ``plans["kvcomm"]`` (answers_from_caches(plans=...)).
-    """
-    known = CONDITIONS + EXTRA_CONDITIONS
-    unknown = set(conditions) - set(known)
-    if unknown:
-        raise ConfigError(f"unknown conditions {sorted(unknown)}; choose from {known}")
-    if "direct" in conditions:
-        check_direct_map(direct)
-    if "kvcomm" in conditions and kvcomm is None:
-        raise ConfigError("the 'kvcomm' condition needs its layer choice: pass kvcomm=kvcomm_selection(...)")
-    if "mean" in conditions and means is None:
-        raise ConfigError("the 'mean' condition needs the mean native window: pass means=mean_vectors(...)")
-    if example is None and set(conditions) & set(RELAY_CONDITIONS):
-        raise ConfigError("the relay conditions need the example (the source writes about its passage): pass example")
-    prompt = None if example is None else build_prompt(example, target.chat_frame)
-    if translation is None:
-        translation = translate(mot, source, target, prompt.context_text)
-    build = {
-        "native": lambda: translation.native_kv,
-        "no_context": lambda: empty_context_cache(target),
-        "mot": lambda: translation.mixed_kv,
-        "random": lambda: random_control_cache(mot, target, translation, seed),
-        "mean": lambda: mean_vector_cache(mot, target, translation, means),
-    }
-    # what each cache needed from the translation (native and MoT caches are built by translate itself)
-    before = {"native": translation.timings.get("native_prefill", 0.0), "mot": translated_seconds(translation),
-              "random": translated_seconds(translation)}
-    kv, seconds, relays, plans, directed = {}, {}, {}, {}, None
-    ahead = {c: translation.timings.get("source_prefill", 0.0) for c in ("mot", "random") if c in conditions}
-    for condition in (c for c in known if c in conditions):
-        if condition in RELAY_CONDITIONS:  # the source writes from the passage the MoT's source read, the target reads
-            relays[condition] = relay(source, target, example, condition, relay_tokens)
-            kv[condition] = relays[condition].kv
-            seconds[condition] = relays[condition].generate_seconds + relays[condition].prefill_seconds
-            ahead[condition] = relays[condition].ahead_seconds
-            continue
-        if condition == "kvcomm":  # the source's own K/V of the target's tokens, read at the chosen layers only
-            shared = kvcomm_cache(source, target, translation.target_ids, kvcomm)
-            kv[condition], seconds[condition], plans[condition] = shared.kv, shared.seconds, shared.plan
-            ahead[condition] = shared.seconds
-            continue
-        if condition == "direct":  # its own translation of the text by the full-depth map: no replay
-            directed = translate(direct, source, target, translation.text, with_native=False)
-            kv[condition], seconds[condition] = directed.mixed_kv, translated_seconds(directed)
-            ahead[condition] = directed.timings.get("source_prefill", 0.0)
-            continue
-        start = time.perf_counter()
-        kv[condition] = build[condition]()
-        own = time.perf_counter() - start if condition not in ("native", "mot") else 0.0
-        seconds[condition] = before.get(condition, 0.0) + own
-    return ConditionCaches(translation, kv, seconds, relays, plans, directed, prompt, ahead)
 
 
 def answer_all(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample,

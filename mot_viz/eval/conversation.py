@@ -8,7 +8,7 @@ differs. Conditions: *native* (the target read the story itself: the ceiling), *
 on request (--conditions) the controls of mot_viz.eval.long_context, *linear* (the pair's closed-form map of the same
 window, --linear, default <checkpoint>-linear, replayed as the MoT) and *mean* (the window filled with mean native
 vectors: no story in the window), each built once per story and kept, and the ways of sharing the story of
-mot_viz.eval.sharing: *relay* (the source's summary of the story, written once per story and kept as the
+mot_viz.sharing: *relay* (the source's summary of the story, written once per story and kept as the
 conversation's context: the target reads only it), *direct* (the full-depth map's cache of the story, kept) and
 *kvcomm* (a pair of one architecture: its cache and its plan, which hides the story from the unshared layers, kept
 for every turn: the history is appended under that plan). *relay_q* is refused: its message answers one question,
@@ -48,21 +48,27 @@ from ..engine.mot import MoT
 from ..engine.prompts import QAExample, build_prompt
 from ..errors import ConfigError, ContextError
 from ..fsutil import write_csv_atomic, write_text_atomic
-from ..train.mean_vector import MeanVectors, reference_means
-from .answers import MAX_NEW_TOKENS, answers_from_caches, condition_caches, linear_cache
-from .kvcomm import KVCOMM_FRACTION
-from .relay import RELAY_TOKENS
+from ..sharing import registry
+from ..sharing.caches import SharingModels, condition_caches, load_sharing
+from ..sharing.costs import COST_COLUMNS, MESSAGE_COLUMNS, cost_fields, cost_medians, work_text
+from ..sharing.kvcomm import KVCOMM_FRACTION
+from ..sharing.linear import default_linear
+from ..sharing.method import Request
+from ..sharing.mot import MOT
+from ..sharing.relay import RELAY_TOKENS
+from ..train.mean_vector import MeanVectors
+from .answers import MAX_NEW_TOKENS, answers_from_caches
 from .report import paired_differences
-from .sharing import (COST_COLUMNS, MESSAGE_COLUMNS, SharingModels, check_conditions, check_sharing, cost_fields,
-                      cost_medians, load_sharing, target_side_seconds, work_text)
 from .processes import Spread, resumed_table, run_units, shown
 from .results_folder import ResultsTable
-from .long_settings import check_linear, default_linear
 from .qa_metrics import bootstrap_ci, condition_ratios
 
-CONDITIONS = ("native", "mot", "no_context")  # every run's
-CONTROLS = ("linear", "mean")  # on request: the pair's closed-form map of the window, the mean-vector window
-SHARED = ("relay", "direct", "kvcomm")  # on request
+KIND = "conversation"  # this evaluation, as the sharing registry names it
+CONDITIONS = registry.ALWAYS[KIND]  # every run's
+OTHERS = tuple(c for c in registry.choices(KIND) if c not in CONDITIONS)  # on request, in the rows' order
+CONTROLS = ("linear", "mean")  # the pair's closed-form map of the window, the mean-vector window
+# the other ways of sharing the story (a method written for one question cannot serve a conversation)
+SHARED = registry.names(lambda m: not m.for_question, tuple(c for c in OTHERS if c not in CONTROLS))
 # the paired tests: does the MoT beat no story, its own map, a window with no story in it, each way of sharing it?
 PAIRS = (("mot", "no_context"), ("mot", "linear"), ("mot", "mean"), ("linear", "mean"), *(("mot", c) for c in SHARED))
 ROW_COLUMNS = ("id", "genre", "turn", "condition", "score", "answer", "gold", "turn_seconds", "cache_tokens",
@@ -119,16 +125,16 @@ def check_settings(settings: ConversationSettings) -> dict:
     if min(settings.n, settings.turns, settings.max_new_tokens, settings.bootstrap, settings.max_story_tokens) < 1:
         raise ConfigError("--n, --turns, --max_new_tokens, --max_story_tokens and --bootstrap must each be at least "
                           "1 (a conversation needs a turn).")
-    if "relay_q" in settings.conditions:
-        raise ConfigError("relay_q writes the background for one question, and a conversation asks one per turn: "
+    for_question = registry.names(lambda m: m.for_question, settings.conditions)
+    if for_question:
+        raise ConfigError(f"{for_question[0]} writes the background for one question, and a conversation asks one per turn: "
                           "use relay (the source's summary of the story, written once and kept).")
-    check_conditions(settings.conditions, CONDITIONS + CONTROLS + SHARED)
+    registry.check_names(settings.conditions, CONDITIONS + CONTROLS + SHARED)
     if not set(CONDITIONS) <= set(settings.conditions):
         raise ConfigError(f"--conditions always holds {' '.join(CONDITIONS)} (the tables compare against them).")
     config = read_config(settings.checkpoint)
-    check_sharing(settings.conditions, config, settings.checkpoint, settings.relay_tokens, settings.direct,
-                  settings.kvcomm_fraction, settings.max_story_tokens)
-    check_linear(settings.conditions, settings.linear, settings.checkpoint, config)
+    registry.check(Request(settings.conditions, config, settings.checkpoint, settings.max_story_tokens,
+                           settings.relay_tokens, settings.kvcomm_fraction, settings.direct, settings.linear))
     needed = settings.max_story_tokens + settings.turns * (HISTORY_ROOM + settings.max_new_tokens) + 64
     for role in ("source", "target"):
         limit = config[role].get("max_positions")
@@ -171,18 +177,16 @@ def conversation_rows(mot: MoT, source: LoadedModel, target: LoadedModel, conver
                       settings: ConversationSettings, shared: SharingModels = SharingModels(),
                       linear: MoT | None = None, means: MeanVectors | None = None) -> list[dict]:
     """One row per turn and condition: the answer, its F1, the turn's seconds and the cache the condition keeps.
-    Every cache of the story is built once (answers.condition_caches: a relay's message is written once per story;
-    answers.linear_cache: the linear map's window of the MoT's own source context); a kvcomm cache is answered and
+    Every cache of the story is built once (sharing.caches.condition_caches: a relay's message is written once per
+    story; the linear map's window is of the MoT's own source context); a kvcomm cache is answered and
     extended under its plan. shared: the direct map and the kvcomm layers; linear: the pair's closed-form map (the
     linear condition); means: the mean native window (the mean condition)."""
     if not conversation.turns:
         raise ContextError(f"conversation {conversation.id} has no turns: there is nothing to answer.")
-    built = condition_caches(mot, source, target, turn_example(conversation, 0),
-                             conditions=tuple(c for c in settings.conditions if c != "linear"), means=means,
-                             relay_tokens=settings.relay_tokens, kvcomm=shared.kvcomm, direct=shared.direct)
+    built = condition_caches(mot, source, target, turn_example(conversation, 0), conditions=settings.conditions,
+                             means=means, relay_tokens=settings.relay_tokens, kvcomm=shared.kvcomm,
+                             direct=shared.direct, linear=linear)
     translation, plans = built.translation, built.plans
-    if "linear" in settings.conditions:
-        built.kv["linear"] = linear_cache(mot, linear, source, target, translation)
     caches = {c: built.kv[c] for c in settings.conditions}
     timings = translation.timings
     tokens = int(translation.target_ids.shape[1])
@@ -190,7 +194,7 @@ def conversation_rows(mot: MoT, source: LoadedModel, target: LoadedModel, conver
              "source_tokens": int(translation.source.source_ids.shape[1]),
              **{stage: timings.get(stage, np.nan) for stage in ("source_prefill", "alignment", "translator", "replay",
                                                                  "native_prefill")}}
-    costs = {c: cost_fields(c, tokens, target, len(mot.channels.target_layers), target_side_seconds(c, built),
+    costs = {c: cost_fields(c, tokens, target, len(mot.channels.target_layers), built.target_side(c),
                             built.relays.get(c), shared.kvcomm, source) for c in caches}
     rows = []
     for turn in range(len(conversation.turns)):
@@ -216,7 +220,7 @@ def summarize(rows: pd.DataFrame, target_spec_mb: float, source_spec_mb: float, 
     scored = rows[rows["condition"] != "skipped"].copy()
     scored["turn"] = scored["turn"].astype(int)
     start = {"native": scored["native_prefill"], "mot": scored["alignment"] + scored["translator"] + scored["replay"],
-             "no_context": 0.0,  # linear and mean: not measured (NaN, as sharing.target_side has it)
+             "no_context": 0.0,  # linear and mean: not measured (NaN, as Method.target_side has it)
              **{c: scored["target_side_seconds"] for c in CONTROLS + SHARED if c in set(scored["condition"])}}
     scored["start_seconds"] = 0.0
     for condition, seconds in start.items():
@@ -238,9 +242,9 @@ def summarize(rows: pd.DataFrame, target_spec_mb: float, source_spec_mb: float, 
                            else {}),
                         "start_seconds": float(rows_c["start_seconds"].median()),
                         "cumulative_seconds": float(rows_c["cumulative_seconds"].median()),
-                        "memory_mb": target_mb + (translator if condition == "mot" else 0.0),
-                        "memory_retain_mb": target_mb + (translator if condition == "mot" else 0.0)
-                        + (source_mb if condition in ("mot", "linear", *SHARED) else 0.0), **cost_medians(rows_c)})
+                        "memory_mb": target_mb + (translator if condition == MOT.name else 0.0),
+                        "memory_retain_mb": target_mb + (translator if condition == MOT.name else 0.0)
+                        + (source_mb if registry.method(condition).reads_source else 0.0), **cost_medians(rows_c)})
     return pd.DataFrame(out)
 
 
@@ -335,10 +339,9 @@ def run(settings: ConversationSettings, out_dir: Path, resume: bool = False, pro
     conversations = coqa_conversations(target.tokenizer, settings.n, settings.turns, settings.seed,
                                        settings.max_story_tokens)
     mot = load_checkpoint(settings.checkpoint, source, target)[0]
-    linear = load_checkpoint(settings.linear, source, target)[0] if "linear" in settings.conditions else None
-    means = reference_means(target, mot.channels.target_layers) if "mean" in settings.conditions else None
     shared = load_sharing(settings.conditions, settings.direct, settings.kvcomm_fraction, source, target,
-                          [turn_example(c, 0) for c in conversations[:1]])  # kvcomm: calibrated on the first story
+                          [turn_example(c, 0) for c in conversations[:1]], mot, settings.linear)  # kvcomm: first story
+    linear, means = shared.linear, shared.means
     settings.kvcomm_layers = shared.kvcomm.layers if shared.kvcomm else ()
     sizes = {"target_mb_per_token": cache_mb(target, 1), "source_mb_per_token": cache_mb(source, 1),
              "translator_mb": translator_mb(mot)}
@@ -359,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max_new_tokens", type=int, default=MAX_NEW_TOKENS, help="longest generated answer")
     parser.add_argument("--max_story_tokens", type=int, default=512, help="longest story, in target tokens")
     parser.add_argument("--linear", help="the pair's closed-form map of the same window (default: <checkpoint>-linear)")
-    parser.add_argument("--conditions", nargs="+", choices=CONDITIONS + CONTROLS + SHARED + ("relay_q",), default=[],
+    parser.add_argument("--conditions", nargs="+", choices=CONDITIONS + OTHERS, default=[],
                         help="caches beside native, mot and no_context (always answered): the controls linear (the "
                              "pair's closed-form map, --linear) and mean (the mean-vector window), and the ways of "
                              "sharing the story relay, direct (with --direct), kvcomm (a pair of one architecture)")
@@ -374,8 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true",
                         help="write into an --out folder that holds other files, replacing those of the same names")
     args = parser.parse_args(argv)
-    conditions = CONDITIONS + tuple(c for c in (*CONTROLS, *SHARED, "relay_q") if c in args.conditions)
-    linear = args.linear or (default_linear(args.checkpoint) if "linear" in conditions else None)
+    conditions = CONDITIONS + tuple(c for c in OTHERS if c in args.conditions)
+    linear = args.linear or (default_linear(args.checkpoint) if registry.names(lambda m: m.needs.linear, conditions)
+                             else None)
     settings = ConversationSettings(args.checkpoint, args.n, args.turns, args.seed, args.max_new_tokens,
                                     args.max_story_tokens, args.bootstrap, conditions, args.relay_tokens, args.direct,
                                     args.kvcomm_fraction, linear)

@@ -26,31 +26,34 @@ from tqdm import tqdm
 from ..cli import run_cli
 from ..data.eval_data import BUILTIN_DATASETS, load_dataset
 from ..engine.cache_errors import kv_cosine
-from ..engine.checkpoint import WEIGHTS_FILE, load_checkpoint, read_config, weights_sha256
+from ..engine.checkpoint import WEIGHTS_FILE, read_config, weights_sha256
 from ..engine.models import LoadedModel, load_model, model_device
 from ..engine.mot import MoT, translate
 from ..engine.replay_config import REPLAY_MODES
 from ..engine.prompts import QAExample
 from ..errors import CheckpointError, ConfigError
 from ..fsutil import remove_stale_temporaries, write_csv_atomic, write_text_atomic
-from ..train.mean_vector import reference_means
-from .answers import (CONDITIONS, EXTRA_CONDITIONS, MAX_NEW_TOKENS, answers_from_caches, condition_caches,
-                      translated_seconds)
-from .kvcomm import KVCOMM_FRACTION, check_kvcomm_fraction, check_kvcomm_pair, kvcomm_selection
+from ..sharing import registry
+from ..sharing.caches import condition_caches, load_sharing
+from ..sharing.checkpoints import checked_config, full_depth, same_pair
+from ..sharing.kvcomm import KVCOMM_FRACTION
+from ..sharing.method import Request, translated_seconds
+from ..sharing.registry import method
+from ..sharing.relay import RELAY_TOKENS, message_fields
+from .answers import MAX_NEW_TOKENS, answers_from_caches
 from .layer_error_file import LAYER_ERROR_FILE, LayerErrorFile, check_resumed
 from .lm_check import run_lm
 from .processes import Spread, join, resumed_table, run_examples, shown, spread_out
 from .qa_settings import MIN_CONTEXT_TOKENS, EvalSettings, load_evaluated, truncate_context
-from .relay import RELAY_CONDITIONS, RELAY_TOKENS, check_relay_tokens, message_fields
 from .report import markdown_table, paired_differences, paired_markdown, summarize
 from .results_folder import PATCHING_FILES, ResultsTable, check_results_folder
-from .sharing import check_direct_flag, checked_config, full_depth
 
+KIND = "evaluate"  # this evaluation, as the sharing registry names it
 
 # one column per field of a row; "error" (type and message) is set on skipped rows only, the message columns on the
 # relay conditions' rows only (the message, its source tokens and UTF-8 bytes, the source's seconds writing it and
 # the target's seconds prefilling it). "seconds": from the question's arrival to the whole answer; "ahead_seconds":
-# the cache's work that can be done before the question (answers.ConditionCaches.ahead: the source's prefill, relay's
+# the cache's work that can be done before the question (sharing.caches.ConditionCaches.ahead: the source's prefill, relay's
 # writing), not in "seconds"
 ROW_COLUMNS = ("dataset", "id", "condition", "score", "exact_match", "answer", "gold", "kv_cosine", "seconds",
                "context_tokens", "error", "message", "message_tokens", "message_bytes", "message_generate_seconds",
@@ -83,9 +86,9 @@ def example_rows(mot: MoT, source: LoadedModel, target: LoadedModel, example: QA
             "dataset": example.dataset, "id": example.id, "condition": condition, "score": ans.score,
             "exact_match": ans.exact_match, "answer": ans.text,
             "gold": " | ".join(example.answers) if example.kind == "extractive" else example.choices[example.label],
-            # a relay cache holds the message, not the context: no cosine to the native cache
+            # a relay cache holds the message, not the context: no cosine to the native cache (Method.comparable)
             "kv_cosine": kv_cosine(kv, translation.native_kv)
-            if kv is not None and condition not in ("no_context", "kvcomm", *RELAY_CONDITIONS) else np.nan,
+            if kv is not None and method(condition).comparable else np.nan,
             "seconds": build[condition] - ahead.get(condition, 0.0) + ans.seconds,
             "ahead_seconds": ahead.get(condition, 0.0),
             "context_tokens": int(translation.target_ids.shape[1]),
@@ -136,15 +139,13 @@ RESULT_FILES = ("examples.csv", "summary.csv", "paired.csv", "summary.json", "su
                 "costs.csv", "costs.md", LAYER_ERROR_FILE, *PATCHING_FILES)
 
 
-def check_direct_setting(settings: EvalSettings, config: dict) -> None:
-    """Raise ConfigError/CheckpointError unless the "direct" condition and --direct come together, with a full-depth map
-    without replay of --checkpoint's pair."""
+def check_replay_setting(settings: EvalSettings, config: dict) -> None:
+    """Raise ConfigError for --replay none with a checkpoint that translates a window only."""
     if settings.replay == "none" and not full_depth(config):
         raise ConfigError(f"--replay none uses the translated K/V as the whole cache, but --checkpoint "
                           f"{settings.checkpoint} translates a window of {len(config['channels'])} of the target's "
                           f"{config['target']['num_layers']} layers. Pass another --replay, or evaluate a full-depth map "
                           "with --conditions direct --direct CHECKPOINT.")
-    check_direct_flag(settings.conditions, settings.direct, settings.checkpoint, config)
 
 
 def check_settings(settings: EvalSettings) -> None:
@@ -154,15 +155,13 @@ def check_settings(settings: EvalSettings) -> None:
                                ("--max_context_tokens", settings.max_context_tokens, MIN_CONTEXT_TOKENS)):
         if value < least:
             raise ConfigError(f"{flag} must be at least {least}, got {value}. Pass {flag} {least} or more.")
+    registry.check_names(settings.conditions, registry.choices(KIND))
     config = checked_config("--checkpoint", settings.checkpoint)
-    check_relay_tokens(settings.relay_tokens, config["source"].get("max_positions")  # a run with a relay only
-                       if set(settings.conditions) & set(RELAY_CONDITIONS) else None, settings.max_context_tokens)
     second = checked_config("--second", settings.second) if settings.second else config
-    check_direct_setting(settings, config)
-    check_kvcomm_fraction(settings.kvcomm_fraction)
-    if "kvcomm" in settings.conditions:
-        check_kvcomm_pair(config["source"], config["target"])
-    if any(second[k].get("fingerprint") != config[k].get("fingerprint") for k in ("source", "target")):
+    check_replay_setting(settings, config)
+    registry.check(Request(settings.conditions, config, settings.checkpoint, settings.max_context_tokens,
+                           settings.relay_tokens, settings.kvcomm_fraction, settings.direct))
+    if not same_pair(config, second):
         raise CheckpointError(f"--second {settings.second} was made for another model pair than --checkpoint "
                               f"{settings.checkpoint}. Pass a second checkpoint of the same pair.")
     limit = config["target"].get("max_positions")
@@ -210,17 +209,16 @@ def run(settings: EvalSettings, out_dir: Path, progress: bool = True, resume: bo
     target = load_model(config["target"]["name"])
     mot = load_evaluated(settings.checkpoint, settings, source, target)
     second = load_evaluated(settings.second, settings, source, target) if settings.second else None
-    direct = load_checkpoint(settings.direct, source, target)[0] if settings.direct else None
-    kvcomm = None
+    # a layer choice (kvcomm) is calibrated once, on the first example of the first dataset
     first = next((part[:1] for part in examples.values() if part), [])
-    if "kvcomm" in settings.conditions and first:  # calibrated once, on the first example of the first dataset
-        kvcomm = kvcomm_selection(source, target, [truncate_context(target, e, settings.max_context_tokens)
-                                                   for e in first], settings.kvcomm_fraction)
+    calibration = [truncate_context(target, e, settings.max_context_tokens) for e in first] \
+        if registry.names(lambda m: m.needs.kvcomm, settings.conditions) else []
+    shared = load_sharing(settings.conditions, settings.direct, settings.kvcomm_fraction, source, target, calibration,
+                          mot)
+    direct, kvcomm, means = shared.direct, shared.kvcomm, shared.means
+    if kvcomm is not None:
         settings.kvcomm_layers, settings.kvcomm_scores = kvcomm.layers, kvcomm.scores
     settings.prompt = "plain" if target.chat_frame is None else f"chat template of {target.spec.name}"
-    means = None
-    if "mean" in settings.conditions:
-        means = reference_means(target, mot.channels.target_layers)
     done = set() if previous is None else set(zip(previous["dataset"], previous["id"]))
     layers = LayerErrorFile(out_dir, ("dataset", "id"), done) if layer_error else None
     if spread_out(out_dir):  # torchrun, or the parts of an interrupted run to merge (mot_viz.eval.processes)
@@ -256,7 +254,7 @@ def _write(out_dir: Path, frames: list[pd.DataFrame], settings: EvalSettings) ->
     df = pd.concat([f for f in frames if len(f)] or [pd.DataFrame(columns=ROW_COLUMNS)])
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(df, settings.bootstrap, settings.seed,
-                        settings.relay_tokens if set(settings.conditions) & set(RELAY_CONDITIONS) else None)
+                        settings.relay_tokens if registry.names(lambda m: m.message, settings.conditions) else None)
     # each file is whole or absent, whenever the run is killed (a torn examples.csv would be resumed)
     write_csv_atomic(out_dir / "examples.csv", df)
     write_csv_atomic(out_dir / "summary.csv", summary)
@@ -293,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lm_sequences", type=int, default=0,
                         help="also measure the target's cross-entropy on this many held-out LAMBADA sequences "
                              "(rows after the training bank of the checkpoint's stream)")
-    parser.add_argument("--conditions", nargs="+", choices=CONDITIONS + EXTRA_CONDITIONS, default=list(CONDITIONS),
+    parser.add_argument("--conditions", nargs="+", choices=registry.choices(KIND),
+                        default=list(registry.DEFAULTS[KIND]),
                         help="which conditions to answer under (native is always added); e.g. "
                              "'--conditions native mot' to evaluate a variant on examples a full run already covered; "
                              "'mean' adds the mean-vector control (window = mean native K/V over LAMBADA prose); "
@@ -322,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true",
                         help="write into an --out folder that holds other files, replacing those of the same names")
     args = parser.parse_args(argv)
-    conditions = tuple(c for c in CONDITIONS + EXTRA_CONDITIONS if c in {"native", *args.conditions})
+    conditions = registry.names(among={*registry.ALWAYS[KIND], *args.conditions})  # native always: shares divide by it
     settings = EvalSettings(args.checkpoint, args.second, tuple(args.datasets), args.n, args.seed,
                             args.max_new_tokens, args.max_context_tokens, args.bootstrap, conditions,
                             replay=args.replay, relay_tokens=args.relay_tokens, direct=args.direct,

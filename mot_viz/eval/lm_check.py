@@ -24,7 +24,9 @@ from ..engine.checkpoint import read_config
 from ..engine.models import LoadedModel, load_model
 from ..engine.mot import MoT, translate
 from ..fsutil import write_csv_atomic, write_text_atomic
-from .answers import condition_caches
+from ..sharing.caches import condition_caches
+from ..sharing.registry import method
+from .answers import CONDITIONS
 from .qa_metrics import bootstrap_ci
 from .qa_settings import EvalSettings, load_evaluated
 
@@ -46,8 +48,9 @@ def lm_losses(mot: MoT, source: LoadedModel, target: LoadedModel, rows: torch.Te
         for condition, kv in caches.items():
             logits = hf.run(target.model, prompt, kv).logits[0].float()
             ce = float(torch.nn.functional.cross_entropy(logits, labels[0]))
+            translated = method(condition).reads_source and method(condition).comparable  # a translated window
             out.append({"row": i, "condition": condition, "ce": ce,
-                        "kv_cosine": kv_cosine(kv, translation.native_kv) if condition in ("mot", "random") else np.nan})
+                        "kv_cosine": kv_cosine(kv, translation.native_kv) if translated else np.nan})
     return pd.DataFrame(out)
 
 
@@ -68,7 +71,7 @@ def run_lm(settings: EvalSettings, out_dir: Path, n: int) -> pd.DataFrame:
     lines = [f"Held-out LM check: {scored['row'].nunique()} LAMBADA sequences after the training bank "
              f"(skipped {int((df['condition'] == 'skipped').sum())}); target cross-entropy on the 64 prompt tokens, nats/token.", "",
              "| condition | CE mean [95% CI] | KV cosine to native |", "|---|---|---:|"]
-    for condition in ("native", "no_context", "mot", "random"):
+    for condition in CONDITIONS:
         part = scored[scored["condition"] == condition]
         ci = bootstrap_ci(part["ce"].to_numpy(), n_boot=settings.bootstrap, seed=settings.seed)
         cos = part["kv_cosine"].mean()

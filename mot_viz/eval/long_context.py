@@ -9,7 +9,7 @@ translation of the source's cache, replayed), *linear* (the pair's closed-form m
 replayed the same way) and *mean* (the window filled with mean native vectors: no context in the window).
 Reported per budget: score with bootstrap intervals, retention = score ÷ native and gap closed =
 (score − no context) ÷ (native − no context), both with paired bootstrap intervals over the same documents. On
-request (--conditions), the other ways of sharing the document (mot_viz.eval.sharing): *relay* / *relay_q* (the
+request (--conditions), the other ways of sharing the document (mot_viz.sharing): *relay* / *relay_q* (the
 source writes a message from the document, the target reads only it; --relay_tokens), *direct* (a full-depth map
 without replay; --direct) and *kvcomm* (a pair of one architecture; --kvcomm_fraction, calibrated on the first
 document), each with what it hands over and what the target computes over the document. Time to
@@ -25,7 +25,6 @@ import datetime
 import json
 import resource
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -39,22 +38,25 @@ from ..engine.models import LoadedModel, kv_cache_bytes, load_model
 from ..engine.mot import MoT, Translation
 from ..errors import ConfigError
 from ..fsutil import write_csv_atomic, write_text_atomic
-from ..train.mean_vector import reference_means
-from .answers import (MAX_NEW_TOKENS, answers_from_caches, condition_caches, encode_question, first_token_seconds,
-                      linear_cache)
-from .kvcomm import KVCOMM_FRACTION
-from .relay import RELAY_TOKENS
-from .sharing import (COST_COLUMNS, MESSAGE_COLUMNS, SHARING, SharingModels, check_conditions, check_sharing,
-                      cost_fields, cost_medians, load_sharing, sharing_stages, target_side_seconds, work_text)
+from ..sharing import registry
+from ..sharing.caches import SharingModels, condition_caches, load_sharing
+from ..sharing.costs import COST_COLUMNS, MESSAGE_COLUMNS, cost_fields, cost_medians, sharing_stages, work_text
+from ..sharing.kvcomm import KVCOMM_FRACTION
+from ..sharing.linear import default_linear
+from ..sharing.method import Request
+from ..sharing.relay import RELAY_TOKENS
+from .answers import MAX_NEW_TOKENS, answers_from_caches, encode_question, first_token_seconds
 from .layer_error_file import LAYER_ERROR_FILE, LayerErrorFile, check_resumed
-from .long_settings import CONDITIONS, LongSettings, check_budget, check_linear, default_linear
+from .long_settings import CONDITIONS, LongSettings, check_budget
 from .processes import Spread, resumed_table, run_units, shown
 from .results_folder import PATCHING_FILES, ResultsTable
 from .qa_metrics import bootstrap_ci
 from .qa_metrics import condition_ratios
 from .report import paired_differences, paired_markdown
 
-ALL_CONDITIONS = CONDITIONS + SHARING
+KIND = "long_context"  # this evaluation, as the sharing registry names it
+ALL_CONDITIONS = registry.choices(KIND)  # the registry's order: the order of the rows
+SHARING = tuple(c for c in ALL_CONDITIONS if c not in CONDITIONS)  # the other ways of sharing, on request
 ROW_COLUMNS = ("budget", "source", "id", "depth", "evidence_fraction", "condition", "score", "exact_match", "answer",
                "gold", "context_tokens", "text_bytes", "build_seconds", "first_token_seconds", "source_prefill",
                "alignment", "translator", "replay", "native_prefill", "peak_rss_mb", "error", *MESSAGE_COLUMNS,
@@ -86,13 +88,12 @@ def check_settings(settings: LongSettings) -> dict:
                           f"{' '.join(map(str, settings.budgets))}.")
     if settings.source not in SOURCES and not settings.source.endswith(".jsonl"):
         raise ConfigError(f"--source {settings.source!r}: use one of {SOURCES} or a .jsonl file path.")
-    check_conditions(settings.conditions, ALL_CONDITIONS)
-    if "native" not in settings.conditions:
+    registry.check_names(settings.conditions, ALL_CONDITIONS)
+    if not set(registry.ALWAYS[KIND]) <= set(settings.conditions):
         raise ConfigError(f"--conditions must include native (every ratio divides by it); got {settings.conditions}.")
     config = read_config(settings.checkpoint)
-    check_sharing(settings.conditions, config, settings.checkpoint, settings.relay_tokens, settings.direct,
-                  settings.kvcomm_fraction, max(settings.budgets))
-    check_linear(settings.conditions, settings.linear, settings.checkpoint, config)
+    registry.check(Request(settings.conditions, config, settings.checkpoint, max(settings.budgets),
+                           settings.relay_tokens, settings.kvcomm_fraction, settings.direct, settings.linear))
     check_budget(max(settings.budgets), {role: (config[role]["name"], config[role].get("max_positions"))
                                          for role in ("source", "target")}, settings.max_new_tokens, ConfigError)
     return config
@@ -113,15 +114,9 @@ def evaluate_document(mot: MoT, linear: MoT | None, source: LoadedModel, target:
     layers, when those conditions are asked for."""
     example = doc.example
     built = condition_caches(mot, source, target, example, seed=settings.seed, means=means,
-                             conditions=tuple(c for c in settings.conditions if c != "linear"),
-                             relay_tokens=settings.relay_tokens, kvcomm=shared.kvcomm, direct=shared.direct)
-    translation, caches, build = built.translation, built.kv, built.seconds
-    timings = translation.timings
-    if "linear" in settings.conditions:
-        start = time.perf_counter()
-        caches["linear"] = linear_cache(mot, linear, source, target, translation)
-        build["linear"] = timings["source_prefill"] + timings["alignment"] + time.perf_counter() - start
-    caches = {c: caches[c] for c in ALL_CONDITIONS if c in caches}  # rows in the order of ALL_CONDITIONS
+                             conditions=settings.conditions, relay_tokens=settings.relay_tokens,
+                             kvcomm=shared.kvcomm, direct=shared.direct, linear=linear)
+    translation, caches, build = built.translation, built.kv, built.seconds  # rows in the registry's order
     question = encode_question(target, example)  # once, for the first token's time and the answers
     first = {c: first_token_seconds(target, kv, question.suffix_ids, built.plans.get(c)) for c, kv in caches.items()}
     answers = answers_from_caches(target, caches, example, settings.max_new_tokens, plans=built.plans,
@@ -134,10 +129,10 @@ def evaluate_document(mot: MoT, linear: MoT | None, source: LoadedModel, target:
              "exact_match": answers[c].exact_match, "answer": answers[c].text, "gold": gold,
              "context_tokens": tokens, "text_bytes": len(example.context.encode()),
              "build_seconds": build[c], "first_token_seconds": first[c],
-             **{stage: (built.direct.timings if c == "direct" else timings).get(stage, np.nan)
+             **{stage: built.timings(c).get(stage, np.nan)
                 for stage in ("source_prefill", "alignment", "translator", "replay", "native_prefill")},
              "peak_rss_mb": peak,
-             **cost_fields(c, tokens, target, len(mot.channels.target_layers), target_side_seconds(c, built),
+             **cost_fields(c, tokens, target, len(mot.channels.target_layers), built.target_side(c),
                            built.relays.get(c), shared.kvcomm, source)} for c in caches]
     return DocumentResult(rows, translation)
 
@@ -277,10 +272,9 @@ def run(settings: LongSettings, out_dir: Path, resume: bool = False, progress: b
     docs = [d for b in settings.budgets for d in long_examples(settings.source, target.tokenizer, b, settings.n,
                                                                 settings.seed)]
     mot = load_checkpoint(settings.checkpoint, source, target)[0]
-    linear = load_checkpoint(settings.linear, source, target)[0] if "linear" in settings.conditions else None
-    means = reference_means(target, mot.channels.target_layers) if "mean" in settings.conditions else None
     shared = load_sharing(settings.conditions, settings.direct, settings.kvcomm_fraction, source, target,
-                          [d.example for d in docs[:1]])  # kvcomm: calibrated on the first document
+                          [d.example for d in docs[:1]], mot, settings.linear)  # kvcomm: calibrated on the first document
+    linear, means = shared.linear, shared.means
     settings.kvcomm_layers = shared.kvcomm.layers if shared.kvcomm else ()
     cache_mb = {f"source {source.spec.name}": kv_cache_bytes(source.spec) / 1e6,
                 f"target {target.spec.name}": kv_cache_bytes(target.spec) / 1e6}
@@ -318,8 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true",
                         help="write into an --out folder that holds other files, replacing those of the same names")
     args = parser.parse_args(argv)
-    conditions = tuple(c for c in ALL_CONDITIONS if c in {"native", *args.conditions})
-    linear = args.linear or (default_linear(args.checkpoint) if "linear" in conditions else None)
+    conditions = registry.names(among={*registry.ALWAYS[KIND], *args.conditions})
+    linear = args.linear or (default_linear(args.checkpoint) if registry.names(lambda m: m.needs.linear, conditions)
+                             else None)
     settings = LongSettings(args.checkpoint, linear, args.source, tuple(args.budgets), args.n, args.seed,
                             args.max_new_tokens, args.bootstrap, conditions, args.relay_tokens, args.direct,
                             args.kvcomm_fraction)

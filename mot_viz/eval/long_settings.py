@@ -1,7 +1,7 @@
 """How a long-document run is set up: LongSettings (how one python -m mot_viz.eval.long_context run was made, as its
-summary.json stores it; layer_error and patching rebuild the run's documents from it), whether a document fits a
-model beside its question and answer (check_budget) and the pair's closed-form map beside a MoT (default_linear,
-check_linear) — shared by long_context, shards, conversation and the Long context page.
+summary.json stores it; layer_error and patching rebuild the run's documents from it) and whether a document fits a
+model beside its question and answer (check_budget) — shared by long_context, shards, conversation and the Long
+context page.
 """
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..data.long_context import MIN_BUDGET
-from ..engine.checkpoint import read_config
-from ..errors import ConfigError, ContextError, MotVizError
+from ..errors import ContextError, MotVizError
+from ..sharing.kvcomm import KVCOMM_FRACTION
+from ..sharing.registry import DEFAULTS
+from ..sharing.relay import RELAY_TOKENS
 from .answers import MAX_NEW_TOKENS
-from .kvcomm import KVCOMM_FRACTION
-from .relay import RELAY_TOKENS
 
-CONDITIONS = ("native", "no_context", "mot", "linear", "mean")  # the default conditions
+CONDITIONS = DEFAULTS["long_context"]  # the default conditions
 QUESTION_ROOM = 96  # target tokens kept free after a budget for the prompt's frame and the question
 
 
@@ -53,24 +53,6 @@ class LongSettings:
                 + (f" --direct {self.direct}" if self.direct else "")
                 + ("" if self.kvcomm_fraction == KVCOMM_FRACTION else f" --kvcomm_fraction {self.kvcomm_fraction}")
                 + f" --max_new_tokens {self.max_new_tokens}" + (f" --out {out_dir}" if out_dir is not None else ""))
-
-
-def default_linear(checkpoint: str) -> str | None:
-    """The `-linear` checkpoint beside a MoT (pretrained/x-mid → pretrained/x-mid-linear), when there is one."""
-    path = Path(str(checkpoint).rstrip("/").removesuffix("-single") + "-linear")
-    return str(path) if path != Path(checkpoint) and (path / "config.json").is_file() else None
-
-
-def check_linear(conditions: tuple[str, ...], linear: str | None, checkpoint: str, config: dict) -> None:
-    """Raise ConfigError for a linear condition without the pair's closed-form map, or a --linear checkpoint made for
-    another model pair than `checkpoint` (whose config is `config`)."""
-    if "linear" in conditions and not linear:
-        raise ConfigError(f"the linear condition needs the pair's closed-form map: pass --linear <checkpoint>, or "
-                          f"--conditions without linear (no '-linear' checkpoint beside {checkpoint}).")
-    if linear:
-        other = read_config(linear)
-        if any(other[k].get("fingerprint") != config[k].get("fingerprint") for k in ("source", "target")):
-            raise ConfigError(f"--linear {linear} was made for another model pair than {checkpoint}.")
 
 
 def check_budget(budget: int, models: dict[str, tuple[str, int | None]], max_new_tokens: int = MAX_NEW_TOKENS,

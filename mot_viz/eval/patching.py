@@ -46,11 +46,13 @@ from ..engine.prompts import QAExample, build_prompt
 from ..errors import ConfigError
 from ..fsutil import write_text_atomic
 from . import evaluate  # the folder's evaluation: its settings, models and examples are rebuilt as it made them
-from .answers import condition_caches, encode_question, linear_cache
-from .kvcomm import KVCommSelection, check_kvcomm_pair, kvcomm_cache, kvcomm_selection
+from ..sharing.caches import condition_caches
+from ..sharing.kvcomm import KVCommSelection, check_kvcomm_pair, kvcomm_cache, kvcomm_selection
+from ..sharing.linear import linear_cache
+from ..sharing.relay import RELAY_CONDITIONS
+from .answers import encode_question
 from .patching_long import is_long_folder, long_documents, long_settings
 from .processes import barrier, join, merge_unit_files, unit_file, unit_file_sources
-from .relay import RELAY_CONDITIONS
 from .results_folder import PARTS, PATCHING_FILES, RESULTS_TABLE, SETTINGS_FILE, writer_of
 
 PATCHING_FILE, PATCHING_SETTINGS = PATCHING_FILES

@@ -15,9 +15,11 @@ from ..engine.models import LoadedModel
 from ..engine.mot import MoT
 from ..engine.prompts import QAExample, build_prompt
 from ..engine.replay_config import replay_mode
-from .answers import CONDITIONS
-from .kvcomm import KVCOMM_FRACTION
-from .relay import RELAY_CONDITIONS, RELAY_TOKENS
+from ..sharing.kvcomm import KVCOMM_FRACTION
+from ..sharing.registry import DEFAULTS, names
+from ..sharing.relay import RELAY_TOKENS
+
+CONDITIONS = DEFAULTS["evaluate"]
 
 MIN_CONTEXT_TOKENS = 16  # truncate_context keeps at least this many passage tokens
 
@@ -66,10 +68,10 @@ class EvalSettings:
                 + f" --datasets {' '.join(self.datasets)} --n {self.n} --seed {self.seed}"
                 + ("" if self.conditions == CONDITIONS else f" --conditions {' '.join(self.conditions)}")
                 + ("" if self.replay == "checkpoint" else f" --replay {self.replay}")
-                + ("" if self.relay_tokens == RELAY_TOKENS or not set(self.conditions) & set(RELAY_CONDITIONS)
+                + ("" if self.relay_tokens == RELAY_TOKENS or not names(lambda m: m.message, self.conditions)
                    else f" --relay_tokens {self.relay_tokens}")
                 + (f" --direct {self.direct}" if self.direct else "")
-                + ("" if self.kvcomm_fraction == KVCOMM_FRACTION or "kvcomm" not in self.conditions
+                + ("" if self.kvcomm_fraction == KVCOMM_FRACTION or not names(lambda m: m.needs.kvcomm, self.conditions)
                    else f" --kvcomm_fraction {self.kvcomm_fraction}")
                 + f" --max_new_tokens {self.max_new_tokens} --max_context_tokens {self.max_context_tokens}"
                 + (f" --out {out_dir}" if out_dir is not None else ""))

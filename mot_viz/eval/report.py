@@ -12,7 +12,8 @@ import pandas as pd
 
 from ..engine.checkpoint import weights_sha256
 from ..errors import CheckpointError
-from .answers import CONDITION_LABELS, CONDITIONS, EXTRA_CONDITIONS
+from ..sharing.registry import choices, method
+from .answers import CONDITION_LABELS
 from .qa_metrics import bootstrap_ci, paired_ratios
 
 
@@ -26,7 +27,7 @@ def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0, relay_tokens:
         wide = part.pivot_table(index="id", columns="condition", values="score")
         native = wide["native"].to_numpy()
         none = wide["no_context"].to_numpy() if "no_context" in wide else np.full(len(wide), np.nan)
-        for condition in [c for c in (*CONDITIONS, *EXTRA_CONDITIONS, "second") if c in wide]:
+        for condition in [c for c in (*choices("evaluate"), "second") if c in wide]:
             values = wide[condition].to_numpy()
             ci = bootstrap_ci(values, n_boot=n_boot, seed=seed)
             ratios = paired_ratios(native, none, values, n_boot, seed)
@@ -47,7 +48,7 @@ def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0, relay_tokens:
                 "seconds_per_example": float(cond_rows["seconds"].mean()),
                 "ahead_seconds_per_example": float(ahead.mean()) if ahead.notna().any() else np.nan,
                 # relay messages that stopped at the length cap (source tokens == the run's --relay_tokens)
-                "messages_at_cap": np.nan if relay_tokens is None or condition not in ("relay", "relay_q")
+                "messages_at_cap": np.nan if relay_tokens is None or not method(condition).message
                 else float((cond_rows["message_tokens"] >= relay_tokens).mean()),
             })
     return pd.DataFrame(out)

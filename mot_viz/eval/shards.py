@@ -14,7 +14,7 @@ first shard, the one after it with the last. The target answers from each settin
   window and the whole document is replayed once (translate_shards);
 * *evidence_k* — only the shard that holds the evidence, translated and replayed alone (in the prompt's frame);
 * *no_context* — the question alone (the floor of gap closed);
-* on request (--conditions, mot_viz.eval.sharing), the other ways of sharing the document, each with one reader and
+* on request (--conditions, mot_viz.sharing), the other ways of sharing the document, each with one reader and
   with k: *relay* / *relay_q* (the reader writes a message from the whole document; *relay_k*: each of k agents
   writes its own message from its shard alone, and the hub reads only the messages, joined in document order) and
   *direct* (the full-depth map without replay of the whole document; *direct_k*: each shard translated alone by it
@@ -27,7 +27,7 @@ first shard, the one after it with the last. The target answers from each settin
   document in the window, whatever the shards).
 
 Reported per setting: F1 with a bootstrap interval, what is handed to the hub and what it computes over the document
-(sharing.cost_fields), the seconds before the hub reads the question (the sources' reading excluded; k relay
+(sharing.costs.cost_fields), the seconds before the hub reads the question (the sources' reading excluded; k relay
 agents write in parallel: the slowest one counts), retention (F1 ÷ native) and gap closed with paired intervals,
 paired differences over the same documents, median seconds per stage (the sources' prefills summed and the slowest
 agent's, i.e. their wall time when they read in parallel; alignment, translator, replay; the native prefill) and
@@ -60,17 +60,22 @@ from ..engine.prompts import build_prompt
 from ..engine.shards import translate_shards, translate_shards_direct
 from ..errors import ConfigError
 from ..fsutil import write_csv_atomic, write_text_atomic
-from ..train.mean_vector import MeanVectors, reference_means
-from .answers import MAX_NEW_TOKENS, answers_from_caches, linear_cache, mean_vector_cache
-from .relay import RELAY_CONDITIONS, RELAY_TOKENS, Relay
-from .sharing import (COST_COLUMNS, MESSAGE_COLUMNS, check_conditions, check_sharing, cost_fields, cost_medians,
-                      relay_parts, target_side, work_text)
+from ..sharing import registry
+from ..sharing.caches import load_sharing
+from ..sharing.costs import COST_COLUMNS, MESSAGE_COLUMNS, cost_fields, cost_medians, work_text
+from ..sharing.linear import default_linear, linear_cache
+from ..sharing.mean import mean_vector_cache
+from ..sharing.method import Request
+from ..sharing.relay import RELAY_CONDITIONS, RELAY_TOKENS, Relay, relay_parts
+from ..train.mean_vector import MeanVectors
+from .answers import MAX_NEW_TOKENS, answers_from_caches
 from .processes import Spread, resumed_table, run_units, shown
 from .results_folder import ResultsTable
-from .long_settings import check_budget, check_linear, default_linear
+from .long_settings import check_budget
 from .qa_metrics import bootstrap_ci, condition_ratios
 from .report import paired_differences, paired_markdown
 
+KIND = "shards"  # this evaluation, as the sharing registry names it
 STAGES = ("source_prefill", "source_prefill_max", "alignment", "translator", "replay", "native_prefill")
 ROW_COLUMNS = ("budget", "id", "depth", "evidence_fraction", "condition", "shards", "score", "exact_match", "answer",
                "gold", "hub_tokens", "source_tokens", *STAGES, "answer_seconds", "source_mb", "source_max_mb",
@@ -78,8 +83,9 @@ ROW_COLUMNS = ("budget", "id", "depth", "evidence_fraction", "condition", "shard
 TEXT_COLUMNS = ("id", "depth", "condition", "answer", "gold", "error", "message", "target_work")
 RESUME_KEYS = ("checkpoint", "budget", "shards", "seed", "max_new_tokens", "sharing", "relay_tokens", "direct",
                "linear")
-SHARING = (*RELAY_CONDITIONS, "direct")  # the other ways of sharing a document this evaluation composes from shards
-CONTROLS = ("linear", "mean")  # on request beside them: the closed-form map of the window, the mean-vector window
+# on request (the registry's order): the other ways of sharing a document this evaluation composes from shards (relay,
+# relay_q, direct) and the controls beside them (linear: the closed-form map of the window; mean: the mean-vector window)
+CHOICES = registry.choices(KIND)
 ONE_READER = ("mean",)  # settings that no shard count changes
 RESULTS = ResultsTable(ROW_COLUMNS, TEXT_COLUMNS, ("id",),
                        ("score", "hub_tokens", "source_tokens", "answer_seconds", "source_mb", "source_max_mb",
@@ -121,7 +127,7 @@ class ShardSettings:
     seed: int = 0
     max_new_tokens: int = MAX_NEW_TOKENS
     bootstrap: int = 1000
-    sharing: tuple[str, ...] = ()  # other ways of sharing the document and controls, from SHARING + CONTROLS
+    sharing: tuple[str, ...] = ()  # other ways of sharing the document and controls, from CHOICES
     relay_tokens: int = RELAY_TOKENS  # the longest message each relay agent writes, in source tokens
     direct: str | None = None  # the full-depth map without replay of the "direct" settings (--direct)
     linear: str | None = None  # the closed-form map of the "linear" settings (--linear)
@@ -162,10 +168,9 @@ def check_settings(settings: ShardSettings) -> dict:
                           "a checkpoint whose target is a RoPE model (Llama, Qwen2, Gemma 3).")
     check_budget(settings.budget, {role: (config[role]["name"], config[role].get("max_positions"))
                                    for role in ("source", "target")}, settings.max_new_tokens, ConfigError)
-    check_conditions(settings.sharing, SHARING + CONTROLS)
-    check_linear(settings.sharing, settings.linear, settings.checkpoint, config)
-    check_sharing(settings.sharing, config, settings.checkpoint, settings.relay_tokens, settings.direct, 1.0,
-                  settings.budget)
+    registry.check_names(settings.sharing, CHOICES)
+    registry.check(Request(settings.sharing, config, settings.checkpoint, settings.budget, settings.relay_tokens, 1.0,
+                           settings.direct, settings.linear))
     return config
 
 
@@ -286,8 +291,9 @@ def evaluate_document(mot: MoT, source: LoadedModel, target: LoadedModel, doc: L
              "answer_seconds": answers[c].seconds, "source_mb": s.source_mb, "source_max_mb": s.source_max_mb,
              "hub_mb": mb(target.spec, s.hub_tokens), "peak_rss_mb": peak, "error": None,
              "message_generate_max_seconds": s.writing,
-             **cost_fields(c, s.hub_tokens - p, target, window, target_side(c, s.timings, s.relay, s.writing), s.relay,
-                           source=source)} for c, s in caches.items()]
+             **cost_fields(c, s.hub_tokens - p, target, window,
+                           registry.method(c).target_side(s.timings, s.relay, s.writing), s.relay, source=source)}
+            for c, s in caches.items()]
     return DocumentResult(rows, caches)
 
 
@@ -391,9 +397,8 @@ def run(settings: ShardSettings, out_dir: Path, resume: bool = False, progress: 
     source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
     docs = distractor_stacks(target.tokenizer, settings.budget, settings.n, settings.seed)
     mot = load_checkpoint(settings.checkpoint, source, target)[0]
-    direct = load_checkpoint(settings.direct, source, target)[0] if settings.direct else None
-    linear = load_checkpoint(settings.linear, source, target)[0] if "linear" in settings.sharing else None
-    means = reference_means(target, mot.channels.target_layers) if "mean" in settings.sharing else None
+    shared = load_sharing(settings.sharing, settings.direct, 1.0, source, target, [], mot, settings.linear)
+    direct, linear, means = shared.direct, shared.linear, shared.means
     rows = [] if previous is None else previous.to_dict(orient="records")
     return run_units(docs, rows, {r["id"] for r in rows}, lambda d: d.example.id,
                      lambda d: document_rows(mot, source, target, d, settings, direct, linear, means),
@@ -411,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the document sample")
     parser.add_argument("--max_new_tokens", type=int, default=MAX_NEW_TOKENS, help="longest generated answer")
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of each interval")
-    parser.add_argument("--conditions", nargs="+", choices=SHARING + CONTROLS, default=[],
+    parser.add_argument("--conditions", nargs="+", choices=CHOICES, default=[],
                         help="other ways of sharing the document, each with one reader and with every shard count: "
                              "relay / relay_q (each agent writes a message; the hub reads them), direct (--direct); "
                              "the controls linear (--linear) and mean (the mean-vector window, one reader)")
@@ -425,9 +430,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="write into an --out folder that holds other files, replacing those of the same names")
     args = parser.parse_args(argv)
     settings = ShardSettings(args.checkpoint, args.budget, tuple(args.shards), args.n, args.seed, args.max_new_tokens,
-                             args.bootstrap, tuple(c for c in SHARING + CONTROLS if c in args.conditions),
-                             args.relay_tokens, args.direct,
-                             (args.linear or default_linear(args.checkpoint)) if "linear" in args.conditions else None)
+                             args.bootstrap, registry.names(among=args.conditions), args.relay_tokens, args.direct,
+                             (args.linear or default_linear(args.checkpoint))
+                             if registry.names(lambda m: m.needs.linear, args.conditions) else None)
     return run_cli(lambda: shown(run(settings, Path(args.out), args.resume, overwrite=args.overwrite), markdown))
 
 

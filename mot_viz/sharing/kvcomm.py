@@ -45,6 +45,7 @@ from ..engine.models import LoadedModel, ModelSpec
 from ..engine.mot import native_cache, target_context_ids
 from ..engine.prompts import QAExample, build_prompt
 from ..errors import ConfigError
+from .method import Built, Inputs, Method, Needs, Request, layers_bytes
 
 KVCOMM_FRACTION = 0.3  # share of the layers whose K/V are shared (KVComm's README; --kvcomm_fraction)
 KVCOMM_ALPHA = 0.5  # weight of the attention score against the depth prior (method.md §15 records no default)
@@ -172,3 +173,31 @@ def kvcomm_cache(source: LoadedModel, target: LoadedModel, target_ids: torch.Ten
     hide = {layer: (1, length) for layer in range(len(kv)) if layer not in selection.layers and length > 1}
     return KVCommCache(kv, hf.AttentionPlan(hide=hide), seconds)
 
+
+
+class SelectiveLayers(Method):
+    def check(self, request: Request) -> None:
+        check_kvcomm_fraction(request.kvcomm_fraction)
+        if self.name in request.conditions:
+            check_kvcomm_pair(request.config["source"], request.config["target"])
+
+    def build(self, inputs: Inputs) -> Built:
+        """The source's own K/V of the target's tokens, read at the chosen layers only; all of it done ahead."""
+        shared = kvcomm_cache(inputs.source, inputs.target, inputs.translation.target_ids, inputs.kvcomm)
+        return Built(shared.kv, shared.seconds, shared.seconds, plan=shared.plan)
+
+    def handed_bytes(self, tokens: int, target: ModelSpec, window_layers: int, relay=None, kvcomm=None,
+                     source: ModelSpec | None = None) -> float:
+        """The source's own K and V at the shared layers."""
+        return float(layers_bytes(tokens, len(kvcomm.layers), source.kv_hidden))
+
+    def target_work(self, tokens: int, relay=None, prefix: int = 0) -> tuple[str, int]:
+        return "none", 0
+
+    def target_side(self, timings: dict[str, float], relay=None, writing: float | None = None) -> float:
+        return 0.0
+
+
+KVCOMM = SelectiveLayers("kvcomm", "Selective layer sharing (KVComm: the source's own K/V at the chosen layers, token "
+                         "0 elsewhere)", Needs(kvcomm=True), comparable=False,
+                         evaluations=("evaluate", "long_context", "conversation"))

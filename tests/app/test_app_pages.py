@@ -144,7 +144,7 @@ def test_answers_page_answers_from_the_mean_vector_window_on_request():
     """The control with no context in its window (method.md §13): one more row, decoded in the same batch, the
     library's answer from the same replay; off by default, and in the page's link when ticked."""
     from mot_viz.app.settings import MEAN_VECTOR_PASSAGES
-    from mot_viz.eval.answers import mean_vector_cache
+    from mot_viz.sharing.mean import mean_vector_cache
     from mot_viz.train.mean_vector import reference_means
 
     at = goto(start(), "1_answers")

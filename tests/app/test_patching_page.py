@@ -12,7 +12,7 @@ from mot_viz.analysis.methods import METHOD_LABELS
 from mot_viz.engine.alignment import encode
 from mot_viz.engine.patching import (ANSWER_SENTENCE, answer_sentence_buckets, answer_token_ids, layer_groups,
                                      patching_scan)
-from mot_viz.eval.answers import linear_cache
+from mot_viz.sharing.linear import linear_cache
 from plotly_figures import figures
 from test_app_pages import errors, translate_button
 from tolerance import close

@@ -27,12 +27,14 @@ from mot_viz.errors import ConfigError
 from mot_viz.fsutil import write_csv_atomic
 from mot_viz.eval import conversation, long_context
 from mot_viz.eval import shards as shard_eval
-from mot_viz.eval.answers import answer_from_cache, linear_cache, mean_vector_cache
+from mot_viz.eval.answers import answer_from_cache
+from mot_viz.sharing.linear import linear_cache
+from mot_viz.sharing.mean import mean_vector_cache
 from mot_viz.eval.conversation import ConversationSettings, history_text, turn_example
 from mot_viz.eval.long_settings import LongSettings
 from mot_viz.train.mean_vector import reference_means
-from mot_viz.eval.relay import read_message
-from mot_viz.eval.sharing import SharingModels
+from mot_viz.sharing.caches import SharingModels
+from mot_viz.sharing.relay import read_message
 from mot_viz.eval.shards import ShardSettings
 from test_shards import SHARDS, cache_at_offset, identity_mot
 from tolerance import assert_close

@@ -16,7 +16,8 @@ from mot_viz.engine.replay_config import replay_mode
 from mot_viz.engine.prompts import QAExample
 from mot_viz.engine.testing import load_test_model, write_test_checkpoints
 from mot_viz.errors import ConfigError
-from mot_viz.eval import answers, evaluate
+from mot_viz.eval import evaluate
+from mot_viz.sharing import caches
 from mot_viz.train.bank import Bank, context_blocks
 from mot_viz.train.fit import fit_linear
 from mot_viz.train import direct, quickfit
@@ -117,12 +118,12 @@ def test_the_direct_condition_answers_from_the_direct_map(private_cache):
     window = load_checkpoint(fit_pair(source, target, QuickFitConfig(tokens=256, min_context_tokens=16,
                                                                      max_context_tokens=48)), source, target)[0]
     example = QAExample(id="0", dataset="free", context=TEXT, question="who slept?", answers=("the dog",))
-    built = answers.condition_caches(window, source, target, example, conditions=("native", "mot", "direct"),
+    built = caches.condition_caches(window, source, target, example, conditions=("native", "mot", "direct"),
                                      direct=direct)
     native = built.kv["native"]
     assert [k.shape for k, _ in built.kv["direct"]] == [k.shape for k, _ in native] and built.seconds["direct"] > 0
     with pytest.raises(ConfigError, match="--direct"):
-        answers.condition_caches(window, source, target, example, conditions=("native", "direct"))
+        caches.condition_caches(window, source, target, example, conditions=("native", "direct"))
 
 
 @pytest.mark.parametrize("flags, message", [

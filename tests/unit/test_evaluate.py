@@ -13,7 +13,8 @@ from mot_viz.engine.channels import Channels
 from mot_viz.engine.mot import MoT
 from mot_viz.engine.prompts import QAExample
 from mot_viz.errors import ConfigError
-from mot_viz.eval.answers import answer_all, condition_caches
+from mot_viz.eval.answers import answer_all
+from mot_viz.sharing.caches import condition_caches
 from mot_viz.engine.cache_errors import kv_cosine
 from mot_viz.eval.evaluate import evaluate_examples
 from mot_viz.eval.qa_settings import EvalSettings, load_evaluated, truncate_context
@@ -134,7 +135,8 @@ def test_batched_answers_equal_one_by_one(family):
     gives exactly the answers decoded alone."""
     from mot_viz.engine.channels import Channels
     from mot_viz.engine.mot import MoT
-    from mot_viz.eval.answers import answer_from_cache, answers_from_caches, condition_caches, translated_seconds
+    from mot_viz.eval.answers import answer_from_cache, answers_from_caches
+    from mot_viz.sharing.method import translated_seconds
 
     source, target = tiny_model("llama", vocab_size=280, layers=4, seed=1), tiny_model(family, layers=4)
     torch.manual_seed(0)
@@ -214,11 +216,13 @@ def test_results_are_recorded_only_for_the_weights_they_measured(setup, tmp_path
 @pytest.mark.parametrize("example", [EXTRACTIVE, CLOSED], ids=["extractive", "closed"])
 def test_each_examples_prompt_is_built_and_its_question_encoded_once(setup, example, monkeypatch):
     from mot_viz.eval import answers, evaluate
+    from mot_viz.sharing import caches
 
     mot, source, target = setup
     built, encoded = [], []
     real_build, real_encode = answers.build_prompt, answers.encode
-    monkeypatch.setattr(answers, "build_prompt", lambda *a, **k: built.append(a[0].id) or real_build(*a, **k))
+    for module in (answers, caches):  # the prompt is built where the caches are, the question encoded where it is asked
+        monkeypatch.setattr(module, "build_prompt", lambda *a, **k: built.append(a[0].id) or real_build(*a, **k))
     monkeypatch.setattr(answers, "encode", lambda tok, text: encoded.append(text) or real_encode(tok, text))
     settings = EvalSettings("ck", None, ("toy",), 1, 0, 4, 64, 20)
     rows = evaluate.example_rows(mot, source, target, example, settings)

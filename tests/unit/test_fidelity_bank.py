@@ -507,7 +507,7 @@ def test_attention_output_cosine_on_the_replays_own_queries():
 
 def test_mean_vector_control_replays_one_shared_vector_per_layer():
     from mot_viz.engine.prompts import QAExample
-    from mot_viz.eval.answers import condition_caches
+    from mot_viz.sharing.caches import condition_caches
     from mot_viz.train.mean_vector import mean_vectors
 
     source, target = _pair()

@@ -11,7 +11,7 @@ import mot_viz
 
 ROOT = Path(mot_viz.__file__).parent
 BASE = ("errors", "cli", "fsutil")  # the shared modules every wing may import; they import only each other
-WINGS = ("engine", "data", "train", "eval", "analysis", "app")  # each imports only the wings before it (and BASE)
+WINGS = ("engine", "data", "train", "sharing", "eval", "analysis", "app")  # each imports only the wings before it (and BASE)
 # the project imports that stay inside a function, each for an optional heavy dependency
 INNER_ALLOWED = {
     ("mot_viz.engine.models", "mot_viz.engine.hf"): "hf imports transformers: loaded with the first model, so that "

@@ -9,10 +9,11 @@ from mot_viz.engine.mot import native_cache, target_context_ids
 from mot_viz.engine.prompts import QAExample, build_prompt
 from mot_viz.engine.testing import load_test_model
 from mot_viz.errors import ConfigError
-from mot_viz.eval.answers import answer_from_cache, answers_from_caches, condition_caches
+from mot_viz.eval.answers import answer_from_cache, answers_from_caches
+from mot_viz.sharing.caches import condition_caches
 from mot_viz.eval.evaluate import check_settings
 from mot_viz.eval.qa_settings import EvalSettings
-from mot_viz.eval.kvcomm import (KVCommSelection, check_kvcomm_fraction, check_kvcomm_pair, context_attention,
+from mot_viz.sharing.kvcomm import (KVCommSelection, check_kvcomm_fraction, check_kvcomm_pair, context_attention,
                                  kvcomm_cache, kvcomm_selection, select_layers)
 
 EXAMPLE = QAExample("1", "squad/validation", "The Eiffel Tower is a wrought-iron lattice tower in Paris, France.",

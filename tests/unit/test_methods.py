@@ -23,9 +23,12 @@ from mot_viz.engine.mot import MoT, translate
 from mot_viz.engine.prompts import QAExample, build_prompt
 from conftest import tiny_model
 from mot_viz.engine.testing import load_test_model, write_test_checkpoints
-from mot_viz.eval.answers import answers_from_caches, condition_caches, linear_cache, translated_seconds
-from mot_viz.eval.kvcomm import kvcomm_selection
-from mot_viz.eval.relay import relay
+from mot_viz.eval.answers import answers_from_caches
+from mot_viz.sharing.caches import condition_caches
+from mot_viz.sharing.kvcomm import kvcomm_selection
+from mot_viz.sharing.linear import linear_cache
+from mot_viz.sharing.method import translated_seconds
+from mot_viz.sharing.relay import relay
 from mot_viz.train.quickfit import QuickFitConfig, fit_pair
 from tolerance import assert_close
 

@@ -23,7 +23,7 @@ from mot_viz.engine.patching import layer_groups, patch
 from mot_viz.engine.prompts import build_prompt
 from mot_viz.engine.testing import load_test_model
 from mot_viz.eval import evaluate, long_context, patching
-from mot_viz.eval.answers import linear_cache
+from mot_viz.sharing.linear import linear_cache
 from mot_viz.eval.long_settings import LongSettings
 from mot_viz.eval.results_folder import check_results_folder
 from mot_viz.errors import ConfigError
@@ -159,7 +159,7 @@ def test_bad_input_is_one_line_before_any_model_loads(folder, tmp_path, checkpoi
 
 def test_direct_and_kvcomm_caches_restore_to_native_and_break_to_themselves(private_cache):
     from mot_viz.engine.prompts import QAExample
-    from mot_viz.eval.kvcomm import kvcomm_selection
+    from mot_viz.sharing.kvcomm import kvcomm_selection
     from mot_viz.train.quickfit import QuickFitConfig, fit_pair
     from tolerance import assert_close
 

@@ -18,9 +18,11 @@ from mot_viz.engine.checkpoint import load_checkpoint, read_config
 from mot_viz.engine.prompts import ChatFrame, QAExample, build_prompt
 from mot_viz.engine.testing import load_test_model
 from mot_viz.eval import evaluate
-from mot_viz.eval.answers import answer_from_cache, condition_caches
-from mot_viz.eval.relay import (BACKGROUND_INSTRUCTION, SUMMARY_INSTRUCTION, main, read_message, relay,
-                                source_prompt, write_message)
+from mot_viz.eval.answers import answer_from_cache
+from mot_viz.eval.relay import main
+from mot_viz.sharing.caches import condition_caches
+from mot_viz.sharing.relay import (BACKGROUND_INSTRUCTION, SUMMARY_INSTRUCTION, read_message, relay, source_prompt,
+                                   write_message)
 
 EXAMPLE = QAExample("q0", "toy/jsonl", CORPUS[0] + " " + CORPUS[1], "Who designed the tower?", ("Gustave Eiffel",))
 OTHER_CONTEXT = CORPUS[3] + " " + CORPUS[4]

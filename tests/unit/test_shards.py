@@ -262,7 +262,8 @@ def test_the_linear_map_composes_like_the_mot_and_the_mean_window_is_every_evalu
     "linear_k" the map's translations of k shards composed as the MoT's are, "mean" the mean-vector window replayed
     over the document as every evaluation does (no shard count changes it); each is paired with its MoT setting."""
     from mot_viz.engine.checkpoint import load_checkpoint
-    from mot_viz.eval.answers import linear_cache, mean_vector_cache
+    from mot_viz.sharing.linear import linear_cache
+    from mot_viz.sharing.mean import mean_vector_cache
     from mot_viz.train.mean_vector import reference_means
 
     with pytest.raises(ConfigError, match="--linear"):  # before a model loads

@@ -16,7 +16,7 @@ from mot_viz.engine.models import prepare_model
 from mot_viz.engine.mot import MoT, ReplayConfig, replay, translate
 from mot_viz.engine.prompts import QAExample
 from mot_viz.errors import ConfigError
-from mot_viz.eval.answers import random_control_cache
+from mot_viz.sharing.random_window import random_control_cache
 from tolerance import close
 
 EXAMPLE = QAExample(id="t", dataset="tiny/test", context=CORPUS[0] + " " + CORPUS[1], question="Where is the tower?",
@@ -283,7 +283,8 @@ def test_the_answers_batch_prompt_step_feeds_the_trace_and_the_first_token_kl(fa
     """The answers batch's rows after their prompt step (answers.PromptedCache) give the Shift analysis and the
     first-token log-probs of a separate run: the same shifts, KL and log-probs up to float rounding, where the
     batch's padded no-context row is left out and rows of other conditions (a noise cache) are not mixed up."""
-    from mot_viz.eval.answers import answers_from_caches, condition_caches, first_answer_logprobs
+    from mot_viz.eval.answers import answers_from_caches, first_answer_logprobs
+    from mot_viz.sharing.caches import condition_caches
 
     source = tiny_model("gpt2", vocab_size=280, layers=4, seed=1)
     target = tiny_model(family, layers=4, bos=True)

@@ -31,7 +31,7 @@ class AttentionPlan:
     queries: dict[int, tuple[torch.Tensor, float, int | None]] = field(default_factory=dict)
     # layer -> (query [B, H, N_q, d_h], scaling, sliding window or None)
     # layer -> (start, end): key positions [start, end) no query of this layer attends to (the cache holds them, every
-    # other layer reads them): a layer whose cache keeps fewer positions than the others (mot_viz.eval.kvcomm)
+    # other layer reads them): a layer whose cache keeps fewer positions than the others (mot_viz.sharing.kvcomm)
     hide: dict[int, tuple[int, int]] = field(default_factory=dict)
     keep_start: int | None = None  # keep the hidden state entering this layer (ForwardResult.start)
     start: "LayerStart | None" = None  # do not run the layers below start.layer: take their result from it

@@ -1,0 +1,36 @@
+"""``mean``: every window token's K/V replaced by the layer's mean native K/V (method.md §13, "Mean vector"): a window
+with no context-specific content, replayed as the MoT's was."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..engine import hf
+from ..engine.models import LoadedModel
+from ..engine.mot import MoT, Translation, replay_window
+from ..train.mean_vector import MeanVectors
+from .method import Built, Inputs, Method, Needs
+
+
+def mean_vector_cache(mot: MoT, target: LoadedModel, translation: Translation, means: MeanVectors) -> list[hf.KV]:
+    """Replay with every window token's K/V replaced by the layer's mean native K/V (method.md §13, "Mean vector").
+
+    `means`: the mean native window of this target and window layers; the sparse indices are the translation's.
+    """
+    k, v = means.blocks(translation.target_ids.shape[1])
+    with torch.no_grad():
+        return replay_window(mot, target, translation, k, v)
+
+
+class MeanWindow(Method):
+    def build(self, inputs: Inputs) -> Built:
+        """Its own replay (the mean native window is computed once per target and window, not per context)."""
+        start = time.perf_counter()
+        kv = mean_vector_cache(inputs.mot, inputs.target, inputs.translation, inputs.means)
+        return Built(kv, time.perf_counter() - start)
+
+
+MEAN = MeanWindow("mean", "Mean-vector control (window = mean native K/V, no context-specific content)",
+                  Needs(means=True), tie="mean-vector control", reads_source=False)

@@ -1,0 +1,18 @@
+"""``mot``: the MoT's translated window, replayed by the target over the context (method.md §6)."""
+
+from __future__ import annotations
+
+from .method import Built, Inputs, Method, target_stages_seconds, translated_seconds
+
+
+class MixtureOfTranslators(Method):
+    def build(self, inputs: Inputs) -> Built:
+        """The translation's mixed cache (translate replays it); its source prefill is done ahead."""
+        t = inputs.translation
+        return Built(t.mixed_kv, translated_seconds(t), t.timings.get("source_prefill", 0.0))
+
+    def target_side(self, timings: dict[str, float], relay=None, writing: float | None = None) -> float:
+        return target_stages_seconds(timings)
+
+
+MOT = MixtureOfTranslators("mot", "MoT-translated cache")

@@ -1,0 +1,31 @@
+"""``no_context``: the target answers the question alone, the floor every way of sharing must rise above."""
+
+from __future__ import annotations
+
+import time
+
+from ..engine.models import ModelSpec
+from ..engine.mot import empty_context_cache
+from .method import Built, Inputs, Method
+
+
+class NoContext(Method):
+    def build(self, inputs: Inputs) -> Built:
+        """The empty cache (the target's BOS prefix, or None)."""
+        start = time.perf_counter()
+        kv = empty_context_cache(inputs.target)
+        return Built(kv, time.perf_counter() - start)
+
+    def handed_bytes(self, tokens: int, target: ModelSpec, window_layers: int, relay=None, kvcomm=None,
+                     source: ModelSpec | None = None) -> float:
+        return 0.0
+
+    def target_work(self, tokens: int, relay=None, prefix: int = 0) -> tuple[str, int]:
+        return "none", 0
+
+    def target_side(self, timings: dict[str, float], relay=None, writing: float | None = None) -> float:
+        return 0.0
+
+
+NO_CONTEXT = NoContext("no_context", "No context (question only)", tie="question alone (no context)",
+                       comparable=False, reads_source=False)

@@ -1,0 +1,85 @@
+"""Every way of sharing a context, by name, in the order an evaluation's rows list them; what each evaluation may
+answer under, and the checks a run's methods make before any model loads.
+
+A new way of sharing is one module (a `Method`) and one line here.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..errors import ConfigError
+from .direct import DIRECT
+from .kvcomm import KVCOMM
+from .linear import LINEAR
+from .mean import MEAN
+from .method import Method, Request
+from .mot import MOT
+from .native import NATIVE
+from .no_context import NO_CONTEXT
+from .random_window import RANDOM
+from .relay import RELAY, RELAY_Q
+
+REGISTRY: dict[str, Method] = {m.name: m for m in (NATIVE, NO_CONTEXT, MOT, RANDOM, LINEAR, MEAN, RELAY, RELAY_Q,
+                                                   DIRECT, KVCOMM)}
+KINDS = ("evaluate", "long_context", "conversation", "shards")  # the evaluations that answer under these methods
+# what each evaluation answers under when --conditions is not given (conversation: always, the tables compare with them)
+DEFAULTS = {"evaluate": ("native", "no_context", "mot", "random"), "long_context": ("native", "no_context", "mot",
+            "linear", "mean"), "conversation": ("native", "mot", "no_context"), "shards": ()}
+# what each evaluation answers under in every run, whatever --conditions asks (native: every ratio divides by it; a
+# conversation's and the shards' tables compare with all three)
+ALWAYS = {"evaluate": ("native",), "long_context": ("native",), "conversation": ("native", "mot", "no_context"),
+          "shards": ("native", "mot", "no_context")}
+# the settings of an evaluation that are the MoT under another name: a shard count's, the whole document's, a second
+# checkpoint of the pair (python -m mot_viz.eval.evaluate --second)
+MOT_ALIASES = {"whole": "mot", "shards": "mot", "evidence": "mot", "second": "mot"}
+
+
+def method(name: str) -> Method:
+    """The method a condition of any evaluation is: "relay_2" → relay, "shards_4" / "whole" → mot; ConfigError naming
+    the choices for an unknown one."""
+    base = re.sub(r"_\d+$", "", name)
+    found = REGISTRY.get(MOT_ALIASES.get(base, base)) or REGISTRY.get(name)
+    if found is None:
+        raise ConfigError(f"unknown way of sharing {name!r}: choose from {' '.join(REGISTRY)}.")
+    return found
+
+
+def methods(names) -> list[Method]:
+    """The methods of `names`, in the registry's order (the order rows and tables list them)."""
+    unknown = sorted(set(names) - set(REGISTRY))
+    if unknown:
+        raise ConfigError(f"unknown conditions {unknown}: choose from {' '.join(REGISTRY)}.")
+    return [m for m in REGISTRY.values() if m.name in names]
+
+
+def choices(kind: str) -> tuple[str, ...]:
+    """The methods an evaluation (one of KINDS) can answer under, in the registry's order: its --conditions choices
+    (the shards' are those on request beside its own settings: ALWAYS["shards"] are every run's)."""
+    if kind not in KINDS:
+        raise ConfigError(f"unknown evaluation {kind!r}: choose from {' '.join(KINDS)}.")
+    return tuple(name for name, m in REGISTRY.items()
+                 if kind in m.evaluations and not (kind == "shards" and name in ALWAYS[kind]))
+
+
+def names(where=lambda m: True, among=None) -> tuple[str, ...]:
+    """The names of the methods `where` holds for (of `among`, when given), in the registry's order."""
+    return tuple(name for name, m in REGISTRY.items() if where(m) and (among is None or name in among))
+
+
+def labels() -> dict[str, str]:
+    """Each method's label, as the pages and reports name it."""
+    return {name: m.label for name, m in REGISTRY.items()}
+
+
+def check_names(conditions: tuple[str, ...], known: tuple[str, ...], flag: str = "--conditions") -> None:
+    """Raise ConfigError for a condition outside `known`."""
+    unknown = [c for c in conditions if c not in known]
+    if unknown:
+        raise ConfigError(f"{flag} {' '.join(unknown)}: choose from {' '.join(known)}.")
+
+
+def check(request: Request) -> None:
+    """Every registered method's checks of a run's settings (Method.check), before any model loads."""
+    for m in REGISTRY.values():
+        m.check(request)
