@@ -226,9 +226,10 @@ def patching_scan(model, native: list[KV], translated: list[KV], question_ids: t
                          set(group)))
     plans = [_plan(hidden, held) for *_, held in jobs]
     logprobs: list[float] = [0.0] * len(jobs)
-    if hidden:  # each reading hides its own layers: one at a time
-        for i, (*_, cache, _held) in enumerate(jobs):
-            logprobs[i] = hf.continuation_logprobs(model, [cache], question_ids, answer, plans[i])[0]
+    if hidden:  # each reading hides its own layers: one forward each, one output-layer pass for all
+        logprobs = hf.continuation_scores(model, torch.cat([
+            hf.continuation_states(model, [cache], question_ids, answer, plans[i])
+            for i, (*_, cache, _held) in enumerate(jobs)]), answer)
     elif REUSE_LOWER_LAYERS:
         logprobs = _readings_from_layer_starts(model, jobs, question_ids, answer, batch)
     else:
@@ -246,25 +247,28 @@ def _readings_from_layer_starts(model, jobs: list, question_ids: torch.Tensor, a
                                 batch: int) -> list[float]:
     """The readings of `jobs` (the native and the translated cache, then the patched ones), each patched cache read
     from its lowest patched layer up: restoring starts from the translated cache's reading, breaking from the native
-    one's (hf.LayerStart). The latest starts are read first, `batch` at a time, each batch from its lowest start."""
+    one's (hf.LayerStart). The latest starts are read first, `batch` at a time, each batch from its lowest start,
+    without the output layer; one output-layer pass then scores every reading (hf.continuation_scores)."""
     num_layers = len(jobs[0][4])
     ends, trace = hf.continuation_trace(model, [jobs[0][4], jobs[1][4]], question_ids, answer)
-    logprobs = ends + [0.0] * (len(jobs) - 2)
     # (start layer, job, the row of the unpatched reading it starts from: 0 native, 1 translated), latest first
     order = sorted(((min(group, default=num_layers), i, int(direction == "restore"))
                     for i, (direction, _n, group, *_rest) in enumerate(jobs[2:], 2)), reverse=True)
+    read, states = [0, 1], [ends]  # the jobs read, in the order of their states' rows
     for at in range(0, len(order), batch):
         chunk = order[at : at + batch]
         layer = min(start for start, _i, _row in chunk)
         if layer == num_layers:  # nothing patched (an empty group): the unpatched reading itself
-            for _s, i, row in chunk:
-                logprobs[i] = ends[row]
+            read += [i for _s, i, _r in chunk]
+            states.append(ends[[row for *_, row in chunk]])
             continue
         rows = [row for *_, row in chunk]
         start = hf.LayerStart(layer, trace.residual[layer][rows],
                               tuple((k[rows], v[rows]) for k, v in trace.result.kv[:layer]))
-        scores = hf.continuation_logprobs(model, [jobs[i][4] for _s, i, _r in chunk], question_ids, answer,
-                                          hf.AttentionPlan(start=start))
-        for (_s, i, _r), lp in zip(chunk, scores):
-            logprobs[i] = lp
+        states.append(hf.continuation_states(model, [jobs[i][4] for _s, i, _r in chunk], question_ids, answer,
+                                             hf.AttentionPlan(start=start)))
+        read += [i for _s, i, _r in chunk]
+    logprobs = [0.0] * len(jobs)
+    for i, lp in zip(read, hf.continuation_scores(model, torch.cat(states), answer)):
+        logprobs[i] = lp
     return logprobs

@@ -124,6 +124,27 @@ def test_readings_started_above_the_lowest_patched_layer_equal_readings_of_every
     assert_close(fast.share.to_numpy(), plain.share.to_numpy(), rtol=1e-3, what="shares")
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_one_output_layer_pass_over_many_readings_equals_the_models_own_log_softmax(family, monkeypatch):
+    # the scan reads its readings' last states without the output layer and scores them in one pass, a few
+    # vocabulary rows at a time; this must be the model's own logits' log-softmax (and Gemma's soft-cap where set)
+    model, native, question, answer = _setup(family)
+    if family == "gemma3_text":
+        model.model.config.final_logit_softcapping = 5.0  # a cap that bites on the sharpened readout
+    caches = [native, _noisy(native, [1], seed=1), _noisy(native, [2, 3], seed=2)]
+    states = hf.continuation_states(model.model, caches, question, answer)
+    assert states.shape[:2] == (3, len(answer)) and 3 * len(answer) > hf.FEW_ROWS  # the chunked path, not the few rows'
+    monkeypatch.setattr(hf.forward, "VOCAB_CHUNK", 7)  # many chunks, the last one short
+    scores = hf.continuation_scores(model.model, states, answer)
+    ids = torch.cat([question, torch.tensor([answer])], dim=1)
+    keep = torch.arange(question.shape[1] - 1, ids.shape[1] - 1)
+    for cache, score in zip(caches, scores):
+        logits = model.model(input_ids=ids, cache=hf.cache_from_kv(cache), use_cache=True).logits[0, keep]
+        expected = logits.float().log_softmax(-1)[torch.arange(len(answer)), answer].mean().item()
+        assert_close(score, expected, what=f"{family}: chunked output layer")
+    assert len(set(round(s, 4) for s in scores)) == 3  # the caches differ, so do their readings
+
+
 def test_hidden_positions_follow_the_translated_k_v():
     # a KVComm-like cache: the native K/V, hidden past token 0 at layer 1 (its unshared layer)
     model, native, question, answer = _setup("gemma3_text")

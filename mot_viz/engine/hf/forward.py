@@ -16,6 +16,7 @@ from .attention import (_CACHE_ONLY_STOP, _STOP_AFTER, KV, AttentionPlan, LayerS
 
 
 FEW_ROWS = 8  # the output layer of a prepared model multiplies at most this many positions as weight @ hidden.T
+VOCAB_CHUNK = 8192  # output-layer rows multiplied at once when continuation_scores reads many positions
 
 
 def install_output_layer(model: torch.nn.Module) -> None:
@@ -268,11 +269,53 @@ def continuation_logprob(model, kv: list[KV] | None, prompt_ids: torch.Tensor, c
 def continuation_logprobs(model, kvs: list[list[KV] | None], prompt_ids: torch.Tensor, continuation: list[int],
                           plan: AttentionPlan | None = None) -> list[float]:
     """continuation_logprob after each of several caches of one length (or all None), run as one batch."""
+    return continuation_scores(model, continuation_states(model, kvs, prompt_ids, continuation, plan), continuation)
+
+
+@torch.no_grad()
+def continuation_states(model, kvs: list[list[KV] | None], prompt_ids: torch.Tensor, continuation: list[int],
+                        plan: AttentionPlan | None = None) -> torch.Tensor:
+    """The last hidden states (after the final norm) [B, J, D] whose output-layer logits predict the continuation's
+    J tokens after each of several caches of one length (or all None), run as one batch without the output layer:
+    continuation_scores reads them, so the readings of many batches can share one output-layer pass."""
     if any(kv is None for kv in kvs) and not all(kv is None for kv in kvs):
         raise ValueError("caches scored as one batch must all hold the same positions (or all be None)")
     kv = kvs[0] if len(kvs) == 1 else stack_caches(kvs)
     ids, keep = _continuation_ids(prompt_ids, continuation)
-    return _mean_logprobs(run(model, ids.expand(len(kvs), -1), kv, plan, logits_to_keep=keep).logits, continuation)
+    cache = cache_from_kv(kv) if kv else new_cache()
+    with active_plan(plan):
+        hidden = model.base_model(input_ids=ids.expand(len(kvs), -1), cache=cache, use_cache=True).last_hidden_state
+    return hidden[:, keep]
+
+
+@torch.no_grad()
+def continuation_scores(model, states: torch.Tensor, continuation: list[int]) -> list[float]:
+    """Per row of states [B, J, D] (continuation_states), the continuation's mean log p per token.
+
+    Up to FEW_ROWS positions go through the model's own output layer. More are multiplied VOCAB_CHUNK rows of the
+    output layer at a time, each chunk's logsumexp taken at once, and the gold tokens' logits alone: the
+    [B·J, vocab] logits are never written whole (Gemma-3-270m's 262k × 640 output layer, one thread: 528 positions
+    ~2.3 s against ~3 s written whole; and one pass over many readings' positions reads the weight once: 4 ms a
+    position at 528 positions against ~20 ms at 12, benchmarks/patching.md)."""
+    head = model.get_output_embeddings()
+    b, j, d = states.shape
+    if b * j <= FEW_ROWS or not isinstance(head, torch.nn.Linear):
+        return _mean_logprobs(_soft_capped(model, head(states)), continuation)
+    x = states.reshape(b * j, d).to(head.weight.dtype)
+    weight, bias = head.weight, head.bias
+    lse = torch.stack([_soft_capped(model, torch.nn.functional.linear(
+        x, weight[at : at + VOCAB_CHUNK], None if bias is None else bias[at : at + VOCAB_CHUNK])).float().logsumexp(-1)
+        for at in range(0, weight.shape[0], VOCAB_CHUNK)]).logsumexp(0)
+    gold = torch.tensor(continuation, device=x.device).repeat(b)
+    gold_logits = (x * weight[gold]).sum(-1) + (0 if bias is None else bias[gold])
+    return (_soft_capped(model, gold_logits).float() - lse).view(b, j).mean(-1).tolist()
+
+
+def _soft_capped(model, logits: torch.Tensor) -> torch.Tensor:
+    """The output layer's logits as the model returns them: Gemma's final logit soft-cap when its config sets one."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    cap = getattr(config, "final_logit_softcapping", None)
+    return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
 def _continuation_ids(prompt_ids: torch.Tensor, continuation: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -387,36 +430,44 @@ def residual_trace(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: A
 
 @torch.no_grad()
 def continuation_trace(model, kvs: list[list[KV]], prompt_ids: torch.Tensor,
-                       continuation: list[int]) -> tuple[list[float], ResidualTrace]:
-    """continuation_logprobs of several caches of one length, with the forward's residual stream recorded: the state
+                       continuation: list[int]) -> tuple[torch.Tensor, ResidualTrace]:
+    """continuation_states of several caches of one length, with the forward's residual stream recorded: the state
     entering each layer l (trace.residual[l]) and the cache entries below it (trace.result.kv[:l]) make the
-    LayerStart of a later reading of the same ids over a cache that differs from this one only from layer l up."""
+    LayerStart of a later reading of the same ids over a cache that differs from this one only from layer l up.
+    No output layer runs (continuation_scores reads the states)."""
     ids, keep = _continuation_ids(prompt_ids, continuation)
     trace = residual_trace(model, ids.expand(len(kvs), -1), kvs[0] if len(kvs) == 1 else stack_caches(kvs),
-                           logits_to_keep=keep)
-    return _mean_logprobs(trace.result.logits, continuation), trace
+                           logits_to_keep=None)
+    return final_norm(model)(trace.residual[-1][:, keep]), trace
 
 
-def final_readout(model) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The model's own path from its last layer's output to the next-token logits, as a function of residual states
-    [..., D]: the final norm (GPT-2 ``ln_f``; OPT ``final_layer_norm`` when the model has one, then ``project_out``
-    when it has one; Llama, Qwen2 and Gemma 3 ``norm``), the output layer, and Gemma's final logit soft-cap when the
-    config sets one. Applied to ResidualTrace.residual[L] it gives the model's logits; applied to an earlier layer's
-    output it is the logit lens of that layer."""
+def final_norm(model) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The model's own path from its last layer's output to the output layer's input, as a function of residual
+    states [..., D]: the final norm (GPT-2 ``ln_f``; OPT ``final_layer_norm`` when the model has one, then
+    ``project_out`` when it has one; Llama, Qwen2 and Gemma 3 ``norm``)."""
     base = model.base_model
     decoder = getattr(base, "decoder", base)  # OPT keeps its layers and final norm in .decoder
     steps = [m for m in (getattr(decoder, "ln_f", None), getattr(decoder, "final_layer_norm", None),
                          getattr(decoder, "norm", None), getattr(decoder, "project_out", None)) if m is not None]
     if not any(hasattr(decoder, name) for name in ("ln_f", "final_layer_norm", "norm")):
         raise ValueError(f"do not know the final norm of {type(model).__name__}")
-    head = model.get_output_embeddings()
-    cap = getattr(model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config,
-                  "final_logit_softcapping", None)
 
-    def readout(hidden: torch.Tensor) -> torch.Tensor:
+    def normed(hidden: torch.Tensor) -> torch.Tensor:
         for step in steps:
             hidden = step(hidden)
-        logits = head(hidden)
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        return hidden
+
+    return normed
+
+
+def final_readout(model) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The model's own path from its last layer's output to the next-token logits, as a function of residual states
+    [..., D]: the final norm (final_norm), the output layer, and Gemma's final logit soft-cap when the config sets
+    one. Applied to ResidualTrace.residual[L] it gives the model's logits; applied to an earlier layer's output it is
+    the logit lens of that layer."""
+    norm, head = final_norm(model), model.get_output_embeddings()
+
+    def readout(hidden: torch.Tensor) -> torch.Tensor:
+        return _soft_capped(model, head(norm(hidden)))
 
     return readout
