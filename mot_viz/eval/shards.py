@@ -42,7 +42,7 @@ import datetime
 import json
 import resource
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -55,7 +55,7 @@ from ..engine import hf
 from ..engine.alignment import encode
 from ..engine.checkpoint import load_checkpoint, read_config
 from ..engine.models import LoadedModel, kv_cache_bytes, load_model
-from ..engine.mot import MoT, empty_context_cache, translate
+from ..engine.mot import MoT, Translation, empty_context_cache, translate
 from ..engine.prompts import build_prompt
 from ..engine.shards import translate_shards, translate_shards_direct
 from ..errors import ConfigError
@@ -63,10 +63,9 @@ from ..fsutil import write_csv_atomic, write_text_atomic
 from ..sharing import registry
 from ..sharing.caches import load_sharing
 from ..sharing.costs import COST_COLUMNS, MESSAGE_COLUMNS, cost_fields, cost_medians, work_text
-from ..sharing.linear import default_linear, linear_cache
-from ..sharing.mean import mean_vector_cache
+from ..sharing.linear import default_linear
 from ..sharing.method import Request
-from ..sharing.relay import RELAY_CONDITIONS, RELAY_TOKENS, Relay, relay_parts
+from ..sharing.relay import RELAY_TOKENS, Relay, relay_parts
 from ..train.mean_vector import MeanVectors
 from .answers import MAX_NEW_TOKENS, answers_from_caches
 from .processes import Spread, resumed_table, run_units, shown
@@ -86,7 +85,6 @@ RESUME_KEYS = ("checkpoint", "budget", "shards", "seed", "max_new_tokens", "shar
 # on request (the registry's order): the other ways of sharing a document this evaluation composes from shards (relay,
 # relay_q, direct) and the controls beside them (linear: the closed-form map of the window; mean: the mean-vector window)
 CHOICES = registry.choices(KIND)
-ONE_READER = ("mean",)  # settings that no shard count changes
 RESULTS = ResultsTable(ROW_COLUMNS, TEXT_COLUMNS, ("id",),
                        ("score", "hub_tokens", "source_tokens", "answer_seconds", "source_mb", "source_max_mb",
                         "hub_mb", "peak_rss_mb"), ("evidence_fraction", "exact_match", *STAGES),
@@ -101,7 +99,8 @@ PARAGRAPH_TOKENS = 16
 def conditions(shards: tuple[int, ...], sharing: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The settings answered from, in the tables' order."""
     return ("native", "whole", *(f"shards_{k}" for k in shards), *(f"evidence_{k}" for k in shards),
-            *(c for m in sharing for c in (m, *(f"{m}_{k}" for k in shards if m not in ONE_READER))), "no_context")
+            *(c for m in sharing for c in (m, *(f"{m}_{k}" for k in shards if not registry.method(m).one_reader))),
+            "no_context")
 
 
 def pairs(shards: tuple[int, ...], sharing: tuple[str, ...] = ()) -> tuple[tuple[str, str], ...]:
@@ -112,7 +111,7 @@ def pairs(shards: tuple[int, ...], sharing: tuple[str, ...] = ()) -> tuple[tuple
         out += [(f"shards_{k}", "whole"), (f"shards_{k}", "native"), (f"shards_{k}", f"evidence_{k}"),
                 (f"evidence_{k}", "whole")]
     for m in sharing:
-        out += [("whole", m), *((f"shards_{k}", f"{m}_{k}") for k in shards if m not in ONE_READER)]
+        out += [("whole", m), *((f"shards_{k}", f"{m}_{k}") for k in shards if not registry.method(m).one_reader)]
     return tuple(out)
 
 
@@ -203,14 +202,75 @@ def shard_prompts(context_text: str, document: str, shard_texts: list[str]) -> l
     return texts
 
 
+@dataclass
+class Agents:
+    """One document as this evaluation hands it to a way of sharing (Method.by_agents): the one reader's translation
+    and cache, and the settings composed from k source agents' parts (each agent reads its shard; the hub reads what
+    they hand over)."""
+
+    mot: MoT
+    source: LoadedModel
+    target: LoadedModel
+    doc: LongExample
+    context_text: str  # the prompt's context part: the document in the prompt's frame
+    one: Translation  # the one reader's translation of the whole context
+    whole: SettingCache  # the one reader's MoT cache
+    relay_tokens: int = RELAY_TOKENS
+    direct: MoT | None = None
+    linear: MoT | None = None
+    means: MeanVectors | None = None
+    _pieces: dict = field(default_factory=dict)
+
+    @property
+    def example(self):
+        return self.doc.example
+
+    def pieces(self, k: int) -> list:
+        """The document cut into k shards between paragraphs (data.long_context.shard_document), cut once per k."""
+        if k not in self._pieces:
+            self._pieces[k] = shard_document(self.target.tokenizer, self.doc, k)
+        return self._pieces[k]
+
+    def texts(self, k: int) -> list[str]:
+        """What the k agents read: the shards in the prompt's frame (shard_prompts)."""
+        return shard_prompts(self.context_text, self.example.context, [s.text for s in self.pieces(k)])
+
+    def composed(self, texts: list[str], by: MoT | None = None) -> SettingCache:
+        """Each agent's text translated by `by` (default the MoT), the windows composed in one replay of the hub."""
+        s = translate_shards(by or self.mot, self.source, self.target, texts)
+        tokens = [src.source_prefix_len + int(src.source_ids.shape[1]) for src in s.sources]
+        return SettingCache(s.mixed_kv, len(texts), s.timings, len(self.target.prefix_ids) + int(s.target_ids.shape[1]),
+                            sum(tokens), sum(s.source_bytes) / 1e6, max(s.source_bytes) / 1e6)
+
+    def relayed(self, way: str, texts: list[str]) -> SettingCache:
+        """Each agent writes from its text, the hub reads the messages (sharing.relay.relay_parts)."""
+        r = relay_parts(self.source, self.target, self.example, texts, way, self.relay_tokens)
+        sizes = [kv_cache_bytes(self.source.spec, tokens) for tokens in r.source_tokens]
+        return SettingCache(r.relay.kv, len(texts), {}, int(r.relay.kv[0][0].shape[2]), sum(r.source_tokens),
+                            sum(sizes) / 1e6, max(sizes) / 1e6, r.relay, r.slowest_seconds)
+
+    def directed(self, texts: list[str]) -> SettingCache:
+        """Each agent's text translated by the direct map, the caches joined at their offsets."""
+        d = translate_shards_direct(self.direct, self.source, self.target, texts)
+        return SettingCache(d.mixed_kv, len(texts), d.timings, int(d.mixed_kv[0][0].shape[2]),
+                            sum(d.source_tokens), sum(d.source_bytes) / 1e6, max(d.source_bytes) / 1e6)
+
+    def replayed(self, kv: list[hf.KV], reads_source: bool) -> SettingCache:
+        """A control's window replayed on the one reader's translation, untimed as in every evaluation; it holds the
+        one reader's source cache when it reads the source's."""
+        if reads_source:
+            return replace(self.whole, kv=kv, timings={})
+        return SettingCache(kv, 0, {}, self.whole.hub_tokens, 0, 0.0, 0.0)
+
+
 @torch.no_grad()
 def setting_caches(mot: MoT, source: LoadedModel, target: LoadedModel, doc: LongExample, shards: tuple[int, ...],
                    sharing: tuple[str, ...] = (), relay_tokens: int = RELAY_TOKENS,
                    direct: MoT | None = None, linear: MoT | None = None,
                    means: MeanVectors | None = None) -> dict[str, SettingCache]:
-    """Every setting's cache of one document (module docstring), in the order of conditions(shards, sharing); the
-    "direct" settings need `direct`, the full-depth map without replay, the "linear" ones `linear`, the pair's
-    closed-form map, and "mean" `means`, the mean native window."""
+    """Every setting's cache of one document (module docstring), in the order of conditions(shards, sharing); each
+    way of sharing in `sharing` builds its own (Method.by_agents) from what it needs: the direct map `direct`, the
+    pair's closed-form map `linear`, the mean native window `means`."""
     example = doc.example
     context_text = build_prompt(example, target.chat_frame).context_text
     p = len(target.prefix_ids)
@@ -221,43 +281,19 @@ def setting_caches(mot: MoT, source: LoadedModel, target: LoadedModel, doc: Long
     out = {"native": SettingCache(one.native_kv, 0, {"native_prefill": t["native_prefill"]}, p + n, 0, 0.0, 0.0),
            "whole": SettingCache(one.mixed_kv, 1, reader, p + n, src_tokens, mb(source.spec, src_tokens),
                                  mb(source.spec, src_tokens))}
-
-    def composed(texts: list[str], by: MoT = mot) -> SettingCache:
-        s = translate_shards(by, source, target, texts)
-        tokens = [src.source_prefix_len + int(src.source_ids.shape[1]) for src in s.sources]
-        return SettingCache(s.mixed_kv, len(texts), s.timings, p + int(s.target_ids.shape[1]), sum(tokens),
-                            sum(s.source_bytes) / 1e6, max(s.source_bytes) / 1e6)
-
-    def relayed(way: str, texts: list[str]) -> SettingCache:  # each agent writes from its text, the hub reads them
-        r = relay_parts(source, target, example, texts, way, relay_tokens)
-        sizes = [kv_cache_bytes(source.spec, tokens) for tokens in r.source_tokens]
-        return SettingCache(r.relay.kv, len(texts), {}, int(r.relay.kv[0][0].shape[2]), sum(r.source_tokens),
-                            sum(sizes) / 1e6, max(sizes) / 1e6, r.relay, r.slowest_seconds)
-
-    def directed(texts: list[str]) -> SettingCache:  # each agent's shard translated by the direct map, joined
-        d = translate_shards_direct(direct, source, target, texts)
-        return SettingCache(d.mixed_kv, len(texts), d.timings, int(d.mixed_kv[0][0].shape[2]),
-                            sum(d.source_tokens), sum(d.source_bytes) / 1e6, max(d.source_bytes) / 1e6)
-
-    evidence, others = {}, {m: {} for m in sharing}
-    for m in sharing:  # one reader; the controls from its translation, untimed as in every evaluation
-        if m == "linear":
-            others[m][m] = replace(out["whole"], kv=linear_cache(mot, linear, source, target, one), timings={})
-        elif m == "mean":
-            others[m][m] = SettingCache(mean_vector_cache(mot, target, one, means), 0, {}, p + n, 0, 0.0, 0.0)
-        else:
-            others[m][m] = relayed(m, [example.context]) if m in RELAY_CONDITIONS else directed([context_text])
+    agents = Agents(mot, source, target, doc, context_text, one, out["whole"], relay_tokens, direct, linear, means)
+    ways = registry.methods(sharing)
+    evidence, others = {}, {m.name: {m.name: m.by_agents(agents, None)} for m in ways}  # one reader first
     for k in shards:
-        pieces = shard_document(target.tokenizer, doc, k)
-        texts = shard_prompts(context_text, example.context, [s.text for s in pieces])
-        out[f"shards_{k}"] = composed(texts)
-        holder = next((s for s in pieces if s.holds_evidence), None)
+        texts = agents.texts(k)
+        out[f"shards_{k}"] = agents.composed(texts)
+        holder = next((s for s in agents.pieces(k) if s.holds_evidence), None)
         if holder is not None:  # the answer's shard in the prompt's frame, as if it were the whole document
             alone = build_prompt(replace(example, context=holder.text.strip()), target.chat_frame).context_text
-            evidence[f"evidence_{k}"] = composed([alone])
-        for m in [m for m in sharing if m not in ONE_READER]:
-            others[m][f"{m}_{k}"] = (relayed(m, [s.text.strip() for s in pieces]) if m in RELAY_CONDITIONS
-                                     else composed(texts, linear) if m == "linear" else directed(texts))
+            evidence[f"evidence_{k}"] = agents.composed([alone])
+        for m in ways:
+            if not m.one_reader:
+                others[m.name][f"{m.name}_{k}"] = m.by_agents(agents, k)
     out.update(evidence)
     for m in sharing:
         out.update(others[m])

@@ -49,6 +49,10 @@ class DirectMap(Method):
         return Built(directed.mixed_kv, translated_seconds(directed), directed.timings.get("source_prefill", 0.0),
                      translation=directed)
 
+    def by_agents(self, agents, k: int | None):
+        """Each agent's shard in the prompt's frame translated by the direct map, the caches joined at their offsets."""
+        return agents.directed([agents.context_text] if k is None else agents.texts(k))
+
     def handed_bytes(self, tokens: int, target: ModelSpec, window_layers: int, relay=None, kvcomm=None,
                      source: ModelSpec | None = None) -> float:
         """Every layer's translated K and V."""

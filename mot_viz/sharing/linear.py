@@ -53,6 +53,14 @@ class LinearMap(Method):
         kv = linear_cache(inputs.mot, inputs.linear, inputs.source, inputs.target, inputs.translation)
         return Built(kv, timings["source_prefill"] + timings["alignment"] + time.perf_counter() - start)
 
+    def by_agents(self, agents, k: int | None):
+        """One reader: the map's window on the MoT's own source context, replayed; k agents: their windows composed
+        as the MoT's are."""
+        if k is None:
+            return agents.replayed(linear_cache(agents.mot, agents.linear, agents.source, agents.target, agents.one),
+                                   self.reads_source)
+        return agents.composed(agents.texts(k), agents.linear)
+
 
 LINEAR = LinearMap("linear", "Linear map (the pair's closed-form map of the same window, replayed as the MoT's)",
                    Needs(linear=True), evaluations=("long_context", "conversation", "shards"))

@@ -31,6 +31,11 @@ class MeanWindow(Method):
         kv = mean_vector_cache(inputs.mot, inputs.target, inputs.translation, inputs.means)
         return Built(kv, time.perf_counter() - start)
 
+    def by_agents(self, agents, k: int | None):
+        """The one reader's translation with the mean window replayed (no count of agents changes it)."""
+        return agents.replayed(mean_vector_cache(agents.mot, agents.target, agents.one, agents.means), self.reads_source)
+
 
 MEAN = MeanWindow("mean", "Mean-vector control (window = mean native K/V, no context-specific content)",
-                  Needs(means=True), tie="mean-vector control", reads_source=False)
+                  Needs(means=True), tie="mean-vector control", reads_source=False,
+                  one_reader=True)

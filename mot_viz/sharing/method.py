@@ -119,6 +119,7 @@ class Method:
     message: bool = False  # it hands over a message the target reads, not a cache
     for_question: bool = False  # its build reads the question (a conversation, asking one per turn, cannot keep it)
     reads_source: bool = True  # the source model reads the context (a run keeps it loaded beside the target)
+    one_reader: bool = False  # no count of source agents changes it (the shards evaluation reads it once)
     evaluations: tuple[str, ...] = ("evaluate", "long_context", "conversation", "shards")  # where it runs
 
     def check(self, request: Request) -> None:
@@ -135,6 +136,12 @@ class Method:
     def build(self, inputs: Inputs) -> Built:
         """The cache (or message) of the context of `inputs`."""
         raise NotImplementedError
+
+    def by_agents(self, agents, k: int | None):
+        """Its setting of a document read by several source agents (python -m mot_viz.eval.shards; `agents`: that
+        evaluation's Agents, which reads the document once, cuts it into shards and composes what the agents hand
+        over): one reader (k None) or k agents, one shard each."""
+        raise ConfigError(f"the shards evaluation does not offer '{self.name}'")
 
     def handed_bytes(self, tokens: int, target: ModelSpec, window_layers: int, relay=None, kvcomm=None,
                      source: ModelSpec | None = None) -> float:

@@ -190,6 +190,11 @@ class TextRelay(Method):
         return Built(written.kv, written.generate_seconds + written.prefill_seconds, written.ahead_seconds,
                      relay=written)
 
+    def by_agents(self, agents, k: int | None):
+        """Each agent writes from its shard (one reader: from the passage), the hub reads the messages."""
+        texts = [agents.example.context] if k is None else [s.text.strip() for s in agents.pieces(k)]
+        return agents.relayed(self.name, texts)
+
     def handed_bytes(self, tokens: int, target: ModelSpec, window_layers: int, relay=None, kvcomm=None,
                      source: ModelSpec | None = None) -> float:
         """The message, in UTF-8."""
