@@ -127,8 +127,8 @@ def check_settings(settings: ConversationSettings) -> dict:
                           "1 (a conversation needs a turn).")
     for_question = registry.names(lambda m: m.for_question, settings.conditions)
     if for_question:
-        raise ConfigError(f"{for_question[0]} writes the background for one question, and a conversation asks one per turn: "
-                          "use relay (the source's summary of the story, written once and kept).")
+        raise ConfigError(f"{for_question[0]} writes the background for one question, and a conversation asks one "
+                          "per turn: use relay (the source's summary of the story, written once and kept).")
     registry.check_names(settings.conditions, CONDITIONS + CONTROLS + SHARED)
     if not set(CONDITIONS) <= set(settings.conditions):
         raise ConfigError(f"--conditions always holds {' '.join(CONDITIONS)} (the tables compare against them).")
@@ -238,7 +238,7 @@ def summarize(rows: pd.DataFrame, target_spec_mb: float, source_spec_mb: float, 
             source_mb = float(rows_c["source_tokens"].median()) * source_spec_mb
             out.append({"turn": int(turn), "condition": condition, "n": len(wide), "mean": ci.mean, "ci_low": ci.lo,
                         "ci_high": ci.hi,
-                        **(condition_ratios(wide, condition, n_boot, seed) if condition not in ("native", "no_context")
+                        **(condition_ratios(wide, condition, n_boot, seed) if not registry.method(condition).bound
                            else {}),
                         "start_seconds": float(rows_c["start_seconds"].median()),
                         "cumulative_seconds": float(rows_c["cumulative_seconds"].median()),

@@ -168,7 +168,7 @@ def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFra
             out.append({"source": src, "budget": int(budget), "condition": condition, "n": len(wide),
                         "metric": "F1" if rows["exact_match"].notna().any() else "accuracy",
                         "mean": ci.mean, "ci_low": ci.lo, "ci_high": ci.hi,
-                        **(condition_ratios(wide, condition, n_boot, seed) if condition not in ("native", "no_context")
+                        **(condition_ratios(wide, condition, n_boot, seed) if not registry.method(condition).bound
                            else {}),
                         "first_token_seconds": float(ttft),
                         "build_seconds": float(rows["build_seconds"].median()),
@@ -217,7 +217,7 @@ def markdown(summary: pd.DataFrame, stages: pd.DataFrame, cache_mb: dict[str, fl
             paired = (f"{_fmt(r.retention, '.1%')} [{_fmt(r.retention_ci_low, '.1%')}, "
                       f"{_fmt(r.retention_ci_high, '.1%')}] | {_fmt(r.gap_closed, '+.2f')} "
                       f"[{_fmt(r.gap_closed_ci_low, '+.2f')}, {_fmt(r.gap_closed_ci_high, '+.2f')}]"
-                      if r.condition not in ("native", "no_context") else "| ")
+                      if not registry.method(r.condition).bound else "| ")
             lines.append(f"| {r.condition} | {r.mean:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] | {paired} | "
                          f"{_fmt(r.first_token_seconds, '.2f', '')} | "
                          f"{_fmt(getattr(r, 'handed_bytes', np.nan), ',.0f', '')} | "
@@ -272,8 +272,9 @@ def run(settings: LongSettings, out_dir: Path, resume: bool = False, progress: b
     docs = [d for b in settings.budgets for d in long_examples(settings.source, target.tokenizer, b, settings.n,
                                                                 settings.seed)]
     mot = load_checkpoint(settings.checkpoint, source, target)[0]
+    # kvcomm's layer choice is calibrated on the first document
     shared = load_sharing(settings.conditions, settings.direct, settings.kvcomm_fraction, source, target,
-                          [d.example for d in docs[:1]], mot, settings.linear)  # kvcomm: calibrated on the first document
+                          [d.example for d in docs[:1]], mot, settings.linear)
     linear, means = shared.linear, shared.means
     settings.kvcomm_layers = shared.kvcomm.layers if shared.kvcomm else ()
     cache_mb = {f"source {source.spec.name}": kv_cache_bytes(source.spec) / 1e6,

@@ -82,8 +82,9 @@ ROW_COLUMNS = ("budget", "id", "depth", "evidence_fraction", "condition", "shard
 TEXT_COLUMNS = ("id", "depth", "condition", "answer", "gold", "error", "message", "target_work")
 RESUME_KEYS = ("checkpoint", "budget", "shards", "seed", "max_new_tokens", "sharing", "relay_tokens", "direct",
                "linear")
-# on request (the registry's order): the other ways of sharing a document this evaluation composes from shards (relay,
-# relay_q, direct) and the controls beside them (linear: the closed-form map of the window; mean: the mean-vector window)
+# on request (the registry's order): the other ways of sharing a document this evaluation composes from shards
+# (relay, relay_q, direct) and the controls beside them (linear: the closed-form map of the window; mean: the
+# mean-vector window)
 CHOICES = registry.choices(KIND)
 RESULTS = ResultsTable(ROW_COLUMNS, TEXT_COLUMNS, ("id",),
                        ("score", "hub_tokens", "source_tokens", "answer_seconds", "source_mb", "source_max_mb",
@@ -367,7 +368,7 @@ def summarize(rows: pd.DataFrame, shards: tuple[int, ...], n_boot: int = 1000, s
         ci = bootstrap_ci(wide[condition].to_numpy(), n_boot=n_boot, seed=seed)
         medians = part[[*STAGES, "answer_seconds", "hub_tokens", "source_mb", "source_max_mb", "hub_mb"]].median()
         out.append({"condition": condition, "n": len(wide), "mean": ci.mean, "ci_low": ci.lo, "ci_high": ci.hi,
-                    **(condition_ratios(wide, condition, n_boot, seed) if condition not in ("native", "no_context")
+                    **(condition_ratios(wide, condition, n_boot, seed) if not registry.method(condition).bound
                        else {}), **{k: float(v) for k, v in medians.items()},
                     "target_side_seconds": float(part["target_side_seconds"].median())
                     if "target_side_seconds" in part else np.nan, **cost_medians(part)})

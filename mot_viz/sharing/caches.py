@@ -33,7 +33,7 @@ class ConditionCaches:
     plans: dict[str, hf.AttentionPlan] = field(default_factory=dict)  # kvcomm: answer its cache under this plan
     direct: Translation | None = None  # the "direct" condition's own translation (its stages in .timings)
     prompt: Prompt | None = None  # the example's prompt, built once: its context was translated, its suffix is asked
-    ahead: dict[str, float] = field(default_factory=dict)  # condition -> seconds of its build done ahead of the question
+    ahead: dict[str, float] = field(default_factory=dict)  # condition -> seconds of its build done before the question
     own: dict[str, Translation] = field(default_factory=dict)  # condition -> its own translation, when not the MoT's
 
     def after_question(self, condition: str) -> float:

@@ -32,8 +32,8 @@ COST_COLUMNS = ("handed_bytes", "target_work", "target_tokens", "target_side_sec
 
 def handed_bytes(condition: str, tokens: int, target: ModelSpec, window_layers: int, relay: Relay | None = None,
                  kvcomm=None, source: ModelSpec | None = None) -> float:
-    """Bytes a condition of any evaluation hands the target for a context of `tokens` target tokens (Method.handed_bytes,
-    module docstring)."""
+    """Bytes a condition of any evaluation hands the target for a context of `tokens` target tokens
+    (Method.handed_bytes; module docstring)."""
     return method(condition).handed_bytes(tokens, target, window_layers, relay, kvcomm, source)
 
 

@@ -33,7 +33,8 @@ class MeanWindow(Method):
 
     def by_agents(self, agents, k: int | None):
         """The one reader's translation with the mean window replayed (no count of agents changes it)."""
-        return agents.replayed(mean_vector_cache(agents.mot, agents.target, agents.one, agents.means), self.reads_source)
+        kv = mean_vector_cache(agents.mot, agents.target, agents.one, agents.means)
+        return agents.replayed(kv, self.reads_source)
 
 
 MEAN = MeanWindow("mean", "Mean-vector control (window = mean native K/V, no context-specific content)",

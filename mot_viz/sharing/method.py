@@ -114,11 +114,13 @@ class Method:
     label: str  # as the pages and reports name it
     needs: Needs = field(default_factory=Needs)
     tie: str | None = None  # a control holding no context-specific content: as a sentence names it (else None)
-    comparable: bool = True  # its cache is the target's own kind of cache of the context, comparable with the native one
+    # its cache is the target's own kind of cache of the context, comparable with the native one
     # position by position (kv_cosine); False: no context, a message, the source's K/V
+    comparable: bool = True
     message: bool = False  # it hands over a message the target reads, not a cache
     for_question: bool = False  # its build reads the question (a conversation, asking one per turn, cannot keep it)
     reads_source: bool = True  # the source model reads the context (a run keeps it loaded beside the target)
+    bound: bool = False  # a bound of the ratios (native the ceiling, no context the floor): no retention of its own
     one_reader: bool = False  # no count of source agents changes it (the shards evaluation reads it once)
     evaluations: tuple[str, ...] = ("evaluate", "long_context", "conversation", "shards")  # where it runs
 

@@ -25,4 +25,5 @@ class Native(Method):
         return timings.get("native_prefill", np.nan)
 
 
-NATIVE = Native("native", "Native context (target prefilled the text itself)", reads_source=False)
+NATIVE = Native("native", "Native context (target prefilled the text itself)", reads_source=False,
+                bound=True)

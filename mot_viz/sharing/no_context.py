@@ -28,4 +28,5 @@ class NoContext(Method):
 
 
 NO_CONTEXT = NoContext("no_context", "No context (question only)", tie="question alone (no context)",
-                       comparable=False, reads_source=False)
+                       comparable=False, reads_source=False,
+                       bound=True)

@@ -36,8 +36,8 @@ MOT_ALIASES = {"whole": "mot", "shards": "mot", "evidence": "mot", "second": "mo
 
 
 def method(name: str) -> Method:
-    """The method a condition of any evaluation is: "relay_2" → relay, "shards_4" / "whole" → mot; ConfigError naming
-    the choices for an unknown one."""
+    """The method a condition of any evaluation is: "relay_2" → relay, "shards_4" / "whole" → mot; a ConfigError
+    naming the choices for an unknown one."""
     base = re.sub(r"_\d+$", "", name)
     found = REGISTRY.get(MOT_ALIASES.get(base, base)) or REGISTRY.get(name)
     if found is None:

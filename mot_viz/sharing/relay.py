@@ -178,7 +178,7 @@ def relay_parts(source: LoadedModel, target: LoadedModel, example: QAExample, te
 
 
 class TextRelay(Method):
-    """A relay: the source writes a message, the target reads it; written ahead of the question unless `for_question`."""
+    """A relay: the source writes a message, the target reads it; written before the question unless for_question."""
 
     def check(self, request: Request) -> None:
         check_relay_tokens(request.relay_tokens, request.config["source"].get("max_positions")
