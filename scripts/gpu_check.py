@@ -76,6 +76,7 @@ from mot_viz.eval import evaluate  # noqa: E402
 from mot_viz.eval.answers import MAX_NEW_TOKENS, answers_from_caches, first_answer_logprobs  # noqa: E402
 from mot_viz.eval.qa_settings import truncate_context  # noqa: E402
 from mot_viz.fsutil import check_out_place  # noqa: E402
+from mot_viz.sharing import registry  # noqa: E402
 from mot_viz.train.config import parse_args  # noqa: E402
 
 CHECKPOINT = "pretrained/smollm2-to-gemma3"
@@ -199,9 +200,9 @@ def train_and_resume(device: str, out: Path, scale: Scale) -> tuple[list[str], b
 def squad_evaluation(device: str, out: Path, scale: Scale) -> list[str]:
     """Section 4: the evaluator's own command on the device, every condition."""
     # kvcomm shares K/V as they are: only a pair of one architecture has it, and this pair is not one
-    conditions = [c for c in evaluate.CONDITIONS + evaluate.EXTRA_CONDITIONS if c != "kvcomm"]
+    conditions = registry.names(lambda m: not m.needs.kvcomm, registry.choices("evaluate"))
     # the "direct" condition answers from the pair's full-depth map without replay, shipped beside the checkpoint
-    direct = ["--direct", str(ROOT / DIRECT)] if "direct" in conditions else []
+    direct = ["--direct", str(ROOT / DIRECT)] if registry.names(lambda m: m.needs.direct, conditions) else []
     n = scale.examples
     t0 = time.perf_counter()
     said = io.StringIO()
