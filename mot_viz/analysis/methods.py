@@ -34,6 +34,7 @@ from ..engine.models import LoadedModel, kv_cache_bytes
 from ..engine.mot import MoT, Translation, replay_window, translate_window
 from ..engine.prompts import QAExample, build_prompt
 from ..eval.answers import MAX_NEW_TOKENS, answers_from_caches, first_token_seconds
+from ..sharing import registry
 from ..sharing.caches import condition_caches
 from ..sharing.costs import handed_bytes
 from ..sharing.kvcomm import KVCommSelection
@@ -50,13 +51,15 @@ METHOD_LABELS = {
     "relay": "text relay (summary)",
     "relay_q": "text relay (background for the question)",
 }
-CACHE_METHODS = ("mot", "linear", "direct", "kvcomm")  # the methods that hand the target a cache of the context
+# the methods that hand the target a cache of the context the source read (mot, linear, direct, kvcomm)
+CACHE_METHODS = registry.names(lambda m: m.reads_source and not m.message and not m.tie, METHODS)
 FIRST_TOKEN = "first answer token"
 STAGES = ("source prefill", "alignment", "translation", "replay", "cache assembly", "message writing",
           "target prefill", "target prefill of the message", FIRST_TOKEN)
 # the stages that can run before the question arrives, once the source has read the context: its prefill, and the
 # writing of relay's message, which needs no question (relay_q's does: its writing stays after the question)
-AHEAD_STAGES = {"source prefill": None, "message writing": ("relay",)}  # stage -> the methods it is ahead for (None: all)
+AHEAD_STAGES = {"source prefill": None,  # stage -> the methods it is ahead for (None: all)
+                "message writing": registry.names(lambda m: m.message and not m.for_question)}
 # a translation's timing keys -> the stage names every method shares
 _TRANSLATION_STAGES = {"source_prefill": "source prefill", "alignment": "alignment", "translator": "translation",
                        "replay": "replay", "assemble": "cache assembly"}
