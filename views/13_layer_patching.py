@@ -1,14 +1,18 @@
 """Layer patching: which target layer's translated K/V cost the answer, on the sidebar's context and gold answer."""
 
+from dataclasses import replace
+
 import streamlit as st
 
 from mot_viz import app
 from mot_viz.analysis.methods import METHOD_LABELS
 from mot_viz.analysis.patching import MEASURES, group_table, scan_figure
 from mot_viz.app.methods import methods_offer
-from mot_viz.app.patching import gold_answer_text, offered_methods, scan
+from mot_viz.app.patching import gold_answer_text, long_selection, offered_methods, scan
 from mot_viz.engine.patching import ANSWER_SENTENCE, REST, layer_groups
 from mot_viz.errors import MotVizError
+
+CONTEXTS = {"sidebar": "the sidebar's context", "long": "the Long context page's document"}
 
 
 def main() -> None:
@@ -39,12 +43,20 @@ def main() -> None:
         "past token 0 at the others (restoring such a layer also shows it)."
     )
     run = app.current_run()
-    app.run_caption(run)
-    sel = run.selection
-    app.question_header(sel.example)
+    app.widget_default("pg.patch.context", "sidebar", list(CONTEXTS))
+    context = st.radio("Context", list(CONTEXTS), key="pg.patch.context", format_func=CONTEXTS.get, horizontal=True,
+                       help="The Long context page's document: the kind, length and number (or your own text, with "
+                            "its question and gold answer) chosen there, read with the sidebar's pair and checkpoint. "
+                            "Its translation and caches are built here once (about 20 s at 512 tokens on two CPU "
+                            "cores); longer documents take longer.")
     try:
+        if context == "long":
+            run = replace(run, selection=long_selection(run))
+        app.run_caption(run, document=run.selection.label if context == "long" else None)
+        sel = run.selection
+        app.question_header(sel.example)
         gold = gold_answer_text(sel)
-    except MotVizError as exc:  # a free-text context without a gold answer: nothing to read
+    except MotVizError as exc:  # a context without a gold answer (nothing to read), a document that cannot be built
         app.show_error(exc)
         st.stop()
     offer = methods_offer(run)

@@ -1,23 +1,64 @@
 """The Layer patching page's loaders: one method's patching scan of the applied context and gold answer (the caches
 the Methods page builds, patched against the translation's native cache by mot_viz.engine.patching), cached per
-context, method and groups; and the shipped patching.csv files."""
+context, method and groups; the Long context page's document as the scan's context; and the shipped patching.csv
+files."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 import streamlit as st
 
+from ..data.long_context import BUDGETS
+from ..data.user_documents import user_long_document
 from ..engine.alignment import encode
 from ..engine.patching import answer_sentence_buckets, answer_token_ids, patching_scan
+from ..engine.prompts import build_prompt
 from ..errors import ConfigError
+from ..eval.answers import MAX_NEW_TOKENS
+from ..eval.long_settings import QUESTION_ROOM, check_budget
 from ..sharing.kvcomm import kvcomm_selection
 from ..eval.patching import PATCHING_FILE, layer_error_columns, method_cache, read_patching, scan_rows
 from .loaders import checkpoint_stamp, get_checkpoint, get_model, get_translation
+from .long_context import USER_MAX_TOKENS, cached_document, readers
 from .methods import MethodsOffer
+from .page import widget_default
 from .settings import test_mode
 from .state import Run, Selection
+
+
+# the Long context page's document options (its pg.long.* widgets) and their first values there
+LONG_SOURCES = ("stacks", "qasper", "yours")
+LONG_DEFAULTS = {"pg.long.source": "stacks", "pg.long.budget": BUDGETS[0], "pg.long.doc": 0, "pg.long.text": "",
+                 "pg.long.question": "", "pg.long.gold": ""}
+
+
+def long_selection(run: Run) -> Selection:
+    """The run's selection (pair, checkpoint) with the Long context page's document as its context, prompted as that
+    page prompts it: the document kind, length and number it holds (pg.long.*, its first values if it was never
+    opened; offered here too, so this page's link carries them), or the user's own text with its question and gold
+    answer. ConfigError (one line) for a text of the user's without a gold answer: a scan reads the gold answer."""
+    for key, default in LONG_DEFAULTS.items():
+        widget_default(key, default, {"pg.long.source": list(LONG_SOURCES),
+                                      "pg.long.budget": list(BUDGETS)}.get(key))
+    state, sel = st.session_state, run.selection
+    if state["pg.long.source"] == "yours":
+        if not state["pg.long.gold"].strip():
+            raise ConfigError("layer patching reads the gold answer's likelihood: give your document's gold answer on "
+                              "the Long context page (Gold answer(s)), or scan one of its distractor stacks")
+        doc = user_long_document(state["pg.long.text"], state["pg.long.question"], state["pg.long.gold"],
+                                 readers(run.source, run.target, QUESTION_ROOM + MAX_NEW_TOKENS, USER_MAX_TOKENS))
+        label = "your document (Long context page)"
+    else:
+        source, budget, index = state["pg.long.source"], int(state["pg.long.budget"]), int(state["pg.long.doc"])
+        check_budget(budget, {role: (lm.spec.name, lm.spec.max_positions)
+                              for role, lm in (("source", run.source), ("target", run.target))})
+        doc = cached_document(sel.target, test_mode(), source, budget, index)
+        label = f"{source} #{index} at {budget} target tokens (Long context page)"
+    prompt = build_prompt(doc.example, run.target.chat_frame)
+    return replace(sel, text=prompt.context_text, example=doc.example, suffix=prompt.suffix_text, label=label)
 
 
 def method_path(method: str, offer: MethodsOffer) -> str | None:

@@ -9,9 +9,12 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from mot_viz.analysis.methods import METHOD_LABELS
+from mot_viz.data.long_context import BUDGETS, long_examples
 from mot_viz.engine.alignment import encode
 from mot_viz.engine.patching import (ANSWER_SENTENCE, answer_sentence_buckets, answer_token_ids, layer_groups,
                                      patching_scan)
+from mot_viz.engine.mot import translate
+from mot_viz.engine.prompts import build_prompt
 from mot_viz.sharing.linear import linear_cache
 from plotly_figures import figures
 from test_app_pages import errors, translate_button
@@ -113,3 +116,33 @@ def test_free_text_without_a_gold_answer_is_one_message():
     at.switch_page(PAGE).run()
     assert not at.exception
     assert any("gold answer" in e.value for e in at.error)
+
+
+def test_the_long_context_pages_document_is_scanned_and_its_choice_lives_in_the_url(library):
+    source, target, mot, *_ = library
+    at = open_page()
+    at.session_state["pg.long.doc"] = 1  # as the Long context page leaves it: distractor stack #1, 512 tokens
+    at.radio(key="pg.patch.context").set_value("long").run()
+    assert not at.exception and not at.error, errors(at)
+    doc = long_examples("stacks", target.tokenizer, BUDGETS[0], 2, seed=0)[1]
+    prompt = build_prompt(doc.example, target.chat_frame)
+    translation = translate(mot, source, target, prompt.context_text)
+    assert translation.target_ids.shape[1] > 256  # the document, not the sidebar's SQuAD passage
+    question = target.ids_tensor(encode(target.tokenizer, prompt.suffix_text))
+    expected = patching_scan(target.model, translation.native_kv, translation.mixed_kv, question,
+                             answer_token_ids(target.tokenizer, doc.example, None),
+                             layer_groups(target.spec, mot.channels.target_layers)).frame()
+    layers = expected[expected.target.str.startswith("layer ")]
+    fig = figures(at)[0]
+    assert close(_bars(fig, "restoring"), layers[layers.direction == "restore"].share.tolist(), rtol=1e-4,
+                 equal_nan=True)
+    assert close(float(at.metric[0].value), round(float(expected.native.iloc[0]), 3), rtol=1e-3)
+    assert r"document: stacks \#1 at 512 target tokens" in " ".join(c.value for c in at.caption)
+    assert at.query_params.get("patch.context") == "long" and at.query_params.get("long.doc") == "1"
+    # the user's own document without a gold answer: one message, no scan
+    at.session_state["pg.long.source"] = "yours"
+    at.session_state["pg.long.text"] = "The tower in Paris was designed by Gustave Eiffel's company."
+    at.session_state["pg.long.question"] = "Who designed the tower?"
+    at.run()
+    assert not at.exception and not figures(at)
+    assert [e.value for e in at.error if "gold answer" in e.value and "Long context page" in e.value]
