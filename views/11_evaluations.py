@@ -45,9 +45,10 @@ def main() -> None:
         "layer_error.csv) averaged over the slice's lost answers (native right, MoT wrong) and its kept ones (both "
         "right), each with its 95% bootstrap interval, and lost − kept with its interval.\n"
         "- **Which layers' restoration wins lost answers back** — from the folder's patching.csv (`python -m "
-        "mot_viz.eval.patching`): per target layer, the share of the lost answers' gold-answer log-probability gap "
-        "(native − the method's) that putting the native K/V back at that layer alone wins back, with its 95% "
-        "bootstrap band, beside the rank correlation of each layer's error with that cost.\n"
+        "mot_viz.eval.patching`; of a long-context folder, one budget's documents): per target layer, the share "
+        "of the lost answers' gold-answer log-probability gap (native − the method's) that putting the native K/V "
+        "back at that layer alone wins back, with its 95% bootstrap band, beside the rank correlation of each "
+        "layer's error with that cost.\n"
         "- **Two runs side by side** — a second folder of the same examples (another checkpoint, the linear map, "
         "another window): the paired difference over the slice, as `scripts/paired_runs.py` computes it."
     )
@@ -279,12 +280,23 @@ def _layers(run: eval_runs.EvalRun, shown: pd.DataFrame) -> None:
 def _patching(run: eval_runs.EvalRun, shown: pd.DataFrame) -> None:
     st.subheader("Which layers' restoration wins lost answers back")
     path = run.folder / PATCHING_FILE
-    if run.kind.name != "evaluate" or not path.is_file():
+    long = run.kind.name == "long_context"
+    if run.kind.name not in ("evaluate", "long_context") or not path.is_file():
         st.caption("This folder has no patching.csv. Record it (no answer is regenerated) with `python -m "
-                   f"mot_viz.eval.patching {app.escape_markdown(run.folder)} --n 100 --methods mot direct --direct "
-                   "<a full-depth map>` (folders of `evaluate`).")
+                   f"mot_viz.eval.patching {app.escape_markdown(run.folder)} "
+                   + ("--budget 1024 --n 24" if long else "--n 100")
+                   + " --methods mot direct --direct <a full-depth map>` (folders of `evaluate` and of "
+                   "`long_context`, one budget each).")
         return
     frame = shipped_patching(str(run.folder), path.stat().st_mtime_ns)
+    if long:  # a long-context folder's scan is of one budget's documents: the slice's at that length
+        budgets = patching_analysis.scanned_groups(frame, run.rows)
+        if not budgets:
+            st.caption("This folder's patching.csv scans none of its documents: record it again.")
+            return
+        app.widget_default("pg.evals.patch_budget", budgets[0], budgets)
+        budget = st.radio("Documents scanned", budgets, key="pg.evals.patch_budget", horizontal=True)
+        shown = shown[shown["group"] == budget]
     methods = list(dict.fromkeys(frame["method"]))
     app.widget_default("pg.evals.patch_method", methods[0], methods)
     cols = st.columns(2)
@@ -303,9 +315,10 @@ def _patching(run: eval_runs.EvalRun, shown: pd.DataFrame) -> None:
                                           seed=run.settings.get("seed", 0))
     window = sorted({int(l) for l in frame.loc[frame["target"] == "window", "layers"].iloc[0].split()})
     what = "lost answers" if over == "lost" else "examples"
+    of = f"{len(scanned)} scanned" + (f" ({budget})" if long else "")
     app.show_figure(patching_analysis.shares_figure(
-        shares, window, f"{method}: {len(ids)} {what} of {len(scanned)} scanned (mean gap "
-                        f"{shares['gap'].iloc[0]:.2f} nats)"), shares, f"evaluation_patching_{method}")
+        shares, window, f"{method}: {len(ids)} {what} of {of} (mean gap {shares['gap'].iloc[0]:.2f} nats)"),
+        shares, f"evaluation_patching_{method}")
     groups = shares[~shares["target"].str.startswith("layer ")]
     st.dataframe(groups.round(3), hide_index=True, width="stretch")
     rho = patching_analysis.error_cost_correlation(frame, method, ids)

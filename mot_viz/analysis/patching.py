@@ -88,6 +88,12 @@ def lost_examples(patching: pd.DataFrame, table: pd.DataFrame, method: str) -> l
     return [i for i in ids.astype(str) if i in ends.index]
 
 
+def scanned_groups(patching: pd.DataFrame, rows: pd.DataFrame) -> list[str]:
+    """The groups of a results folder's rows (EvalRun.rows: a long-context folder's "stacks 1024 tokens", one per
+    budget) that patching.csv scans documents of, in the folder's order."""
+    return list(dict.fromkeys(rows.loc[rows["id"].astype(str).isin(set(patching["id"])), "group"]))
+
+
 def gap_shares(patching: pd.DataFrame, method: str, ids: Sequence[str] | None = None, direction: str = "restore",
                bucket: str = "all", n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     """Per target (layer or group): the share of the examples' summed native − translated gap that patching it moves

@@ -3,6 +3,9 @@ its bars and bands are mot_viz.analysis.patching's over the examples the folder'
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pandas as pd
 from streamlit.testing.v1 import AppTest
 
@@ -10,7 +13,7 @@ from mot_viz.analysis import eval_runs
 from mot_viz.analysis import patching as patching_analysis
 from mot_viz.eval.patching import PATCHING_FILE, read_patching
 from plotly_figures import figures
-from test_evaluations_page import MID, PAGE, ROOT, frame, test_env  # noqa: F401  (the page's environment)
+from test_evaluations_page import MID, OTHER, PAGE, ROOT, frame, test_env  # noqa: F401  (the page's environment)
 from tolerance import assert_close
 
 
@@ -18,8 +21,9 @@ def _bars(at: AppTest, method: str) -> dict:
     return next(f for f in figures(at) if f["layout"].get("title", {}).get("text", "").startswith(f"{method}: "))
 
 
-def _expected_bars(at: AppTest, patching: pd.DataFrame, method: str, ids: list[str]) -> None:
-    run = eval_runs.open_run(ROOT / MID)
+def _expected_bars(at: AppTest, patching: pd.DataFrame, method: str, ids: list[str],
+                   run: eval_runs.EvalRun | None = None) -> None:
+    run = run or eval_runs.open_run(ROOT / MID)
     expected = patching_analysis.gap_shares(patching, method, ids, n_boot=run.settings["bootstrap"],
                                             seed=run.settings["seed"])
     layers = expected[expected["target"].str.startswith("layer ")].copy()
@@ -54,4 +58,42 @@ def test_restoration_shares_of_lost_answers_and_of_every_example_match_the_libra
     lost = patching_analysis.lost_examples(patching, table, "direct")
     assert lost and set(lost) <= set(table.loc[right, "id"])
     _expected_bars(at, patching, "direct", lost)
+    assert at.query_params.get("evals.patch_method") == "direct"
+
+
+LONG = "results/long/smollm2-to-gemma3-mid-stacks"  # its patching.csv: the 1,024-token documents (--budget 1024)
+
+
+def test_a_long_context_folders_patching_is_drawn_per_budget(tmp_path):
+    # a copy of the shipped folder: a background run may still be adding documents to its patching.csv, and the
+    # page and this test must read the same rows
+    folder = tmp_path / Path(LONG).name
+    shutil.copytree(ROOT / LONG, folder)
+    at = AppTest.from_file(PAGE, default_timeout=300)
+    at.run()
+    at.selectbox(key="pg.evals.folder").set_value(OTHER).run()
+    at.text_input(key="pg.evals.path").input(str(folder)).run()
+    assert not at.exception and not at.error
+    patching = read_patching(folder / PATCHING_FILE)
+    run = eval_runs.open_run(folder)
+    assert patching_analysis.scanned_groups(patching, run.rows) == ["stacks 1024 tokens"]
+    assert at.radio(key="pg.evals.patch_budget").options == ["stacks 1024 tokens"]
+    table = frame(at, "table")
+    at.radio(key="pg.evals.patch_over").set_value("all").run()
+    assert not at.exception and not at.error
+    ids = sorted(set(patching.loc[patching["method"] == "mot", "id"])
+                 & set(table.loc[table["group"] == "stacks 1024 tokens", "id"].astype(str)))
+    assert ids and all("-1024-" in i for i in ids)
+    _expected_bars(at, patching, "mot", ids, run)
+    assert f"of {len(ids)} scanned (stacks 1024 tokens)" in _bars(at, "mot")["layout"]["title"]["text"]
+    # the direct map never answered in the long-context run: its lost documents are native's right ones it makes
+    # less likely (none of another budget)
+    at.radio(key="pg.evals.patch_method").set_value("direct").run()
+    at.radio(key="pg.evals.patch_over").set_value("lost").run()
+    assert not at.exception and not at.error
+    lost = patching_analysis.lost_examples(patching, table[table["group"] == "stacks 1024 tokens"], "direct")
+    if lost:
+        _expected_bars(at, patching, "direct", lost, run)
+    else:
+        assert any("was lost by direct" in c.value for c in at.caption)
     assert at.query_params.get("evals.patch_method") == "direct"
