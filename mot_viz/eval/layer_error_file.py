@@ -1,9 +1,9 @@
 """layer_error.csv, the per-layer error of the MoT cache against the target's native cache, per example: its rows
 (layer_error_rows: per target layer, the relative L2 error ‖mot − native‖ / ‖native‖ and the mean per-token cosine of
 the cache the "mot" condition answers from, for K and for V, over the context positions; mot_viz.engine.cache_errors,
-comparison "replayed"), reading it back (read_layer_errors) and writing it example by example (LayerErrorFile). One row
-per example and layer (long format), so folders stay small. Written by ``--layer_error`` of evaluate and long_context,
-or afterwards by ``python -m mot_viz.eval.layer_error``.
+comparison "replayed"), reading it back (read_layer_errors) and writing it example by example (LayerErrorFile, an
+ExampleRowsFile). One row per example and layer (long format), so folders stay small. Written by ``--layer_error``
+of evaluate and long_context, or afterwards by ``python -m mot_viz.eval.layer_error``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from ..engine.cache_errors import KV_NAMES, compared_caches, layer_errors, token
 from ..engine.channels import Channels
 from ..engine.mot import Translation
 from ..errors import ConfigError
-from ..fsutil import write_text_atomic
-from .processes import unit_file, unit_file_sources
+from .example_rows import ExampleRowsFile, example_key
 
 log = logger(__name__)
 
@@ -41,11 +40,6 @@ def layer_error_rows(translation: Translation, channels: Channels, **unit) -> li
             row[f"{kv}_rel_l2"], row[f"{kv}_cosine"] = errors["rel_l2"], errors["cosine"]
         rows.append(row)
     return rows
-
-
-def example_key(values) -> tuple[str, ...]:
-    """The values naming one example (its unit columns), as text: how rows of the file and of a results table match."""
-    return tuple(str(v) for v in values)
 
 
 def read_layer_errors(path: Path, unit: tuple[str, ...]) -> pd.DataFrame:
@@ -81,32 +75,17 @@ def read_layer_errors(path: Path, unit: tuple[str, ...]) -> pd.DataFrame:
     return table[[k not in torn for k in keys]].reset_index(drop=True)
 
 
-class LayerErrorFile:
-    """The layer_error.csv of a results folder: rows of the examples kept from before, and each new example's added
-    (layer_error_rows) and written at once, the file rewritten whole (fsutil.write_text_atomic); in a run spread over
-    processes each writes its own part, which rank 0 merges (mot_viz.eval.processes.unit_file)."""
+class LayerErrorFile(ExampleRowsFile):
+    """The layer_error.csv of a results folder, written example by example (ExampleRowsFile)."""
 
     def __init__(self, out_dir: Path, unit: tuple[str, ...], keep=None):
         """keep: the examples (tuples of the unit's values) whose rows an earlier run wrote and that stay; the file's
         other rows are dropped (their examples are computed again). None: keep no row."""
-        self.path, self.unit = unit_file(Path(out_dir), LAYER_ERROR_FILE), unit
-        self.rows: dict[tuple[str, ...], list[dict]] = {}
-        wanted = {example_key(k) for k in keep or ()}
-        for path in unit_file_sources(Path(out_dir), LAYER_ERROR_FILE) if keep is not None else ():
-            for key, part in read_layer_errors(path, unit).groupby(list(unit), sort=False):
-                if example_key(key) in wanted:
-                    self.rows.setdefault(example_key(key), part.to_dict(orient="records"))
-
-    @property
-    def done(self) -> set[tuple[str, ...]]:
-        return set(self.rows)
+        super().__init__(out_dir, LAYER_ERROR_FILE, unit, (*unit, "layer", "in_window", *METRICS),
+                         lambda path: read_layer_errors(path, unit), keep)
 
     def add(self, translation: Translation, channels: Channels, **unit) -> None:
-        self.rows[example_key(unit[c] for c in self.unit)] = layer_error_rows(translation, channels, **unit)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        table = pd.DataFrame([r for rows in self.rows.values() for r in rows],
-                             columns=[*self.unit, "layer", "in_window", *METRICS])
-        write_text_atomic(self.path, table.to_csv(index=False, float_format="%.6g"))
+        self.add_rows([unit[c] for c in self.unit], layer_error_rows(translation, channels, **unit))
 
 
 def check_resumed(out_dir: Path, unit: tuple[str, ...], previous: pd.DataFrame | None) -> None:

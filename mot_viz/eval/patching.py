@@ -38,21 +38,22 @@ from ..data.eval_data import load_dataset
 from ..engine import hf
 from ..engine.cache_errors import layer_errors, token_vectors
 from ..engine.checkpoint import load_checkpoint, read_config, weights_sha256
-from ..engine.models import LoadedModel
+from ..engine.models import LoadedModel, load_model
 from ..engine.mot import MoT, Translation, translate
 from ..engine.patching import (ANSWER_SENTENCE, PatchingScan, answer_sentence_buckets, answer_token_ids,
                                layer_groups, patching_scan)
 from ..engine.prompts import QAExample, build_prompt
 from ..errors import ConfigError
 from ..fsutil import write_text_atomic
-from . import evaluate  # the folder's evaluation: its settings, models and examples are rebuilt as it made them
 from ..sharing.caches import condition_caches
 from ..sharing.kvcomm import KVCommSelection, check_kvcomm_pair, kvcomm_cache, kvcomm_selection
 from ..sharing.linear import linear_cache
 from ..sharing.relay import RELAY_CONDITIONS
 from .answers import encode_question
 from .patching_long import is_long_folder, long_documents, long_settings
-from .processes import barrier, join, merge_unit_files, unit_file, unit_file_sources
+from .example_rows import ExampleRowsFile
+from .processes import barrier, join, merge_unit_files, unit_file_sources
+from .qa_settings import EvalSettings, load_evaluated, truncate_context
 from .results_folder import PARTS, PATCHING_FILES, RESULTS_TABLE, SETTINGS_FILE, writer_of
 
 PATCHING_FILE, PATCHING_SETTINGS = PATCHING_FILES
@@ -185,26 +186,11 @@ def read_patching(path: Path) -> pd.DataFrame:
                        na_values={"share": [""], "K_rel_l2": [""], "V_rel_l2": [""]}, float_precision="round_trip")
 
 
-class PatchingFile:
-    """The patching.csv of a results folder: the rows of the examples kept, each new example's added and the file
-    rewritten whole (this process's part in a run spread over processes; mot_viz.eval.processes.unit_file)."""
+class PatchingFile(ExampleRowsFile):
+    """The patching.csv of a results folder, written example by example (ExampleRowsFile)."""
 
-    def __init__(self, folder: Path, keep: set[tuple[str, str]]):
-        self.folder, self.path, self.rows = folder, unit_file(folder, PATCHING_FILE), {}
-        for path in unit_file_sources(folder, PATCHING_FILE):
-            for key, part in read_patching(path).groupby(list(UNIT), sort=False):
-                if tuple(key) in keep:
-                    self.rows.setdefault(tuple(key), part.to_dict(orient="records"))
-
-    @property
-    def done(self) -> set[tuple[str, str]]:
-        return set(self.rows)
-
-    def add(self, key: tuple[str, str], rows: list[dict]) -> None:
-        self.rows[key] = rows
-        table = pd.DataFrame([r for rows in self.rows.values() for r in rows], columns=COLUMNS)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(self.path, table.to_csv(index=False, float_format="%.6g"))
+    def __init__(self, folder: Path, keep: set[tuple[str, str]] | None):
+        super().__init__(folder, PATCHING_FILE, UNIT, COLUMNS, read_patching, keep)
 
 
 def _evaluate_settings(folder: Path):
@@ -216,7 +202,7 @@ def _evaluate_settings(folder: Path):
         what = f"holds results of {writer}" if writer else "is not a results folder"
         raise ConfigError(f"{folder} {what}, not of evaluate or long_context. {fix}")
     try:
-        return evaluate.EvalSettings.from_json(json.loads((folder / SETTINGS_FILE).read_text())["settings"])
+        return EvalSettings.from_json(json.loads((folder / SETTINGS_FILE).read_text())["settings"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{folder} has no readable caches' settings in {SETTINGS_FILE} ({exc}). {fix}") from exc
 
@@ -258,7 +244,7 @@ def record(folder: str | Path, methods: Sequence[str] = ("mot",), n: int | None 
         check_kvcomm_pair(config["source"], config["target"])
     _check_settings(folder, patching, resume)
     rank, world = join()
-    source, target = evaluate.load_model(config["source"]["name"]), evaluate.load_model(config["target"]["name"])
+    source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
     if long:
         mot = load_checkpoint(settings.checkpoint, source, target)[0]
         examples = long_documents(folder, settings, budget, target)[:n]
@@ -266,8 +252,8 @@ def record(folder: str | Path, methods: Sequence[str] = ("mot",), n: int | None 
         rows = pd.read_csv(folder / RESULTS_TABLE, dtype={"dataset": str, "id": str}, keep_default_na=False)
         kept = rows["condition"] != "skipped"
         scored = set(zip(rows.loc[kept, "dataset"], rows.loc[kept, "id"]))
-        mot = evaluate.load_evaluated(settings.checkpoint, settings, source, target)
-        examples = [evaluate.truncate_context(target, e, settings.max_context_tokens)
+        mot = load_evaluated(settings.checkpoint, settings, source, target)
+        examples = [truncate_context(target, e, settings.max_context_tokens)
                     for d in settings.datasets for e in load_dataset(d, n=settings.n, seed=settings.seed)]
         examples = [e for e in examples if (e.dataset, e.id) in scored][:n]
     models = {"direct": load_checkpoint(direct, source, target)[0] if "direct" in methods else None,
@@ -275,7 +261,7 @@ def record(folder: str | Path, methods: Sequence[str] = ("mot",), n: int | None 
               "kvcomm": kvcomm_selection(source, target, examples[:1]) if "kvcomm" in methods else None}
     keys = [(e.dataset, e.id) for e in examples]
     barrier()
-    file = PatchingFile(folder, set(keys) if resume else set())
+    file = PatchingFile(folder, set(keys) if resume else None)
     if rank == 0:
         write_text_atomic(folder / PATCHING_SETTINGS, json.dumps(asdict(patching), indent=2))
     todo = [e for e in examples if (e.dataset, e.id) not in file.done][rank::world]
@@ -283,7 +269,7 @@ def record(folder: str | Path, methods: Sequence[str] = ("mot",), n: int | None 
                         dynamic_ncols=True):
         text = build_prompt(example, target.chat_frame).context_text  # the context the evaluation translated
         translation = translate(mot, source, target, text)
-        file.add((example.dataset, example.id), scan_example(mot, source, target, example, translation, methods,
+        file.add_rows((example.dataset, example.id), scan_example(mot, source, target, example, translation, methods,
                                                              buckets, **models))
     barrier()
     if world > 1 and rank == 0:

@@ -35,8 +35,8 @@ ROWS = [{"id": f"e{i}", "context": CORPUS[i % 3], "question": "What is it?", "an
 WORKER = """
 import sys
 from mot_viz.engine.testing import load_test_model
-from mot_viz.eval import evaluate, patching
-evaluate.load_model = load_test_model
+from mot_viz.eval import patching
+patching.load_model = load_test_model
 sys.exit(patching.main(sys.argv[1:]))
 """
 
@@ -45,6 +45,7 @@ sys.exit(patching.main(sys.argv[1:]))
 def folder(checkpoints, tmp_path, monkeypatch) -> Path:
     """An evaluate results folder of 4 extractive toy examples on the tiny pair."""
     monkeypatch.setattr(evaluate, "load_model", load_test_model)
+    monkeypatch.setattr(patching, "load_model", load_test_model)
     data = tmp_path / "toy.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     out = tmp_path / "run"
@@ -194,7 +195,7 @@ def test_direct_and_kvcomm_caches_restore_to_native_and_break_to_themselves(priv
 
 def test_a_long_context_folder_is_scanned_at_one_budget(checkpoints, tmp_path, monkeypatch):
     monkeypatch.setattr(long_context, "load_model", load_test_model)
-    monkeypatch.setattr(evaluate, "load_model", load_test_model)
+    monkeypatch.setattr(patching, "load_model", load_test_model)
     out = tmp_path / "long"
     settings = LongSettings(checkpoint=str(checkpoints["smollm2-to-gemma3"]), linear=None, source="stacks",
                             budgets=(900, 950), n=1, seed=0, max_new_tokens=2, bootstrap=20,
