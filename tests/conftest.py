@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,14 @@ def pretrained(checkpoints) -> dict[str, Path]:
     return checkpoints
 
 
+@pytest.fixture
+def pretrained_copy(pretrained, tmp_path) -> dict[str, Path]:
+    """`pretrained` copied into the test's own folder, alone there (a pretrained/ of its own): checkpoints a test may
+    change or damage without touching the module's."""
+    folder = tmp_path / "pretrained"
+    return {name: Path(shutil.copytree(path, folder / name)) for name, path in pretrained.items()}
+
+
 @pytest.fixture(scope="module")
 def default_context(pretrained):
     """What the app opens on in the app tests, computed by the library: the tiny pair, the test MoT and its linear map,
@@ -77,17 +86,36 @@ def pages_env(monkeypatch, app_cache, pretrained) -> None:
     monkeypatch.setenv("MOT_VIZ_PRETRAINED", str(next(iter(pretrained.values())).parent))
 
 
+@pytest.fixture
+def shipped_env(monkeypatch, app_cache) -> None:
+    """What the pages that read the shipped results run with: the tiny test models, their own cache, and the
+    repository's own pretrained/ (the checkpoints the results name)."""
+    monkeypatch.setenv("MOT_VIZ_TEST_MODELS", "1")
+    monkeypatch.setenv("MOT_VIZ_CACHE", str(app_cache))
+    monkeypatch.delenv("MOT_VIZ_PRETRAINED", raising=False)
+
+
 # A toy multiple-choice dataset over CORPUS, as the evaluator's tests write it (`data`).
 TOY_ROWS = [{"id": f"q{i}", "context": CORPUS[i % 3], "question": "Is it so?", "choices": ["yes", "no"],
              "label": i % 2} for i in range(4)]
 
 
-@pytest.fixture
-def data(tmp_path) -> Path:
-    """TOY_ROWS as a JSONL file (--datasets)."""
-    path = tmp_path / "toy.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in TOY_ROWS))
+def write_jsonl(path: Path, rows) -> Path:
+    """`rows` (dicts) as a JSONL file at `path`, one JSON object a line."""
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+@pytest.fixture
+def toy_jsonl(tmp_path):
+    """A writer of toy JSONL datasets in the test's own folder: toy_jsonl(rows, name="toy.jsonl") -> the file."""
+    return lambda rows, name="toy.jsonl": write_jsonl(tmp_path / name, rows)
+
+
+@pytest.fixture
+def data(toy_jsonl) -> Path:
+    """TOY_ROWS as a JSONL file (--datasets)."""
+    return toy_jsonl(TOY_ROWS)
 
 
 def pytest_collection_modifyitems(items):

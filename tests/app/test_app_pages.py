@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -20,6 +19,8 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
+from app_helpers import errors, goto, open_app, translate_button
+from conftest import write_jsonl
 from mot_viz.data.eval_data import load_dataset
 from mot_viz.engine.alignment import encode
 from mot_viz.engine.checkpoint import load_checkpoint
@@ -30,8 +31,6 @@ from mot_viz.eval.answers import CONDITION_LABELS, TIE_LABELS, answer_from_cache
 from mot_viz.train.window_fidelity import translation_fidelity
 from plotly_figures import figures
 
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
-TIMEOUT = 300  # seconds per script run: two CPU cores shared with training
 FREE_TEXT = ("The Eiffel Tower is in Paris. It was built by Gustave Eiffel, whose company designed it; "
              "visitors climb 1,665 steps.\nQuestion time.\n")
 LOG_ROWS = [
@@ -50,7 +49,7 @@ EVALUATION = {"squad/validation": {"results": "results/eval/x", "command": "pyth
 def pretrained(pretrained) -> dict[str, Path]:
     """conftest's test checkpoints, the default one with a training log and a recorded evaluation."""
     paths = pretrained
-    (paths["smollm2-to-gemma3"] / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in LOG_ROWS))
+    write_jsonl(paths["smollm2-to-gemma3"] / "log.jsonl", LOG_ROWS)
     config_file = paths["smollm2-to-gemma3"] / "config.json"
     config = json.loads(config_file.read_text())
     config["metrics"]["evaluation"] = EVALUATION
@@ -58,25 +57,7 @@ def pretrained(pretrained) -> dict[str, Path]:
     return paths
 
 
-@pytest.fixture(autouse=True)
-def test_env(pages_env):
-    """Every page runs on the tiny test pair (conftest's pages_env)."""
-
-
-def start() -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.run()
-    return at
-
-
-def goto(at: AppTest, page: str) -> AppTest:
-    at.switch_page(f"views/{page}.py").run()
-    assert not at.exception, at.exception
-    return at
-
-
-def translate_button(at: AppTest):
-    return next(b for b in at.button if b.label == "Translate")
+pytestmark = pytest.mark.usefixtures("pages_env")  # every page runs on the tiny test pair
 
 
 def use_free_text(at: AppTest, text: str, question: str = "", gold: str = "") -> AppTest:
@@ -88,15 +69,6 @@ def use_free_text(at: AppTest, text: str, question: str = "", gold: str = "") ->
     return at
 
 
-def shown(markdown: str) -> str:
-    """A message as the reader sees it: the app escapes what it quotes (mot_viz.app.page.escape_markdown)."""
-    return re.sub(r"\\(.)", r"\1", markdown)
-
-
-def errors(at: AppTest) -> list[str]:
-    return [shown(e.value) for e in at.error]
-
-
 def first_squad():
     return load_dataset("squad", n=50, seed=0)[0]
 
@@ -105,7 +77,7 @@ def first_squad():
 
 
 def test_landing_page_translates_the_default_squad_example_without_a_click():
-    at = start()
+    at = open_app()
     assert not at.exception and not errors(at)
     metrics = {m.label: m.value for m in at.metric}
     target = load_test_model("gemma3-270m")
@@ -121,7 +93,7 @@ def test_landing_page_translates_the_default_squad_example_without_a_click():
 
 
 def test_answers_page_shows_every_condition_scored_against_the_gold_answer():
-    at = goto(start(), "1_answers")
+    at = open_app("1_answers")
     table = at.dataframe[0].value
     assert list(table["condition"]) == [CONDITION_LABELS[c] for c in ("native", "no_context", "mot", "random")]
     assert table["F1"].between(0, 1).all() and table["EM"].isin([0.0, 1.0]).all()
@@ -147,7 +119,7 @@ def test_answers_page_answers_from_the_mean_vector_window_on_request():
     from mot_viz.sharing.mean import mean_vector_cache
     from mot_viz.train.mean_vector import reference_means
 
-    at = goto(start(), "1_answers")
+    at = open_app("1_answers")
     assert len(at.dataframe[0].value) == 4
     at.checkbox(key="pg.answers.mean").check().run()
     table = at.dataframe[0].value
@@ -164,7 +136,7 @@ def test_answers_page_answers_from_the_mean_vector_window_on_request():
 
 
 def test_answers_on_free_text_with_gold_and_a_second_checkpoint(pretrained):
-    at = use_free_text(start(), FREE_TEXT, "Who built the tower?", "Gustave Eiffel")
+    at = use_free_text(open_app(), FREE_TEXT, "Who built the tower?", "Gustave Eiffel")
     at = goto(at, "1_answers")
     assert len(at.dataframe[0].value) == 4
     at.selectbox(key="pg.answers.second").set_value("smollm2-to-gemma3-single").run()
@@ -179,7 +151,7 @@ def test_answers_on_free_text_with_gold_and_a_second_checkpoint(pretrained):
 
 
 def test_free_text_without_question_asks_for_one():
-    at = goto(use_free_text(start(), FREE_TEXT), "1_answers")
+    at = goto(use_free_text(open_app(), FREE_TEXT), "1_answers")
     assert any("has no question" in i.value for i in at.info)
     assert len(at.dataframe) == 0
 
@@ -188,7 +160,7 @@ def test_free_text_without_question_asks_for_one():
 
 
 def test_cache_error_page_matches_the_replay_structure():
-    at = goto(use_free_text(start(), FREE_TEXT), "2_cache_error")
+    at = goto(use_free_text(open_app(), FREE_TEXT), "2_cache_error")
     per_layer, heatmap = figures(at)[:2]
     n_tokens = len(encode(load_test_model("gemma3-270m").tokenizer, FREE_TEXT))
     z = np.array(heatmap["data"][0]["z"], dtype=float)  # replayed vs native, relative L2, K
@@ -210,7 +182,7 @@ def test_cache_error_page_matches_the_replay_structure():
 
 
 def test_cache_error_page_scores_the_window_against_its_baselines():
-    at = goto(use_free_text(start(), FREE_TEXT), "2_cache_error")
+    at = goto(use_free_text(open_app(), FREE_TEXT), "2_cache_error")
     fidelity = figures(at)[2]
     panels = {t["legendgroup"] for t in fidelity["data"]}
     assert panels == {"translator", "linear", "mean vector"}  # the shipped linear map of the same window is found
@@ -237,7 +209,7 @@ def test_cache_error_page_scores_the_window_against_its_baselines():
 
 
 def test_routing_page_shows_top_k_gates_per_token():
-    at = goto(use_free_text(start(), FREE_TEXT), "3_routing")
+    at = goto(use_free_text(open_app(), FREE_TEXT), "3_routing")
     charts = figures(at)
     assert len(charts) == 5  # K gates, V gates, entropy, expert usage, what-if per layer
     gates = np.array(charts[0]["data"][0]["z"], dtype=float)  # experts x tokens
@@ -252,11 +224,11 @@ def test_routing_page_shows_top_k_gates_per_token():
     assert not any("load-balancing" in m.value for m in at.markdown)  # trained without a balance term
 
 
-def test_routing_page_says_when_a_balance_term_shaped_the_routers(pretrained, tmp_path):
+def test_routing_page_says_when_a_balance_term_shaped_the_routers(pretrained_copy):
     """method.md §5 has no load-balancing loss; a checkpoint trained with one (as the shipped mixtures are) says so."""
     import json
 
-    path = _copy_checkpoint(pretrained, tmp_path)
+    path = pretrained_copy["smollm2-to-gemma3"]
     config = json.loads((path / "config.json").read_text())
     config["training"]["balance_weight"] = 0.01
     (path / "config.json").write_text(json.dumps(config))
@@ -266,7 +238,7 @@ def test_routing_page_says_when_a_balance_term_shaped_the_routers(pretrained, tm
 
 
 def test_routing_page_says_the_single_variant_has_no_router():
-    at = start()
+    at = open_app()
     at.selectbox(key="sb.checkpoint").set_value("smollm2-to-gemma3-single")
     at = goto(use_free_text(at, FREE_TEXT), "3_routing")
     assert any("no router" in i.value for i in at.info)
@@ -277,7 +249,7 @@ def test_routing_page_says_the_single_variant_has_no_router():
 
 
 def test_alignment_page_labels_both_tokenizations():
-    at = goto(use_free_text(start(), FREE_TEXT), "4_alignment")
+    at = goto(use_free_text(open_app(), FREE_TEXT), "4_alignment")
     heatmap = figures(at)[0]["data"][0]
     source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
     n_t, n_s = len(encode(target.tokenizer, FREE_TEXT)), len(encode(source.tokenizer, FREE_TEXT))
@@ -296,7 +268,7 @@ def test_alignment_page_labels_both_tokenizations():
 
 @pytest.mark.parametrize("method", ["pca", "umap"])
 def test_cache_space_page_projects_each_kind(method):
-    at = goto(use_free_text(start(), FREE_TEXT), "5_cache_space")
+    at = goto(use_free_text(open_app(), FREE_TEXT), "5_cache_space")
     at.radio(key="pg.space.method").set_value(method).run()
     assert not at.exception
     traces = figures(at)[0]["data"]
@@ -314,7 +286,7 @@ def test_cache_space_page_paired_options_follow_the_library():
     from mot_viz.analysis.cache_metrics import window_vectors
     from mot_viz.engine.cache_errors import per_token_errors
 
-    at = goto(use_free_text(start(), FREE_TEXT), "5_cache_space")
+    at = goto(use_free_text(open_app(), FREE_TEXT), "5_cache_space")
     at.multiselect(key="pg.space.kinds").set_value(["native target", "translated", "replayed target", "linear map"]).run()
     at.radio(key="pg.space.colour").set_value("rel_l2").run()
     assert not at.exception
@@ -337,7 +309,7 @@ def test_cache_space_page_paired_options_follow_the_library():
 
 
 def test_training_page_plots_the_log_and_shows_the_config():
-    at = goto(start(), "6_training")
+    at = open_app("6_training")
     traces = {t["name"]: t for t in figures(at)[0]["data"]}
     assert set(traces) == {"loss", "ce", "mse_k", "mse_v", "lr", "gate_importance_cv2", "gate_load_cv2",
                            "gate_importance_entropy"}
@@ -354,7 +326,7 @@ def test_training_page_plots_the_log_and_shows_the_config():
 
 
 def test_training_page_without_log_says_so():
-    at = start()
+    at = open_app()
     at.selectbox(key="sb.checkpoint").set_value("gemma3-to-smollm2")
     translate_button(at).click().run()
     at = goto(at, "6_training")
@@ -366,7 +338,7 @@ def test_training_page_without_log_says_so():
 
 
 def test_empty_context_shows_an_error_and_keeps_the_inputs():
-    at = use_free_text(start(), "   ", "Who?")
+    at = use_free_text(open_app(), "   ", "Who?")
     assert not at.exception
     assert any("The context is empty" in e for e in errors(at))
     assert at.text_input(key="sb.question").value == "Who?"
@@ -374,14 +346,14 @@ def test_empty_context_shows_an_error_and_keeps_the_inputs():
 
 
 def test_too_long_context_shows_the_limit():
-    at = use_free_text(start(), "Paris " * 1100)
+    at = use_free_text(open_app(), "Paris " * 1100)
     assert not at.exception
     assert any("allows at most 1024" in e for e in errors(at))
 
 
 def test_answers_page_shows_only_the_reason_when_no_condition_can_answer():
     # the context translates, but with this question it no longer fits the target: every condition fails alike
-    at = goto(use_free_text(start(), FREE_TEXT, "Who " * 4100, "Eiffel"), "1_answers")
+    at = goto(use_free_text(open_app(), FREE_TEXT, "Who " * 4100, "Eiffel"), "1_answers")
     assert not at.exception
     assert len(errors(at)) == 1 and errors(at)[0].startswith("**Context problem.** The context (")
     assert "allows at most 4096 tokens. Shorten the context or the question" in errors(at)[0]
@@ -393,7 +365,7 @@ def test_a_context_with_a_lone_surrogate_is_a_context_error_on_the_page(monkeypa
     example = first_squad()
     broken = dataclasses.replace(example, context=example.context[:40] + "\ud800" + example.context[40:])
     monkeypatch.setattr(sys.modules["mot_viz.app.sidebar"], "dataset_examples", lambda name: [broken])
-    at = start()
+    at = open_app()
     assert not at.exception
     assert errors(at) == [f"**Context problem.** The text holds a lone surrogate character (U+D800 at character "
                           f"{build_prompt(example).context_text.index(example.context) + 40}), which is not valid "
@@ -402,7 +374,7 @@ def test_a_context_with_a_lone_surrogate_is_a_context_error_on_the_page(monkeypa
 
 
 def test_checkpoint_for_another_pair_is_refused_on_every_page():
-    at = start()
+    at = open_app()
     at.selectbox(key="sb.checkpoint").set_value("gemma3-to-smollm2")
     translate_button(at).click().run()
     assert any("made for source model" in e and "Choose a checkpoint trained for this pair" in e for e in errors(at))
@@ -412,7 +384,7 @@ def test_checkpoint_for_another_pair_is_refused_on_every_page():
 
 
 def test_swapping_the_pair_offers_the_checkpoint_made_for_it():
-    at = start()
+    at = open_app()
     at.selectbox(key="sb.source").set_value("gemma3-270m").run()
     at.selectbox(key="sb.target").set_value("smollm2-135m").run()
     assert at.selectbox(key="sb.checkpoint").value == "gemma3-to-smollm2"
@@ -422,7 +394,7 @@ def test_swapping_the_pair_offers_the_checkpoint_made_for_it():
 
 
 def test_unknown_model_name_is_reported_and_kept():
-    at = start()
+    at = open_app()
     at.selectbox(key="sb.target").set_value("other (type below)").run()
     at.text_input(key="sb.target_other").input("no-such-model")
     translate_button(at).click().run()
@@ -432,7 +404,7 @@ def test_unknown_model_name_is_reported_and_kept():
 
 
 def test_choosing_other_without_typing_asks_for_a_name():
-    at = start()
+    at = open_app()
     at.selectbox(key="sb.source").set_value("other (type below)").run()
     translate_button(at).click().run()
     assert any("No model name is given" in e for e in errors(at))
@@ -443,7 +415,7 @@ def test_choosing_other_without_typing_asks_for_a_name():
 
 
 def test_a_synthetic_model_is_offered_and_said_to_measure_no_quality():
-    at = start()
+    at = open_app()
     assert not any("no quality" in w.value for w in at.sidebar.warning)
     assert "synthetic:llama3.1-8b (random weights: cost, no quality)" in at.selectbox(key="sb.source").options
     at.selectbox(key="sb.source").set_value("synthetic:llama3.2-1b").run()
@@ -452,7 +424,7 @@ def test_a_synthetic_model_is_offered_and_said_to_measure_no_quality():
 
 
 def test_missing_checkpoint_folder_is_reported(tmp_path):
-    at = start()
+    at = open_app()
     at.selectbox(key="sb.checkpoint").set_value("other (type below)").run()
     at.text_input(key="sb.checkpoint_other").input(str(tmp_path / "nope"))
     translate_button(at).click().run()
@@ -463,7 +435,7 @@ def test_missing_checkpoint_folder_is_reported(tmp_path):
 
 
 def test_changes_wait_for_translate_and_typed_text_survives_navigation():
-    at = start()
+    at = open_app()
     at.number_input(key="sb.example").set_value(1).run()
     assert any("Press **Translate**" in i.value for i in at.sidebar.info)
     assert at.session_state["applied"].label == "SQuAD #0"  # not applied yet
@@ -480,7 +452,7 @@ def test_changes_wait_for_translate_and_typed_text_survives_navigation():
 
 
 def test_a_shorter_closed_question_is_scored_by_choice():
-    at = start()
+    at = open_app()
     at.selectbox(key="sb.dataset").set_value("arc-easy").run()
     translate_button(at).click().run()
     at = goto(at, "1_answers")
@@ -492,7 +464,7 @@ def test_a_shorter_closed_question_is_scored_by_choice():
 
 
 def test_every_page_works_on_a_linear_checkpoint():
-    at = start()
+    at = open_app()
     at.selectbox(key="sb.checkpoint").set_value("smollm2-to-gemma3-linear")
     at = use_free_text(at, FREE_TEXT)
     for page in ("1_answers", "2_cache_error", "3_routing", "4_alignment", "5_cache_space", "6_training"):
@@ -510,7 +482,7 @@ def test_every_page_works_on_a_direct_map_and_draws_its_cache_once(app_cache):
     # the tiny source has fewer layers than the tiny target: the direct map goes the other way round
     folder = fit_pair(load_test_model("gemma3-270m"), load_test_model("smollm2-135m"),
                       QuickFitConfig(tokens=256, min_context_tokens=16, max_context_tokens=48, direct=True, top_k=2))
-    at = start()
+    at = open_app()
     at.selectbox(key="sb.source").set_value("gemma3-270m").run()
     at.selectbox(key="sb.target").set_value("smollm2-135m").run()
     at.selectbox(key="sb.checkpoint").set_value("other (type below)").run()
@@ -535,7 +507,7 @@ def test_training_page_shows_the_recorded_held_out_fidelity(pretrained):
     means = mean_vectors(target, mot.channels.target_layers, [FREE_TEXT], "test prose")
     table = fidelity_table(mot, source, target, [FREE_TEXT, FREE_TEXT[::-1]], means, progress=False)
     record_metrics(path, "fidelity", {"command": "test", "squad": fidelity_record(table, "squad", means)})
-    at = goto(start(), "6_training")
+    at = open_app("6_training")
     shown = next(d.value for d in at.dataframe if tuple(d.value.columns)[0] == "held-out text")
     assert list(shown["candidate"]) == ["translator", "mean vector"] and list(shown["n"]) == [2, 2]
     expected = table[table.candidate == "translator"]["centered_cos_k"].mean()
@@ -547,24 +519,18 @@ def test_training_page_shows_the_recorded_held_out_fidelity(pretrained):
 # ----- hostile checkpoints and logs: a message on the page, never a traceback ---------------------------
 
 
-def _copy_checkpoint(pretrained, tmp_path, name="smollm2-to-gemma3") -> Path:
-    import shutil
-
-    return Path(shutil.copytree(pretrained[name], tmp_path / name))
-
-
 def _choose_checkpoint(path: Path) -> AppTest:
-    at = start()
+    at = open_app()
     at.selectbox(key="sb.checkpoint").set_value("other (type below)").run()
     at.text_input(key="sb.checkpoint_other").input(str(path))
     translate_button(at).click().run()
     return at
 
 
-def test_a_checkpoint_with_a_nan_weight_is_refused(pretrained, tmp_path):
+def test_a_checkpoint_with_a_nan_weight_is_refused(pretrained_copy):
     from safetensors.torch import load_file, save_file
 
-    path = _copy_checkpoint(pretrained, tmp_path)
+    path = pretrained_copy["smollm2-to-gemma3"]
     state = load_file(str(path / "translator.safetensors"))
     first = sorted(state)[0]
     state[first].view(-1)[0] = float("nan")
@@ -575,8 +541,8 @@ def test_a_checkpoint_with_a_nan_weight_is_refused(pretrained, tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["rows missing keys", "absurd size", "not an object"])
-def test_a_damaged_checkpoint_config_is_reported_with_its_fix(pretrained, tmp_path, damage):
-    path = _copy_checkpoint(pretrained, tmp_path)
+def test_a_damaged_checkpoint_config_is_reported_with_its_fix(pretrained_copy, damage):
+    path = pretrained_copy["smollm2-to-gemma3"]
     config = json.loads((path / "config.json").read_text())
     if damage == "rows missing keys":
         config["channels"] = [{"src_layer_idx": 1}]
@@ -590,8 +556,8 @@ def test_a_damaged_checkpoint_config_is_reported_with_its_fix(pretrained, tmp_pa
     assert any(("Re-export the checkpoint" in e or "not the object MoT Viz writes" in e) for e in errors(at)), errors(at)
 
 
-def test_training_page_survives_a_torn_log_line_and_a_malformed_evaluation(pretrained, tmp_path):
-    path = _copy_checkpoint(pretrained, tmp_path)
+def test_training_page_survives_a_torn_log_line_and_a_malformed_evaluation(pretrained_copy):
+    path = pretrained_copy["smollm2-to-gemma3"]
     with open(path / "log.jsonl", "a") as f:
         f.write('{"step": 15, "loss": 7.')  # what an interrupted append leaves
     config = json.loads((path / "config.json").read_text())
@@ -604,7 +570,7 @@ def test_training_page_survives_a_torn_log_line_and_a_malformed_evaluation(pretr
 
 
 def test_an_unexpected_error_in_a_page_is_a_message_with_details(monkeypatch):
-    at = goto(start(), "4_alignment")
+    at = open_app("4_alignment")
     assert not errors(at)
     import mot_viz.analysis.figures
 
@@ -633,7 +599,7 @@ REPLAY_IS_A_FORWARD_PASS = {  # page -> words its "What am I looking at?" must c
 
 @pytest.mark.parametrize("page", list(REPLAY_IS_A_FORWARD_PASS))
 def test_each_explanation_says_the_replay_is_a_target_forward_pass(page):
-    at = start() if page is None else goto(start(), page)
+    at = open_app(page)
     text = " ".join(m.value for m in at.markdown)
     assert REPLAY_IS_A_FORWARD_PASS[page] in text
     assert "without having read" not in text and "never reads the text" not in text
@@ -642,7 +608,7 @@ def test_each_explanation_says_the_replay_is_a_target_forward_pass(page):
 def test_overview_cost_panel_is_the_shown_translation_beside_native_prefill():
     from mot_viz.engine.models import kv_cache_bytes
 
-    at = start()
+    at = open_app()
     costs, sizes = [d.value for d in at.dataframe if "stage" in d.value.columns or "model" in d.value.columns][:2]
     by_stage = dict(zip(costs["stage"], costs["seconds"]))
     native, side = by_stage["native prefill (target reads the text)"], by_stage["translator + replay"]
@@ -658,7 +624,7 @@ def test_routing_what_if_matches_the_library_and_reacts_to_the_choice():
     from mot_viz.analysis.whatif import what_if
     from mot_viz.engine.translator import GateOverride
 
-    at = goto(start(), "3_routing")
+    at = open_app("3_routing")
     summary = next(d.value for d in at.dataframe if "gates" in d.value.columns)
     assert summary["gates"].tolist() == ["the router's own gates", "every token to expert 0"]
     source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
@@ -685,7 +651,7 @@ def test_cache_error_page_reuse_verdict_is_the_library_verdict_and_follows_the_t
         {"held_out": 85, "balanced_accuracy": 0.66, "agreement": 0.647,
          "other_genres": [{"genre": "CoQA stories (their first question)", "examples": 98,
                            "balanced_accuracy": 0.61}]}))
-    at = goto(start(), "2_cache_error")
+    at = open_app("2_cache_error")
     layers = next(d.value for d in at.dataframe if "layer verdict" in d.value.columns)
     assert any(b.value.startswith("**Verdict: ") for b in [*at.success, *at.warning])
     assert any("on 65% of 85 held-out SQuAD examples (balanced accuracy 0.66" in c.value
@@ -711,7 +677,7 @@ def test_cache_error_page_reuse_verdict_is_the_library_verdict_and_follows_the_t
 def test_fit_a_linear_translator_for_a_pair_without_a_checkpoint(app_cache):
     from mot_viz.train.quickfit import fits_dir
 
-    at = start()
+    at = open_app()
     at.selectbox(key="sb.target").set_value("smollm2-135m").run()  # smollm2 → smollm2: no checkpoint ships for it
     assert any(e.label.startswith("No checkpoint for this pair? Fit one") for e in at.expander)
     next(b for b in at.button if b.label == "Fit a linear translator").click().run()
@@ -744,7 +710,7 @@ def test_cache_error_page_overlays_a_second_checkpoint_with_its_own_verdict(tmp_
     from mot_viz.analysis.cache_metrics import cache_error_table
 
     monkeypatch.setenv("MOT_VIZ_VERDICT_RESULTS", str(tmp_path))  # no checkpoint's verdict checked there
-    at = goto(use_free_text(start(), FREE_TEXT, "Who designed the tower?", "Gustave Eiffel"), "2_cache_error")
+    at = goto(use_free_text(open_app(), FREE_TEXT, "Who designed the tower?", "Gustave Eiffel"), "2_cache_error")
     assert any("has not been checked against QA" in c.value for c in at.caption)
     at.selectbox(key="pg.error.second").set_value("smollm2-to-gemma3-single").run()
     assert not at.exception and not errors(at)
@@ -782,7 +748,7 @@ def test_routing_and_cache_space_pages_show_a_second_checkpoint():
                       num_experts=3, top_k=1)
     save_checkpoint(other, fits_dir() / "another-mixture")
 
-    at = goto(use_free_text(start(), FREE_TEXT), "3_routing")
+    at = goto(use_free_text(open_app(), FREE_TEXT), "3_routing")
     at.selectbox(key="pg.routing.second").set_value("smollm2-to-gemma3-single").run()
     assert any("has no router" in i.value for i in at.info)  # a single translator has no routing to compare
     at.selectbox(key="pg.routing.second").set_value("fit: another-mixture").run()
@@ -825,7 +791,7 @@ def _library_lens(sel, position: int, gold: int | None = None):
 def test_logit_lens_page_shows_the_librarys_lens():
     from mot_viz.analysis.shift.cases import answer_token_ids
 
-    at = goto(start(), "9_logit_lens")
+    at = open_app("9_logit_lens")
     assert not errors(at)
     heatmap, ranks, attention = figures(at)
     sel = at.session_state["applied"]
@@ -870,11 +836,11 @@ def test_logit_lens_page_shows_the_librarys_lens():
 
 
 def test_logit_lens_page_second_checkpoint_and_no_question():
-    at = goto(start(), "9_logit_lens")
+    at = open_app("9_logit_lens")
     at.selectbox(key="pg.lens.second").set_value("smollm2-to-gemma3-linear").run()
     assert not at.exception and not errors(at)
     assert "second" in list(figures(at)[0]["data"][0]["x"])
-    at = goto(use_free_text(start(), FREE_TEXT), "9_logit_lens")
+    at = goto(use_free_text(open_app(), FREE_TEXT), "9_logit_lens")
     assert any("type a question" in i.value for i in at.info)
     assert not figures(at)
 
@@ -882,14 +848,14 @@ def test_logit_lens_page_second_checkpoint_and_no_question():
 def test_logit_lens_page_refuses_a_question_too_long_to_read_in_one_message():
     from mot_viz.analysis.logit_lens import LENS_QUESTION_TOKENS
 
-    at = goto(use_free_text(start(), FREE_TEXT, "Who " * LENS_QUESTION_TOKENS), "9_logit_lens")
+    at = goto(use_free_text(open_app(), FREE_TEXT, "Who " * LENS_QUESTION_TOKENS), "9_logit_lens")
     assert not at.exception and len(errors(at)) == 1 and not figures(at)
     assert errors(at)[0].startswith("**Context problem.** The question is ")
     assert f"the logit lens reads a question of at most {LENS_QUESTION_TOKENS}" in errors(at)[0]
 
 
 def test_logit_lens_page_on_a_linear_checkpoint():
-    at = start()
+    at = open_app()
     at.selectbox(key="sb.checkpoint").set_value("smollm2-to-gemma3-linear")
     at = goto(use_free_text(at, FREE_TEXT, "Who built it?"), "9_logit_lens")
     assert not errors(at)

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from link_check import restored
+from app_helpers import open_view, restored
 from mot_viz.analysis import eval_runs, layer_separation
 from mot_viz.app.settings import EXAMPLES_PER_DATASET
 from mot_viz.data.eval_data import load_dataset
@@ -23,18 +23,7 @@ LINEAR = "results/eval/smollm2-to-gemma3-mid-linear-squad300"
 NUMBERS = ["n", "mean", "ci_low", "ci_high", "retention", "retention_ci_low", "retention_ci_high"]
 
 
-@pytest.fixture(autouse=True)
-def test_env(monkeypatch, app_cache):
-    monkeypatch.setenv("MOT_VIZ_TEST_MODELS", "1")
-    monkeypatch.setenv("MOT_VIZ_CACHE", str(app_cache))
-    monkeypatch.delenv("MOT_VIZ_PRETRAINED", raising=False)
-
-
-def open_page() -> AppTest:
-    at = AppTest.from_file(PAGE, default_timeout=300)
-    at.run()
-    assert not at.exception, at.exception
-    return at
+pytestmark = pytest.mark.usefixtures("shipped_env")  # the shipped results, with the checkpoints they name
 
 
 def frame(at: AppTest, key: str) -> pd.DataFrame:
@@ -50,7 +39,7 @@ def frame(at: AppTest, key: str) -> pd.DataFrame:
 
 
 def test_the_mid_squad_run_filtered_to_its_lost_answers_matches_the_library():
-    at = open_page()
+    at = open_view(PAGE)
     assert at.title[0].value == "Evaluations" and not at.error
     run = eval_runs.open_run(ROOT / MID)
     assert any(c.value == f"python -m mot_viz.eval.evaluate --checkpoint pretrained/smollm2-to-gemma3-mid --datasets "
@@ -95,7 +84,7 @@ def test_the_mid_squad_run_filtered_to_its_lost_answers_matches_the_library():
 def test_two_runs_side_by_side_match_scripts_paired_runs():
     from scripts.paired_runs import paired_runs
 
-    at = open_page()
+    at = open_view(PAGE)
     at.selectbox(key="pg.evals.second").set_value(LINEAR).run()
     assert not at.exception and not at.error
     a, b = Path(MID).name, Path(LINEAR).name
@@ -120,7 +109,7 @@ def test_two_runs_side_by_side_match_scripts_paired_runs():
 
 
 def test_a_folder_that_is_not_a_results_folder_is_one_message(tmp_path):
-    at = open_page()
+    at = open_view(PAGE)
     at.selectbox(key="pg.evals.folder").set_value("other folder (type its path below)").run()
     at.text_input(key="pg.evals.path").input(str(tmp_path)).run()
     assert not at.exception
@@ -130,7 +119,7 @@ def test_a_folder_that_is_not_a_results_folder_is_one_message(tmp_path):
 
 
 def test_a_long_context_run_links_each_document_on_the_long_context_page():
-    at = open_page()
+    at = open_view(PAGE)
     at.selectbox(key="pg.evals.folder").set_value("results/long/smollm2-to-gemma3-mid-stacks").run()
     assert not at.exception and not at.error
     table = frame(at, "table")
@@ -150,7 +139,7 @@ def shown_figure(at: AppTest, trace: str) -> list[float]:
 
 
 def test_the_layers_that_separate_lost_answers_match_the_library():
-    at = open_page()
+    at = open_view(PAGE)
     run = eval_runs.open_run(ROOT / MID)
     errors = layer_separation.run_layer_errors(run)
     assert errors is not None and errors["example"].nunique() == 300
@@ -171,7 +160,7 @@ def test_the_layers_that_separate_lost_answers_match_the_library():
 
 
 def test_a_folder_without_layer_errors_names_the_command_that_records_them():
-    at = open_page()
+    at = open_view(PAGE)
     folder = "results/eval/smollm2-to-smollm2-squad300"
     at.selectbox(key="pg.evals.folder").set_value(folder).run()
     assert not at.exception and not at.error
@@ -184,10 +173,8 @@ def test_a_live_run_from_the_page_opens_its_folder_above(local_pair_checkpoint, 
 
     monkeypatch.setenv("MOT_VIZ_PRETRAINED", str(local_pair_checkpoint.parent))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    at = AppTest.from_file(PAGE, default_timeout=300)
-    at.query_params["ckpt"] = local_pair_checkpoint.name
-    at.run()
-    assert not at.exception and at.session_state["applied"].checkpoint == str(local_pair_checkpoint)
+    at = open_view(PAGE, params={"ckpt": local_pair_checkpoint.name})
+    assert at.session_state["applied"].checkpoint == str(local_pair_checkpoint)
     at.number_input(key="pg.evals.live_n").set_value(2)
     at.multiselect(key="pg.evals.live_conditions").set_value(["mot"])
     at.button(key="evals.live_run").click().run()
@@ -210,7 +197,7 @@ OTHER = "other folder (type its path below)"
 
 
 def test_a_path_too_long_a_huge_table_and_a_binary_one_are_one_short_message(tmp_path):
-    at = open_page()
+    at = open_view(PAGE)
     at.selectbox(key="pg.evals.folder").set_value(OTHER).run()
     at.text_input(key="pg.evals.path").input("/tmp/" + "x" * 5000).run()
     assert not at.exception and len(at.error) == 1
@@ -247,7 +234,7 @@ def test_a_folder_whose_answers_hold_nul_opens(tmp_path, checkpoints, monkeypatc
     out = tmp_path / "nul-run"
     assert evaluate.main(["--checkpoint", str(checkpoints["smollm2-to-gemma3"]), "--datasets", str(data), "--n", "2",
                           "--max_new_tokens", "2", "--bootstrap", "20", "--out", str(out)]) == 0
-    at = open_page()
+    at = open_view(PAGE)
     at.selectbox(key="pg.evals.folder").set_value(OTHER).run()
     for nul in ("\ufffd", "\x00"):
         table = out / "examples.csv"
@@ -259,7 +246,7 @@ def test_a_folder_whose_answers_hold_nul_opens(tmp_path, checkpoints, monkeypatc
 
 @pytest.mark.parametrize("n", [0, 500])
 def test_an_out_of_range_number_of_examples_is_refused_not_clamped(n):
-    at = open_page()
+    at = open_view(PAGE)
     at.number_input(key="pg.evals.live_n").set_value(n).run()
     assert at.number_input(key="pg.evals.live_n").value == n  # kept as typed, never silently 1
     at.button(key="evals.live_run").click().run()

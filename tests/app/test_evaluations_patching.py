@@ -7,14 +7,18 @@ import shutil
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from streamlit.testing.v1 import AppTest
 
+from app_helpers import open_view
 from mot_viz.analysis import eval_runs
 from mot_viz.analysis import patching as patching_analysis
 from mot_viz.eval.patching import PATCHING_FILE, read_patching
 from plotly_figures import figures
-from test_evaluations_page import MID, OTHER, PAGE, ROOT, frame, test_env  # noqa: F401  (the page's environment)
+from test_evaluations_page import MID, OTHER, PAGE, ROOT, frame
 from tolerance import assert_close
+
+pytestmark = pytest.mark.usefixtures("shipped_env")  # the shipped results, with the checkpoints they name
 
 
 def _bars(at: AppTest, method: str) -> dict:
@@ -37,9 +41,8 @@ def _expected_bars(at: AppTest, patching: pd.DataFrame, method: str, ids: list[s
 
 
 def test_restoration_shares_of_lost_answers_and_of_every_example_match_the_library():
-    at = AppTest.from_file(PAGE, default_timeout=300)
-    at.run()
-    assert not at.exception and not at.error
+    at = open_view(PAGE)
+    assert not at.error
     patching = read_patching(ROOT / MID / PATCHING_FILE)
     assert list(dict.fromkeys(patching["method"])) == ["mot", "direct"]
     table = frame(at, "table")
@@ -69,8 +72,7 @@ def test_a_long_context_folders_patching_is_drawn_per_budget(tmp_path):
     # page and this test must read the same rows
     folder = tmp_path / Path(LONG).name
     shutil.copytree(ROOT / LONG, folder)
-    at = AppTest.from_file(PAGE, default_timeout=300)
-    at.run()
+    at = open_view(PAGE)
     at.selectbox(key="pg.evals.folder").set_value(OTHER).run()
     at.text_input(key="pg.evals.path").input(str(folder)).run()
     assert not at.exception and not at.error

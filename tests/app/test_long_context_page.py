@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app_helpers import APP, TIMEOUT, errors, open_app, shown
 from mot_viz import app
 from mot_viz.analysis.long_context import position_error_table
 from mot_viz.app.permalink import FINGERPRINT, MAX_TEXT_IN_LINK, text_digest
@@ -22,10 +23,7 @@ from mot_viz.eval.long_context import evaluate_document
 from mot_viz.eval.long_settings import LongSettings
 from mot_viz.train.mean_vector import reference_means
 from plotly_figures import figures
-from test_app_pages import errors, shown
 
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
-TIMEOUT = 300
 PAGE = "views/8_long_context.py"
 BUDGET = 512  # the page's default length
 
@@ -47,10 +45,7 @@ def test_env(monkeypatch, pages_env, shipped):
 
 
 def open_page(budget: int | None = None) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.run()
-    at.switch_page(PAGE).run()
-    assert not at.exception, at.exception
+    at = open_app(PAGE)
     if budget is not None:
         at.selectbox(key="pg.long.budget").set_value(budget).run()
         assert not at.exception, at.exception

@@ -3,23 +3,17 @@ its answers, scores and bytes are checked against mot_viz.analysis.methods compu
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app_helpers import errors, open_app, shown
 from mot_viz.analysis.methods import METHOD_LABELS, cache_methods, relay_methods
 from plotly_figures import figures
-from test_app_pages import errors, shown
 
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
-TIMEOUT = 300
 PAGE = "views/12_methods.py"
 
 
-@pytest.fixture(autouse=True)
-def test_env(pages_env):
-    """Every page runs on the tiny test pair (conftest's pages_env)."""
+pytestmark = pytest.mark.usefixtures("pages_env")  # every page runs on the tiny test pair
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +23,7 @@ def library(default_context):
 
 
 def open_page() -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.run()
-    at.switch_page(PAGE).run()
-    assert not at.exception, at.exception
+    at = open_app(PAGE)
     assert not at.error, errors(at)
     return at
 
@@ -88,15 +79,12 @@ def test_the_relay_on_request_shows_the_librarys_messages_and_the_view_lives_in_
     assert at.query_params.get("methods.relay") == "true" and at.query_params.get("methods.kv") == "V"
 
 
-def test_a_broken_direct_map_in_pretrained_leaves_out_that_method_only(pretrained, tmp_path, monkeypatch):
+def test_a_broken_direct_map_in_pretrained_leaves_out_that_method_only(pretrained_copy, monkeypatch):
     """A folder marked as the pair's direct map whose weights do not load: the page shows every other method and
     says why the direct map is left out (the user never chose it)."""
     import json
-    import shutil
 
-    folder = tmp_path / "pretrained"
-    for name, path in pretrained.items():
-        shutil.copytree(path, folder / name)
+    folder = next(iter(pretrained_copy.values())).parent
     broken = folder / "smollm2-to-gemma3-direct"
     broken.mkdir()
     config = json.loads((folder / "smollm2-to-gemma3" / "config.json").read_text())

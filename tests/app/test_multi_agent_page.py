@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app_helpers import APP, TIMEOUT, errors, open_app, shown
 from mot_viz import app
 from mot_viz.app.multi_agent import story_tokens
 from mot_viz.app.permalink import FINGERPRINT, MAX_TEXT_IN_LINK, text_digest
@@ -20,9 +21,7 @@ from mot_viz.engine.checkpoint import load_checkpoint
 from mot_viz.engine.testing import load_test_model
 from mot_viz.eval.conversation import ConversationSettings, conversation_rows
 from plotly_figures import figures
-from test_app_pages import errors, shown
 
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
 PAGE = "views/10_multi_agent.py"
 
 
@@ -42,10 +41,7 @@ def test_env(monkeypatch, pages_env, shipped, tmp_path):
 
 
 def test_the_page_answers_a_conversation_as_the_library_does(pretrained):
-    at = AppTest.from_file(APP, default_timeout=300)
-    at.run()
-    at.switch_page(PAGE).run()
-    assert not at.exception, at.exception
+    at = open_app(PAGE)
     at.selectbox(key="pg.agents.turns").set_value(2).run()
     assert not at.exception and not at.error
     source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
@@ -75,9 +71,7 @@ def test_several_readers_compose_shards_as_the_library_does(pretrained):
     from mot_viz.data.long_context import long_examples
     from mot_viz.eval.shards import ShardSettings, evaluate_document, shard_spans
 
-    at = AppTest.from_file(APP, default_timeout=300)
-    at.run()
-    at.switch_page(PAGE).run()
+    at = open_app(PAGE)
     at.selectbox(key="pg.agents.turns").set_value(1).run()
     assert not at.exception
     before = len(figures(at))
@@ -106,14 +100,6 @@ STORY = ("The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars 
 QUESTIONS = "Who designed the tower? | Gustave Eiffel | Eiffel\nWhere is it? | Paris"
 
 
-def open_page() -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=300)
-    at.run()
-    at.switch_page(PAGE).run()
-    assert not at.exception, at.exception
-    return at
-
-
 def your_story(at: AppTest, story: str, questions: str) -> AppTest:
     at.selectbox(key="pg.agents.story").set_value("yours").run()
     at.text_area(key="pg.agents.text").input(story)
@@ -122,7 +108,7 @@ def your_story(at: AppTest, story: str, questions: str) -> AppTest:
 
 
 def test_a_pasted_story_and_its_questions_are_answered_turn_by_turn_as_the_library_does(pretrained):
-    at = your_story(open_page(), STORY, QUESTIONS)
+    at = your_story(open_app(PAGE), STORY, QUESTIONS)
     assert not at.exception and not at.error, errors(at)
     source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
     mot, _ = load_checkpoint(pretrained["smollm2-to-gemma3"], source, target)
@@ -142,14 +128,14 @@ def test_a_pasted_story_and_its_questions_are_answered_turn_by_turn_as_the_libra
 
 
 def test_the_coqa_caption_names_the_story_not_the_sidebars_passage():
-    at = open_page()
+    at = open_app(PAGE)
     at.selectbox(key="pg.agents.turns").set_value(1).run()
     caption = next(shown(c.value) for c in at.caption if "checkpoint" in c.value)
     assert caption.endswith("document: CoQA story #0, its first 1 turns") and "SQuAD" not in caption
 
 
 def test_an_empty_too_long_or_binary_story_is_one_message_and_no_computation():
-    at = open_page()
+    at = open_app(PAGE)
     at = your_story(at, "", QUESTIONS)
     assert errors(at) == ["**Context problem.** The story is empty. Paste a text, or upload a .txt or .jsonl file."]
     assert not at.dataframe and not at.get("plotly_chart")
@@ -166,7 +152,7 @@ def test_an_empty_too_long_or_binary_story_is_one_message_and_no_computation():
 
 
 def test_an_uploaded_jsonl_fills_the_story_and_its_questions_in_order():
-    at = open_page()
+    at = open_app(PAGE)
     at.selectbox(key="pg.agents.story").set_value("yours").run()
     data = b"\n".join(json.dumps({"context": STORY, "question": q, "answers": a}).encode()
                       for q, a in (("Who designed the tower?", ["Gustave Eiffel"]), ("Where is it?", ["Paris"])))
@@ -180,11 +166,11 @@ def test_an_uploaded_jsonl_fills_the_story_and_its_questions_in_order():
 
 def test_a_link_holding_a_long_storys_fingerprint_restores_it():
     story = (STORY * 12)[: MAX_TEXT_IN_LINK + 40]
-    at = your_story(open_page(), story, QUESTIONS)
+    at = your_story(open_app(PAGE), story, QUESTIONS)
     assert not at.error, errors(at)
     params = dict(at.query_params)
     assert params["agents.text"] == FINGERPRINT + text_digest(story) and params["agents.questions"] == QUESTIONS
-    fresh = AppTest.from_file(APP, default_timeout=300)  # a new browser tab opened on the page's link
+    fresh = AppTest.from_file(APP, default_timeout=TIMEOUT)  # a new browser tab opened on the page's link
     fresh.query_params.update(params)
     fresh.switch_page(PAGE).run()
     assert not fresh.exception and not fresh.error and not fresh.warning, errors(fresh)

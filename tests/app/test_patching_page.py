@@ -3,11 +3,10 @@ the library's scan (mot_viz.engine.patching) of the same context, and its option
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app_helpers import errors, open_app, translate_button
 from mot_viz.analysis.methods import METHOD_LABELS
 from mot_viz.data.long_context import BUDGETS, long_examples
 from mot_viz.engine.alignment import encode
@@ -17,17 +16,12 @@ from mot_viz.engine.mot import translate
 from mot_viz.engine.prompts import build_prompt
 from mot_viz.sharing.linear import linear_cache
 from plotly_figures import figures
-from test_app_pages import errors, translate_button
 from tolerance import close
 
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
-TIMEOUT = 300
 PAGE = "views/13_layer_patching.py"
 
 
-@pytest.fixture(autouse=True)
-def test_env(pages_env):
-    """Every page runs on the tiny test pair (conftest's pages_env)."""
+pytestmark = pytest.mark.usefixtures("pages_env")  # every page runs on the tiny test pair
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +34,7 @@ def library(default_context):
 
 
 def open_page() -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.run()
-    at.switch_page(PAGE).run()
-    assert not at.exception, at.exception
+    at = open_app(PAGE)
     assert not at.error, errors(at)
     return at
 
@@ -106,8 +97,7 @@ def test_method_group_and_buckets_follow_the_widgets_and_live_in_the_url(library
 
 
 def test_free_text_without_a_gold_answer_is_one_message():
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.run()
+    at = open_app()
     at.radio(key="sb.mode").set_value("Free text").run()
     at.text_area(key="sb.text").input("My own passage about the tower in Paris.").run()
     at.text_input(key="sb.question").input("Where is it?").run()

@@ -20,6 +20,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import mot_viz.engine.models
+from app_helpers import errors, goto, open_app, shown, translate_button
 from mot_viz import app
 from mot_viz.app.permalink import (MAX_QUERY_CHARS, MAX_TEXT_IN_LINK, SidebarLink, check_value, decode_value,
                                    encode_value, fit_link, page_params, parse_link, query_string, sidebar_params,
@@ -28,25 +29,13 @@ from mot_viz.app.server import serve_app
 from mot_viz.app.settings import EXAMPLES_PER_DATASET
 from mot_viz.engine.testing import load_test_model
 from plotly_figures import figures
-from test_app_pages import APP, TIMEOUT, errors, goto, shown, translate_button
 
 FREE_TEXT = "The Eiffel Tower is in Paris. It was built by Gustave Eiffel's company from 1887 to 1889.\n"
 LINK_ARGS = dict(models=["smollm2-135m", "gemma3-270m"], checkpoints=["smollm2-to-gemma3", "other-ckpt"],
                  datasets=["squad", "boolq"], examples=50)
 
 
-@pytest.fixture(autouse=True)
-def test_env(pages_env):
-    """Every page runs on the tiny test pair (conftest's pages_env)."""
-
-
-def start(params: dict[str, str] | None = None) -> AppTest:
-    """A fresh session (a new browser tab) opened on a URL with `params`."""
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.query_params.update(params or {})
-    at.run()
-    assert not at.exception, at.exception
-    return at
+pytestmark = pytest.mark.usefixtures("pages_env")  # every page runs on the tiny test pair
 
 
 def copied_link(at: AppTest) -> dict[str, str]:
@@ -172,7 +161,7 @@ def test_a_link_cut_inside_a_fingerprint_says_it_was_cut_short():
 
 
 def test_the_applied_selection_and_page_options_are_in_the_url_and_a_fresh_session_restores_them():
-    at = start()
+    at = open_app()
     assert at.query_params == {"src": "smollm2-135m", "tgt": "gemma3-270m", "ckpt": "smollm2-to-gemma3",
                                "ds": "squad", "ex": "0"}
     at.number_input(key="sb.example").set_value(3).run()
@@ -188,7 +177,7 @@ def test_the_applied_selection_and_page_options_are_in_the_url_and_a_fresh_sessi
     assert params["error.fidelity"] == '["attn_out_cos"]'
     assert copied_link(at).items() >= {"ex": "3", "error.kv": "V"}.items()  # the sidebar's "Copy link"
 
-    fresh = start(params)  # a new tab opened on the copied URL
+    fresh = open_app(params=params)  # a new tab opened on the copied URL
     assert not fresh.warning
     assert sidebar_values(fresh) == sidebar_values(at)
     assert fresh.session_state["applied"] == at.session_state["applied"]
@@ -206,7 +195,7 @@ def test_the_applied_selection_and_page_options_are_in_the_url_and_a_fresh_sessi
 def test_a_switch_of_page_writes_no_query_parameter_the_address_did_not_show():
     """A page's options at their defaults stay out of the link, so the run a click in the navigation starts writes
     nothing new: the browser would put it under the address it still shows, the page left (links.link_params)."""
-    at = start()
+    at = open_app()
     shown = dict(at.query_params)
     pages = ["1_answers", "2_cache_error", "3_routing", "4_alignment", "5_cache_space", "6_training",
              "7_shift_analysis", "9_logit_lens"]
@@ -224,7 +213,8 @@ def test_a_switch_of_page_writes_no_query_parameter_the_address_did_not_show():
 
 
 def test_another_pair_and_checkpoint_round_trip(pretrained):
-    at = start({"src": "gemma3-270m", "tgt": "smollm2-135m", "ckpt": "gemma3-to-smollm2", "ds": "boolq", "ex": "4"})
+    at = open_app(params={"src": "gemma3-270m", "tgt": "smollm2-135m", "ckpt": "gemma3-to-smollm2", "ds": "boolq",
+                          "ex": "4"})
     assert not at.warning and not at.error
     applied = at.session_state["applied"]
     assert (applied.source, applied.target, applied.label) == ("gemma3-270m", "smollm2-135m", "BoolQ #4")
@@ -233,7 +223,7 @@ def test_another_pair_and_checkpoint_round_trip(pretrained):
 
 
 def test_free_text_round_trips():
-    at = start()
+    at = open_app()
     at.radio(key="sb.mode").set_value("Free text").run()
     at.text_area(key="sb.text").input(FREE_TEXT)
     at.text_input(key="sb.question").input("Who built the tower?")
@@ -243,7 +233,7 @@ def test_free_text_round_trips():
     assert params["text"] == FREE_TEXT and params["q"] == "Who built the tower?"
     assert params["gold"] == "Gustave Eiffel | Eiffel" and "ds" not in params and "ex" not in params
 
-    fresh = start(params)
+    fresh = open_app(params=params)
     assert not fresh.warning
     assert fresh.session_state["sb.mode"] == "Free text" and fresh.text_area(key="sb.text").value == FREE_TEXT
     assert fresh.text_input(key="sb.gold").value == "Gustave Eiffel | Eiffel"
@@ -253,7 +243,7 @@ def test_free_text_round_trips():
 
 def test_a_long_free_text_is_linked_by_digest_and_restored_only_where_it_was_seen(monkeypatch):
     text = (FREE_TEXT * 12)[: MAX_TEXT_IN_LINK + 50]
-    at = start()
+    at = open_app()
     at.radio(key="sb.mode").set_value("Free text").run()
     at.text_area(key="sb.text").input(text)
     at.text_input(key="sb.question").input("Who built the tower?")
@@ -261,9 +251,9 @@ def test_a_long_free_text_is_linked_by_digest_and_restored_only_where_it_was_see
     params = dict(at.query_params)
     assert "text" not in params and params["th"] == text_digest(text)
 
-    assert start(params).session_state["applied"] == at.session_state["applied"]  # this app process saw it
+    assert open_app(params=params).session_state["applied"] == at.session_state["applied"]  # this app process saw it
     monkeypatch.setattr(app.links, "_LONG_TEXTS", type(app.links._LONG_TEXTS)())  # e.g. after a restart
-    lost = start(params)
+    lost = open_app(params=params)
     assert len(lost.warning) == 1 and f"sha256:{params['th']}" in link_warning(lost)
     assert "paste the text under Free text" in link_warning(lost)
     assert lost.session_state["applied"].label == "SQuAD #0"  # the default context, not a half-restored one
@@ -271,8 +261,8 @@ def test_a_long_free_text_is_linked_by_digest_and_restored_only_where_it_was_see
 
 
 def test_hostile_parameters_give_one_warning_and_the_defaults():
-    default = start()
-    at = start({"src": "no-such-model", "tgt": "gemma3-270m", "ckpt": "missing-checkpoint", "ds": "squad",
+    default = open_app()
+    at = open_app(params={"src": "no-such-model", "tgt": "gemma3-270m", "ckpt": "missing-checkpoint", "ds": "squad",
                 "ex": "abc", "junk": "1", "error.kv": "7", "error.metric": "bogus", "answers.max_new": "1000",
                 "answers.second": "not-a-checkpoint"})
     assert len(at.warning) == 1 and not at.error
@@ -286,7 +276,7 @@ def test_hostile_parameters_give_one_warning_and_the_defaults():
 
     for params in ({"ex": "99999999999999999999"}, {"ex": "-3"}, {"ds": "squad", "ex": str(EXAMPLES_PER_DATASET)},
                    {"ckpt": ""}):
-        other = start(params)
+        other = open_app(params=params)
         assert not other.error and other.session_state["applied"] == default.session_state["applied"]
 
     at = goto(at, "2_cache_error")  # a wrong type, and a value the radio does not offer: the defaults
@@ -322,7 +312,7 @@ def assert_no_markup_from(at: AppTest, needles=("](https://evil.example", "<img 
 
 def test_user_text_from_a_link_is_shown_as_typed_never_as_markup():
     text, question, gold = f"Paris is in France. {EVIL}\n", f"Where is Paris? {EVIL}", f"France | {EVIL}"
-    at = start({"text": text, "q": question, "gold": gold, "src": EVIL})
+    at = open_app(params={"text": text, "q": question, "gold": gold, "src": EVIL})
     assert at.session_state["applied"].text == text  # restored, and translated as typed
     assert_no_markup_from(at)
     assert any(t.value.strip() == text.strip() for t in at.text)  # the overview's "translated context", verbatim
@@ -335,7 +325,7 @@ def test_user_text_from_a_link_is_shown_as_typed_never_as_markup():
 
 
 def test_a_page_option_a_link_escapes_into_a_lone_surrogate_is_named_and_dropped():
-    at = start({"error.kv": '"\\ud800"', "error.metric": "cosine"})  # JSON's escape: "\ud800" once decoded
+    at = open_app(params={"error.kv": '"\\ud800"', "error.metric": "cosine"})  # JSON's escape: "\ud800" once decoded
     at = goto(at, "2_cache_error")
     assert not at.exception and not errors(at)
     assert "error.kv=" in link_warning(at) and "ud800" in link_warning(at)
@@ -346,16 +336,16 @@ def test_a_page_option_a_link_escapes_into_a_lone_surrogate_is_named_and_dropped
 def test_a_copied_link_never_exceeds_what_the_server_accepts_and_says_what_it_left_out():
     text = "東京は日本の首都です。" * 70  # 770 characters, but about 7,000 once percent-encoded
     question = "Which city is the capital? " * 600  # 16,200 characters: no link can carry it
-    at = use_free_text_link(start(), text, question, "Tokyo")
+    at = use_free_text_link(open_app(), text, question, "Tokyo")
     params = copied_link(at)
     assert len(query_string(params)) <= MAX_QUERY_CHARS and dict(at.query_params) == params
     assert "text" not in params and params["th"] == text_digest(text) and "q" not in params
     assert params["gold"] == "Tokyo"
     left = [shown(w.value) for w in at.warning if w.value.startswith("This link leaves out")]
     assert len(left) == 1 and left[0].startswith("This link leaves out the question:") and "400 Bad Request" in left[0]
-    fresh = start(params)  # this app process has seen the text: the link restores it, without the question
+    fresh = open_app(params=params)  # this app process has seen the text: the link restores it, without the question
     assert fresh.session_state["applied"].text == text and fresh.session_state["sb.question"] == ""
-    short = use_free_text_link(start(), text, "Which city?", "Tokyo")
+    short = use_free_text_link(open_app(), text, "Which city?", "Tokyo")
     assert not any(w.value.startswith("This link leaves out") for w in short.warning)
     assert copied_link(short)["q"] == "Which city?"
 
@@ -410,7 +400,7 @@ def test_the_server_accepts_the_longest_link_and_refuses_past_its_header_limit(a
 
 def test_a_long_page_option_is_quoted_short_and_its_urls_never_become_links():
     value = "see https://evil.example/a, www.evil.example and me@evil.example " + "x" * 5000
-    at = goto(start({"error.metric": value, "error." + "k" * 300: value}), "2_cache_error")
+    at = goto(open_app(params={"error.metric": value, "error." + "k" * 300: value}), "2_cache_error")
     warning = link_warning(at)
     assert len(warning) < 600 and "x" * 100 not in warning and "k" * 50 not in warning
     quoted = warning.split("error.metric=", 1)[1].split(" (", 1)[0]
@@ -420,7 +410,7 @@ def test_a_long_page_option_is_quoted_short_and_its_urls_never_become_links():
 
 
 def test_unknown_page_options_are_named_once_and_leave_the_url():
-    at = start({"nosuch.option": "1", "error.bogus": "x", "error.kv": "V"})
+    at = open_app(params={"nosuch.option": "1", "error.bogus": "x", "error.kv": "V"})
     assert "nosuch.option" in link_warning(at) and "no page of this app has it" in link_warning(at)
     assert "nosuch.option" not in at.query_params and at.query_params["error.kv"] == "V"
     at = goto(at, "2_cache_error")
@@ -449,7 +439,7 @@ def test_models(monkeypatch):
 
 
 def test_copy_as_python_translates_the_same_text_and_prints_the_page_numbers(test_models):
-    at = goto(start({"ds": "squad", "ex": "2"}), "2_cache_error")
+    at = goto(open_app(params={"ds": "squad", "ex": "2"}), "2_cache_error")
     code = python_code(at)
     assert f"load_dataset('squad', n={EXAMPLES_PER_DATASET}, seed=0)[2]" in code
     namespace, printed = run_snippet(code)
@@ -466,7 +456,7 @@ def test_copy_as_python_translates_the_same_text_and_prints_the_page_numbers(tes
 
 
 def test_copy_as_python_on_free_text(test_models):
-    at = start({"text": FREE_TEXT, "q": "Who built it?"})
+    at = open_app(params={"text": FREE_TEXT, "q": "Who built it?"})
     namespace, printed = run_snippet(python_code(at))
     assert namespace["text"] == at.session_state["applied"].text
     assert len(namespace["replayed"]) == 6 and "cosine" in printed  # every target layer of the tiny Gemma

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from link_check import restored
+from app_helpers import restored
 from mot_viz.analysis import eval_runs
 from mot_viz.app.links import eval_run_views
 from mot_viz.app.loaders import dataset_examples

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from streamlit.testing.v1 import AppTest
 
+from app_helpers import open_app
 from mot_viz.analysis import shift
 from mot_viz.data.eval_data import load_dataset
 from mot_viz.engine.checkpoint import load_checkpoint
@@ -20,8 +20,6 @@ from mot_viz.engine.prompts import build_prompt
 from mot_viz.engine.testing import load_test_model
 from plotly_figures import figures
 
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
-TIMEOUT = 300
 PAGE = "views/7_shift_analysis.py"
 
 
@@ -44,16 +42,8 @@ def test_env(monkeypatch, pages_env, shipped):
     monkeypatch.setenv("MOT_VIZ_SHIFT_RESULTS", str(shipped))
 
 
-def open_page() -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.run()
-    at.switch_page(PAGE).run()
-    assert not at.exception, at.exception
-    return at
-
-
 def test_page_traces_the_checkpoint_window_and_shows_the_shipped_sweep(pretrained, shipped):
-    at = open_page()
+    at = open_app(PAGE)
     assert [h.value for h in at.header][:3] == ["This checkpoint's window on this context",
                                                 "Sweep the window start on this context (training-free)",
                                                 "Shipped sweep (results/shift)"]
@@ -85,7 +75,7 @@ def test_page_traces_the_checkpoint_window_and_shows_the_shipped_sweep(pretraine
 
 
 def test_live_sweep_runs_on_click_and_covers_every_valid_start():
-    at = open_page()
+    at = open_app(PAGE)
     n_before = len(at.get("plotly_chart"))
     at.number_input(key="pg.shift.window").set_value(2).run()
     next(b for b in at.button if b.label == "Run the sweep").click().run()
@@ -101,8 +91,7 @@ def test_live_sweep_runs_on_click_and_covers_every_valid_start():
 
 
 def test_free_text_without_question_asks_for_one():
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.run()
+    at = open_app()
     at.radio(key="sb.mode").set_value("Free text").run()
     at.text_input(key="sb.question").input("")
     next(b for b in at.button if b.label == "Translate").click().run()
@@ -112,8 +101,7 @@ def test_free_text_without_question_asks_for_one():
 
 
 def test_page_runs_on_a_linear_checkpoint():
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.run()
+    at = open_app()
     at.selectbox(key="sb.checkpoint").set_value("smollm2-to-gemma3-linear")
     next(b for b in at.button if b.label == "Translate").click().run()
     at.switch_page(PAGE).run()
@@ -128,10 +116,7 @@ def test_after_the_answers_page_the_shift_and_per_layer_pages_reuse_its_question
     from mot_viz.app import loaders
     from mot_viz.eval.answers import first_answer_logprobs
 
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.run()
-    at.switch_page("views/1_answers.py").run()
-    assert not at.exception, at.exception
+    at = open_app("views/1_answers.py")
     sel = at.session_state["applied"]
     assert set(loaders._prompted(loaders.translation_key(sel), sel.suffix)) == {"native", "mot", "random"}
     at.switch_page(PAGE).run()

@@ -11,8 +11,9 @@ import torch
 
 from mot_viz.analysis import cache_metrics as cm
 from mot_viz.analysis import figures, training_figures
+from mot_viz.engine.checkpoint import load_checkpoint
 from mot_viz.engine.mot import translate
-from mot_viz.engine.testing import load_test_model, write_test_checkpoints
+from mot_viz.engine.testing import load_test_model
 from tolerance import assert_close
 
 TEXT = "The Eiffel Tower is in Paris. It was built by Gustave Eiffel, whose company designed it.\n"
@@ -88,12 +89,9 @@ def test_whitespace_is_visible_and_axis_labels_unique():
 
 
 @pytest.fixture(scope="module")
-def tiny_translation(tmp_path_factory):
+def tiny_translation(checkpoints):
     source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
-    paths = write_test_checkpoints(tmp_path_factory.mktemp("ckpt"))
-    from mot_viz.engine.checkpoint import load_checkpoint
-
-    mot, _ = load_checkpoint(paths["smollm2-to-gemma3"], source, target)
+    mot, _ = load_checkpoint(checkpoints["smollm2-to-gemma3"], source, target)
     return mot, translate(mot, source, target, TEXT), target
 
 

@@ -14,7 +14,7 @@ from mot_viz.engine.checkpoint import load_checkpoint
 from mot_viz.engine.mot import MoT, target_context_ids, translate
 from mot_viz.engine.replay_config import replay_mode
 from mot_viz.engine.prompts import QAExample
-from mot_viz.engine.testing import load_test_model, write_test_checkpoints
+from mot_viz.engine.testing import load_test_model
 from mot_viz.errors import ConfigError
 from mot_viz.eval import evaluate
 from mot_viz.sharing import caches
@@ -100,13 +100,12 @@ def test_no_target_forward_runs_over_the_context(private_cache, monkeypatch):
     assert translation.mixed_kv[0][0].shape[2] == len(target.prefix_ids) + translation.target_ids.shape[1]
 
 
-def test_replay_none_needs_a_full_depth_window(tmp_path):
-    paths = write_test_checkpoints(tmp_path)
+def test_replay_none_needs_a_full_depth_window(checkpoints):
     source, target = tiny_model("llama", layers=4), tiny_model("gemma3_text", layers=6)
     with pytest.raises(ConfigError, match="source has 4"):
         quickfit_channels(source, target, QuickFitConfig(direct=True))
     src, tgt = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
-    mot = load_checkpoint(paths["smollm2-to-gemma3-linear"], src, tgt)[0]
+    mot = load_checkpoint(checkpoints["smollm2-to-gemma3-linear"], src, tgt)[0]
     mot.replay = replay_mode(mot.replay, "none")
     with pytest.raises(ConfigError, match="full-depth map"):
         translate(mot, src, tgt, TEXT)
@@ -132,12 +131,11 @@ def test_the_direct_condition_answers_from_the_direct_map(private_cache):
     (["--conditions", "direct", "--direct", "WINDOW"], "needs a full-depth map without replay"),
     (["--replay", "none"], "--replay none uses the translated K/V as the whole cache"),
 ])
-def test_the_direct_condition_is_refused_in_one_line_before_any_model_loads(tmp_path, capsys, monkeypatch, flags,
-                                                                             message):
-    paths = write_test_checkpoints(tmp_path)
+def test_the_direct_condition_is_refused_in_one_line_before_any_model_loads(checkpoints, tmp_path, capsys, monkeypatch,
+                                                                             flags, message):
     monkeypatch.setattr(evaluate, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
-    named = {"DIRECT": str(paths["smollm2-to-gemma3"]), "WINDOW": str(paths["smollm2-to-gemma3-linear"])}
-    argv = ["--checkpoint", str(paths["smollm2-to-gemma3"]), "--datasets", "squad", "--n", "1",
+    named = {"DIRECT": str(checkpoints["smollm2-to-gemma3"]), "WINDOW": str(checkpoints["smollm2-to-gemma3-linear"])}
+    argv = ["--checkpoint", str(checkpoints["smollm2-to-gemma3"]), "--datasets", "squad", "--n", "1",
             "--out", str(tmp_path / "out"), *[named.get(f, f) for f in flags]]
     assert evaluate.main(argv) != 0
     err = capsys.readouterr().err.strip().splitlines()

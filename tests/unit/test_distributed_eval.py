@@ -51,10 +51,8 @@ ROWS += [{"id": f"e{i}", "context": CORPUS[i % 3], "question": "What is it?", "a
 
 
 @pytest.fixture()
-def data(tmp_path) -> Path:
-    path = tmp_path / "toy.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    return path
+def data(toy_jsonl) -> Path:
+    return toy_jsonl(ROWS)
 
 
 def argv(name: str, checkpoints, data: Path | None, out: Path, *extra: str) -> list[str]:

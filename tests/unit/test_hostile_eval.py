@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import CORPUS, TOY_ROWS, tiny_model
+from conftest import CORPUS, TOY_ROWS, tiny_model, write_jsonl
 from mot_viz.data.eval_data import load_dataset, load_jsonl
 from mot_viz.engine.channels import Channels
 from mot_viz.engine.mot import MoT, native_cache, target_context_ids, translate
@@ -490,9 +490,8 @@ def test_resume_computes_again_a_unit_whose_row_was_cut(monkeypatch, checkpoints
 
 
 def long_jsonl(path: Path, contexts: dict[str, str]) -> Path:
-    path.write_text("".join(json.dumps({"id": i, "context": c, "question": "Where is the tower?", "answers": ["Paris"]})
-                            + "\n" for i, c in contexts.items()))
-    return path
+    return write_jsonl(path, [{"id": i, "context": c, "question": "Where is the tower?", "answers": ["Paris"]}
+                              for i, c in contexts.items()])
 
 
 def long_argv(checkpoints, source, out, budget=300) -> list[str]:
@@ -587,9 +586,8 @@ def test_ctrl_c_stops_a_command_started_with_sigint_ignored():
 
 def nul_jsonl(path: Path, n: int = 3) -> Path:
     """Open questions whose gold answers hold NUL: valid JSON ("Paris\\u0000"), so a user's file may hold them."""
-    path.write_text("".join(json.dumps({"id": f"q{i}", "context": CORPUS[i % 3], "question": "Which city is it?",
-                                        "answers": ["Paris\u0000", f"city\u0000{i}"]}) + "\n" for i in range(n)))
-    return path
+    return write_jsonl(path, [{"id": f"q{i}", "context": CORPUS[i % 3], "question": "Which city is it?",
+                               "answers": ["Paris\u0000", f"city\u0000{i}"]} for i in range(n)])
 
 
 def test_a_nul_in_the_answers_is_text_through_an_interrupted_run_resume_and_paired_runs(checkpoints, tmp_path,

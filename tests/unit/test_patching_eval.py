@@ -42,12 +42,11 @@ sys.exit(patching.main(sys.argv[1:]))
 
 
 @pytest.fixture()
-def folder(checkpoints, tmp_path, monkeypatch) -> Path:
+def folder(checkpoints, toy_jsonl, tmp_path, monkeypatch) -> Path:
     """An evaluate results folder of 4 extractive toy examples on the tiny pair."""
     monkeypatch.setattr(evaluate, "load_model", load_test_model)
     monkeypatch.setattr(patching, "load_model", load_test_model)
-    data = tmp_path / "toy.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    data = toy_jsonl(ROWS)
     out = tmp_path / "run"
     assert evaluate.main(["--checkpoint", str(checkpoints["smollm2-to-gemma3"]), "--datasets", str(data), "--n", "4",
                           "--conditions", "native", "mot", "--max_new_tokens", "2", "--bootstrap", "20", "--out",

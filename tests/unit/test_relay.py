@@ -110,12 +110,9 @@ def test_relay_q_carries_the_question_and_relay_does_not(checkpoints):
 
 
 @pytest.fixture()
-def data(tmp_path):
-    path = tmp_path / "toy.jsonl"
-    rows = [{"id": f"q{i}", "context": CORPUS[i % 4], "question": "Where is it?", "answers": ["in Paris"]}
-            for i in range(3)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+def data(toy_jsonl):
+    return toy_jsonl([{"id": f"q{i}", "context": CORPUS[i % 4], "question": "Where is it?", "answers": ["in Paris"]}
+                      for i in range(3)])
 
 
 def argv(checkpoints, data, out, n, *extra) -> list[str]:
