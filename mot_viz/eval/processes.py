@@ -203,9 +203,13 @@ def resumed_table(out_dir: Path, settings, resume: bool, overwrite: bool, keys: 
     check_results_folder(out_dir, settings, files, overwrite, resume)
     if overwrite or not earlier_run(out_dir, settings, resume, keys, unit=unit):
         return None
-    read = lambda path, headers: complete_rows(  # noqa: E731
-        path, headers, table.text_columns, table.units, label, wanted,
-        lambda row: whole_row(row, table.units, table.numbers, table.optional), unit)
+
+    def whole(row) -> bool:
+        return whole_row(row, table.units, table.numbers, table.optional)
+
+    def read(path, headers) -> pd.DataFrame:
+        return complete_rows(path, headers, table.text_columns, table.units, label, wanted, whole, unit)
+
     tables = [read(out_dir / RESULTS_TABLE, (table.columns, *table.earlier))] if has_results(out_dir) else []
     for part in part_files(out_dir):
         found = {unit_key(key) for frame in tables for key in zip(*(frame[c] for c in table.units))}
@@ -271,10 +275,19 @@ def run_examples(examples: dict[str, list], previous: pd.DataFrame | None, compu
     names = {(e.dataset, e.id) for e in units}
     kept = [] if previous is None else previous.to_dict(orient="records")
     rows = [r for r in kept if (r["dataset"], r["id"]) in names]
-    return run_units(units, rows, {(r["dataset"], r["id"]) for r in rows}, lambda e: (e.dataset, e.id), compute,
-                     lambda e: {"dataset": e.dataset, "id": e.id},
-                     lambda: write([pd.DataFrame(rows, columns=spread.table.columns)]), "evaluate", progress, None,
-                     spread, Exception)
+    done = {(r["dataset"], r["id"]) for r in rows}
+
+    def key(example) -> tuple[str, str]:
+        return example.dataset, example.id
+
+    def skipped(example) -> dict:
+        return {"dataset": example.dataset, "id": example.id}
+
+    def write_rows():
+        return write([pd.DataFrame(rows, columns=spread.table.columns)])
+
+    return run_units(units, rows, done, key, compute, skipped, write_rows, "evaluate", progress, what=None,
+                     spread=spread, skip=Exception)
 
 
 def shown(summary, table) -> None:
