@@ -11,9 +11,10 @@ teacher-forced, over each patched cache:
 Each reading is the gold answer's mean log-probability per token (hf.continuation_logprobs, the closed-set score
 of method.md §8 rule a), and its **share** of the native − translated gap: restoring (patched − translated) / gap,
 breaking (native − patched) / gap. The caches are built once by the caller; a reading re-runs only the question and
-the answer over the patched cache, and only from its lowest patched layer up (below it the patched cache is the one it
-was patched from, so the question's and the answer's states there are that cache's reading's). A layer is patched as
-its K/V, not as the computation that made them: in a replayed cache every layer from the window's first up is the
+the answer over the patched cache, without the output layer (one pass of it scores every reading's answer positions
+at the end, hf.continuation_scores), and only from its lowest patched layer up (below it the patched cache is the one
+it was patched from, so the question's and the answer's states there are that cache's reading's). A layer is patched
+as its K/V, not as the computation that made them: in a replayed cache every layer from the window's first up is the
 target's own K/V of hidden states the window moved (method.md §6), so restoring one such layer puts back what that
 layer would have cached natively, and the layers above it keep what the shifted states gave them.
 """
@@ -36,7 +37,7 @@ from ..errors import ConfigError
 DIRECTIONS = ("restore", "break")
 ALL_POSITIONS = "all"  # the bucket name of a patch at every position of the cache
 ANSWER_SENTENCE, REST = "answer sentence", "rest"  # the buckets answer_sentence_buckets makes
-BATCH = 8  # patched caches read in one forward (the output layer over the answer tokens dominates)
+BATCH = 8  # patched caches read in one decoder forward (the output layer then runs once over every reading)
 # a patched reading starts at its lowest patched layer, from the state the unpatched cache's reading had there (below
 # it the two caches are the same, so are the question's and the answer's hidden states); read at the call (False:
 # every reading runs every layer, the plain path the fast one is tested and benchmarked against)
