@@ -5,10 +5,10 @@ import streamlit as st
 
 from mot_viz import app
 from mot_viz.analysis.method_figures import kv_error_figure, quality_time_figure, stages_figure
-from mot_viz.analysis.methods import CACHE_METHODS, METHOD_LABELS, combine, summary_table
+from mot_viz.analysis.methods import CACHE_METHODS, METHOD_LABELS, RELAYS, combine, summary_table
 from mot_viz.app.methods import cached_methods, cached_relays, methods_offer, results_root, shipped_method_points
 from mot_viz.sharing.kvcomm import KVCOMM_FRACTION
-from mot_viz.sharing.relay import RELAY_CONDITIONS, RELAY_TOKENS
+from mot_viz.sharing.relay import RELAY_TOKENS
 
 
 def main() -> None:
@@ -138,7 +138,7 @@ def _kv_error(result) -> None:
 
 def _messages(result) -> None:
     st.subheader("The relay's messages")
-    for condition in RELAY_CONDITIONS:
+    for condition in RELAYS:
         if condition in result.messages:
             app.show_text(METHOD_LABELS[condition], result.messages[condition])
 

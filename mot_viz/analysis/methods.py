@@ -6,21 +6,14 @@ mot_viz.eval.answers.answers_from_caches, as mot_viz.eval.evaluate.example_rows 
 mot_viz.sharing.relay; the linear map as mot_viz.sharing.linear.linear_cache), the bytes handed over from
 mot_viz.sharing.costs.handed_bytes and the
 time to the first answer token from mot_viz.eval.answers.first_token_seconds. Pure functions: no Streamlit. The
-methods:
-
-* ``native`` — the target prefills the context itself (the reference);
-* ``no_context`` — only the question;
-* ``mot`` — the checkpoint's translation of the window, replayed;
-* ``linear`` — the closed-form map of the same window on the same source context, replayed as the MoT's is;
-* ``direct`` — a full-depth map without replay: every layer translated, the target never reads the context;
-* ``kvcomm`` — the source's own K/V at the chosen layers, token 0 elsewhere (same-shape pairs only);
-* ``relay`` / ``relay_q`` — the source writes a message (a summary; background for the question) and the target
-  reads only that.
+methods are the sharing registry's that have a name on this page (Method.short): native (the reference), no context,
+the MoT, the linear map, the direct map, kvcomm (same-shape pairs only) and the two text relays; each says its stages
+(Method.stages), what it hands over (Method.handed_what) and which target layers hold what the source sent
+(Method.carries).
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -31,26 +24,19 @@ from ..engine.alignment import encode
 from ..engine.cache_errors import KV_NAMES, layer_errors, token_vectors
 from ..engine.layout import context_positions
 from ..engine.models import LoadedModel, kv_cache_bytes
-from ..engine.mot import MoT, Translation, replay_window, translate_window
+from ..engine.mot import MoT, Translation
 from ..engine.prompts import QAExample, build_prompt
 from ..eval.answers import MAX_NEW_TOKENS, answers_from_caches, first_token_seconds
 from ..sharing import registry
 from ..sharing.caches import condition_caches
 from ..sharing.costs import handed_bytes
 from ..sharing.kvcomm import KVCommSelection
-from ..sharing.relay import RELAY_CONDITIONS, RELAY_TOKENS
+from ..sharing.relay import RELAY_TOKENS
 
-METHODS = ("native", "no_context", "mot", "linear", "direct", "kvcomm", "relay", "relay_q")
-METHOD_LABELS = {
-    "native": "native (the target reads the context)",
-    "no_context": "no context (question only)",
-    "mot": "MoT (translated window, replayed)",
-    "linear": "linear map (same window, replayed)",
-    "direct": "direct map (every layer, no replay)",
-    "kvcomm": "KVComm (the source's K/V at chosen layers)",
-    "relay": "text relay (summary)",
-    "relay_q": "text relay (background for the question)",
-}
+# the methods this page shows, in its order: those handing over a cache (or nothing), then those handing a message
+RELAYS = registry.names(lambda m: bool(m.short) and m.message)
+METHODS = registry.names(lambda m: bool(m.short) and not m.message) + RELAYS
+METHOD_LABELS = {name: registry.method(name).short for name in METHODS}
 # the methods that hand the target a cache of the context the source read (mot, linear, direct, kvcomm)
 CACHE_METHODS = registry.names(lambda m: m.reads_source and not m.message and not m.tie, METHODS)
 FIRST_TOKEN = "first answer token"
@@ -60,9 +46,6 @@ STAGES = ("source prefill", "alignment", "translation", "replay", "cache assembl
 # writing of relay's message, which needs no question (relay_q's does: its writing stays after the question)
 AHEAD_STAGES = {"source prefill": None,  # stage -> the methods it is ahead for (None: all)
                 "message writing": registry.names(lambda m: m.message and not m.for_question)}
-# a translation's timing keys -> the stage names every method shares
-_TRANSLATION_STAGES = {"source_prefill": "source prefill", "alignment": "alignment", "translator": "translation",
-                       "replay": "replay", "assemble": "cache assembly"}
 
 
 @dataclass(frozen=True)
@@ -138,57 +121,37 @@ def cache_methods(mot: MoT, source: LoadedModel, target: LoadedModel, example: Q
     linear: a linear checkpoint of the MoT's window (replayed as the MoT's is); direct: a full-depth map without
     replay; kvcomm: the layer choice of a same-shape pair (mot_viz.sharing.kvcomm.kvcomm_selection).
     """
-    conditions = ("native", "no_context", "mot") + (("direct",) if direct is not None else ()) + \
-        (("kvcomm",) if kvcomm is not None else ())
+    given = {"linear": linear, "direct": direct, "kvcomm": kvcomm}  # what the methods may need (Method.needs)
+    conditions = tuple(m for m in METHODS if m not in RELAYS and registry.method(m).has(given))
     built = condition_caches(mot, source, target, example, translation, conditions=conditions, kvcomm=kvcomm,
-                             direct=direct)
-    caches, timings = dict(built.kv), translation.timings
+                             direct=direct, linear=linear)
+    caches = dict(built.kv)
     n_target, p = int(translation.target_ids.shape[1]), translation.prefix_len
-    stages = {"native": [("target prefill", built.seconds["native"])],
-              "no_context": [("target prefill", built.seconds["no_context"])],
-              "mot": _translation_stages(timings)}
-    # native hands over nothing (the target reads the text): its row is what a full cache would move instead
-    what = {"native": "a full target cache of the context, were it handed over", "no_context": "nothing",
-            "mot": f"the translated window's K/V ({mot.channels.window} layers)"}
-    errors = kv_error_rows("mot", translation.mixed_kv, translation.native_kv, p, mot.channels.target_layers)
-    if linear is not None:  # mot_viz.sharing.linear.linear_cache, its two steps timed apart
-        start = time.perf_counter()
-        out = translate_window(linear, translation.source, source, target)
-        mapped = time.perf_counter() - start
-        start = time.perf_counter()
-        caches["linear"] = replay_window(mot, target, translation, out.keys, out.values)
-        stages["linear"] = [("source prefill", timings["source_prefill"]), ("alignment", timings["alignment"]),
-                            ("translation", mapped), ("replay", time.perf_counter() - start)]
-        what["linear"] = f"the mapped window's K/V ({linear.channels.window} layers)"
-        errors += kv_error_rows("linear", caches["linear"], translation.native_kv, p, linear.channels.target_layers)
-    if direct is not None:  # its own translation of the text, its stages kept by condition_caches
-        stages["direct"] = _translation_stages(built.direct.timings)
-        what["direct"] = f"every layer's translated K/V ({target.spec.num_layers} layers)"
-        errors += kv_error_rows("direct", caches["direct"], translation.native_kv, p, direct.channels.target_layers)
-    if kvcomm is not None:
-        stages["kvcomm"] = [("source prefill", built.seconds["kvcomm"])]
-        what["kvcomm"] = f"the source's own K/V at {len(kvcomm.layers)} of {target.spec.num_layers} layers"
-        errors += kv_error_rows("kvcomm", caches["kvcomm"], translation.native_kv, p, kvcomm.layers,
-                                layers=kvcomm.layers)
-    windows = {"mot": mot.channels.window, "linear": linear.channels.window if linear is not None else 0}
-    handed = {m: (text, int(handed_bytes(m, n_target, target.spec, windows.get(m, 0), kvcomm=kvcomm,
-                                           source=source.spec))) for m, text in what.items()}
-    suffix_ids = _suffix_ids(target, example, suffix_text)
-    for method, kv in caches.items():
-        stages[method].append((FIRST_TOKEN, first_token_seconds(target, kv, suffix_ids, built.plans.get(method))))
-    answers = answers_from_caches(target, caches, example, max_new_tokens, suffix_text, plans=built.plans)
     full = kv_cache_bytes(target.spec, n_target)
-    return MethodsResult(
-        pd.DataFrame(_answer_rows(answers)), _stage_table(stages),
-        pd.DataFrame([{"method": m, "what": text, "bytes": b, "full_cache_bytes": full}
-                      for m, (text, b) in handed.items()]),
-        pd.DataFrame(errors), kvcomm_layers=kvcomm.layers if kvcomm is not None else ())
+    suffix_ids = _suffix_ids(target, example, suffix_text)
+    stages, handed, errors = {}, [], []
+    for name, kv in caches.items():
+        m = registry.method(name)
+        carries = m.carries(mot, given)
+        window = len(carries) if carries else 0
+        stages[name] = built.stages(name) + [(FIRST_TOKEN, first_token_seconds(target, kv, suffix_ids,
+                                                                                 built.plans.get(name)))]
+        handed.append({"method": name, "what": m.handed_what(target.spec, window, kvcomm=kvcomm),
+                       "bytes": int(handed_bytes(name, n_target, target.spec, window, kvcomm=kvcomm,
+                                                 source=source.spec)), "full_cache_bytes": full})
+        if carries is not None:  # a cache of the context: against native's, at every layer or (the source's own
+            # K/V) at the layers it shares
+            errors += kv_error_rows(name, kv, translation.native_kv, p, carries,
+                                    layers=None if m.comparable else carries)
+    answers = answers_from_caches(target, caches, example, max_new_tokens, suffix_text, plans=built.plans)
+    return MethodsResult(pd.DataFrame(_answer_rows(answers)), _stage_table(stages), pd.DataFrame(handed),
+                         pd.DataFrame(errors), kvcomm_layers=kvcomm.layers if kvcomm is not None else ())
 
 
 @torch.no_grad()
 def relay_methods(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample, translation: Translation,
                   relay_tokens: int = RELAY_TOKENS,
-                  max_new_tokens: int = MAX_NEW_TOKENS, conditions: tuple[str, ...] = RELAY_CONDITIONS
+                  max_new_tokens: int = MAX_NEW_TOKENS, conditions: tuple[str, ...] = RELAYS
                   ) -> MethodsResult:
     """The text relays (mot_viz.eval.relay through condition_caches): the source writes its message (at most
     `relay_tokens` tokens), the target prefills only it and answers. They hand over the message's bytes and produce
@@ -198,21 +161,16 @@ def relay_methods(mot: MoT, source: LoadedModel, target: LoadedModel, example: Q
     built = condition_caches(mot, source, target, example, translation, conditions=conditions,
                              relay_tokens=relay_tokens)
     suffix_ids = _suffix_ids(target, example, None)
-    stages = {c: [("message writing", r.generate_seconds), ("target prefill of the message", r.prefill_seconds),
-                  (FIRST_TOKEN, first_token_seconds(target, r.kv, suffix_ids))] for c, r in built.relays.items()}
+    stages = {c: built.stages(c) + [(FIRST_TOKEN, first_token_seconds(target, r.kv, suffix_ids))]
+              for c, r in built.relays.items()}
     answers = answers_from_caches(target, dict(built.kv), example, max_new_tokens)
     full = kv_cache_bytes(target.spec, int(translation.target_ids.shape[1]))
-    handed = [{"method": c, "what": f"the message's text ({r.tokens} source tokens, UTF-8)",
+    handed = [{"method": c, "what": registry.method(c).handed_what(target.spec, 0, relay=r),
                "bytes": int(handed_bytes(c, 0, target.spec, 0, relay=r)), "full_cache_bytes": full}
               for c, r in built.relays.items()]
     return MethodsResult(pd.DataFrame(_answer_rows(answers)), _stage_table(stages), pd.DataFrame(handed),
                          pd.DataFrame(columns=["method", "layer", "kv", "carries", "mse", "rel_l2", "cosine"]),
                          {c: r.message for c, r in built.relays.items()})
-
-
-def _translation_stages(timings: dict[str, float]) -> list[tuple[str, float]]:
-    """A translation's stages (its target's native prefill apart) under the names every method shares."""
-    return [(name, timings[key]) for key, name in _TRANSLATION_STAGES.items() if key in timings]
 
 
 def _stage_table(stages: dict[str, list[tuple[str, float]]]) -> pd.DataFrame:

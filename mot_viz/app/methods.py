@@ -16,7 +16,9 @@ from ..analysis.methods import MethodsResult, cache_methods, relay_methods
 from ..engine.checkpoint import read_config
 from ..engine.mot import MoT
 from ..errors import MotVizError
-from ..sharing.kvcomm import check_kvcomm_pair, kvcomm_selection
+from ..sharing.direct import DIRECT
+from ..sharing.kvcomm import KVCOMM, check_kvcomm_pair, kvcomm_selection
+from ..sharing.linear import LINEAR
 from ..sharing.relay import RELAY_TOKENS
 from .loaders import (available_checkpoints, checkpoint_stamp, get_checkpoint, get_model, get_translation,
                       linear_baseline_for)
@@ -52,21 +54,21 @@ def methods_offer(run: Run) -> MethodsOffer:
     missing = {}
     linear = None
     if run.mot.translator.config.variant == "linear":
-        missing["linear"] = "the checkpoint itself is a linear map: its row is MoT's."
+        missing[LINEAR.name] = "the checkpoint itself is a linear map: its row is MoT's."
     else:
         linear = linear_baseline_for(run.selection.checkpoint, run.mot)
         if linear is None:
-            missing["linear"] = ("no linear checkpoint (a `-linear` folder) for this pair and window: the sidebar's "
+            missing[LINEAR.name] = ("no linear checkpoint (a `-linear` folder) for this pair and window: the sidebar's "
                                  "“Fit a linear translator” makes one.")
     direct = direct_map_for(run.mot)
     if direct is None:
-        missing["direct"] = ("no full-depth map without replay for this pair (e.g. pretrained/smollm2-to-gemma3-"
+        missing[DIRECT.name] = ("no full-depth map without replay for this pair (e.g. pretrained/smollm2-to-gemma3-"
                              "direct; python -m mot_viz.train.quickfit --direct fits one).")
     else:
         try:  # a broken one leaves out that method only, never the page
             get_checkpoint(direct, run.source, run.target)
         except MotVizError as exc:
-            missing["direct"] = (f"the full-depth map {Path(direct).name} does not load ({type(exc).__name__}: "
+            missing[DIRECT.name] = (f"the full-depth map {Path(direct).name} does not load ({type(exc).__name__}: "
                                  f"{str(exc)[:300]}). Fix or remove that folder; the other methods are shown.")
             direct = None
     try:
@@ -75,7 +77,7 @@ def methods_offer(run: Run) -> MethodsOffer:
     except MotVizError as exc:
         kvcomm = False
         # the check's message less its command-line advice
-        missing["kvcomm"] = (str(exc).split(" Use it with")[0] + " It is offered for a pair of one architecture "
+        missing[KVCOMM.name] = (str(exc).split(" Use it with")[0] + " It is offered for a pair of one architecture "
                              "(e.g. smollm2-135m → smollm2-135m).")
     return MethodsOffer(linear, direct, kvcomm, missing)
 

@@ -12,7 +12,7 @@ from ..engine.mot import MoT, Translation, translate
 from ..engine.prompts import Prompt, QAExample, build_prompt
 from ..train.mean_vector import MeanVectors, reference_means
 from .kvcomm import KVCommSelection, kvcomm_selection
-from .method import Inputs
+from .method import Built, Inputs
 from .registry import DEFAULTS, method, methods
 from .relay import RELAY_TOKENS, Relay
 
@@ -35,6 +35,7 @@ class ConditionCaches:
     prompt: Prompt | None = None  # the example's prompt, built once: its context was translated, its suffix is asked
     ahead: dict[str, float] = field(default_factory=dict)  # condition -> seconds of its build done before the question
     own: dict[str, Translation] = field(default_factory=dict)  # condition -> its own translation, when not the MoT's
+    built: dict[str, Built] = field(default_factory=dict)  # condition -> its build, as Method.build returned it
 
     def after_question(self, condition: str) -> float:
         """The seconds of a condition's build left once the question arrives (seconds less ahead)."""
@@ -43,6 +44,10 @@ class ConditionCaches:
     def timings(self, condition: str) -> dict[str, float]:
         """The stages of the translation a condition's cache came from (its own, else the MoT's)."""
         return (self.own.get(condition) or self.translation).timings
+
+    def stages(self, condition: str) -> list[tuple[str, float]]:
+        """Method.stages of a condition of these caches: its build's stages and their seconds."""
+        return method(condition).stages(self.built[condition], self.timings(condition))
 
     def target_side(self, condition: str) -> float:
         """Method.target_side of a condition of these caches."""
@@ -82,9 +87,9 @@ def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example
     if translation is None:
         translation = translate(mot, source, target, prompt.context_text)
     inputs = Inputs(mot, source, target, translation, example, seed, means, relay_tokens, kvcomm, direct, linear)
-    kv, seconds, relays, plans, ahead, own = {}, {}, {}, {}, {}, {}
+    kv, seconds, relays, plans, ahead, own, builds = {}, {}, {}, {}, {}, {}, {}
     for m in asked:
-        built = m.build(inputs)
+        built = builds[m.name] = m.build(inputs)
         kv[m.name], seconds[m.name], ahead[m.name] = built.kv, built.seconds, built.ahead
         if built.relay is not None:
             relays[m.name] = built.relay
@@ -92,7 +97,7 @@ def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example
             plans[m.name] = built.plan
         if built.translation is not None:
             own[m.name] = built.translation
-    return ConditionCaches(translation, kv, seconds, relays, plans, own.get("direct"), prompt, ahead, own)
+    return ConditionCaches(translation, kv, seconds, relays, plans, own.get("direct"), prompt, ahead, own, builds)
 
 
 def load_sharing(conditions: tuple[str, ...], direct: str | None, kvcomm_fraction: float, source: LoadedModel,

@@ -58,6 +58,12 @@ class DirectMap(Method):
         """Every layer's translated K and V."""
         return float(layers_bytes(tokens, target.num_layers, target.kv_hidden))
 
+    def handed_what(self, target: ModelSpec, window_layers: int, relay=None, kvcomm=None) -> str:
+        return f"every layer's translated K/V ({target.num_layers} layers)"
+
+    def carries(self, mot: MoT, given: dict) -> tuple[int, ...] | None:
+        return given["direct"].channels.target_layers
+
     def target_work(self, tokens: int, relay=None, prefix: int = 0) -> tuple[str, int]:
         return "none", 0
 
@@ -66,4 +72,5 @@ class DirectMap(Method):
 
 
 DIRECT = DirectMap("direct", "Full-depth direct map (every layer's K/V translated, no replay: the target never reads "
-                   "the context)", Needs(direct=True))
+                   "the context)", Needs(direct=True),
+                   short="direct map (every layer, no replay)")

@@ -42,7 +42,7 @@ import torch
 from ..engine import hf
 from ..engine.alignment import encode
 from ..engine.models import LoadedModel, ModelSpec
-from ..engine.mot import native_cache, target_context_ids
+from ..engine.mot import MoT, native_cache, target_context_ids
 from ..engine.prompts import QAExample, build_prompt
 from ..errors import ConfigError
 from .method import Built, Inputs, Method, Needs, Request, layers_bytes
@@ -191,6 +191,15 @@ class SelectiveLayers(Method):
         """The source's own K and V at the shared layers."""
         return float(layers_bytes(tokens, len(kvcomm.layers), source.kv_hidden))
 
+    def handed_what(self, target: ModelSpec, window_layers: int, relay=None, kvcomm=None) -> str:
+        return f"the source's own K/V at {len(kvcomm.layers)} of {target.num_layers} layers"
+
+    def stages(self, built: Built, timings: dict[str, float]) -> list[tuple[str, float]]:
+        return [("source prefill", built.seconds)]  # the source's K/V are its cache: its prefill is all of the build
+
+    def carries(self, mot: MoT, given: dict) -> tuple[int, ...] | None:
+        return given["kvcomm"].layers
+
     def target_work(self, tokens: int, relay=None, prefix: int = 0) -> tuple[str, int]:
         return "none", 0
 
@@ -200,4 +209,5 @@ class SelectiveLayers(Method):
 
 KVCOMM = SelectiveLayers("kvcomm", "Selective layer sharing (KVComm: the source's own K/V at the chosen layers, token "
                          "0 elsewhere)", Needs(kvcomm=True), comparable=False,
-                         evaluations=("evaluate", "long_context", "conversation"))
+                         evaluations=("evaluate", "long_context", "conversation"),
+                         short="KVComm (the source's K/V at chosen layers)")

@@ -10,18 +10,28 @@ import torch
 
 from ..engine import hf
 from ..engine.checkpoint import read_config
-from ..engine.models import LoadedModel
+from ..engine.models import LoadedModel, ModelSpec
 from ..engine.mot import MoT, Translation, replay_window, translate_window
 from ..errors import ConfigError
 from .checkpoints import same_pair
 from .method import Built, Inputs, Method, Needs, Request
 
 
+def timed_linear_cache(mot: MoT, linear: MoT, source: LoadedModel, target: LoadedModel,
+                       translation: Translation) -> tuple[list[hf.KV], dict[str, float]]:
+    """The closed-form map's window on the translation's own source context, replayed as the MoT's was, and the
+    seconds of its two steps under a translation's keys ("translator": the map, "replay")."""
+    with torch.no_grad():
+        start = time.perf_counter()
+        out = translate_window(linear, translation.source, source, target)
+        mapped = time.perf_counter()
+        kv = replay_window(mot, target, translation, out.keys, out.values)
+    return kv, {"translator": mapped - start, "replay": time.perf_counter() - mapped}
+
+
 def linear_cache(mot: MoT, linear: MoT, source: LoadedModel, target: LoadedModel, translation: Translation) -> list[hf.KV]:
     """The closed-form map's window on the translation's own source context, replayed as the MoT's was."""
-    with torch.no_grad():
-        out = translate_window(linear, translation.source, source, target)
-        return replay_window(mot, target, translation, out.keys, out.values)
+    return timed_linear_cache(mot, linear, source, target, translation)[0]
 
 
 def default_linear(checkpoint: str) -> str | None:
@@ -47,11 +57,17 @@ class LinearMap(Method):
 
     def build(self, inputs: Inputs) -> Built:
         """The source's prefill and the alignment are the MoT's (the map reads the same source context), then its own
-        window and replay."""
-        timings = inputs.translation.timings
-        start = time.perf_counter()
-        kv = linear_cache(inputs.mot, inputs.linear, inputs.source, inputs.target, inputs.translation)
-        return Built(kv, timings["source_prefill"] + timings["alignment"] + time.perf_counter() - start)
+        window and replay, each step timed (timed_linear_cache)."""
+        t = inputs.translation
+        kv, own = timed_linear_cache(inputs.mot, inputs.linear, inputs.source, inputs.target, t)
+        stages = {"source_prefill": t.timings["source_prefill"], "alignment": t.timings["alignment"], **own}
+        return Built(kv, sum(stages.values()), timings=stages)
+
+    def handed_what(self, target: ModelSpec, window_layers: int, relay=None, kvcomm=None) -> str:
+        return f"the mapped window's K/V ({window_layers} layers)"
+
+    def carries(self, mot: MoT, given: dict) -> tuple[int, ...] | None:
+        return given["linear"].channels.target_layers
 
     def by_agents(self, agents, k: int | None):
         """One reader: the map's window on the MoT's own source context, replayed; k agents: their windows composed
@@ -63,4 +79,5 @@ class LinearMap(Method):
 
 
 LINEAR = LinearMap("linear", "Linear map (the pair's closed-form map of the same window, replayed as the MoT's)",
-                   Needs(linear=True), evaluations=("long_context", "conversation", "shards"))
+                   Needs(linear=True), control=True, evaluations=("long_context", "conversation", "shards"),
+                   short="linear map (same window, replayed)")

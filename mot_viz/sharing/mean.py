@@ -39,4 +39,4 @@ class MeanWindow(Method):
 
 MEAN = MeanWindow("mean", "Mean-vector control (window = mean native K/V, no context-specific content)",
                   Needs(means=True), tie="mean-vector control", reads_source=False,
-                  one_reader=True)
+                  one_reader=True, control=True)

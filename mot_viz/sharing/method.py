@@ -25,6 +25,9 @@ from ..train.mean_vector import MeanVectors
 FP16_BYTES = 2  # bytes per value of a cache handed over (fp16 / bf16), as kv_cache_bytes counts
 # the stages of a translation the target runs once the question arrives (the source's prefill is done ahead)
 TARGET_STAGES = ("alignment", "translator", "replay", "assemble")
+# a translation's timing keys -> the names of its stages that every method's stages share (Method.stages)
+STAGE_NAMES = {"source_prefill": "source prefill", "alignment": "alignment", "translator": "translation",
+               "replay": "replay", "assemble": "cache assembly"}
 
 
 def layers_bytes(tokens, layers: int, kv_hidden: int):
@@ -41,6 +44,11 @@ def translated_seconds(translation: Translation) -> float:
 def target_stages_seconds(timings: dict[str, float]) -> float:
     """The target's side of a translation: alignment + translator + replay (or, without replay, assembling)."""
     return sum(timings.get(stage, 0.0) for stage in TARGET_STAGES)
+
+
+def translation_stages(timings: dict[str, float]) -> list[tuple[str, float]]:
+    """A translation's stages (its target's native prefill apart) under the names every method shares (STAGE_NAMES)."""
+    return [(name, timings[key]) for key, name in STAGE_NAMES.items() if key in timings]
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,7 @@ class Built:
     plan: hf.AttentionPlan | None = None  # the plan the cache is read under (kvcomm's hidden positions)
     relay: object | None = None  # relay.Relay: the message and its costs (the relays only)
     translation: Translation | None = None  # its own translation, when not the MoT's (direct)
+    timings: dict[str, float] | None = None  # its own stages under a translation's keys (the linear map's)
 
 
 @dataclass(frozen=True)
@@ -122,7 +131,11 @@ class Method:
     reads_source: bool = True  # the source model reads the context (a run keeps it loaded beside the target)
     bound: bool = False  # a bound of the ratios (native the ceiling, no context the floor): no retention of its own
     one_reader: bool = False  # no count of source agents changes it (the shards evaluation reads it once)
+    # a control of the MoT: the same replay over a window that is not the MoT's translation (the pair's closed-form
+    # map of it; a window with no context in it), so that MoT − control is what the MoT's translation adds
+    control: bool = False
     evaluations: tuple[str, ...] = ("evaluate", "long_context", "conversation", "shards")  # where it runs
+    short: str = ""  # as the Methods page names it, which shows it beside the others when set
 
     def check(self, request: Request) -> None:
         """Raise ConfigError/CheckpointError for settings this method cannot use, before any model loads (called for
@@ -135,9 +148,28 @@ class Method:
             if getattr(self.needs, need) and given.get(need) is None:
                 raise ConfigError(f"the '{self.name}' condition needs {hint}")
 
+    def has(self, given: dict) -> bool:
+        """Whether `given` (as for ready) holds all this method needs."""
+        return all(given.get(need) is not None for need in NEED_HINTS if getattr(self.needs, need))
+
     def build(self, inputs: Inputs) -> Built:
         """The cache (or message) of the context of `inputs`."""
         raise NotImplementedError
+
+    def stages(self, built: Built, timings: dict[str, float]) -> list[tuple[str, float]]:
+        """Its build's stages up to the target's reading of the question, with their seconds, under the names every
+        method shares (STAGE_NAMES; "target prefill", "message writing", ...): by default those of the translation
+        its cache came from (`timings`: its own, else the MoT's), or its own (Built.timings)."""
+        return translation_stages(built.timings if built.timings is not None else timings)
+
+    def handed_what(self, target: ModelSpec, window_layers: int, relay=None, kvcomm=None) -> str:
+        """What it hands the target, in words (handed_bytes counts it): by default the translated window."""
+        return f"the translated window's K/V ({window_layers} layers)"
+
+    def carries(self, mot: MoT, given: dict) -> tuple[int, ...] | None:
+        """The target layers whose K/V hold what the source sent (`given` as for ready: the maps it was built with);
+        None where its cache holds no context to compare with native's (native itself, no context, a message)."""
+        return mot.channels.target_layers
 
     def by_agents(self, agents, k: int | None):
         """Its setting of a document read by several source agents (python -m mot_viz.eval.shards; `agents`: that

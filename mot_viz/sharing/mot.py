@@ -15,4 +15,4 @@ class MixtureOfTranslators(Method):
         return target_stages_seconds(timings)
 
 
-MOT = MixtureOfTranslators("mot", "MoT-translated cache")
+MOT = MixtureOfTranslators("mot", "MoT-translated cache", short="MoT (translated window, replayed)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..engine.models import ModelSpec, kv_cache_bytes
+from ..engine.mot import MoT
 from .method import Built, Inputs, Method
 
 
@@ -18,6 +19,15 @@ class Native(Method):
         """A full target cache of the context: what handing over a cache instead of the text would move."""
         return float(kv_cache_bytes(target, tokens))
 
+    def handed_what(self, target: ModelSpec, window_layers: int, relay=None, kvcomm=None) -> str:
+        return "a full target cache of the context, were it handed over"  # it hands over nothing: the text is read
+
+    def stages(self, built: Built, timings: dict[str, float]) -> list[tuple[str, float]]:
+        return [("target prefill", built.seconds)]
+
+    def carries(self, mot: MoT, given: dict) -> tuple[int, ...] | None:
+        return None  # the reference itself
+
     def target_work(self, tokens: int, relay=None, prefix: int = 0) -> tuple[str, int]:
         return "prefill", tokens
 
@@ -26,4 +36,4 @@ class Native(Method):
 
 
 NATIVE = Native("native", "Native context (target prefilled the text itself)", reads_source=False,
-                bound=True)
+                bound=True, short="native (the target reads the context)")

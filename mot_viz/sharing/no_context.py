@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from ..engine.models import ModelSpec
-from ..engine.mot import empty_context_cache
+from ..engine.mot import MoT, empty_context_cache
 from .method import Built, Inputs, Method
 
 
@@ -20,6 +20,15 @@ class NoContext(Method):
                      source: ModelSpec | None = None) -> float:
         return 0.0
 
+    def handed_what(self, target: ModelSpec, window_layers: int, relay=None, kvcomm=None) -> str:
+        return "nothing"
+
+    def stages(self, built: Built, timings: dict[str, float]) -> list[tuple[str, float]]:
+        return [("target prefill", built.seconds)]  # of its BOS prefix
+
+    def carries(self, mot: MoT, given: dict) -> tuple[int, ...] | None:
+        return None  # no context positions
+
     def target_work(self, tokens: int, relay=None, prefix: int = 0) -> tuple[str, int]:
         return "none", 0
 
@@ -29,4 +38,4 @@ class NoContext(Method):
 
 NO_CONTEXT = NoContext("no_context", "No context (question only)", tie="question alone (no context)",
                        comparable=False, reads_source=False,
-                       bound=True)
+                       bound=True, short="no context (question only)")

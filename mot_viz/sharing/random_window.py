@@ -32,4 +32,4 @@ class RandomWindow(Method):
 
 
 RANDOM = RandomWindow("random", "Random-window control (norm-matched noise)", tie="random-window control",
-                      evaluations=("evaluate",))
+                      control=True, evaluations=("evaluate",))

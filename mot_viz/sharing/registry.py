@@ -33,6 +33,18 @@ ALWAYS = {"evaluate": ("native",), "long_context": ("native",), "conversation": 
 # the settings of an evaluation that are the MoT under another name: a shard count's, the whole document's, a second
 # checkpoint of the pair (python -m mot_viz.eval.evaluate --second)
 MOT_ALIASES = {"whole": "mot", "shards": "mot", "evidence": "mot", "second": "mot"}
+# the bounds every ratio is measured between (retention divides by the reference, gap closed counts from the floor),
+# and the way of sharing every paired test compares with: the conditions the evaluations' tables name
+REFERENCE, FLOOR, TRANSLATED = NATIVE.name, NO_CONTEXT.name, MOT.name
+SECOND = "second"  # python -m mot_viz.eval.evaluate --second: a second checkpoint's MoT, beside the first's
+# python -m mot_viz.eval.evaluate's paired tests (paired.csv, in this order: the shipped folders' and the results
+# pages' tables list them so): the MoT against each control and the reference, the second checkpoint against the
+# MoT and the controls with no context in them, each other way of sharing against the MoT and the floor
+EVALUATE_PAIRS = ((MOT.name, RANDOM.name), (MOT.name, NO_CONTEXT.name), (MOT.name, MEAN.name), (MOT.name, NATIVE.name),
+                  (MOT.name, SECOND), (SECOND, MEAN.name), (SECOND, NO_CONTEXT.name),
+                  *((MOT.name, m.name) for m in (RELAY, RELAY_Q)),
+                  *((m.name, NO_CONTEXT.name) for m in (RELAY, RELAY_Q)),
+                  *(p for m in (KVCOMM, DIRECT) for p in ((MOT.name, m.name), (m.name, NO_CONTEXT.name))))
 
 
 def method(name: str) -> Method:
@@ -65,6 +77,18 @@ def choices(kind: str) -> tuple[str, ...]:
 def names(where=lambda m: True, among=None) -> tuple[str, ...]:
     """The names of the methods `where` holds for (of `among`, when given), in the registry's order."""
     return tuple(name for name, m in REGISTRY.items() if where(m) and (among is None or name in among))
+
+
+def controls(among) -> tuple[str, ...]:
+    """The controls of the MoT among `among` (Method.control), in the registry's order."""
+    return names(lambda m: m.control, among)
+
+
+def control_pairs(among) -> tuple[tuple[str, str], ...]:
+    """Each control of `among` that carries the context (a map of the window) against each that holds none (a tie):
+    what the map's window holds of the context."""
+    held = names(lambda m: m.control and m.tie is None, among)
+    return tuple((a, b) for a in held for b in names(lambda m: m.control and m.tie is not None, among))
 
 
 def labels() -> dict[str, str]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from ..engine import hf
 from ..engine.alignment import encode
 from ..engine.models import LoadedModel, ModelSpec
-from ..engine.mot import native_cache, target_context_ids
+from ..engine.mot import MoT, native_cache, target_context_ids
 from ..engine.prompts import PLAIN, QAExample, build_prompt
 from ..errors import ConfigError, ContextError
 from .method import Built, Inputs, Method, Needs, Request
@@ -200,6 +200,16 @@ class TextRelay(Method):
         """The message, in UTF-8."""
         return float(relay.bytes)
 
+    def handed_what(self, target: ModelSpec, window_layers: int, relay=None, kvcomm=None) -> str:
+        return f"the message's text ({relay.tokens} source tokens, UTF-8)"
+
+    def stages(self, built: Built, timings: dict[str, float]) -> list[tuple[str, float]]:
+        return [("message writing", built.relay.generate_seconds),
+                ("target prefill of the message", built.relay.prefill_seconds)]
+
+    def carries(self, mot: MoT, given: dict) -> tuple[int, ...] | None:
+        return None  # the target's cache holds the message's positions, not the context's
+
     def target_work(self, tokens: int, relay=None, prefix: int = 0) -> tuple[str, int]:
         """The target's prefill of the message's M tokens (its BOS positions, `prefix`, not counted)."""
         return "prefill", int(relay.kv[0][0].shape[2]) - prefix
@@ -213,6 +223,7 @@ class TextRelay(Method):
 
 
 RELAY = TextRelay("relay", "Text relay (the source's summary of the context, read by the target)", Needs(example=True),
-                  comparable=False, message=True)
+                  comparable=False, message=True, short="text relay (summary)")
 RELAY_Q = TextRelay("relay_q", "Question-aware text relay (the source's background for the question, read by the "
-                    "target)", Needs(example=True), comparable=False, message=True, for_question=True)
+                    "target)", Needs(example=True), comparable=False, message=True, for_question=True,
+                    short="text relay (background for the question)")
