@@ -18,6 +18,8 @@ from mot_viz.app.settings import DATASET_LABELS
 from mot_viz.errors import MotVizError
 from mot_viz.eval.answers import CONDITION_LABELS
 from mot_viz.eval.patching import PATCHING_FILE
+from mot_viz.sharing import registry
+from mot_viz.sharing.registry import REFERENCE
 
 OTHER = "other folder (type its path below)"
 NONE = "(none)"
@@ -149,7 +151,7 @@ def _examples(run: eval_runs.EvalRun, table: pd.DataFrame) -> tuple[pd.DataFrame
     app.widget_default("pg.evals.high", 1.0)
     high = cols[2].number_input("to", 0.0, 1.0, step=0.05, key="pg.evals.high")
     app.widget_default("pg.evals.lost", False)
-    can_lose = "native" in conditions and run.translated in conditions
+    can_lose = REFERENCE in conditions and run.translated in conditions
     lost = cols[3].checkbox(f"native right, {run.translated} wrong", key="pg.evals.lost", disabled=not can_lose,
                             help=f"native scored at least {eval_runs.RIGHT}, {run.translated} less")
     cols = st.columns([2, 1, 1])
@@ -244,7 +246,7 @@ def _layer_errors(folder: str, stamp: tuple, _run: eval_runs.EvalRun) -> pd.Data
 
 def _layers(run: eval_runs.EvalRun, shown: pd.DataFrame) -> None:
     st.subheader("Which layers separate lost answers from kept ones")
-    if run.kind.name not in ("evaluate", "long_context") or not {"native", run.translated} <= set(run.conditions):
+    if run.kind.name not in ("evaluate", "long_context") or not {REFERENCE, run.translated} <= set(run.conditions):
         st.caption("Per-layer cache errors are recorded for the folders of `evaluate` and `long_context` that hold "
                    "native and MoT answers.")
         return
@@ -420,7 +422,9 @@ def _live_run() -> None:
     n = cols[1].number_input("Examples", step=1, key="pg.evals.live_n",
                              help=f"1 to {live_run.MAX_EXAMPLES}: the first of the dataset's seed-0 sample, as the "
                                   "command draws them.")
-    app.widget_default("pg.evals.live_conditions", ["no_context", "mot", "random"])  # a list: kept where offered
+    # the command's default conditions but those every run answers under (a list: kept where offered)
+    app.widget_default("pg.evals.live_conditions", [c for c in registry.DEFAULTS["evaluate"]
+                                                    if c not in registry.ALWAYS["evaluate"]])
     st.session_state["pg.evals.live_conditions"] = [c for c in st.session_state["pg.evals.live_conditions"]
                                                     if c in live_run.LIVE_CONDITIONS]
     conditions = cols[2].multiselect("Conditions (native always)", list(live_run.LIVE_CONDITIONS),

@@ -30,6 +30,7 @@ from ..eval.qa_settings import EvalSettings
 from ..eval.report import paired_differences, summarize
 from ..eval.results_folder import HEAD_BYTES, RESULTS_TABLE, SETTINGS_FILE, binary_start, table_text
 from ..fsutil import short_path
+from ..sharing.registry import REFERENCE, TRANSLATED
 
 RIGHT = 0.5  # a score at least this is "right" (F1 ≥ 0.5, or a closed question answered): the lost-answer filter
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -65,12 +66,13 @@ def _budget_label(source: pd.Series, budget: pd.Series) -> pd.Series:
 
 KINDS = (
     RunKind("evaluate", (evaluate.ROW_COLUMNS, *evaluate.RESULTS.earlier), evaluate.TEXT_COLUMNS,
-            ("dataset", "id"), lambda rows: rows["dataset"].astype(str), "mot", EvalSettings),
+            ("dataset", "id"), lambda rows: rows["dataset"].astype(str), TRANSLATED, EvalSettings),
     RunKind("long_context", (long_context.ROW_COLUMNS, *long_context.RESULTS.earlier), long_context.TEXT_COLUMNS,
-            ("source", "budget", "id"), lambda rows: _budget_label(rows["source"], rows["budget"]), "mot",
+            ("source", "budget", "id"), lambda rows: _budget_label(rows["source"], rows["budget"]), TRANSLATED,
             LongSettings),
     RunKind("conversation", (conversation.ROW_COLUMNS, *conversation.RESULTS.earlier), conversation.TEXT_COLUMNS,
-            ("id", "turn"), lambda rows: "turn " + rows["turn"].astype(str), "mot", conversation.ConversationSettings),
+            ("id", "turn"), lambda rows: "turn " + rows["turn"].astype(str), TRANSLATED,
+            conversation.ConversationSettings),
     RunKind("shards", (shards.ROW_COLUMNS, *shards.RESULTS.earlier), shards.TEXT_COLUMNS, ("budget", "id"),
             lambda rows: _budget_label(pd.Series("stacks", index=rows.index), rows["budget"]), "whole",
             shards.ShardSettings),
@@ -273,23 +275,23 @@ def wide_table(run: EvalRun, asked: dict[str, str] | None = None) -> pd.DataFram
     for condition in run.conditions:
         out[f"{condition} answer"] = answers[condition].reindex(out.index)
         out[f"{condition} score"] = scores[condition].reindex(out.index)
-    if {"native", run.translated} <= set(run.conditions):
-        out[delta_column(run)] = out[f"{run.translated} score"] - out["native score"]
+    if {REFERENCE, run.translated} <= set(run.conditions):
+        out[delta_column(run)] = out[f"{run.translated} score"] - out[f"{REFERENCE} score"]
     return out.reset_index()
 
 
 def delta_column(run: EvalRun) -> str:
-    return f"{run.translated} − native"
+    return f"{run.translated} − {REFERENCE}"
 
 
 def select(table: pd.DataFrame, condition: str, low: float = 0.0, high: float = 1.0, lost: bool = False,
-           search: str = "", translated: str = "mot") -> pd.DataFrame:
+           search: str = "", translated: str = TRANSLATED) -> pd.DataFrame:
     """The rows of a wide table whose `condition` score lies in [low, high], only those native answered right and
     `translated` wrong when `lost` (right: a score of at least RIGHT), and whose question contains `search` (any
     case; no question known: no match)."""
     keep = table[f"{condition} score"].between(low, high)
     if lost:
-        keep &= (table["native score"] >= RIGHT) & (table[f"{translated} score"] < RIGHT)
+        keep &= (table[f"{REFERENCE} score"] >= RIGHT) & (table[f"{translated} score"] < RIGHT)
     if search.strip():
         keep &= table["question"].fillna("").str.contains(search.strip(), case=False, regex=False)
     return table[keep]

@@ -16,6 +16,9 @@ import plotly.graph_objects as go
 
 from ..engine.checkpoint import read_config
 from ..errors import MotVizError
+from ..sharing import registry
+from ..sharing.linear import LINEAR
+from ..sharing.registry import TRANSLATED
 from .eval_runs import REPO_ROOT, open_run, shipped_runs, stated_summary
 from .methods import METHOD_LABELS, METHODS, STAGES
 
@@ -62,7 +65,7 @@ def shipped_points(root: str | Path = REPO_ROOT / "results", folders: tuple[str,
         source, target, variant = _checkpoint_models(str(run.settings.get("checkpoint", "")), root.parent)
         long = run.kind.name == "long_context"
         for s in stated_summary(run).itertuples():
-            method = "linear" if s.condition == "mot" and variant == "linear" else s.condition
+            method = LINEAR.name if s.condition == TRANSLATED and variant == "linear" else s.condition
             if method not in METHODS:
                 continue
             part = run.rows[(run.rows["group"] == s.group) & (run.rows["condition"] == s.condition)]
@@ -83,7 +86,8 @@ def after_question_seconds(rows: pd.DataFrame, long: bool, condition: str | None
     A QA row: its seconds (from the question's arrival since the evaluator records ahead_seconds; in rows written
     before, relay's writing is taken out here, and the source's prefill stays in the cache methods' seconds).
     condition: every row's, when their "condition" column holds other labels (scripts/paired_runs.py)."""
-    relay = rows["condition"] == "relay" if condition is None else pd.Series(condition == "relay", rows.index)
+    ahead = registry.names(lambda m: m.message and not m.for_question)  # relay: its message needs no question
+    relay = rows["condition"].isin(ahead) if condition is None else pd.Series(condition in ahead, rows.index)
     if long:
         side = rows["target_side_seconds"] if "target_side_seconds" in rows else pd.Series(np.nan, rows.index)
         side = side.where(~relay, rows.get("message_prefill_seconds"))
@@ -100,17 +104,17 @@ def side_by_side(points: pd.DataFrame) -> pd.DataFrame:
     map, KVComm or a text relay) and from the MoT, on the same examples: the comparisons the docs' figure draws. A
     folder and group that ran other ways without the MoT (a run of the methods that do not depend on the checkpoint)
     is drawn with the folders of the same checkpoint and group, timed alike, that ran the MoT."""
-    other = {"direct", "kvcomm", "relay", "relay_q"}
+    other = set(registry.names(lambda m: not m.bound and not m.control and m.name != TRANSLATED))
     runs = points.groupby(["folder", "group"], sort=False)
     methods = runs["method"].agg(set)
     first = runs[["checkpoint", "timed_to"]].first()
     setting = {key: (first.loc[key, "checkpoint"], key[1], first.loc[key, "timed_to"]) for key in methods.index}
     sharing = {key for key, found in methods.items() if other & found}
-    with_mot = {setting[key] for key, found in methods.items() if "mot" in found}
-    keys = {key for key in sharing if "mot" in methods[key]}
+    with_mot = {setting[key] for key, found in methods.items() if TRANSLATED in found}
+    keys = {key for key in sharing if TRANSLATED in methods[key]}
     for key in sharing - keys:
         if setting[key] in with_mot:
-            keys |= {key} | {k for k, found in methods.items() if "mot" in found and setting[k] == setting[key]}
+            keys |= {key} | {k for k, found in methods.items() if TRANSLATED in found and setting[k] == setting[key]}
     return points[[key in keys for key in zip(points["folder"], points["group"])]]
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -34,9 +33,11 @@ from ..engine.translator import GateOverride
 from ..errors import CheckpointError, ModelLoadError, MotVizError
 from ..eval.answers import (CONDITION_LABELS, CONDITIONS, Answer, PromptedCache, answers_from_caches,
                             first_answer_logprobs)
+from ..sharing import registry
 from ..sharing.caches import ConditionCaches, condition_caches
-from ..sharing.mean import mean_vector_cache
 from ..sharing.method import translated_seconds
+from ..sharing.random_window import RANDOM
+from ..sharing.registry import REFERENCE, TRANSLATED
 from ..train.mean_vector import MeanVectors, reference_means
 from ..train.quickfit import fits_dir
 from ..train.window_fidelity import translation_fidelity
@@ -46,6 +47,9 @@ from .state import Run, Selection
 
 FIT_PREFIX = "fit: "  # checkpoints fitted in the app (mot_viz.train.quickfit), listed after the shipped ones
 CONTROL_SEED = 0  # the Answers page's random control; the Shift page reuses its cache at this seed
+# the methods whose caches the Answers page builds on request, apart from CONDITIONS: those reading the mean native
+# window (a window with no context in it, method.md §13), computed once per target and window layers
+WITH_MEANS = registry.names(lambda m: m.needs.means, registry.choices("evaluate"))
 
 
 def available_checkpoints() -> dict[str, str]:
@@ -188,14 +192,17 @@ def _cached_condition_caches(key: TranslationKey) -> ConditionCaches:
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
-def _cached_mean_cache(key: TranslationKey) -> tuple[list, float]:
-    """The key's translation replayed with the mean-vector window (a window with no context in it, method.md §13),
-    and the seconds that replay took (the mean vectors themselves are computed once per target and window)."""
+def _cached_mean_caches(key: TranslationKey) -> ConditionCaches:
+    """The caches of WITH_MEANS on the key's translation, with the seconds each build took (the mean vectors
+    themselves are computed once per target and window)."""
     src, tgt, mot = _loaded(key)
     means = cached_mean_vectors(key.target, tuple(mot.channels.target_layers), test_mode())
-    start = time.perf_counter()
-    kv = mean_vector_cache(mot, tgt, _cached_translation(key), means)
-    return kv, time.perf_counter() - start
+    return condition_caches(mot, src, tgt, None, _cached_translation(key), conditions=WITH_MEANS, means=means)
+
+
+def _caches_of(key: TranslationKey, condition: str) -> ConditionCaches:
+    """The cached caches that hold `condition`'s (those built on request apart, else every answer condition's)."""
+    return _cached_mean_caches(key) if condition in WITH_MEANS else _cached_condition_caches(key)
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)  # ~4 MB each on the default pair (3 log-prob rows)
@@ -211,12 +218,12 @@ def _prompted(key: TranslationKey, suffix: str) -> dict[str, PromptedCache]:
 def _cached_answers(key: TranslationKey, conditions: tuple[str, ...], example: QAExample, suffix: str | None,
                     max_new_tokens: int) -> dict[str, Answer]:
     """The answers under `conditions`, decoded as one batch (mot_viz.eval.answers: the no-context cache left-padded)."""
-    if conditions == ("mot",):  # the replayed cache alone: a second checkpoint needs no control caches
-        caches = {"mot": _cached_translation(key).mixed_kv}
+    if conditions == (TRANSLATED,):  # the replayed cache alone: a second checkpoint needs no control caches
+        caches = {TRANSLATED: _cached_translation(key).mixed_kv}
     else:
-        caches = {c: _cached_mean_cache(key)[0] if c == "mean" else _cached_condition_caches(key).kv[c]
-                  for c in conditions}
-    prompted = {} if suffix is not None and {"native", "mot", "random"} <= set(caches) else None
+        caches = {c: _caches_of(key, c).kv[c] for c in conditions}
+    # the Answers page's batch of every answer condition: kept for the pages that run the question over them again
+    prompted = {} if suffix is not None and set(CONDITIONS) <= set(caches) else None
     answers = answers_from_caches(get_model(key.target), caches, example, max_new_tokens, suffix, prompted=prompted)
     if prompted:
         _prompted(key, suffix).update(prompted)
@@ -288,17 +295,15 @@ def answer_rows(sel: Selection, max_new_tokens: int, checkpoint: str | None = No
     """Rows of the answers table: each condition's answer, its score vs the gold answers, and its times.
 
     Every condition of mot_viz.eval.answers.CONDITIONS for the selected checkpoint (with_mean: and the mean-vector
-    window's, decoded in the same batch); with another `checkpoint`, the one row of that (second) checkpoint's
+    window's, WITH_MEANS, decoded in the same batch); with another `checkpoint`, the one row of that (second) checkpoint's
     MoT-translated cache.
     """
     second = checkpoint is not None and checkpoint != sel.checkpoint
     key = translation_key(sel, checkpoint)
-    conditions = ("mot",) if second else CONDITIONS + (("mean",) if with_mean else ())
+    conditions = (TRANSLATED,) if second else CONDITIONS + (WITH_MEANS if with_mean else ())
     answers = _cached_answers(key, conditions, sel.example, sel.suffix, max_new_tokens)
-    seconds = ({"mot": translated_seconds(_cached_translation(key))} if second  # no control caches were built
-               else dict(_cached_condition_caches(key).seconds))
-    if "mean" in conditions:
-        seconds["mean"] = _cached_mean_cache(key)[1]
+    seconds = ({TRANSLATED: translated_seconds(_cached_translation(key))} if second  # no control caches were built
+               else {c: _caches_of(key, c).seconds[c] for c in conditions})
     return [{
         "key": f"{condition} (2nd)" if second else condition,
         "condition": f"MoT-translated cache, second checkpoint ({Path(checkpoint).name})" if second
@@ -319,8 +324,8 @@ def answer_rows(sel: Selection, max_new_tokens: int, checkpoint: str | None = No
 @st.cache_resource(show_spinner=False, max_entries=16)
 def _cached_first_token_kl(key: TranslationKey, suffix: str) -> float:
     prompted = _prompted(key, suffix)
-    if "native" in prompted and "mot" in prompted:  # the Answers page ran this question over both caches
-        return kl_divergence(prompted["native"].first_logprobs, prompted["mot"].first_logprobs)
+    if REFERENCE in prompted and TRANSLATED in prompted:  # the Answers page ran this question over both caches
+        return kl_divergence(prompted[REFERENCE].first_logprobs, prompted[TRANSLATED].first_logprobs)
     target, translation = get_model(key.target), _cached_translation(key)
     return kl_divergence(*first_answer_logprobs(target, [translation.native_kv, translation.mixed_kv], suffix))
 
@@ -351,7 +356,7 @@ def _cached_window_analysis(key: TranslationKey, suffix: str, example: QAExample
     src, tgt, mot = _loaded(key)
     case = shift.case_from_text(tgt, key.text, suffix, example)
     # at the Answers page's seed the random control is the same cache: built once for both pages
-    random_kv = _cached_condition_caches(key).kv["random"] if seed == CONTROL_SEED else None
+    random_kv = _cached_condition_caches(key).kv[RANDOM.name] if seed == CONTROL_SEED else None
     # and if the Answers page has run this question over those caches, only the answer tokens run here
     prompted = _prompted(key, suffix) if seed == CONTROL_SEED else None
     return shift.analyse_translation(mot, src, tgt, case, _cached_translation(key), seed=seed,

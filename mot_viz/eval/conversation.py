@@ -54,7 +54,7 @@ from ..sharing.costs import COST_COLUMNS, MESSAGE_COLUMNS, cost_fields, cost_med
 from ..sharing.kvcomm import KVCOMM_FRACTION
 from ..sharing.linear import default_linear
 from ..sharing.method import Request
-from ..sharing.mot import MOT
+from ..sharing.registry import FLOOR, REFERENCE, TRANSLATED
 from ..sharing.relay import RELAY_TOKENS
 from ..train.mean_vector import MeanVectors
 from .answers import MAX_NEW_TOKENS, answers_from_caches
@@ -66,11 +66,12 @@ from .qa_metrics import bootstrap_ci, condition_ratios
 KIND = "conversation"  # this evaluation, as the sharing registry names it
 CONDITIONS = registry.ALWAYS[KIND]  # every run's
 OTHERS = tuple(c for c in registry.choices(KIND) if c not in CONDITIONS)  # on request, in the rows' order
-CONTROLS = ("linear", "mean")  # the pair's closed-form map of the window, the mean-vector window
+CONTROLS = registry.controls(OTHERS)  # the pair's closed-form map of the window, the mean-vector window
 # the other ways of sharing the story (a method written for one question cannot serve a conversation)
 SHARED = registry.names(lambda m: not m.for_question, tuple(c for c in OTHERS if c not in CONTROLS))
 # the paired tests: does the MoT beat no story, its own map, a window with no story in it, each way of sharing it?
-PAIRS = (("mot", "no_context"), ("mot", "linear"), ("mot", "mean"), ("linear", "mean"), *(("mot", c) for c in SHARED))
+PAIRS = ((TRANSLATED, FLOOR), *((TRANSLATED, c) for c in CONTROLS), *registry.control_pairs(CONTROLS),
+         *((TRANSLATED, c) for c in SHARED))
 ROW_COLUMNS = ("id", "genre", "turn", "condition", "score", "answer", "gold", "turn_seconds", "cache_tokens",
                "story_tokens", "source_tokens", "source_prefill", "alignment", "translator", "replay",
                "native_prefill", "error", *MESSAGE_COLUMNS, *COST_COLUMNS)
@@ -219,8 +220,9 @@ def summarize(rows: pd.DataFrame, target_spec_mb: float, source_spec_mb: float, 
     (retain). target_spec_mb / source_spec_mb: each model's fp16 cache MB per token."""
     scored = rows[rows["condition"] != "skipped"].copy()
     scored["turn"] = scored["turn"].astype(int)
-    start = {"native": scored["native_prefill"], "mot": scored["alignment"] + scored["translator"] + scored["replay"],
-             "no_context": 0.0,  # linear and mean: not measured (NaN, as Method.target_side has it)
+    # every run's conditions: Method.target_side of each row's stages (its columns); the others: as their rows recorded
+    # it (linear and mean: not measured, NaN)
+    start = {**{c: registry.method(c).target_side(scored) for c in CONDITIONS},
              **{c: scored["target_side_seconds"] for c in CONTROLS + SHARED if c in set(scored["condition"])}}
     scored["start_seconds"] = 0.0
     for condition, seconds in start.items():
@@ -242,8 +244,8 @@ def summarize(rows: pd.DataFrame, target_spec_mb: float, source_spec_mb: float, 
                            else {}),
                         "start_seconds": float(rows_c["start_seconds"].median()),
                         "cumulative_seconds": float(rows_c["cumulative_seconds"].median()),
-                        "memory_mb": target_mb + (translator if condition == MOT.name else 0.0),
-                        "memory_retain_mb": target_mb + (translator if condition == MOT.name else 0.0)
+                        "memory_mb": target_mb + (translator if condition == TRANSLATED else 0.0),
+                        "memory_retain_mb": target_mb + (translator if condition == TRANSLATED else 0.0)
                         + (source_mb if registry.method(condition).reads_source else 0.0), **cost_medians(rows_c)})
     return pd.DataFrame(out)
 
@@ -254,7 +256,7 @@ def overall(rows: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> dict:
     scored = rows[rows["condition"] != "skipped"]
     wide = scored.pivot_table(index="id", columns="condition", values="score", aggfunc="mean").dropna()
     return {**{c: float(wide[c].mean()) for c in CONDITIONS if c in wide}, "n": len(wide),
-            **condition_ratios(wide, "mot", n_boot, seed)}
+            **condition_ratios(wide, TRANSLATED, n_boot, seed)}
 
 
 def markdown(summary: pd.DataFrame) -> str:
@@ -264,11 +266,11 @@ def markdown(summary: pd.DataFrame) -> str:
     for turn, part in summary.groupby("turn", sort=True):
         c = part.set_index("condition")
         fmt = lambda name: f"{c.loc[name, 'mean']:.3f} [{c.loc[name, 'ci_low']:.3f}, {c.loc[name, 'ci_high']:.3f}]"
-        m = c.loc["mot"]
-        lines.append(f"| {turn} | {fmt('native')} | {fmt('mot')} | {c.loc['no_context', 'mean']:.3f} | "
+        m, native = c.loc[TRANSLATED], c.loc[REFERENCE]
+        lines.append(f"| {turn} | {fmt(REFERENCE)} | {fmt(TRANSLATED)} | {c.loc[FLOOR, 'mean']:.3f} | "
                      f"{m['retention']:.1%} [{m['retention_ci_low']:.1%}, {m['retention_ci_high']:.1%}] | "
-                     f"{c.loc['native', 'cumulative_seconds']:.2f} / {m['cumulative_seconds']:.2f} | "
-                     f"{c.loc['native', 'memory_mb']:.1f} / {m['memory_mb']:.1f} / {m['memory_retain_mb']:.1f} |")
+                     f"{native['cumulative_seconds']:.2f} / {m['cumulative_seconds']:.2f} | "
+                     f"{native['memory_mb']:.1f} / {m['memory_mb']:.1f} / {m['memory_retain_mb']:.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -279,10 +281,10 @@ def sharing_markdown(summary: pd.DataFrame, paired: pd.DataFrame) -> str:
     if not len(summary):
         return ""
     last = summary[summary["turn"] == summary["turn"].max()].set_index("condition")
-    listed = [c for c in ("mot", *CONTROLS, *SHARED) if c in last.index]
-    if listed == ["mot"]:
+    listed = [c for c in (TRANSLATED, *CONTROLS, *SHARED) if c in last.index]
+    if listed == [TRANSLATED]:
         return ""
-    diffs = paired[paired["a"] == "mot"].set_index("b") if len(paired) else pd.DataFrame()
+    diffs = paired[paired["a"] == TRANSLATED].set_index("b") if len(paired) else pd.DataFrame()
     lines = ["", "Ways of sharing the story and the controls (F1 at the last turn; MoT − condition over all turns, "
              "paired):", "",
              "| condition | F1 | MoT − condition [95% CI] | s before turn 1 | handed over (bytes) "
@@ -314,8 +316,8 @@ def write(out_dir: Path, rows: pd.DataFrame, settings: ConversationSettings, siz
     total = ""
     if len(summary):
         o = overall(rows, settings.bootstrap, settings.seed)
-        total = (f"\nOver all turns ({o['n']} conversations, each its turns' mean): native F1 {o['native']:.3f}, MoT "
-                 f"{o['mot']:.3f}, no story {o['no_context']:.3f}; MoT keeps {o['retention']:.1%} "
+        total = (f"\nOver all turns ({o['n']} conversations, each its turns' mean): native F1 {o[REFERENCE]:.3f}, MoT "
+                 f"{o[TRANSLATED]:.3f}, no story {o[FLOOR]:.3f}; MoT keeps {o['retention']:.1%} "
                  f"[{o['retention_ci_low']:.1%}, {o['retention_ci_high']:.1%}] of native's, gap closed "
                  f"{o['gap_closed']:+.2f} [{o['gap_closed_ci_low']:+.2f}, {o['gap_closed_ci_high']:+.2f}].\n")
     write_text_atomic(out_dir / "summary.md", f"Command: `{settings.command(out_dir)}`\n\nDate: {meta['date']}. "

@@ -44,6 +44,7 @@ from ..sharing.costs import COST_COLUMNS, MESSAGE_COLUMNS, cost_fields, cost_med
 from ..sharing.kvcomm import KVCOMM_FRACTION
 from ..sharing.linear import default_linear
 from ..sharing.method import Request
+from ..sharing.registry import FLOOR, REFERENCE, TRANSLATED
 from ..sharing.relay import RELAY_TOKENS
 from .answers import MAX_NEW_TOKENS, answers_from_caches, encode_question, first_token_seconds
 from .layer_error_file import LAYER_ERROR_FILE, LayerErrorFile, check_resumed
@@ -71,8 +72,8 @@ RESULTS = ResultsTable(ROW_COLUMNS, TEXT_COLUMNS, ("budget", "id"),
 RESULT_FILES = ("examples.csv", "summary.csv", "stages.csv", "paired.csv", "summary.json", "summary.md",
                 LAYER_ERROR_FILE, *PATCHING_FILES)
 # the paired tests: does the translation beat its own map, a window with no context in it, and no context at all?
-PAIRS = (("mot", "linear"), ("mot", "mean"), ("mot", "no_context"), ("mot", "native"), ("linear", "mean"),
-         *(("mot", c) for c in SHARING))
+PAIRS = (*((TRANSLATED, c) for c in registry.controls(ALL_CONDITIONS)), (TRANSLATED, FLOOR), (TRANSLATED, REFERENCE),
+         *registry.control_pairs(ALL_CONDITIONS), *((TRANSLATED, c) for c in SHARING))
 
 
 def check_settings(settings: LongSettings) -> dict:
@@ -161,10 +162,11 @@ def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFra
         for condition in [c for c in ALL_CONDITIONS if c in wide]:
             rows = part[part["condition"] == condition]
             ci = bootstrap_ci(wide[condition].to_numpy(), n_boot=n_boot, seed=seed)
-            side = {"native": stages["native_prefill"], "no_context": 0.0, "mot": stages["target_side"],
-                    "linear": np.nan, "mean": np.nan}
-            ttft = (side[condition] if condition in side else rows["target_side_seconds"].median()) \
-                + rows["first_token_seconds"].median()
+            # the default conditions: Method.target_side of the document's stages (their medians); the others: as
+            # their rows recorded it
+            side = registry.method(condition).target_side(stages) if condition in CONDITIONS \
+                else rows["target_side_seconds"].median()
+            ttft = side + rows["first_token_seconds"].median()
             out.append({"source": src, "budget": int(budget), "condition": condition, "n": len(wide),
                         "metric": "F1" if rows["exact_match"].notna().any() else "accuracy",
                         "mean": ci.mean, "ci_low": ci.lo, "ci_high": ci.hi,
@@ -180,7 +182,7 @@ def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFra
 def _stage_medians(part: pd.DataFrame) -> pd.Series:
     """Median seconds of each stage over the documents of `part` (one row each: the native row), with the target
     side of the translated path (alignment + translator + replay) as "target_side"."""
-    m = part[part["condition"] == "native"].median(numeric_only=True)
+    m = part[part["condition"] == REFERENCE].median(numeric_only=True)
     m["target_side"] = m["alignment"] + m["translator"] + m["replay"]
     return m
 
@@ -190,12 +192,12 @@ def stage_table(df: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (src, budget), part in df.groupby(["source", "budget"], sort=True):
         m = _stage_medians(part)
-        rows.append({"source": src, "budget": int(budget), "n": int((part["condition"] == "native").sum()),
+        rows.append({"source": src, "budget": int(budget), "n": int((part["condition"] == REFERENCE).sum()),
                      "source prefill": m["source_prefill"], "alignment": m["alignment"], "translator": m["translator"],
                      "replay": m["replay"], "target side (alignment + translator + replay)": m["target_side"],
                      "native prefill": m["native_prefill"],
                      "target side ÷ native": m["target_side"] / m["native_prefill"], **sharing_stages(part),
-                     "peak RSS (MB)": part.loc[part["condition"] == "native", "peak_rss_mb"].max()})
+                     "peak RSS (MB)": part.loc[part["condition"] == REFERENCE, "peak_rss_mb"].max()})
     return pd.DataFrame(rows)
 
 

@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..engine.checkpoint import weights_sha256
 from ..errors import CheckpointError
-from ..sharing.registry import choices, method
+from ..sharing.registry import EVALUATE_PAIRS, FLOOR, REFERENCE, SECOND, choices, method
 from .answers import CONDITION_LABELS
 from .qa_metrics import bootstrap_ci, paired_ratios
 
@@ -25,9 +25,9 @@ def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0, relay_tokens:
     out = []
     for dataset, part in scored.groupby("dataset", sort=False):
         wide = part.pivot_table(index="id", columns="condition", values="score")
-        native = wide["native"].to_numpy()
-        none = wide["no_context"].to_numpy() if "no_context" in wide else np.full(len(wide), np.nan)
-        for condition in [c for c in (*choices("evaluate"), "second") if c in wide]:
+        native = wide[REFERENCE].to_numpy()
+        none = wide[FLOOR].to_numpy() if FLOOR in wide else np.full(len(wide), np.nan)
+        for condition in [c for c in (*choices("evaluate"), SECOND) if c in wide]:
             values = wide[condition].to_numpy()
             ci = bootstrap_ci(values, n_boot=n_boot, seed=seed)
             ratios = paired_ratios(native, none, values, n_boot, seed)
@@ -54,10 +54,7 @@ def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0, relay_tokens:
     return pd.DataFrame(out)
 
 
-PAIRS = (("mot", "random"), ("mot", "no_context"), ("mot", "mean"), ("mot", "native"), ("mot", "second"),
-         ("second", "mean"), ("second", "no_context"), ("mot", "relay"), ("mot", "relay_q"), ("relay", "no_context"),
-         ("relay_q", "no_context"), ("mot", "kvcomm"), ("kvcomm", "no_context"), ("mot", "direct"),
-         ("direct", "no_context"))
+PAIRS = EVALUATE_PAIRS  # the sharing registry's, in the order the shipped paired.csv files list them
 
 
 def paired_differences(df: pd.DataFrame, pairs=PAIRS, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:

@@ -65,6 +65,7 @@ from ..sharing.caches import load_sharing
 from ..sharing.costs import COST_COLUMNS, MESSAGE_COLUMNS, cost_fields, cost_medians, work_text
 from ..sharing.linear import default_linear
 from ..sharing.method import Request
+from ..sharing.registry import FLOOR, REFERENCE
 from ..sharing.relay import RELAY_TOKENS, Relay, relay_parts
 from ..train.mean_vector import MeanVectors
 from .answers import MAX_NEW_TOKENS, answers_from_caches
@@ -99,17 +100,17 @@ PARAGRAPH_TOKENS = 16
 
 def conditions(shards: tuple[int, ...], sharing: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The settings answered from, in the tables' order."""
-    return ("native", "whole", *(f"shards_{k}" for k in shards), *(f"evidence_{k}" for k in shards),
+    return (REFERENCE, "whole", *(f"shards_{k}" for k in shards), *(f"evidence_{k}" for k in shards),
             *(c for m in sharing for c in (m, *(f"{m}_{k}" for k in shards if not registry.method(m).one_reader))),
-            "no_context")
+            FLOOR)
 
 
 def pairs(shards: tuple[int, ...], sharing: tuple[str, ...] = ()) -> tuple[tuple[str, str], ...]:
     """The paired differences: what composing k shards costs against one reader and the hub reading, and what the
     other shards add to the one that holds the answer; the other ways of sharing against the MoT, one reader and k."""
-    out = [("whole", "native")]
+    out = [("whole", REFERENCE)]
     for k in shards:
-        out += [(f"shards_{k}", "whole"), (f"shards_{k}", "native"), (f"shards_{k}", f"evidence_{k}"),
+        out += [(f"shards_{k}", "whole"), (f"shards_{k}", REFERENCE), (f"shards_{k}", f"evidence_{k}"),
                 (f"evidence_{k}", "whole")]
     for m in sharing:
         out += [("whole", m), *((f"shards_{k}", f"{m}_{k}") for k in shards if not registry.method(m).one_reader)]
@@ -279,7 +280,7 @@ def setting_caches(mot: MoT, source: LoadedModel, target: LoadedModel, doc: Long
     n, t = int(one.target_ids.shape[1]), one.timings
     src_tokens = one.source.source_prefix_len + int(one.source.source_ids.shape[1])
     reader = {**t, "source_prefill_max": t["source_prefill"], "native_prefill": np.nan}  # one agent, no hub prefill
-    out = {"native": SettingCache(one.native_kv, 0, {"native_prefill": t["native_prefill"]}, p + n, 0, 0.0, 0.0),
+    out = {REFERENCE: SettingCache(one.native_kv, 0, {"native_prefill": t["native_prefill"]}, p + n, 0, 0.0, 0.0),
            "whole": SettingCache(one.mixed_kv, 1, reader, p + n, src_tokens, mb(source.spec, src_tokens),
                                  mb(source.spec, src_tokens))}
     agents = Agents(mot, source, target, doc, context_text, one, out["whole"], relay_tokens, direct, linear, means)
@@ -298,7 +299,7 @@ def setting_caches(mot: MoT, source: LoadedModel, target: LoadedModel, doc: Long
     out.update(evidence)
     for m in sharing:
         out.update(others[m])
-    out["no_context"] = SettingCache(empty_context_cache(target), 0, {}, p, 0, 0.0, 0.0)
+    out[FLOOR] = SettingCache(empty_context_cache(target), 0, {}, p, 0, 0.0, 0.0)
     return out
 
 
