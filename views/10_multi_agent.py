@@ -8,6 +8,7 @@ from mot_viz.app.long_context import take_upload
 from mot_viz.app.multi_agent import CONVERSATIONS, SHARD_BUDGET, SHARD_DOCUMENTS, your_conversation_view
 from mot_viz.data.user_documents import UPLOAD_TYPES, document_label, questions_text
 from mot_viz.errors import MotVizError
+from mot_viz.sharing.registry import FLOOR, REFERENCE
 
 STORIES = {"coqa": "CoQA story", "yours": "your text (paste or upload)"}
 
@@ -98,8 +99,8 @@ def _your_text() -> None:
                  key="pg.agents.questions", height=120, placeholder="Who built the tower? | Gustave Eiffel")
 
 
-SETTINGS = {"native": "the hub read the whole document itself", "whole": "one source agent read it all",
-            "no_context": "no document"}
+SETTINGS = {REFERENCE: "the hub read the whole document itself", "whole": "one source agent read it all",
+            FLOOR: "no document"}
 
 
 @app.fragment

@@ -11,6 +11,7 @@ from mot_viz.app.methods import methods_offer
 from mot_viz.app.patching import gold_answer_text, long_selection, offered_methods, scan
 from mot_viz.engine.patching import ANSWER_SENTENCE, REST, layer_groups
 from mot_viz.errors import MotVizError
+from mot_viz.sharing.registry import TRANSLATED
 
 CONTEXTS = {"sidebar": "the sidebar's context", "long": "the Long context page's document"}
 
@@ -69,7 +70,7 @@ def main() -> None:
     global_layers = default_groups.get("global", ())
 
     cols = st.columns([2, 2, 1])
-    app.widget_default("pg.patch.method", "mot", methods)
+    app.widget_default("pg.patch.method", TRANSLATED, methods)
     method = cols[0].radio("Method", methods, key="pg.patch.method", horizontal=True,
                            format_func=lambda m: METHOD_LABELS.get(m, m))
     app.widget_default("pg.patch.measure", "share", list(MEASURES))

@@ -7,6 +7,7 @@ from mot_viz.analysis.figures import show_whitespace
 from mot_viz.analysis.lens_figures import LENS_VALUES, attention_share_figure, lens_heatmap, lens_rank_figure
 from mot_viz.analysis.logit_lens import LENS_ANSWER_TOKENS
 from mot_viz.analysis.shift.cases import answer_token_ids
+from mot_viz.sharing.registry import REFERENCE, TRANSLATED
 
 
 def main() -> None:
@@ -71,19 +72,19 @@ def main() -> None:
                      else "native's reading of the same layer")
     app.show_figure(lens_heatmap(lens.layers, window, value), lens.layers, f"logit_lens_{value}_pos{position}")
     last = lens.layers[lens.layers.layer == lens.layers.layer.max()].set_index("condition")
-    if "mot" in last.index:
+    if TRANSLATED in last.index:
         st.caption(f"At the last layer the lens is the model's own output: KL(native ‖ mot) = "
-                   f"{last.loc['mot', 'kl_to_native_final']:.4f} nats here"
+                   f"{last.loc[TRANSLATED, 'kl_to_native_final']:.4f} nats here"
                    + (" — the first-token KL the reuse verdict on the Per-layer page reads." if position == 0 else "."))
 
     st.subheader("The answer token's rank")
     column = "token_rank"
     if "gold_rank" in lens.layers:
-        app.widget_default("pg.lens.token", "native", ["native", "gold"])
-        token = st.radio("Token", ["native", "gold"], key="pg.lens.token", horizontal=True,
-                         format_func=lambda t: "native's answer token" if t == "native" else
+        app.widget_default("pg.lens.token", REFERENCE, [REFERENCE, "gold"])
+        token = st.radio("Token", [REFERENCE, "gold"], key="pg.lens.token", horizontal=True,
+                         format_func=lambda t: "native's answer token" if t == REFERENCE else
                          f"the gold answer's first token {show_whitespace(tokenizer.decode([gold]))!r}")
-        column = "token_rank" if token == "native" else "gold_rank"
+        column = "token_rank" if token == REFERENCE else "gold_rank"
     app.show_figure(lens_rank_figure(lens.layers, window, column), lens.layers, f"logit_lens_rank_pos{position}")
     first = lens.first_top1.assign(first_top1_layer=lens.first_top1.first_top1_layer.map(
         lambda v: "never" if v is None or v != v else str(int(v))))

@@ -25,7 +25,8 @@ from ..engine.models import LoadedModel
 from ..engine.mot import MoT, Translation, empty_context_cache
 from ..errors import ContextError
 from ..eval.answers import answer_is_complete, check_question_fits
-from ..sharing.linear import linear_cache
+from ..sharing.linear import LINEAR, linear_cache
+from ..sharing.registry import FLOOR, REFERENCE, TRANSLATED
 
 TOP_TOKENS = 5  # tokens listed per layer and condition
 LENS_ANSWER_TOKENS = 8  # native answer tokens the lens follows (each costs a decoding step)
@@ -74,12 +75,12 @@ def lens_trace(target: LoadedModel, caches: dict[str, list[hf.KV] | None], suffi
     then the one position is the question's last, and its token native's top prediction there (no decoding).
     Only the positions the lens reads are kept (their states and attention), so what the trace holds grows with the
     question's length, not its square; a question the lens cannot read raises ContextError (check_lens_question)."""
-    if "native" not in caches:
-        raise ValueError("the lens compares every cache with the native one: caches needs 'native'")
+    if REFERENCE not in caches:
+        raise ValueError(f"the lens compares every cache with the native one: caches needs {REFERENCE!r}")
     if answer_ids is not None and not answer_ids:
         raise ValueError("the lens needs at least one answer token to predict (or answer_ids=None)")
     positions = len(answer_ids) if answer_ids else 1  # the question's last position, then each answer token's
-    check_lens_question(target, caches["native"], len(suffix_ids), positions)
+    check_lens_question(target, caches[REFERENCE], len(suffix_ids), positions)
     model = target.model
     layers = hf.decoder_layers(model)
     ids = target.ids_tensor(list(suffix_ids) + list(answer_ids[:-1] if answer_ids else []))
@@ -89,7 +90,7 @@ def lens_trace(target: LoadedModel, caches: dict[str, list[hf.KV] | None], suffi
         cache_len[condition] = 0 if kv is None else kv[0][0].shape[2]
         groups.setdefault(cache_len[condition], []).append(condition)
     sliding: tuple[int | None, ...] = ()
-    native_first = sorted(groups.values(), key=lambda members: "native" not in members)
+    native_first = sorted(groups.values(), key=lambda members: REFERENCE not in members)
     for members in native_first:
         kvs = [caches[c] for c in members]
         kv = None if kvs[0] is None else (kvs[0] if len(kvs) == 1 else hf.stack_caches(kvs))
@@ -101,13 +102,13 @@ def lens_trace(target: LoadedModel, caches: dict[str, list[hf.KV] | None], suffi
         sliding = tuple(queries[layer][2] for layer in range(len(layers)))
         for row, condition in enumerate(members):
             residual[condition] = trace.residual[:, row, -positions:].float()  # (L + 1, P, D)
-            if condition == "native" and answer_ids is None:  # its logits at the question's last position
+            if condition == REFERENCE and answer_ids is None:  # its logits at the question's last position
                 answer_ids = [int(trace.result.logits[row, -1].argmax())]
             attention[condition] = [p[row] for p in probs]
-    native = caches["native"]
+    native = caches[REFERENCE]
     errors = {}
     for condition, kv in caches.items():
-        if kv is None or cache_len[condition] != cache_len["native"]:
+        if kv is None or cache_len[condition] != cache_len[REFERENCE]:
             continue
         errors[condition] = torch.stack([
             (v.float() - nv.float()).norm(dim=-1)[0] / nv.float().norm(dim=-1)[0].clamp_min(1e-12)
@@ -139,11 +140,11 @@ def translation_lens_trace(mot: MoT, source: LoadedModel, target: LoadedModel, t
     `answer_tokens` of it; 0: the question alone, no decoding)."""
     suffix = encode(target.tokenizer, suffix_text)
     check_lens_question(target, translation.native_kv, len(suffix), max(answer_tokens, 1))  # before any work
-    caches = {"native": translation.native_kv, "mot": translation.mixed_kv}
+    caches = {REFERENCE: translation.native_kv, TRANSLATED: translation.mixed_kv}
     if linear is not None:
-        caches["linear"] = linear_cache(mot, linear, source, target, translation)
+        caches[LINEAR.name] = linear_cache(mot, linear, source, target, translation)
     caches.update(others or {})
-    caches["no_context"] = empty_context_cache(target)
+    caches[FLOOR] = empty_context_cache(target)
     answer = native_answer_ids(target, translation.native_kv, suffix, answer_tokens) if answer_tokens else None
     return lens_trace(target, caches, suffix, answer, translation.prefix_len)
 
@@ -171,7 +172,7 @@ def logit_lens(target: LoadedModel, trace: LensTrace, position: int = 0, gold_to
     conditions = trace.conditions
     states = torch.stack([trace.residual[c][1:, position] for c in conditions])  # (C, L, D): layer outputs
     logprobs = hf.final_readout(target.model)(states).float().log_softmax(-1)  # (C, L, V)
-    native = logprobs[conditions.index("native")]  # (L, V)
+    native = logprobs[conditions.index(REFERENCE)]  # (L, V)
     final = native[-1]
     answer = trace.answer_ids[position]
     rows, top_rows, first = [], [], []
@@ -250,7 +251,7 @@ def attention_shares(trace: LensTrace, position: int = 0) -> pd.DataFrame:
                        "bos": float(p[head, : min(trace.prefix_len, trace.cache_len[condition])].sum()),
                        "context": float(context[head]), "question": float(p[head, end:].sum()),
                        "sliding_window": window, "visible_context": visible}
-                if error is not None and condition != "native":
+                if error is not None and condition != REFERENCE:
                     kv_head = head * error.shape[1] // p.shape[0]
                     weight = p[head, start:end]
                     row["read_error_v"] = (float((weight * error[layer, kv_head, start:end]).sum() / weight.sum())

@@ -17,8 +17,11 @@ from ..engine.cache_errors import KV_NAMES, compared_caches, per_token_errors, t
 from ..engine.channels import Channels
 from ..engine.models import ModelSpec
 from ..engine.mot import Translation
+from ..sharing.linear import LINEAR
+from ..sharing.mean import MEAN
+from ..sharing.registry import REFERENCE, TRANSLATED
 
-CURVE_CONDITIONS = {"mot": "MoT", "linear": "linear map", "mean": "mean-vector window"}
+CURVE_CONDITIONS = {TRANSLATED: "MoT", LINEAR.name: "linear map", MEAN.name: "mean-vector window"}
 
 
 def layer_attention(spec: ModelSpec, layer: int) -> str:
@@ -96,7 +99,7 @@ def retention_curve_figure(summary: pd.DataFrame, live: dict[str, float] | None 
         if live and condition in live and budget is not None and np.isfinite(live[condition]):
             fig.add_trace(go.Scatter(x=[budget], y=[live[condition]], mode="markers", name=f"{label}: this document",
                                      marker={"symbol": "star", "size": 14}))
-    fig.add_hline(y=1.0, line_dash="dash", line_color="grey", annotation_text="native")
+    fig.add_hline(y=1.0, line_dash="dash", line_color="grey", annotation_text=REFERENCE)
     fig.update_layout(xaxis_title="document length (target tokens)", xaxis_type="log", yaxis_tickformat=".0%",
                       yaxis_title="retention (score ÷ native)", margin={"t": 30})
     return fig
@@ -108,9 +111,9 @@ def first_token_table(timings: dict[str, float], first_token: dict[str, float]) 
     rows = [("translated cache", "alignment", timings.get("alignment", np.nan)),
             ("translated cache", "translator", timings.get("translator", np.nan)),
             ("translated cache", "replay", timings.get("replay", np.nan)),
-            ("translated cache", "first answer token", first_token.get("mot", np.nan)),
+            ("translated cache", "first answer token", first_token.get(TRANSLATED, np.nan)),
             ("target reads the text", "native prefill", timings.get("native_prefill", np.nan)),
-            ("target reads the text", "first answer token", first_token.get("native", np.nan)),
+            ("target reads the text", "first answer token", first_token.get(REFERENCE, np.nan)),
             ("source (already held)", "source prefill", timings.get("source_prefill", np.nan))]
     return pd.DataFrame(rows, columns=["path", "stage", "seconds"])
 

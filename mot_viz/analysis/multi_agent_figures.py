@@ -9,12 +9,13 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ..sharing.registry import FLOOR, REFERENCE, TRANSLATED
 from .figures import EXPERT_COLOURS, shade_window
 
 
 # ----- conversations (mot_viz.eval.conversation) ------------------------------------------------------------
 
-CONVERSATION_COLOURS = {"native": "#1f77b4", "mot": "#2ca02c", "no_context": "#7f7f7f"}
+CONVERSATION_COLOURS = {REFERENCE: "#1f77b4", TRANSLATED: "#2ca02c", FLOOR: "#7f7f7f"}
 
 
 def conversation_figure(live: pd.DataFrame, shipped: pd.DataFrame | None = None) -> go.Figure:
@@ -45,12 +46,13 @@ def conversation_figure(live: pd.DataFrame, shipped: pd.DataFrame | None = None)
                         showlegend=False, **common, hovertemplate="turn %{x}<br>%{y:.2f} s" f"<extra>{condition}</extra>",
                         row=1, col=2)
         fig.add_scatter(x=rows["turn"], y=rows["memory_mb"], mode="markers+lines", showlegend=False, **common,
-                        name=condition if condition != "mot" else "mot (free)",
+                        name=condition if condition != TRANSLATED else f"{condition} (free)",
                         hovertemplate="turn %{x}<br>%{y:.2f} MB" f"<extra>{condition}</extra>", row=1, col=3)
-        if condition == "mot":
+        if condition == TRANSLATED:  # its memory in retain mode too (conversation.summarize's memory_retain_mb)
             fig.add_scatter(x=rows["turn"], y=rows["memory_retain_mb"], mode="markers+lines", line_dash="dot",
-                            name="mot (retain)", **common,
-                            hovertemplate="turn %{x}<br>%{y:.2f} MB<extra>mot, retain</extra>", row=1, col=3)
+                            name=f"{condition} (retain)", **common,
+                            hovertemplate="turn %{x}<br>%{y:.2f} MB" f"<extra>{condition}, retain</extra>",
+                            row=1, col=3)
     fig.update_xaxes(title_text="turn", dtick=1)
     fig.update_layout(height=380)
     return fig

@@ -20,6 +20,7 @@ from ..engine.models import LoadedModel, kv_cache_bytes
 from ..eval.answers import MAX_NEW_TOKENS
 from ..eval.long_context import evaluate_document
 from ..eval.long_settings import CONDITIONS, QUESTION_ROOM, LongSettings, check_budget
+from ..sharing.registry import REFERENCE, REGISTRY
 from .loaders import cached_mean_vectors, checkpoint_stamp, get_checkpoint, get_model, linear_baseline_for
 from .settings import REPO_ROOT, test_mode
 from .state import Run
@@ -107,13 +108,13 @@ def _cached_long_document(source_model: str, target_model: str, checkpoint: str,
     mot = get_checkpoint(checkpoint, src, tgt)[0]
     linear_path = linear_baseline_for(checkpoint, mot)
     linear = get_checkpoint(linear_path, src, tgt)[0] if linear_path else None
-    conditions = tuple(c for c in CONDITIONS if c != "linear" or linear is not None)
+    conditions = tuple(c for c in CONDITIONS if not REGISTRY[c].needs.linear or linear is not None)
     settings = LongSettings(checkpoint, linear_path, doc.source, (doc.budget,), 1, 0, conditions=conditions)
     means = cached_mean_vectors(target_model, tuple(mot.channels.target_layers), test)
     result = evaluate_document(mot, linear, src, tgt, doc, settings, means)
     rows = pd.DataFrame(result.rows)
     scores = pd.to_numeric(rows.set_index("condition")["score"])  # NaN: a user's question without a gold answer
-    native = float(scores["native"])
+    native = float(scores[REFERENCE])
     translation = result.translation
     n_source = int(translation.source.source_ids.shape[1])
     n_target = int(translation.target_ids.shape[1])

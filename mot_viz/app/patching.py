@@ -20,6 +20,7 @@ from ..errors import ConfigError
 from ..eval.answers import MAX_NEW_TOKENS
 from ..eval.long_settings import QUESTION_ROOM, check_budget
 from ..sharing.kvcomm import kvcomm_selection
+from ..sharing.registry import REGISTRY, method as way_of
 from ..eval.patching import PATCHING_FILE, layer_error_columns, method_cache, read_patching, scan_rows
 from .loaders import checkpoint_stamp, get_checkpoint, get_model, get_translation
 from .long_context import USER_MAX_TOKENS, cached_document, readers
@@ -62,14 +63,15 @@ def long_selection(run: Run) -> Selection:
 
 
 def method_path(method: str, offer: MethodsOffer) -> str | None:
-    """The checkpoint a method's cache needs besides the run's own (linear, direct), or None."""
-    return {"linear": offer.linear, "direct": offer.direct}.get(method)
+    """The checkpoint a method's cache needs besides the run's own (the map it needs: linear, direct), or None."""
+    needs = way_of(method).needs
+    return offer.linear if needs.linear else offer.direct if needs.direct else None
 
 
 def offered_methods(offer: MethodsOffer) -> list[str]:
     """The methods a scan can patch on this pair and checkpoint: always the MoT, the others where offered."""
-    return ["mot"] + [m for m, ok in (("linear", offer.linear), ("direct", offer.direct), ("kvcomm", offer.kvcomm))
-                      if ok]
+    given = dict(linear=offer.linear, direct=offer.direct, kvcomm=offer.kvcomm or None)
+    return [name for name, way in REGISTRY.items() if way.patchable and way.has(given)]
 
 
 def gold_answer_text(sel: Selection) -> str:
@@ -96,10 +98,11 @@ def _cached_scan(sel: Selection, stamp: int, test: bool, method: str, path: str 
     src, tgt = get_model(sel.source), get_model(sel.target)
     mot = get_checkpoint(sel.checkpoint, src, tgt)[0]
     translation = get_translation(sel)
-    models = {"linear": get_checkpoint(path, src, tgt)[0] if method == "linear" else None,
-              "direct": get_checkpoint(path, src, tgt)[0] if method == "direct" else None,
-              # KVComm calibrates its layer choice on a set of size 1 (its default): here, this context and question
-              "kvcomm": kvcomm_selection(src, tgt, [sel.example]) if method == "kvcomm" else None}
+    needs = way_of(method).needs
+    models = dict(linear=get_checkpoint(path, src, tgt)[0] if needs.linear else None,
+                  direct=get_checkpoint(path, src, tgt)[0] if needs.direct else None,
+                  # KVComm calibrates its layer choice on a set of size 1 (its default): here, this context and question
+                  kvcomm=kvcomm_selection(src, tgt, [sel.example]) if needs.kvcomm else None)
     cache = method_cache(method, mot, src, tgt, translation, **models)
     question = tgt.ids_tensor(encode(tgt.tokenizer, sel.suffix))
     answer = answer_token_ids(tgt.tokenizer, sel.example, None)

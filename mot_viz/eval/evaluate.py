@@ -38,7 +38,7 @@ from ..sharing.caches import condition_caches, load_sharing
 from ..sharing.checkpoints import checked_config, full_depth, same_pair
 from ..sharing.kvcomm import KVCOMM_FRACTION
 from ..sharing.method import Request, translated_seconds
-from ..sharing.registry import method
+from ..sharing.registry import SECOND, method
 from ..sharing.relay import RELAY_TOKENS, message_fields
 from .answers import MAX_NEW_TOKENS, answers_from_caches
 from .layer_error_file import LAYER_ERROR_FILE, LayerErrorFile, check_resumed
@@ -74,8 +74,8 @@ def example_rows(mot: MoT, source: LoadedModel, target: LoadedModel, example: QA
     translation, caches, build, ahead = built.translation, built.kv, built.seconds, built.ahead
     if second is not None:
         other = translate(second, source, target, translation.text, with_native=False)
-        caches["second"], build["second"] = other.mixed_kv, translated_seconds(other)
-        ahead["second"] = other.timings.get("source_prefill", 0.0)
+        caches[SECOND], build[SECOND] = other.mixed_kv, translated_seconds(other)
+        ahead[SECOND] = other.timings.get("source_prefill", 0.0)
     rows = []
     # one batch (the no-context cache left-padded); a kvcomm cache alone, under its plan
     answers = answers_from_caches(target, caches, example, settings.max_new_tokens, built.prompt.suffix_text,
@@ -179,7 +179,7 @@ def previous_rows(out_dir: Path, settings: EvalSettings, resume: bool, overwrite
     """The rows of an earlier run of these settings in out_dir, to keep (--resume); results of others, and files
     that are not this command's results, are refused (unless overwrite). An example with a row cut short or damaged
     is computed again (processes.resumed_table)."""
-    wanted = set(settings.conditions) | ({"second"} if settings.second else set())
+    wanted = set(settings.conditions) | ({SECOND} if settings.second else set())
     return resumed_table(out_dir, settings, resume, overwrite, RESUME_KEYS, RESULT_FILES, RESULTS, wanted, "examples")
 
 

@@ -45,10 +45,9 @@ from ..engine.patching import (ANSWER_SENTENCE, PatchingScan, answer_sentence_bu
 from ..engine.prompts import QAExample, build_prompt
 from ..errors import ConfigError
 from ..fsutil import write_text_atomic
-from ..sharing.caches import condition_caches
-from ..sharing.kvcomm import KVCommSelection, check_kvcomm_pair, kvcomm_cache, kvcomm_selection
-from ..sharing.linear import linear_cache
-from ..sharing.relay import RELAY_CONDITIONS
+from ..sharing.kvcomm import KVCommSelection, check_kvcomm_pair, kvcomm_selection
+from ..sharing.method import Inputs
+from ..sharing.registry import REGISTRY, TRANSLATED, methods as registered, names
 from .answers import encode_question
 from .patching_long import is_long_folder, long_documents, long_settings
 from .example_rows import ExampleRowsFile
@@ -57,7 +56,9 @@ from .qa_settings import EvalSettings, load_evaluated, truncate_context
 from .results_folder import PARTS, PATCHING_FILES, RESULTS_TABLE, SETTINGS_FILE, writer_of
 
 PATCHING_FILE, PATCHING_SETTINGS = PATCHING_FILES
-METHODS = ("mot", "linear", "direct", "kvcomm")  # the caches a scan patches against native
+METHODS = names(lambda m: m.patchable)  # the caches a scan patches against native
+# the maps a method may need besides the MoT (Needs' fields, each its --flag) -> the shipped one
+MAPS = dict(direct="pretrained/smollm2-to-gemma3-direct", linear="pretrained/smollm2-to-gemma3-mid-linear")
 UNIT = ("dataset", "id")
 COLUMNS = (*UNIT, "method", "direction", "target", "layers", "bucket", "logprob", "share", "native", "translated",
            "K_rel_l2", "V_rel_l2")
@@ -67,9 +68,10 @@ TEXT_COLUMNS = (*UNIT, "method", "direction", "target", "layers", "bucket")
 def check_methods(methods: Sequence[str]) -> tuple[str, ...]:
     """The methods, checked: each must make a cache of the context (a relay does not)."""
     for method in methods:
-        if method in (*RELAY_CONDITIONS, "no_context"):
+        known = REGISTRY.get(method)
+        if known is not None and not known.patchable and (known.message or not known.comparable):
             raise ConfigError(f"'{method}' has no cache of the context to patch (the target reads "
-                              f"{'the source’s message' if method != 'no_context' else 'the question alone'} "
+                              f"{'the source’s message' if known.message else 'the question alone'} "
                               f"instead): choose among {', '.join(METHODS)}")
         if method not in METHODS:
             raise ConfigError(f"unknown method '{method}': choose among {', '.join(METHODS)}")
@@ -87,22 +89,12 @@ class MethodCache:
 def method_cache(method: str, mot: MoT, source: LoadedModel, target: LoadedModel, translation: Translation,
                  linear: MoT | None = None, direct: MoT | None = None,
                  kvcomm: KVCommSelection | None = None) -> MethodCache:
-    """`method`'s cache of the translation's context (the MoT's own is the translation's replayed cache)."""
-    check_methods([method])
-    if method == "mot":
-        return MethodCache(translation.mixed_kv)
-    if method == "linear":
-        if linear is None:
-            raise ConfigError("the 'linear' method needs a linear map of the MoT's window: pass --linear "
-                              "pretrained/smollm2-to-gemma3-mid-linear")
-        return MethodCache(linear_cache(mot, linear, source, target, translation))
-    if method == "kvcomm":
-        if kvcomm is None:
-            raise ConfigError("the 'kvcomm' method needs its layer choice (a pair of one architecture)")
-        shared = kvcomm_cache(source, target, translation.target_ids, kvcomm)
-        return MethodCache(shared.kv, dict(shared.plan.hide))
-    built = condition_caches(mot, source, target, None, translation, conditions=("direct",), direct=direct)
-    return MethodCache(built.kv["direct"])
+    """`method`'s cache of the translation's context, as its way of sharing builds it (the MoT's own is the
+    translation's replayed cache); ConfigError where a map or layer choice it needs is missing."""
+    way = REGISTRY[check_methods([method])[0]]
+    way.ready(dict(linear=linear, direct=direct, kvcomm=kvcomm))
+    built = way.build(Inputs(mot, source, target, translation, linear=linear, direct=direct, kvcomm=kvcomm))
+    return MethodCache(built.kv, None if built.plan is None else dict(built.plan.hide))
 
 
 def gold_question(target: LoadedModel, example: QAExample) -> tuple:
@@ -220,7 +212,7 @@ def _check_settings(folder: Path, settings: PatchingSettings, resume: bool) -> N
                           "pass the same options to --resume, or move the file away")
 
 
-def record(folder: str | Path, methods: Sequence[str] = ("mot",), n: int | None = None, direct: str | None = None,
+def record(folder: str | Path, methods: Sequence[str] = (TRANSLATED,), n: int | None = None, direct: str | None = None,
            linear: str | None = None, buckets: bool = False, resume: bool = False, progress: bool = True,
            budget: int | None = None) -> Path:
     """Write `folder`'s patching.csv for its first `n` scored examples (all: None), keeping, with `resume`, the
@@ -231,16 +223,17 @@ def record(folder: str | Path, methods: Sequence[str] = ("mot",), n: int | None 
         raise ConfigError(f"--n must be at least 1, got {n}")
     long = is_long_folder(folder)  # a long-context run's documents at one budget, else an evaluation's examples
     settings, budget = long_settings(folder, budget) if long else (_evaluate_settings(folder), None)
-    if "direct" in methods and not direct:
-        raise ConfigError("the 'direct' method needs its map: pass --direct pretrained/smollm2-to-gemma3-direct")
-    if "linear" in methods and not linear:
-        raise ConfigError("the 'linear' method needs its map: pass --linear pretrained/smollm2-to-gemma3-mid-linear")
-    maps = {m: path for m, path in (("mot", settings.checkpoint), ("direct", direct), ("linear", linear))
-            if m in methods}
+    chosen, given = registered(methods), dict(direct=direct, linear=linear)
+    for need, shipped in MAPS.items():
+        for way in chosen:
+            if getattr(way.needs, need) and not given[need]:
+                raise ConfigError(f"the '{way.name}' method needs its map: pass --{need} {shipped}")
+    maps = {TRANSLATED: settings.checkpoint, **{way.name: given[need] for need in MAPS for way in REGISTRY.values()
+                                                 if getattr(way.needs, need)}}  # each method's map, the MoT's first
     patching = PatchingSettings(methods, direct, linear, buckets,
-                                {m: weights_sha256(path) for m, path in maps.items()}, budget)
+                                {m: weights_sha256(path) for m, path in maps.items() if m in methods}, budget)
     config = read_config(settings.checkpoint)
-    if "kvcomm" in methods:
+    if any(way.needs.kvcomm for way in chosen):
         check_kvcomm_pair(config["source"], config["target"])
     _check_settings(folder, patching, resume)
     rank, world = join()
@@ -256,9 +249,10 @@ def record(folder: str | Path, methods: Sequence[str] = ("mot",), n: int | None 
         examples = [truncate_context(target, e, settings.max_context_tokens)
                     for d in settings.datasets for e in load_dataset(d, n=settings.n, seed=settings.seed)]
         examples = [e for e in examples if (e.dataset, e.id) in scored][:n]
-    models = {"direct": load_checkpoint(direct, source, target)[0] if "direct" in methods else None,
-              "linear": load_checkpoint(linear, source, target)[0] if "linear" in methods else None,
-              "kvcomm": kvcomm_selection(source, target, examples[:1]) if "kvcomm" in methods else None}
+    models = dict(direct=load_checkpoint(direct, source, target)[0] if any(w.needs.direct for w in chosen) else None,
+                  linear=load_checkpoint(linear, source, target)[0] if any(w.needs.linear for w in chosen) else None,
+                  kvcomm=kvcomm_selection(source, target, examples[:1]) if any(w.needs.kvcomm for w in chosen)
+                  else None)
     keys = [(e.dataset, e.id) for e in examples]
     barrier()
     file = PatchingFile(folder, set(keys) if resume else None)
@@ -286,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Record, for every example of an evaluation's results folder, which "
                                                  "target layers' translated K/V cost the gold answer (layer patching)")
     parser.add_argument("results", help="a folder python -m mot_viz.eval.evaluate wrote with --out")
-    parser.add_argument("--methods", nargs="+", default=["mot"], help=f"caches to patch: {', '.join(METHODS)}")
+    parser.add_argument("--methods", nargs="+", default=[TRANSLATED], help=f"caches to patch: {', '.join(METHODS)}")
     parser.add_argument("--n", type=int, help="only the first N scored examples (default: all)")
     parser.add_argument("--direct", help="the full-depth map of the 'direct' method")
     parser.add_argument("--linear", help="the linear map of the 'linear' method")

@@ -13,6 +13,8 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
+from ..sharing.names import FLOOR, REFERENCE
+
 _PUNCTUATION = set(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 # Generation runs past the answer into a new line or a new template field; cut it there (method.md §8).
@@ -130,5 +132,5 @@ def paired_ratios(native: np.ndarray, none: np.ndarray, value: np.ndarray, n_boo
 def condition_ratios(wide: pd.DataFrame, condition: str, n_boot: int, seed: int) -> dict:
     """Retention and gap closed of one condition, with paired bootstrap intervals over the same documents (wide: a
     row per document, a column per condition; "native" needed, "no_context" for the gap): paired_ratios."""
-    none = wide["no_context"].to_numpy() if "no_context" in wide else np.full(len(wide), np.nan)
-    return paired_ratios(wide["native"].to_numpy(), none, wide[condition].to_numpy(), n_boot, seed)
+    none = wide[FLOOR].to_numpy() if FLOOR in wide else np.full(len(wide), np.nan)
+    return paired_ratios(wide[REFERENCE].to_numpy(), none, wide[condition].to_numpy(), n_boot, seed)

@@ -72,5 +72,5 @@ class DirectMap(Method):
 
 
 DIRECT = DirectMap("direct", "Full-depth direct map (every layer's K/V translated, no replay: the target never reads "
-                   "the context)", Needs(direct=True),
+                   "the context)", Needs(direct=True), patchable=True,
                    short="direct map (every layer, no replay)")

@@ -208,6 +208,6 @@ class SelectiveLayers(Method):
 
 
 KVCOMM = SelectiveLayers("kvcomm", "Selective layer sharing (KVComm: the source's own K/V at the chosen layers, token "
-                         "0 elsewhere)", Needs(kvcomm=True), comparable=False,
+                         "0 elsewhere)", Needs(kvcomm=True), comparable=False, patchable=True,
                          evaluations=("evaluate", "long_context", "conversation"),
                          short="KVComm (the source's K/V at chosen layers)")

@@ -79,5 +79,5 @@ class LinearMap(Method):
 
 
 LINEAR = LinearMap("linear", "Linear map (the pair's closed-form map of the same window, replayed as the MoT's)",
-                   Needs(linear=True), control=True, evaluations=("long_context", "conversation", "shards"),
-                   short="linear map (same window, replayed)")
+                   Needs(linear=True), control=True, patchable=True,
+                   evaluations=("long_context", "conversation", "shards"), short="linear map (same window, replayed)")

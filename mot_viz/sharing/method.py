@@ -127,6 +127,9 @@ class Method:
     # position by position (kv_cosine); False: no context, a message, the source's K/V
     comparable: bool = True
     message: bool = False  # it hands over a message the target reads, not a cache
+    # a way of sharing whose cache a layer-patching scan patches into native's, layer by layer (python -m
+    # mot_viz.eval.patching --methods, the Layer patching page): a cache of the context at native's positions
+    patchable: bool = False
     for_question: bool = False  # its build reads the question (a conversation, asking one per turn, cannot keep it)
     reads_source: bool = True  # the source model reads the context (a run keeps it loaded beside the target)
     bound: bool = False  # a bound of the ratios (native the ceiling, no context the floor): no retention of its own

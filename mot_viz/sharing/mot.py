@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .method import Built, Inputs, Method, target_stages_seconds, translated_seconds
+from .names import TRANSLATED
 
 
 class MixtureOfTranslators(Method):
@@ -15,4 +16,5 @@ class MixtureOfTranslators(Method):
         return target_stages_seconds(timings)
 
 
-MOT = MixtureOfTranslators("mot", "MoT-translated cache", short="MoT (translated window, replayed)")
+MOT = MixtureOfTranslators(TRANSLATED, "MoT-translated cache", patchable=True,
+                           short="MoT (translated window, replayed)")

@@ -7,6 +7,7 @@ import numpy as np
 from ..engine.models import ModelSpec, kv_cache_bytes
 from ..engine.mot import MoT
 from .method import Built, Inputs, Method
+from .names import REFERENCE
 
 
 class Native(Method):
@@ -35,5 +36,5 @@ class Native(Method):
         return timings.get("native_prefill", np.nan)
 
 
-NATIVE = Native("native", "Native context (target prefilled the text itself)", reads_source=False,
+NATIVE = Native(REFERENCE, "Native context (target prefilled the text itself)", reads_source=False,
                 bound=True, short="native (the target reads the context)")

@@ -7,6 +7,7 @@ import time
 from ..engine.models import ModelSpec
 from ..engine.mot import MoT, empty_context_cache
 from .method import Built, Inputs, Method
+from .names import FLOOR
 
 
 class NoContext(Method):
@@ -36,6 +37,6 @@ class NoContext(Method):
         return 0.0
 
 
-NO_CONTEXT = NoContext("no_context", "No context (question only)", tie="question alone (no context)",
+NO_CONTEXT = NoContext(FLOOR, "No context (question only)", tie="question alone (no context)",
                        comparable=False, reads_source=False,
                        bound=True, short="no context (question only)")

@@ -15,6 +15,7 @@ from .linear import LINEAR
 from .mean import MEAN
 from .method import Method, Request
 from .mot import MOT
+from .names import FLOOR, REFERENCE, SECOND, TRANSLATED  # the evaluations and pages import them from here
 from .native import NATIVE
 from .no_context import NO_CONTEXT
 from .random_window import RANDOM
@@ -33,10 +34,8 @@ ALWAYS = {"evaluate": ("native",), "long_context": ("native",), "conversation": 
 # the settings of an evaluation that are the MoT under another name: a shard count's, the whole document's, a second
 # checkpoint of the pair (python -m mot_viz.eval.evaluate --second)
 MOT_ALIASES = {"whole": "mot", "shards": "mot", "evidence": "mot", "second": "mot"}
-# the bounds every ratio is measured between (retention divides by the reference, gap closed counts from the floor),
-# and the way of sharing every paired test compares with: the conditions the evaluations' tables name
-REFERENCE, FLOOR, TRANSLATED = NATIVE.name, NO_CONTEXT.name, MOT.name
-SECOND = "second"  # python -m mot_viz.eval.evaluate --second: a second checkpoint's MoT, beside the first's
+# REFERENCE, FLOOR, TRANSLATED (names.py): the bounds every ratio is measured between, and the way of sharing every
+# paired test compares with, the conditions the evaluations' tables name; SECOND: evaluate --second's checkpoint
 # python -m mot_viz.eval.evaluate's paired tests (paired.csv, in this order: the shipped folders' and the results
 # pages' tables list them so): the MoT against each control and the reference, the second checkpoint against the
 # MoT and the controls with no context in them, each other way of sharing against the MoT and the floor

@@ -1,12 +1,16 @@
 """Known-case tests of the QA metrics (SQuAD F1 / EM, post-processing, bootstrap, retained, gap closed)."""
 
 import math
+import subprocess
+import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from mot_viz.eval.qa_metrics import (
                                      bootstrap_ci,
+                                     condition_ratios,
                                      exact_match,
                                      normalize_answer,
                                      paired_ratios,
@@ -14,6 +18,7 @@ from mot_viz.eval.qa_metrics import (
                                      retained,
                                      squad_f1,
                                      )
+from mot_viz.sharing.names import FLOOR, REFERENCE
 
 
 def test_normalize_answer_drops_case_punctuation_articles_and_extra_space():
@@ -123,3 +128,16 @@ def test_gap_closed_reads_0_at_no_context_and_1_at_native_where_retention_reads_
     assert half["gap_closed_ci_low"] < half["gap_closed_ci_high"] and half["retention_ci_low"] < half["retention"]
     # without no context there is no floor: gap closed is not a number
     assert math.isnan(paired_ratios(native, np.full(200, np.nan), native, n_boot=20)["gap_closed"])
+
+
+def test_condition_ratios_read_the_reference_and_floor_and_the_metrics_load_no_model_library():
+    wide = pd.DataFrame({REFERENCE: [1.0, 0.8, 0.6], FLOOR: [0.0, 0.2, 0.2], "x": [0.5, 0.5, 0.4]})
+    ratios = condition_ratios(wide, "x", n_boot=50, seed=0)
+    assert ratios["retention"] == pytest.approx(1.4 / 2.4, rel=1e-12)
+    assert ratios["gap_closed"] == pytest.approx(0.5, rel=1e-12)  # (1.4 − 0.4) ÷ (2.4 − 0.4)
+    assert math.isnan(condition_ratios(wide.drop(columns=FLOOR), "x", n_boot=50, seed=0)["gap_closed"])
+    # the summaries read these metrics without a model: importing them (and the reference's name) loads no torch
+    code = "import sys, mot_viz.eval.qa_metrics; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "[]"
