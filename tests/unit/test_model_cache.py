@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # A stand-in for the GGUF conversion that is slow and leaves a trace, so two processes can race for it.
 WORKER = """
 import os, sys, time
-import mot_viz.engine.models as m
+import mot_viz.engine.model_files as m
 
 def slow_convert(gguf_path, out_dir):
     with open(os.path.join(os.environ['MOT_VIZ_CACHE'], 'conversions.log'), 'a') as f:
