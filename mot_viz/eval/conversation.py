@@ -348,10 +348,20 @@ def run(settings: ConversationSettings, out_dir: Path, resume: bool = False, pro
     sizes = {"target_mb_per_token": cache_mb(target, 1), "source_mb_per_token": cache_mb(source, 1),
              "translator_mb": translator_mb(mot)}
     rows = [] if previous is None else previous.to_dict(orient="records")
-    return run_units(conversations, rows, {r["id"] for r in rows}, lambda c: c.id,
-                     lambda c: conversation_rows(mot, source, target, c, settings, shared, linear, means),
-                     lambda c: {"id": c.id, "genre": c.source},
-                     lambda: write(out_dir, pd.DataFrame(rows, columns=ROW_COLUMNS), settings, sizes),
+
+    def key(c):  # a conversation's place in the results: its id
+        return c.id
+
+    def compute(c):  # its rows, one per turn and condition
+        return conversation_rows(mot, source, target, c, settings, shared, linear, means)
+
+    def skipped(c):  # what the row of a conversation that does not fit says of it
+        return {"id": c.id, "genre": c.source}
+
+    def write_results():
+        return write(out_dir, pd.DataFrame(rows, columns=ROW_COLUMNS), settings, sizes)
+
+    return run_units(conversations, rows, {r["id"] for r in rows}, key, compute, skipped, write_results,
                      "conversations", progress, "conversations", spread=Spread(out_dir, settings, RESULTS))
 
 

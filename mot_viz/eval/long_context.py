@@ -283,11 +283,22 @@ def run(settings: LongSettings, out_dir: Path, resume: bool = False, progress: b
                 f"target {target.spec.name}": kv_cache_bytes(target.spec) / 1e6}
     rows = [] if previous is None else previous.to_dict(orient="records")
     layers = LayerErrorFile(out_dir, ("budget", "id"), [(r["budget"], r["id"]) for r in rows]) if layer_error else None
-    return run_units(docs, rows, {(int(r["budget"]), r["id"]) for r in rows}, lambda d: (d.budget, d.example.id),
-                     lambda d: document_rows(mot, linear, source, target, d, settings, means, layers, shared),
-                     lambda d: {"budget": d.budget, "source": d.source, "id": d.example.id},
-                     lambda: write(out_dir, pd.DataFrame(rows, columns=ROW_COLUMNS), settings, cache_mb),
-                     "long context", progress, spread=Spread(out_dir, settings, RESULTS))
+
+    def key(d):  # a document's place in the results: its budget and id
+        return d.budget, d.example.id
+
+    def compute(d):  # its rows, one per condition
+        return document_rows(mot, linear, source, target, d, settings, means, layers, shared)
+
+    def skipped(d):  # what the row of a document that does not fit says of it
+        return {"budget": d.budget, "source": d.source, "id": d.example.id}
+
+    def write_results():
+        return write(out_dir, pd.DataFrame(rows, columns=ROW_COLUMNS), settings, cache_mb)
+
+    done = {(int(r["budget"]), r["id"]) for r in rows}
+    return run_units(docs, rows, done, key, compute, skipped, write_results, "long context", progress,
+                     spread=Spread(out_dir, settings, RESULTS))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -438,10 +438,20 @@ def run(settings: ShardSettings, out_dir: Path, resume: bool = False, progress: 
     shared = load_sharing(settings.sharing, settings.direct, 1.0, source, target, [], mot, settings.linear)
     direct, linear, means = shared.direct, shared.linear, shared.means
     rows = [] if previous is None else previous.to_dict(orient="records")
-    return run_units(docs, rows, {r["id"] for r in rows}, lambda d: d.example.id,
-                     lambda d: document_rows(mot, source, target, d, settings, direct, linear, means),
-                     lambda d: {"budget": d.budget, "id": d.example.id, "depth": d.depth},
-                     lambda: write(out_dir, pd.DataFrame(rows, columns=ROW_COLUMNS), settings), "shards", progress,
+
+    def key(d):  # a document's place in the results: its id
+        return d.example.id
+
+    def compute(d):  # its rows, one per setting and way of sharing
+        return document_rows(mot, source, target, d, settings, direct, linear, means)
+
+    def skipped(d):  # what the row of a document that does not fit says of it
+        return {"budget": d.budget, "id": d.example.id, "depth": d.depth}
+
+    def write_results():
+        return write(out_dir, pd.DataFrame(rows, columns=ROW_COLUMNS), settings)
+
+    return run_units(docs, rows, {r["id"] for r in rows}, key, compute, skipped, write_results, "shards", progress,
                      spread=Spread(out_dir, settings, RESULTS))
 
 
