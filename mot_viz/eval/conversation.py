@@ -50,7 +50,7 @@ from ..errors import ConfigError, ContextError
 from ..fsutil import write_csv_atomic, write_text_atomic
 from ..sharing import registry
 from ..sharing.caches import SharingModels, condition_caches, load_sharing
-from ..sharing.costs import COST_COLUMNS, MESSAGE_COLUMNS, cost_fields, cost_medians, work_text
+from ..sharing.costs import COST_COLUMNS, LOOPED_COLUMNS, MESSAGE_COLUMNS, cost_fields, cost_medians, work_text
 from ..sharing.kvcomm import KVCOMM_FRACTION
 from ..sharing.linear import default_linear
 from ..sharing.method import Request
@@ -74,14 +74,14 @@ PAIRS = ((TRANSLATED, FLOOR), *((TRANSLATED, c) for c in CONTROLS), *registry.co
          *((TRANSLATED, c) for c in SHARED))
 ROW_COLUMNS = ("id", "genre", "turn", "condition", "score", "answer", "gold", "turn_seconds", "cache_tokens",
                "story_tokens", "source_tokens", "source_prefill", "alignment", "translator", "replay",
-               "native_prefill", "error", *MESSAGE_COLUMNS, *COST_COLUMNS)
+               "native_prefill", "error", *MESSAGE_COLUMNS, *COST_COLUMNS, *LOOPED_COLUMNS)
 TEXT_COLUMNS = ("id", "genre", "condition", "answer", "gold", "error", "message", "target_work")
 RESUME_KEYS = ("checkpoint", "linear", "turns", "seed", "max_new_tokens", "max_story_tokens", "conditions",
                "relay_tokens", "direct", "kvcomm_fraction")
 RESULTS = ResultsTable(ROW_COLUMNS, TEXT_COLUMNS, ("id",),
                        ("turn", "score", "turn_seconds", "cache_tokens", "story_tokens", "source_tokens"),
                        ("source_prefill", "alignment", "translator", "replay", "native_prefill"),
-                       (ROW_COLUMNS[:ROW_COLUMNS.index("error") + 1],))
+                       (ROW_COLUMNS[:-1], ROW_COLUMNS[:ROW_COLUMNS.index("error") + 1]))
 RESULT_FILES = ("examples.csv", "summary.csv", "paired.csv", "summary.json", "summary.md")
 HISTORY_ROOM = 24  # target tokens allowed per turn for its question and reference answer in the position check
 

@@ -57,10 +57,11 @@ KIND = "evaluate"  # this evaluation, as the sharing registry names it
 # writing), not in "seconds"
 ROW_COLUMNS = ("dataset", "id", "condition", "score", "exact_match", "answer", "gold", "kv_cosine", "seconds",
                "context_tokens", "error", "message", "message_tokens", "message_bytes", "message_generate_seconds",
-               "message_prefill_seconds", "ahead_seconds")
+               "message_prefill_seconds", "ahead_seconds", "message_looped")
 # the columns of earlier versions' examples.csv, which --resume still reads: before the work done ahead was apart
-# (their "seconds" include it), before the message columns, and before skipped rows had an "error"
-EARLIER_ROW_COLUMNS = (ROW_COLUMNS[:16], ROW_COLUMNS[:11], ROW_COLUMNS[:10])
+# (their "seconds" include it), before the message columns, and before skipped rows had an "error"; and before a
+# message's loop was marked
+EARLIER_ROW_COLUMNS = (ROW_COLUMNS[:17], ROW_COLUMNS[:16], ROW_COLUMNS[:11], ROW_COLUMNS[:10])
 
 
 def example_rows(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample, settings: EvalSettings,

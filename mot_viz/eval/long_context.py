@@ -40,7 +40,7 @@ from ..errors import ConfigError
 from ..fsutil import write_csv_atomic, write_text_atomic
 from ..sharing import registry
 from ..sharing.caches import SharingModels, condition_caches, load_sharing
-from ..sharing.costs import COST_COLUMNS, MESSAGE_COLUMNS, cost_fields, cost_medians, sharing_stages, work_text
+from ..sharing.costs import COST_COLUMNS, LOOPED_COLUMNS, MESSAGE_COLUMNS, cost_fields, cost_medians, sharing_stages, work_text
 from ..sharing.kvcomm import KVCOMM_FRACTION
 from ..sharing.linear import default_linear
 from ..sharing.method import Request
@@ -61,14 +61,14 @@ SHARING = tuple(c for c in ALL_CONDITIONS if c not in CONDITIONS)  # the other w
 ROW_COLUMNS = ("budget", "source", "id", "depth", "evidence_fraction", "condition", "score", "exact_match", "answer",
                "gold", "context_tokens", "text_bytes", "build_seconds", "first_token_seconds", "source_prefill",
                "alignment", "translator", "replay", "native_prefill", "peak_rss_mb", "error", *MESSAGE_COLUMNS,
-               *COST_COLUMNS)
+               *COST_COLUMNS, *LOOPED_COLUMNS)
 TEXT_COLUMNS = ("source", "id", "depth", "condition", "answer", "gold", "error", "message", "target_work")
 RESUME_KEYS = ("checkpoint", "linear", "source", "seed", "max_new_tokens", "conditions", "relay_tokens", "direct",
                "kvcomm_fraction")
 RESULTS = ResultsTable(ROW_COLUMNS, TEXT_COLUMNS, ("budget", "id"),
                        ("score", "context_tokens", "text_bytes", "build_seconds", "first_token_seconds", "peak_rss_mb"),
                        ("evidence_fraction", "exact_match", "source_prefill", "alignment", "translator", "replay",
-                        "native_prefill"), (ROW_COLUMNS[:ROW_COLUMNS.index("error") + 1],))
+                        "native_prefill"), (ROW_COLUMNS[:-1], ROW_COLUMNS[:ROW_COLUMNS.index("error") + 1]))
 RESULT_FILES = ("examples.csv", "summary.csv", "stages.csv", "paired.csv", "summary.json", "summary.md",
                 LAYER_ERROR_FILE, *PATCHING_FILES)
 # the paired tests: does the translation beat its own map, a window with no context in it, and no context at all?

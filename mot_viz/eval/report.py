@@ -47,11 +47,20 @@ def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0, relay_tokens:
                 "kv_cosine": float(cond_rows["kv_cosine"].mean()),
                 "seconds_per_example": float(cond_rows["seconds"].mean()),
                 "ahead_seconds_per_example": float(ahead.mean()) if ahead.notna().any() else np.nan,
-                # relay messages that stopped at the length cap (source tokens == the run's --relay_tokens)
-                "messages_at_cap": np.nan if relay_tokens is None or not method(condition).message
-                else float((cond_rows["message_tokens"] >= relay_tokens).mean()),
+                **message_shares(cond_rows, condition, relay_tokens),
             })
     return pd.DataFrame(out)
+
+
+def message_shares(rows: pd.DataFrame, condition: str, relay_tokens: int | None) -> dict:
+    """A relay's messages that stopped at the length cap (source tokens == the run's --relay_tokens) and that ended
+    where the source began to repeat itself (sharing.relay.repeats_itself), as shares of its rows; NaN for a condition
+    that writes no message, and a loop's share NaN in results written before loops were marked."""
+    if relay_tokens is None or not method(condition).message:
+        return {"messages_at_cap": np.nan, "messages_looped": np.nan}
+    looped = rows["message_looped"] if "message_looped" in rows else pd.Series(dtype=float)
+    return {"messages_at_cap": float((rows["message_tokens"] >= relay_tokens).mean()),
+            "messages_looped": float(looped.mean()) if looped.notna().any() else np.nan}
 
 
 PAIRS = EVALUATE_PAIRS  # the sharing registry's, in the order the shipped paired.csv files list them
@@ -85,7 +94,8 @@ def paired_markdown(paired: pd.DataFrame) -> str:
 def markdown_table(summary: pd.DataFrame) -> str:
     """The summary as a table; gap closed = (x − no context) ÷ (native − no context), the share of the context's gain
     captured; s / example from the question's arrival to the whole answer, the work done ahead of it apart; at cap:
-    the share of relay messages that stopped at --relay_tokens. Summaries written before a column existed leave it
+    the share of relay messages that stopped at --relay_tokens; looped: the share that ended where the source began to
+    repeat itself. Summaries written before a column existed leave it
     blank."""
     def get(r, name: str) -> float:
         return getattr(r, name, np.nan)
@@ -94,8 +104,8 @@ def markdown_table(summary: pd.DataFrame) -> str:
         return "" if value is None or np.isnan(value) else format(value, spec)
 
     lines = ["| dataset | condition | n | metric | mean [95% CI] | EM | retained [95% CI] | gap closed [95% CI] "
-             "| KV cosine | s / example | s done ahead | at cap |",
-             "|---|---|---:|---|---|---:|---|---|---:|---:|---:|---:|"]
+             "| KV cosine | s / example | s done ahead | at cap | looped |",
+             "|---|---|---:|---|---|---:|---|---|---:|---:|---:|---:|---:|"]
     for r in summary.itertuples():
         gap = fmt(get(r, "gap_closed"), "+.2f")
         gap = f"{gap} [{fmt(get(r, 'gap_closed_ci_low'), '+.2f')}, {fmt(get(r, 'gap_closed_ci_high'), '+.2f')}]" \
@@ -104,7 +114,8 @@ def markdown_table(summary: pd.DataFrame) -> str:
             f"| {r.dataset} | {r.condition} | {r.n} | {r.metric} | {r.mean:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] "
             f"| {fmt(r.exact_match, '.3f')} | {r.retained:.1%} [{r.retained_ci_low:.1%}, {r.retained_ci_high:.1%}] "
             f"| {gap} | {fmt(r.kv_cosine, '.3f')} | {r.seconds_per_example:.2f} "
-            f"| {fmt(get(r, 'ahead_seconds_per_example'), '.2f')} | {fmt(get(r, 'messages_at_cap'), '.0%')} |"
+            f"| {fmt(get(r, 'ahead_seconds_per_example'), '.2f')} | {fmt(get(r, 'messages_at_cap'), '.0%')} "
+            f"| {fmt(get(r, 'messages_looped'), '.0%')} |"
         )
     return "\n".join(lines)
 

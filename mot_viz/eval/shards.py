@@ -62,7 +62,7 @@ from ..errors import ConfigError
 from ..fsutil import write_csv_atomic, write_text_atomic
 from ..sharing import registry
 from ..sharing.caches import load_sharing
-from ..sharing.costs import COST_COLUMNS, MESSAGE_COLUMNS, cost_fields, cost_medians, work_text
+from ..sharing.costs import COST_COLUMNS, LOOPED_COLUMNS, MESSAGE_COLUMNS, cost_fields, cost_medians, work_text
 from ..sharing.linear import default_linear
 from ..sharing.method import Request
 from ..sharing.registry import FLOOR, REFERENCE
@@ -79,7 +79,8 @@ KIND = "shards"  # this evaluation, as the sharing registry names it
 STAGES = ("source_prefill", "source_prefill_max", "alignment", "translator", "replay", "native_prefill")
 ROW_COLUMNS = ("budget", "id", "depth", "evidence_fraction", "condition", "shards", "score", "exact_match", "answer",
                "gold", "hub_tokens", "source_tokens", *STAGES, "answer_seconds", "source_mb", "source_max_mb",
-               "hub_mb", "peak_rss_mb", "error", *MESSAGE_COLUMNS, "message_generate_max_seconds", *COST_COLUMNS)
+               "hub_mb", "peak_rss_mb", "error", *MESSAGE_COLUMNS, "message_generate_max_seconds", *COST_COLUMNS,
+               *LOOPED_COLUMNS)
 TEXT_COLUMNS = ("id", "depth", "condition", "answer", "gold", "error", "message", "target_work")
 RESUME_KEYS = ("checkpoint", "budget", "shards", "seed", "max_new_tokens", "sharing", "relay_tokens", "direct",
                "linear")
@@ -90,7 +91,7 @@ CHOICES = registry.choices(KIND)
 RESULTS = ResultsTable(ROW_COLUMNS, TEXT_COLUMNS, ("id",),
                        ("score", "hub_tokens", "source_tokens", "answer_seconds", "source_mb", "source_max_mb",
                         "hub_mb", "peak_rss_mb"), ("evidence_fraction", "exact_match", *STAGES),
-                       (ROW_COLUMNS[:ROW_COLUMNS.index("error") + 1],))
+                       (ROW_COLUMNS[:-1], ROW_COLUMNS[:ROW_COLUMNS.index("error") + 1]))
 RESULT_FILES = ("examples.csv", "summary.csv", "paired.csv", "summary.json", "summary.md")
 NO_ROPE = ("gpt2", "opt")  # model types whose positions live in the hidden states: a shard cannot be moved
 # target tokens a stack's paragraph holds at the least (a SQuAD paragraph is a few sentences): a shard holds at least

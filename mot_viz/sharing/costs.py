@@ -25,6 +25,9 @@ from .registry import method, names
 from .relay import Relay, message_fields
 
 MESSAGE_COLUMNS = ("message", "message_tokens", "message_bytes", "message_generate_seconds", "message_prefill_seconds")
+# 1 where the source began to repeat itself and the message ends before the repeat (sharing.relay.repeats_itself);
+# last in every results table, so that a table written before it still resumes
+LOOPED_COLUMNS = ("message_looped",)
 # per row: bytes handed to the target, what it computes over the context ("replay", "prefill" or "none") and over how
 # many positions, and the seconds before it reads the question (the source's reading excluded)
 COST_COLUMNS = ("handed_bytes", "target_work", "target_tokens", "target_side_seconds")

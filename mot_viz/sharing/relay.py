@@ -10,7 +10,9 @@ The text counterpart of handing over a cache, in two protocols:
 Either way the source reads the instruction, then the passage (KVComm's order), and decodes greedily, inside its
 chat template when it has one, until its end of turn or ``max_tokens`` tokens (256 by default, C2C's length and
 KVComm's README's, so that a message ends where the source stops, not at the cap: a message at the cap is counted,
-``Relay.capped``). The target then prefills the message as its context, in the prompt it answers ``native`` in
+``Relay.capped``). One departure from both papers: a message also ends where the source begins to repeat itself (its
+last ``LOOP_TOKENS`` tokens already stood in the message, in that order), without the repeat (``Relay.looped``): a
+135M source loops rather than stops on about a quarter of the SQuAD passages, and every such message ran to the cap. The target then prefills the message as its context, in the prompt it answers ``native`` in
 (mot_viz.engine.prompts.build_prompt, the message in the passage's place), and answers the question after it exactly
 as under ``native``. What is handed over is the message's bytes. What it costs after the question arrives: for
 ``relay``, whose message needs no question, the target's prefill of the message (the source's writing is work done
@@ -33,6 +35,7 @@ from .method import Built, Inputs, Method, Needs, Request
 
 RELAY_CONDITIONS = ("relay", "relay_q")
 RELAY_TOKENS = 256  # the longest message, in source tokens (--relay_tokens): C2C's and KVComm's README's length
+LOOP_TOKENS = 24  # a message ends where the source repeats a run of this many of its own tokens (docs/decisions.md)
 # KVComm's natural-language baseline (Zephyroam/KVComm, eval.py)
 SUMMARY_INSTRUCTION = ("Summarize the context passage in a concise way, as it will be used by another agent to answer "
                        "the question.")
@@ -46,11 +49,12 @@ class Relay:
 
     condition: str  # "relay" or "relay_q"
     message: str  # what the source wrote (special tokens dropped, outer blanks stripped): all the target reads
-    tokens: int  # source tokens generated (at most the relay's max_tokens)
+    tokens: int  # the message's source tokens (at most the relay's max_tokens; a loop's repeat not counted)
     generate_seconds: float  # the source reading its prompt and writing the message
     kv: list[hf.KV]  # the target's own prefill of its prompt with the message as the context
     prefill_seconds: float  # that prefill
     capped: bool = False  # the source wrote max_tokens tokens without ending its turn (the message may stop mid-sentence)
+    looped: bool = False  # the source began to repeat itself: the message ends before the repeat (repeats_itself)
 
     @property
     def ahead_seconds(self) -> float:
@@ -91,10 +95,33 @@ def source_prompt(source: LoadedModel, example: QAExample, condition: str) -> st
     return f"{frame.head}{request}\n\nPassage: {example.context}{frame.foot}"
 
 
+@dataclass(frozen=True)
+class Written:
+    """One message as the source wrote it."""
+
+    text: str  # special tokens dropped, outer blanks stripped
+    tokens: int  # the message's source tokens (a loop's repeat not counted)
+    seconds: float  # the source reading its prompt and writing, the repeat included
+    looped: bool  # the source began to repeat itself and was stopped there
+
+    @property
+    def generated(self) -> int:
+        """The tokens the source generated: the message's and, when it looped, the repeat's."""
+        return self.tokens + (LOOP_TOKENS if self.looped else 0)
+
+
+def repeats_itself(tokens: list[int], n: int = LOOP_TOKENS) -> bool:
+    """True when the last n tokens already stood earlier in `tokens`, in that order: the source has begun to loop."""
+    if len(tokens) <= n:
+        return False
+    tail = tokens[-n:]
+    return any(tokens[start:start + n] == tail for start in range(len(tokens) - n))
+
+
 def write_message(source: LoadedModel, example: QAExample, condition: str,
-                  max_tokens: int = RELAY_TOKENS) -> tuple[str, int, float]:
-    """The source's message about the example (greedy, until its end of turn or max_tokens tokens): (text, tokens,
-    seconds); the message is at the cap when tokens == max_tokens.
+                  max_tokens: int = RELAY_TOKENS) -> Written:
+    """The source's message about the example (greedy, until its end of turn, until it begins to repeat itself (the
+    repeat dropped) or after max_tokens tokens); the message is at the cap when its tokens == max_tokens.
 
     Raises ContextError when the prompt and the message do not fit the source's positions.
     """
@@ -106,9 +133,12 @@ def write_message(source: LoadedModel, example: QAExample, condition: str,
             f"{source.spec.max_positions}. Shorten the context (--max_context_tokens) or the message (--relay_tokens).")
     start = time.perf_counter()
     tokens = hf.greedy_generate(source.model, None, source.ids_tensor(ids), max_tokens,
-                                hf.eos_ids(source.model, source.tokenizer))
+                                hf.eos_ids(source.model, source.tokenizer), stop_when=repeats_itself)
     seconds = time.perf_counter() - start
-    return source.tokenizer.decode(tokens, skip_special_tokens=True).strip(), len(tokens), seconds
+    looped = repeats_itself(tokens)
+    if looped:
+        tokens = tokens[:-LOOP_TOKENS]
+    return Written(source.tokenizer.decode(tokens, skip_special_tokens=True).strip(), len(tokens), seconds, looped)
 
 
 def target_prompt_example(example: QAExample, message: str) -> QAExample:
@@ -128,9 +158,10 @@ def read_message(target: LoadedModel, example: QAExample, message: str) -> tuple
 def relay(source: LoadedModel, target: LoadedModel, example: QAExample, condition: str,
           max_tokens: int = RELAY_TOKENS) -> Relay:
     """The source writes its message about the example and the target reads it (only it)."""
-    message, tokens, generate_seconds = write_message(source, example, condition, max_tokens)
-    kv, prefill_seconds = read_message(target, example, message)
-    return Relay(condition, message, tokens, generate_seconds, kv, prefill_seconds, capped=tokens >= max_tokens)
+    written = write_message(source, example, condition, max_tokens)
+    kv, prefill_seconds = read_message(target, example, written.text)
+    return Relay(condition, written.text, written.tokens, written.seconds, kv, prefill_seconds,
+                 capped=written.tokens >= max_tokens, looped=written.looped)
 
 
 def check_relay_tokens(relay_tokens: int, source_positions: int | None, context_tokens: int,
@@ -148,7 +179,8 @@ def check_relay_tokens(relay_tokens: int, source_positions: int | None, context_
 def message_fields(relay: Relay) -> dict:
     """A relay row's message columns."""
     return {"message": relay.message, "message_tokens": relay.tokens, "message_bytes": relay.bytes,
-            "message_generate_seconds": relay.generate_seconds, "message_prefill_seconds": relay.prefill_seconds}
+            "message_generate_seconds": relay.generate_seconds, "message_prefill_seconds": relay.prefill_seconds,
+            "message_looped": int(relay.looped)}
 
 
 
@@ -168,13 +200,14 @@ def relay_parts(source: LoadedModel, target: LoadedModel, example: QAExample, te
     (read_message), and only them."""
     parts = [replace(example, context=text) for text in texts]
     written = [write_message(source, part, condition, max_tokens) for part in parts]
-    message = "\n\n".join(text for text, _, _ in written if text)
+    message = "\n\n".join(w.text for w in written if w.text)
     kv, prefill = read_message(target, example, message)
     prompts = [len(source.prefix_ids + encode(source.tokenizer, source_prompt(source, part, condition)))
                for part in parts]
-    return RelayParts(Relay(condition, message, sum(n for _, n, _ in written), sum(s for _, _, s in written), kv,
-                            prefill, capped=any(n >= max_tokens for _, n, _ in written)),
-                      max(s for _, _, s in written), tuple(p + n for p, (_, n, _) in zip(prompts, written)))
+    return RelayParts(Relay(condition, message, sum(w.tokens for w in written), sum(w.seconds for w in written), kv,
+                            prefill, capped=any(w.tokens >= max_tokens for w in written),
+                            looped=any(w.looped for w in written)),
+                      max(w.seconds for w in written), tuple(p + w.generated for p, w in zip(prompts, written)))
 
 
 class TextRelay(Method):

@@ -21,8 +21,8 @@ from mot_viz.eval import evaluate
 from mot_viz.eval.answers import answer_from_cache
 from mot_viz.eval.relay import main
 from mot_viz.sharing.caches import condition_caches
-from mot_viz.sharing.relay import (BACKGROUND_INSTRUCTION, SUMMARY_INSTRUCTION, read_message, relay, source_prompt,
-                                   write_message)
+from mot_viz.sharing.relay import (BACKGROUND_INSTRUCTION, LOOP_TOKENS, SUMMARY_INSTRUCTION, read_message, relay,
+                                   repeats_itself, source_prompt, write_message)
 
 EXAMPLE = QAExample("q0", "toy/jsonl", CORPUS[0] + " " + CORPUS[1], "Who designed the tower?", ("Gustave Eiffel",))
 OTHER_CONTEXT = CORPUS[3] + " " + CORPUS[4]
@@ -79,6 +79,35 @@ def test_the_source_writes_the_message_and_the_target_reads_only_it(source_famil
         answer_from_cache(target, sent.kv, EXAMPLE, "relay", 4).text
 
 
+def test_a_loop_is_a_run_of_the_messages_own_tokens_said_again():
+    fresh = list(range(100, 140))
+    assert not repeats_itself(fresh)
+    assert repeats_itself(fresh + fresh[:LOOP_TOKENS])  # a sentence said twice: found when its run is complete
+    assert not repeats_itself(fresh + fresh[:LOOP_TOKENS - 1])
+    assert not repeats_itself(fresh[:10] + [1] * (LOOP_TOKENS - 1) + fresh[10:])  # one token many times: one run
+    period = [7, 8, 9] * 20  # "208/208/208...": found once a run of the cycle stands a second time
+    assert not repeats_itself(period[:LOOP_TOKENS + 2]) and repeats_itself(period[:LOOP_TOKENS + 3])
+
+
+@pytest.mark.parametrize("source_family", [f for f in FAMILIES if f != "gemma3_text"])
+def test_a_source_that_loops_is_stopped_before_its_repeat(source_family):
+    """A tiny random source falls into a cycle (the tiny Gemma 3 of this seed does not: it reads the message); its
+    message is its greedy writing up to where a run of LOOP_TOKENS of its own tokens begins again (computed here
+    without a cache), not the cap."""
+    source = tiny_model(source_family, 300, seed=3, max_positions=512)
+    target = tiny_model("gemma3_text", 400, seed=4, max_positions=512, bos=True)
+    cap = 160
+    prompt_ids = source.prefix_ids + encode(source.tokenizer, source_prompt(source, EXAMPLE, "relay"))
+    full = greedy_without_cache(source, prompt_ids, cap)
+    ends = [i for i in range(len(full) + 1) if repeats_itself(full[:i])]
+    assert ends, "the tiny source was expected to loop within the cap; pick another seed"
+    kept = full[:ends[0] - LOOP_TOKENS]
+    sent = relay(source, target, EXAMPLE, "relay", max_tokens=cap)
+    assert sent.looped and not sent.capped and sent.tokens == len(kept) < cap
+    assert sent.message == source.tokenizer.decode(kept, skip_special_tokens=True).strip()
+    assert not repeats_itself(kept)
+
+
 def test_relay_q_carries_the_question_and_relay_does_not(checkpoints):
     source = tiny_model("llama", 300, seed=3)
     summary, background = source_prompt(source, EXAMPLE, "relay"), source_prompt(source, EXAMPLE, "relay_q")
@@ -98,10 +127,10 @@ def test_relay_q_carries_the_question_and_relay_does_not(checkpoints):
     mot = load_checkpoint(checkpoints["smollm2-to-gemma3"], source, target)[0]
     built = condition_caches(mot, source, target, EXAMPLE, conditions=("native", "relay", "relay_q"), relay_tokens=5)
     for condition in ("relay", "relay_q"):
-        message, tokens, _ = write_message(source, EXAMPLE, condition, 5)
+        written = write_message(source, EXAMPLE, condition, 5)
         sent = built.relays[condition]
-        assert (sent.message, sent.tokens) == (message, tokens) and built.kv[condition] is sent.kv
-        assert sent.capped == (tokens == 5)
+        assert (sent.message, sent.tokens) == (written.text, written.tokens) and built.kv[condition] is sent.kv
+        assert sent.capped == (written.tokens == 5)
         assert built.seconds[condition] == pytest.approx(sent.generate_seconds + sent.prefill_seconds, rel=1e-9)
     # relay's writing needs no question: done ahead; relay_q writes for the question: after it
     assert built.ahead["relay"] == built.relays["relay"].generate_seconds and built.ahead["relay_q"] == 0.0
