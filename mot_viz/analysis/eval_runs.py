@@ -309,9 +309,9 @@ def _summarize(run: EvalRun, rows: pd.DataFrame) -> pd.DataFrame:
     """The writer's own summary of `rows` (its columns), with its bootstrap settings."""
     n_boot, seed = run.settings.get("bootstrap", 1000), run.settings.get("seed", 0)
     if run.kind.name == "evaluate":
-        return summarize(rows, n_boot, seed).rename(columns=_RETAINED)
+        return summarize(rows, n_boot, seed, run.settings.get("relay_tokens")).rename(columns=_RETAINED)
     if run.kind.name == "long_context":
-        return long_context.summarize(rows, n_boot, seed)
+        return long_context.summarize(rows, n_boot, seed, run.settings.get("relay_tokens"))
     if run.kind.name == "conversation":
         sizes = run.meta.get("sizes") or {}
         return conversation.summarize(rows, sizes.get("target_mb_per_token", np.nan),

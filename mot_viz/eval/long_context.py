@@ -53,7 +53,7 @@ from .processes import Spread, resumed_table, run_units, shown
 from .results_folder import PATCHING_FILES, ResultsTable
 from .qa_metrics import bootstrap_ci
 from .qa_metrics import condition_ratios
-from .report import paired_differences, paired_markdown
+from .report import message_shares, paired_differences, paired_markdown
 
 KIND = "long_context"  # this evaluation, as the sharing registry names it
 ALL_CONDITIONS = registry.choices(KIND)  # the registry's order: the order of the rows
@@ -151,9 +151,10 @@ def document_rows(mot: MoT, linear: MoT | None, source: LoadedModel, target: Loa
     return result.rows
 
 
-def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0, relay_tokens: int | None = None) -> pd.DataFrame:
     """Per source, budget and condition: score with its interval, retention and gap closed against native with
-    paired intervals, median time to the first answer token, cache and text megabytes."""
+    paired intervals, median time to the first answer token, cache and text megabytes; for a relay (`relay_tokens`:
+    the run's --relay_tokens) the share of its messages at the cap and the share that looped (report.message_shares)."""
     scored = df[df["condition"] != "skipped"]
     out = []
     for (src, budget), part in scored.groupby(["source", "budget"], sort=True):
@@ -175,7 +176,8 @@ def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFra
                         "first_token_seconds": float(ttft),
                         "build_seconds": float(rows["build_seconds"].median()),
                         "context_tokens": float(rows["context_tokens"].median()),
-                        "text_mb": float(rows["text_bytes"].median()) / 1e6, **cost_medians(rows)})
+                        "text_mb": float(rows["text_bytes"].median()) / 1e6, **cost_medians(rows),
+                        **message_shares(rows, condition, relay_tokens)})
     return pd.DataFrame(out)
 
 
@@ -212,9 +214,11 @@ def markdown(summary: pd.DataFrame, stages: pd.DataFrame, cache_mb: dict[str, fl
     for (src, budget), part in summary.groupby(["source", "budget"], sort=True) if len(summary) else ():
         metric = part["metric"].iloc[0]
         n = int(part["n"].iloc[0])
+        relayed = bool("messages_at_cap" in part and part["messages_at_cap"].notna().any())
         lines += ["", f"### {src}, {budget} target tokens ({n} document{'s' * (n != 1)}, {metric})", "",
                   f"| condition | {metric} [95% CI] | retention [95% CI] | gap closed [95% CI] | first token (s) "
-                  "| handed over (bytes) | target computes (positions) |", "|---|---|---|---|---:|---:|---|"]
+                  "| handed over (bytes) | target computes (positions) |" + " messages at cap / looped |" * relayed,
+                  "|---|---|---|---|---:|---:|---|" + "---:|" * relayed]
         for r in part.itertuples():
             paired = (f"{_fmt(r.retention, '.1%')} [{_fmt(r.retention_ci_low, '.1%')}, "
                       f"{_fmt(r.retention_ci_high, '.1%')}] | {_fmt(r.gap_closed, '+.2f')} "
@@ -223,7 +227,9 @@ def markdown(summary: pd.DataFrame, stages: pd.DataFrame, cache_mb: dict[str, fl
             lines.append(f"| {r.condition} | {r.mean:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] | {paired} | "
                          f"{_fmt(r.first_token_seconds, '.2f', '')} | "
                          f"{_fmt(getattr(r, 'handed_bytes', np.nan), ',.0f', '')} | "
-                         f"{work_text(getattr(r, 'target_work', ''), getattr(r, 'target_tokens', np.nan))} |")
+                         f"{work_text(getattr(r, 'target_work', ''), getattr(r, 'target_tokens', np.nan))} |"
+                         + (f" {_fmt(r.messages_at_cap, '.0%', '')} / {_fmt(r.messages_looped, '.0%', '')} |"
+                            if relayed and r.messages_at_cap == r.messages_at_cap else " |" * relayed))
     if len(stages):
         lines += ["", "Median seconds per document (one run, this machine); peak RSS is the process's:", "",
                   "| " + " | ".join(stages.columns) + " |", "|" + "---|" * len(stages.columns)]
@@ -238,7 +244,7 @@ def markdown(summary: pd.DataFrame, stages: pd.DataFrame, cache_mb: dict[str, fl
 def write(out_dir: Path, rows: pd.DataFrame, settings: LongSettings, cache_mb: dict[str, float]) -> pd.DataFrame:
     """Every result file of the run, each written whole (a kill never leaves a torn file)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    summary = summarize(rows, settings.bootstrap, settings.seed)
+    summary = summarize(rows, settings.bootstrap, settings.seed, settings.relay_tokens)
     stages = stage_table(rows)
     per_budget = rows.assign(dataset=rows["source"].astype(str) + " " + rows["budget"].astype(str) + " tokens")
     paired = paired_differences(per_budget, PAIRS, settings.bootstrap, settings.seed)

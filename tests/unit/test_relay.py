@@ -195,8 +195,11 @@ def test_relay_rows_survive_resume_and_old_folders_still_resume(checkpoints, dat
     summary = pd.read_csv(tmp_path / "whole" / "summary.csv").set_index("condition")
     for condition in ("relay", "relay_q"):
         tokens = relay_rows["message_tokens"] if condition == "relay" else relay_q_rows["message_tokens"]
+        rows = relay_rows if condition == "relay" else relay_q_rows
         assert summary.loc[condition, "messages_at_cap"] == pytest.approx((tokens >= 4).mean(), rel=1e-9)
-    assert pd.isna(summary.loc["mot", "messages_at_cap"])
+        assert rows["message_looped"].isin([0, 1]).all()
+        assert summary.loc[condition, "messages_looped"] == pytest.approx(rows["message_looped"].mean(), rel=1e-9)
+    assert pd.isna(summary.loc["mot", "messages_at_cap"]) and pd.isna(summary.loc["mot", "messages_looped"])
     if summary.loc["native", "mean"] != summary.loc["no_context", "mean"]:
         assert summary.loc["native", "gap_closed"] == pytest.approx(1.0, rel=1e-9)
         assert summary.loc["no_context", "gap_closed"] == 0.0

@@ -81,12 +81,13 @@ def check_costs(m: Method, rows: pd.DataFrame, tokens: pd.Series, target) -> Non
         if m.message:  # the message is what is handed over; the target prefills it; the writing counts when it
             # needs the question (the slowest agent's, when several write in parallel)
             assert handed == r["message_bytes"] == len(str(r["message"]).encode("utf-8")) and work == "prefill"
+            assert r["message_looped"] in (0, 1)  # every evaluation's table marks a message that looped
             writing = r.get("message_generate_max_seconds", math.nan)
             writing = r["message_generate_seconds"] if pd.isna(writing) else writing
             assert side == pytest.approx(r["message_prefill_seconds"] + (writing if m.for_question else 0.0),
                                          rel=1e-9)
             continue
-        assert pd.isna(r["message"]) and pd.isna(r["message_bytes"])
+        assert pd.isna(r["message"]) and pd.isna(r["message_bytes"]) and pd.isna(r["message_looped"])
         if m is NATIVE:
             assert handed == kv_cache_bytes(target.spec, n) and work == "prefill" and work_tokens == n
             assert side == r["native_prefill"]
