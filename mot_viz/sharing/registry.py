@@ -57,10 +57,9 @@ def method(name: str) -> Method:
 
 
 def methods(names) -> list[Method]:
-    """The methods of `names`, in the registry's order (the order rows and tables list them)."""
-    unknown = sorted(set(names) - set(REGISTRY))
-    if unknown:
-        raise ConfigError(f"unknown conditions {unknown}: choose from {' '.join(REGISTRY)}.")
+    """The methods of `names`, in the registry's order (the order rows and tables list them); check_names' error for
+    a name not registered."""
+    check_names(tuple(names), tuple(REGISTRY), flag="unknown conditions:")
     return [m for m in REGISTRY.values() if m.name in names]
 
 

@@ -57,7 +57,7 @@ def test_a_cache_only_prefill_stops_at_the_last_layers_kv_unless_traced(family):
     target = tiny_model(family, layers=3)
     ids = target_context_ids(target, TEXT)
     calls = []
-    hooks = [hf.forward._block_parts(layer)[2].register_forward_hook(lambda m, a, o, i=i: calls.append(i))
+    hooks = [hf.trace._block_parts(layer)[2].register_forward_hook(lambda m, a, o, i=i: calls.append(i))
              for i, layer in enumerate(hf.decoder_layers(target.model))]
     try:
         hf.run(target.model, ids, logits_to_keep=None)

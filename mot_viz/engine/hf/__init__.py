@@ -17,19 +17,19 @@ variable, so two Streamlit sessions in two threads never see each other's plan) 
 No copy of a family's forward pass is kept (method.md §12). Everything else in the project works on
 plain tensors in the Hugging Face layout ``[batch, kv_heads, seq, head_dim]``.
 
-The package's two modules: ``attention`` (the registered attention function and the plans it follows) and
-``forward`` (forward passes, generation and the residual trace on plain-tensor caches).
+The package's three modules: ``attention`` (the registered attention function and the plans it follows),
+``forward`` (forward passes, generation and continuation scores on plain-tensor caches) and ``trace`` (the residual
+stream recorded layer by layer, and each model's path from its last layer to the logits).
 """
 
 from .attention import (KV, SPARSE_QUERY_CHUNK, TOPK_QUERY_CHUNK, AttentionPlan, LayerStart, active_plan,
                         attention_output, causal_probs, decoder_layers, install_attention, mot_attention,
                         sparse_attention, sparse_mask_attention, topk_positions, whole_last_layer)
-from .forward import (FEW_ROWS, ForwardResult, ResidualTrace, cache_from_kv, continuation_logprob,
-                      continuation_logprobs, continuation_scores, continuation_states, continuation_trace,
-                      eos_ids,
-                      final_readout,
-                      greedy_generate, greedy_generate_batch, has_rope, install_output_layer, kv_from_cache,
-                      left_padded, new_cache, residual_trace, rotate_keys, run, stack_caches)
+from .forward import (FEW_ROWS, ForwardResult, cache_from_kv, continuation_logprob, continuation_logprobs,
+                      continuation_scores, continuation_states, eos_ids, greedy_generate, greedy_generate_batch,
+                      has_rope, install_output_layer, kv_from_cache, left_padded, new_cache, rotate_keys, run,
+                      stack_caches)
+from .trace import ResidualTrace, continuation_trace, final_readout, residual_trace
 
 __all__ = [
     "KV", "SPARSE_QUERY_CHUNK", "TOPK_QUERY_CHUNK", "topk_positions", "AttentionPlan", "LayerStart", "active_plan",
