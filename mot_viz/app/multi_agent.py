@@ -20,7 +20,8 @@ from ..engine.testing import TEST_MAX_POSITIONS
 from ..eval.answers import MAX_NEW_TOKENS
 from ..eval.conversation import (HISTORY_ROOM, ConversationSettings, cache_mb, conversation_rows, summarize,
                                  translator_mb)
-from ..eval.shards import ShardSettings, evaluate_document, shard_spans
+from ..eval.shard_caches import shard_spans
+from ..eval.shards import ShardSettings, evaluate_document
 from .long_context import cached_document, readers
 from .loaders import checkpoint_stamp, get_checkpoint, get_model
 from .settings import REPO_ROOT, test_mode

@@ -69,7 +69,8 @@ def test_the_page_answers_a_conversation_as_the_library_does(pretrained):
 def test_several_readers_compose_shards_as_the_library_does(pretrained):
     from mot_viz.app.multi_agent import SHARD_BUDGET
     from mot_viz.data.long_context import long_examples
-    from mot_viz.eval.shards import ShardSettings, evaluate_document, shard_spans
+    from mot_viz.eval.shard_caches import shard_spans
+    from mot_viz.eval.shards import ShardSettings, evaluate_document
 
     at = open_app(PAGE)
     at.selectbox(key="pg.agents.turns").set_value(1).run()

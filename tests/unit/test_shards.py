@@ -22,6 +22,7 @@ from mot_viz.engine.mot import MoT, translate
 from mot_viz.engine.shards import compose_indices, translate_shards
 from mot_viz.engine.testing import CORPUS, load_test_model, tiny_model, tiny_tokenizer
 from mot_viz.errors import ConfigError, ContextError
+from mot_viz.eval import shard_caches
 from mot_viz.eval import shards as shard_eval
 from mot_viz.eval.shards import ShardSettings
 from tolerance import assert_close, close
@@ -273,15 +274,15 @@ def test_the_linear_map_composes_like_the_mot_and_the_mean_window_is_every_evalu
     linear = load_checkpoint(str(checkpoints["smollm2-to-gemma3-linear"]), source, target)[0]
     means = reference_means(target, mot.channels.target_layers, passages=4)
     doc = distractor_stacks(target.tokenizer, 1500, 1, seed=0)[0]
-    caches = shard_eval.setting_caches(mot, source, target, doc, (2,), ("linear", "mean"), linear=linear, means=means)
+    caches = shard_caches.setting_caches(mot, source, target, doc, (2,), ("linear", "mean"), linear=linear, means=means)
     assert list(caches) == list(shard_eval.conditions((2,), ("linear", "mean")))
     assert "mean_2" not in caches and {"linear", "linear_2", "mean"} <= set(caches)
-    context_text = shard_eval.build_prompt(doc.example, target.chat_frame).context_text
+    context_text = shard_caches.build_prompt(doc.example, target.chat_frame).context_text
     whole = translate(mot, source, target, context_text)
     for got, want in zip(caches["linear"].kv, linear_cache(mot, linear, source, target, whole), strict=True):
         assert_close(got[0], want[0])
         assert_close(got[1], want[1])
-    texts = shard_eval.shard_prompts(context_text, doc.example.context,
+    texts = shard_caches.shard_prompts(context_text, doc.example.context,
                                      [s.text for s in shard_document(target.tokenizer, doc, 2)])
     composed = translate_shards(linear, source, target, texts)
     for got, want in zip(caches["linear_2"].kv, composed.mixed_kv, strict=True):
