@@ -71,7 +71,7 @@ CONTROLS = registry.controls(OTHERS)  # the pair's closed-form map of the window
 SHARED = registry.names(lambda m: not m.for_question, tuple(c for c in OTHERS if c not in CONTROLS))
 # the paired tests: does the MoT beat no story, its own map, a window with no story in it, each way of sharing it?
 PAIRS = ((TRANSLATED, FLOOR), *((TRANSLATED, c) for c in CONTROLS), *registry.control_pairs(CONTROLS),
-         *((TRANSLATED, c) for c in SHARED))
+         *((TRANSLATED, c) for c in SHARED), *((c, FLOOR) for c in SHARED))
 ROW_COLUMNS = ("id", "genre", "turn", "condition", "score", "answer", "gold", "turn_seconds", "cache_tokens",
                "story_tokens", "source_tokens", "source_prefill", "alignment", "translator", "replay",
                "native_prefill", "error", *MESSAGE_COLUMNS, *COST_COLUMNS, *LOOPED_COLUMNS)
@@ -250,13 +250,14 @@ def summarize(rows: pd.DataFrame, target_spec_mb: float, source_spec_mb: float, 
     return pd.DataFrame(out)
 
 
-def overall(rows: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> dict:
-    """Each condition's F1 over all turns (the mean of each conversation's turns, then over conversations) and MoT's
-    retention of native's with its paired interval over the conversations."""
+def overall(rows: pd.DataFrame, n_boot: int = 1000, seed: int = 0, condition: str = TRANSLATED) -> dict:
+    """Each condition's F1 over all turns (the mean of each conversation's turns, then over conversations) and
+    `condition`'s (default the MoT's) retention of native's and gap closed, with paired intervals over the
+    conversations."""
     scored = rows[rows["condition"] != "skipped"]
     wide = scored.pivot_table(index="id", columns="condition", values="score", aggfunc="mean").dropna()
-    return {**{c: float(wide[c].mean()) for c in CONDITIONS if c in wide}, "n": len(wide),
-            **condition_ratios(wide, TRANSLATED, n_boot, seed)}
+    return {**{c: float(wide[c].mean()) for c in wide.columns}, "n": len(wide),
+            **condition_ratios(wide, condition, n_boot, seed)}
 
 
 def markdown(summary: pd.DataFrame) -> str:
@@ -274,10 +275,12 @@ def markdown(summary: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def sharing_markdown(summary: pd.DataFrame, paired: pd.DataFrame) -> str:
+def sharing_markdown(summary: pd.DataFrame, paired: pd.DataFrame, rows: pd.DataFrame | None = None,
+                     n_boot: int = 1000, seed: int = 0) -> str:
     """The controls and the other ways of sharing the story beside the MoT (none: ""): per condition, the last turn's
-    F1, the paired difference MoT − condition over the conversations (each its turns' mean), the seconds before the
-    first turn (the source's reading excluded), what is handed over and what the target computes over the story."""
+    F1, with `rows` its F1 over all turns and gap closed there (overall), the paired difference MoT − condition over
+    the conversations (each its turns' mean), the seconds before the first turn (the source's reading excluded), what
+    is handed over and what the target computes over the story."""
     if not len(summary):
         return ""
     last = summary[summary["turn"] == summary["turn"].max()].set_index("condition")
@@ -285,17 +288,22 @@ def sharing_markdown(summary: pd.DataFrame, paired: pd.DataFrame) -> str:
     if listed == [TRANSLATED]:
         return ""
     diffs = paired[paired["a"] == TRANSLATED].set_index("b") if len(paired) else pd.DataFrame()
-    lines = ["", "Ways of sharing the story and the controls (F1 at the last turn; MoT − condition over all turns, "
-             "paired):", "",
-             "| condition | F1 | MoT − condition [95% CI] | s before turn 1 | handed over (bytes) "
-             "| target computes |",
-             "|---|---:|---|---:|---:|---|"]
+    lines = ["", "Ways of sharing the story and the controls (F1 at the last turn and over all turns, each conversation "
+             "its turns' mean; gap closed over all turns; MoT − condition over all turns, paired):", "",
+             "| condition | F1 | F1, all turns | gap closed, all turns [95% CI] | MoT − condition [95% CI] "
+             "| s before turn 1 | handed over (bytes) | target computes |",
+             "|---|---:|---:|---|---|---:|---:|---|"]
     for c in listed:
         r = last.loc[c]
         d = diffs.loc[c] if c in diffs.index else None
         diff = "" if d is None else f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
-        lines.append(f"| {c} | {r['mean']:.3f} | {diff} | {r['start_seconds']:.2f} | {r['handed_bytes']:,.0f} | "
-                     f"{work_text(r['target_work'], r['target_tokens'])} |")
+        whole, gap = "", ""
+        if rows is not None:
+            o = overall(rows, n_boot, seed, c)
+            whole = f"{o[c]:.3f}"
+            gap = f"{o['gap_closed']:+.2f} [{o['gap_closed_ci_low']:+.2f}, {o['gap_closed_ci_high']:+.2f}]"
+        lines.append(f"| {c} | {r['mean']:.3f} | {whole} | {gap} | {diff} | {r['start_seconds']:.2f} | "
+                     f"{r['handed_bytes']:,.0f} | {work_text(r['target_work'], r['target_tokens'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -324,7 +332,7 @@ def write(out_dir: Path, rows: pd.DataFrame, settings: ConversationSettings, siz
                       f"{n} conversations, skipped: {len(skipped)}. Translator {sizes['translator_mb']:.1f} MB (fp16); "
                       "memory is the median over conversations after each turn, in fp16 MB; seconds are medians of "
                       "one run on this machine.\n\n" + (markdown(summary) if len(summary) else "") + total
-                      + sharing_markdown(summary, paired))
+                      + sharing_markdown(summary, paired, rows, settings.bootstrap, settings.seed))
     return summary
 
 

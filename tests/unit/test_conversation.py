@@ -95,6 +95,11 @@ def test_summary_accounts_time_and_memory_for_retain_and_free():
     total = conversation.overall(pd.DataFrame(rows), n_boot=20)
     assert total["n"] == 2 and total["mot"] == pytest.approx(0.5) and total["native"] == pytest.approx(0.75)
     assert total["retention"] == pytest.approx(0.5 / 0.75) and total["gap_closed"] == pytest.approx(0.5 / 0.75)
+    # any condition's gap closed over all turns (the ways-of-sharing table's column): native's whole gap, no story's none
+    assert conversation.overall(pd.DataFrame(rows), n_boot=20, condition="native")["gap_closed"] == pytest.approx(1.0)
+    assert conversation.overall(pd.DataFrame(rows), n_boot=20, condition="no_context")["gap_closed"] == 0.0
+    # each other way of sharing is paired with the MoT and with no story
+    assert {("mot", "direct"), ("direct", "no_context"), ("relay", "no_context")} <= set(conversation.PAIRS)
 
 
 @pytest.mark.parametrize("change, message", [
