@@ -8,7 +8,7 @@ from mot_viz.analysis.method_figures import kv_error_figure, quality_time_figure
 from mot_viz.analysis.methods import CACHE_METHODS, METHOD_LABELS, RELAYS, combine, summary_table
 from mot_viz.app.methods import cached_methods, cached_relays, methods_offer, results_root, shipped_method_points
 from mot_viz.sharing.kvcomm import KVCOMM_FRACTION
-from mot_viz.sharing.relay import RELAY_TOKENS
+from mot_viz.sharing.relay import LOOP_TOKENS, RELAY_TOKENS
 
 
 def main() -> None:
@@ -37,7 +37,9 @@ def main() -> None:
         "context (a set of size 1, KVComm's default size).\n"
         f"- **text relay** (tick *Include the text relay*) — the source reads the instruction, then the passage, and "
         f"writes a message (greedy, in its chat template when it has one) until it ends its turn or {RELAY_TOKENS} "
-        "tokens; the target reads only that message, in the prompt it answers *native* in. *relay* (KVComm's "
+        f"tokens, or until it begins to repeat itself ({LOOP_TOKENS} of its own tokens said again: the message ends "
+        "before the repeat); the target reads only that message, in the prompt it answers *native* in. *relay* "
+        "(KVComm's "
         "natural-language baseline): a summary of the passage written before any question exists, so its writing "
         "is work done ahead of the question. *relay_q* (C2C's protocol): the source sees the question and writes "
         "the background needed to solve it (unlike C2C's, this source also has the passage).\n\n"

@@ -288,8 +288,8 @@ def sharing_markdown(summary: pd.DataFrame, paired: pd.DataFrame, rows: pd.DataF
     if listed == [TRANSLATED]:
         return ""
     diffs = paired[paired["a"] == TRANSLATED].set_index("b") if len(paired) else pd.DataFrame()
-    lines = ["", "Ways of sharing the story and the controls (F1 at the last turn and over all turns, each conversation "
-             "its turns' mean; gap closed over all turns; MoT − condition over all turns, paired):", "",
+    lines = ["", "Ways of sharing the story and the controls (F1 at the last turn and over all turns, each "
+             "conversation its turns' mean; gap closed over all turns; MoT − condition over all turns, paired):", "",
              "| condition | F1 | F1, all turns | gap closed, all turns [95% CI] | MoT − condition [95% CI] "
              "| s before turn 1 | handed over (bytes) | target computes |",
              "|---|---:|---:|---|---|---:|---:|---|"]

@@ -12,7 +12,8 @@ chat template when it has one, until its end of turn or ``max_tokens`` tokens (2
 KVComm's README's, so that a message ends where the source stops, not at the cap: a message at the cap is counted,
 ``Relay.capped``). One departure from both papers: a message also ends where the source begins to repeat itself (its
 last ``LOOP_TOKENS`` tokens already stood in the message, in that order), without the repeat (``Relay.looped``): a
-135M source loops rather than stops on about a quarter of the SQuAD passages, and every such message ran to the cap. The target then prefills the message as its context, in the prompt it answers ``native`` in
+135M source often loops instead of ending its turn, and such a message runs to the cap (docs/decisions.md 36). The
+target then prefills the message as its context, in the prompt it answers ``native`` in
 (mot_viz.engine.prompts.build_prompt, the message in the passage's place), and answers the question after it exactly
 as under ``native``. What is handed over is the message's bytes. What it costs after the question arrives: for
 ``relay``, whose message needs no question, the target's prefill of the message (the source's writing is work done
@@ -53,7 +54,7 @@ class Relay:
     generate_seconds: float  # the source reading its prompt and writing the message
     kv: list[hf.KV]  # the target's own prefill of its prompt with the message as the context
     prefill_seconds: float  # that prefill
-    capped: bool = False  # the source wrote max_tokens tokens without ending its turn (the message may stop mid-sentence)
+    capped: bool = False  # the source wrote max_tokens tokens without ending its turn (it may stop mid-sentence)
     looped: bool = False  # the source began to repeat itself: the message ends before the repeat (repeats_itself)
 
     @property
