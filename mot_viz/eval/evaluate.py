@@ -36,6 +36,7 @@ from ..fsutil import remove_stale_temporaries, write_csv_atomic, write_text_atom
 from ..sharing import registry
 from ..sharing.caches import condition_caches, load_sharing
 from ..sharing.checkpoints import checked_config, full_depth, same_pair
+from ..sharing.costs import LOOPED_COLUMNS, MESSAGE_COLUMNS
 from ..sharing.kvcomm import KVCOMM_FRACTION
 from ..sharing.method import Request, translated_seconds
 from ..sharing.registry import SECOND, method
@@ -56,8 +57,7 @@ KIND = "evaluate"  # this evaluation, as the sharing registry names it
 # the cache's work that can be done before the question (sharing.caches.ConditionCaches.ahead: the source's prefill, relay's
 # writing), not in "seconds"
 ROW_COLUMNS = ("dataset", "id", "condition", "score", "exact_match", "answer", "gold", "kv_cosine", "seconds",
-               "context_tokens", "error", "message", "message_tokens", "message_bytes", "message_generate_seconds",
-               "message_prefill_seconds", "ahead_seconds", "message_looped")
+               "context_tokens", "error", *MESSAGE_COLUMNS, "ahead_seconds", *LOOPED_COLUMNS)
 # the columns of earlier versions' examples.csv, which --resume still reads: before the work done ahead was apart
 # (their "seconds" include it), before the message columns, and before skipped rows had an "error"; and before a
 # message's loop was marked

@@ -40,7 +40,8 @@ from ..errors import ConfigError
 from ..fsutil import write_csv_atomic, write_text_atomic
 from ..sharing import registry
 from ..sharing.caches import SharingModels, condition_caches, load_sharing
-from ..sharing.costs import COST_COLUMNS, LOOPED_COLUMNS, MESSAGE_COLUMNS, cost_fields, cost_medians, sharing_stages, work_text
+from ..sharing.costs import (COST_COLUMNS, LOOPED_COLUMNS, MESSAGE_COLUMNS, cost_fields, cost_medians, sharing_stages,
+                             work_text)
 from ..sharing.kvcomm import KVCOMM_FRACTION
 from ..sharing.linear import default_linear
 from ..sharing.method import Request
@@ -229,7 +230,7 @@ def markdown(summary: pd.DataFrame, stages: pd.DataFrame, cache_mb: dict[str, fl
                          f"{_fmt(getattr(r, 'handed_bytes', np.nan), ',.0f', '')} | "
                          f"{work_text(getattr(r, 'target_work', ''), getattr(r, 'target_tokens', np.nan))} |"
                          + (f" {_fmt(r.messages_at_cap, '.0%', '')} / {_fmt(r.messages_looped, '.0%', '')} |"
-                            if relayed and r.messages_at_cap == r.messages_at_cap else " |" * relayed))
+                            if relayed and pd.notna(r.messages_at_cap) else " |" * relayed))
     if len(stages):
         lines += ["", "Median seconds per document (one run, this machine); peak RSS is the process's:", "",
                   "| " + " | ".join(stages.columns) + " |", "|" + "---|" * len(stages.columns)]

@@ -194,9 +194,9 @@ def test_relay_rows_survive_resume_and_old_folders_still_resume(checkpoints, dat
     # the summary: the share of messages at the cap, and gap closed with its floor (no context 0, native 1)
     summary = pd.read_csv(tmp_path / "whole" / "summary.csv").set_index("condition")
     for condition in ("relay", "relay_q"):
-        tokens = relay_rows["message_tokens"] if condition == "relay" else relay_q_rows["message_tokens"]
         rows = relay_rows if condition == "relay" else relay_q_rows
-        assert summary.loc[condition, "messages_at_cap"] == pytest.approx((tokens >= 4).mean(), rel=1e-9)
+        assert summary.loc[condition, "messages_at_cap"] == pytest.approx((rows["message_tokens"] >= 4).mean(),
+                                                                          rel=1e-9)
         assert rows["message_looped"].isin([0, 1]).all()
         assert summary.loc[condition, "messages_looped"] == pytest.approx(rows["message_looped"].mean(), rel=1e-9)
     assert pd.isna(summary.loc["mot", "messages_at_cap"]) and pd.isna(summary.loc["mot", "messages_looped"])
