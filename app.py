@@ -19,11 +19,13 @@ import streamlit as st
 
 from mot_viz import app
 from mot_viz.analysis.cache_metrics import cost_table
+from mot_viz.analysis.method_diagram import diagram_caption, diagram_of
 from mot_viz.engine.models import kv_cache_bytes
 
 PAGES_DIR = Path(__file__).parent / "views"
 # file -> title, in the order a reader follows the data: answers first, then why they look like that
 PAGES = {
+    "14_lesson.py": "Lesson",
     "1_answers.py": "Answers",
     "2_cache_error.py": "Per-layer cache error",
     "3_routing.py": "Expert routing",
@@ -38,6 +40,26 @@ PAGES = {
     "12_methods.py": "Methods",
     "13_layer_patching.py": "Layer patching",
 }
+# every page in the order a reader follows the data (text → tokens → translator → cache → answer → beyond one
+# context), with the question it answers
+GUIDE = {
+    "14_lesson.py": "the method in eight steps on this translation, for a class (with a presenter mode and a "
+                    "file to hand out)",
+    "4_alignment.py": "the two models cut one text into different tokens: how are they matched?",
+    "3_routing.py": "which expert translates each token, and does the router's choice matter?",
+    "5_cache_space.py": "where do the translated K/V vectors sit beside the target's own?",
+    "2_cache_error.py": "how far is each layer of the translated and the replayed cache from native, beside simpler "
+                        "baselines?",
+    "7_shift_analysis.py": "where does the window move the target's hidden states, and do the layers above correct it?",
+    "9_logit_lens.py": "layer by layer, what would the target predict next under each cache?",
+    "1_answers.py": "does the target answer as well from the translated cache as from its own?",
+    "13_layer_patching.py": "which layer's error costs the answer?",
+    "12_methods.py": "how do the other ways of sharing a context compare, in quality, time and bytes?",
+    "8_long_context.py": "on a long document, what does the translation keep and what time does it save?",
+    "10_multi_agent.py": "one read, many questions: a conversation answered turn by turn from one translated cache",
+    "6_training.py": "how was this checkpoint trained, and how well does it fit held-out text?",
+    "11_evaluations.py": "the shipped evaluations over many examples, with the commands that reproduce them",
+}
 
 
 def overview() -> None:
@@ -47,38 +69,12 @@ def overview() -> None:
 
 def _overview() -> None:
     st.title("MoT Viz")
-    st.markdown(
-        "A **Mixture-of-Translators (MoT)** lets a *target* language model reuse a *source* model's key/value (KV) "
-        "cache of a context. The source prefills the text; its KV cache over a window of layers is translated into the "
-        "target's KV space by a small mixture of expert translators (a router weighs the experts per token; each "
-        "expert attends across all the context's tokens as it translates). The target still "
-        "runs one forward pass over the context tokens (the **replay**; by default with sparse top-k attention from layer "
-        "2 up): inside the window its attention reads the translated K/V instead of its own, and every layer caches "
-        "the K/V it computes itself from its own hidden states (the first window layer's input comes from below the "
-        "window, so its K/V are unchanged by the translation; each window layer above it reads a shifted input), so "
-        "the translation reaches the cache only through the hidden states. The target then answers from that cache."
-    )
-    app.explain(
-        "The sidebar picks the two models, the trained translator (checkpoint) and the context. The defaults open "
-        "on SmolLM2-135M → Gemma-3-270M with a SQuAD passage, so every page has something to show at once.\n\n"
-        "1. **Answers** — does the target answer as well from the translated cache as from its own?\n"
-        "2. **Per-layer cache error** — how far the translated and replayed K/V are from the native ones, "
-        "beside the linear-map and mean-vector baselines.\n"
-        "3. **Expert routing** — which expert translator each token was sent to.\n"
-        "4. **Token alignment** — how the two tokenizations of the same text are matched.\n"
-        "5. **Cache space** — native, translated and source K/V vectors projected to 2-D.\n"
-        "6. **Training** — the checkpoint's loss curves and configuration.\n"
-        "7. **Shift analysis** — where the injected window moves the target's residual stream, and whether the "
-        "layers above it correct or amplify that shift (early versus late injection).\n"
-        "8. **Long context** — a long document (512–4,096 tokens) read by the source and answered by the target "
-        "from the translated cache, beside the target reading it itself: quality, time to the first answer token, "
-        "and where along the document the window errs.\n"
-        "9. **Logit lens** — layer by layer, what the target would predict next under the native, translated, "
-        "linear-map and no-context caches, and where its question's attention goes.\n"
-        "10. **Multi-agent** — one read, many questions: a CoQA story read once by the source and a whole "
-        "conversation answered from the translated cache, with the time and memory held turn by turn."
-    )
     run = app.current_run()
+    st.markdown("A **Mixture-of-Translators (MoT)** lets a *target* language model reuse a *source* model's key/value "
+                "(KV) cache of a context. This checkpoint, drawn:")
+    mot = run.mot
+    st.plotly_chart(diagram_of(mot), width="stretch", key="fig.method_diagram")
+    st.caption(diagram_caption(mot.translator.config, mot.replay))
     app.run_caption(run)
     spec = run.mot.translator.config
     cols = st.columns(4)
@@ -95,9 +91,10 @@ def _overview() -> None:
         _cost_panel(run)
     with st.expander("The translated context"):
         st.text(run.selection.text)
-    st.markdown("**Pages**")
-    for file, title in PAGES.items():
-        st.page_link(f"views/{file}", label=title)
+    st.markdown("**Pages**, in the order the data flows (the sidebar picks the pair, the checkpoint and the context "
+                "every page shows)")
+    for file, question in GUIDE.items():
+        st.page_link(f"views/{file}", label=f"{PAGES[file]} — {question}")
 
 
 def _cost_panel(run) -> None:

@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 
 from ..engine.channels import Channels
 from ..engine.models import ModelSpec
+from ..engine.patching import layer_groups
 from ..engine.replay_config import ReplayConfig
 from ..engine.translator import TranslatorConfig
 
@@ -28,10 +29,7 @@ DIM = 0.2  # opacity of the parts a highlight leaves out
 def global_layers(spec: ModelSpec) -> tuple[int, ...]:
     """The layers that attend over the whole context where the model also has sliding-window layers (Gemma 3's
     global layers); () for a model whose layers are all alike."""
-    sliding = set(spec.sliding_layers)
-    if not sliding or len(sliding) == spec.num_layers:
-        return ()
-    return tuple(l for l in range(spec.num_layers) if l not in sliding)
+    return layer_groups(spec, ()).get("global", ())
 
 
 def _target_part(layer: int, channels: Channels) -> str:
@@ -176,3 +174,27 @@ def _annotate(fig: go.Figure, source: ModelSpec, target: ModelSpec, channels: Ch
 def diagram_of(mot, highlight: str | None = None) -> go.Figure:
     """:func:`method_diagram` of a loaded checkpoint (an engine.mot.MoT)."""
     return method_diagram(mot.source, mot.target, mot.channels, mot.translator.config, mot.replay, highlight)
+
+
+def diagram_caption(translator: TranslatorConfig, replay: ReplayConfig) -> str:
+    """The one caption under the picture: what is translated, what the target computes, what it costs."""
+    what = {"mot": f"a mixture of {translator.num_experts} expert translators (a router keeps the top "
+                   f"{translator.top_k} per token and weighs them; each expert attends across all the context's "
+                   "tokens)",
+            "single": "one translator (it attends across all the context's tokens)",
+            "linear": "a closed-form linear map"}.get(translator.variant, translator.variant)
+    head = ("The source reads the context and keeps its KV cache; its K/V at the window's layers (orange) are "
+            f"aligned to the target's tokens and translated into the target's KV space by {what}, one for K and one "
+            "for V. ")
+    if replay.direct:
+        return head + ("The window is every target layer and there is no replay: the translated K/V are the target's "
+                       "cache as they are, the target never runs over the context, and every layer's error reaches "
+                       "the answer. The target reads the question over that cache and answers.")
+    attention = ("dense attention" if replay.topk_sparse_attn is None else
+                 f"sparse top-{replay.topk_sparse_attn} attention from layer {replay.num_bottom_full_attn} up")
+    return head + ("The target then runs one forward pass of its own over the context tokens (the **replay**, "
+                   f"{attention}), so it does not skip its prefill: inside the window its attention reads the "
+                   "translated K/V instead of its own, and every layer caches the K/V it computes from its own "
+                   "hidden states, so the translation reaches the cache only through them (the first window layer's "
+                   "K/V are unchanged by it: its input comes from below). The target reads the question over that cache "
+                   "and answers. Hover any part for what it does.")

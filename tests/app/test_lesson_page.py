@@ -1,0 +1,106 @@
+"""The Lesson page driven by AppTest on the tiny test pair: every step draws its page's figure, the step and the
+presenter switch live in the URL, back / next move, and the lesson file holds every step and no external script."""
+
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+
+import pytest
+
+from app_helpers import goto, open_app, shown, translate_button
+from mot_viz.app.lesson import STEPS
+from mot_viz.engine.checkpoint import load_checkpoint
+from mot_viz.engine.testing import load_test_model
+from mot_viz.app.presenter import BACK, NEXT
+from plotly_figures import figures
+
+PAGES = [p.name for p in (Path(__file__).resolve().parents[2] / "views").glob("*.py")]
+
+pytestmark = pytest.mark.usefixtures("pages_env")
+
+
+def button(at, label: str):
+    return next(b for b in at.button if b.label == label)
+
+
+def walk(at) -> list[str]:
+    """Every step from the first with Next; each draws its header and its figures (or says why not) and no error
+    box; the headers shown."""
+    headers = []
+    for number in range(1, len(STEPS) + 1):
+        assert at.session_state["pg.lesson.step"] == number
+        headers.append(at.header[0].value)
+        assert not at.exception and not at.error, (number, at.error)
+        assert figures(at) or STEPS[number - 1].title == "Does it answer?", number
+        if number < len(STEPS):
+            button(at, NEXT).click().run()
+    return headers
+
+
+def test_every_step_draws_and_next_moves_through_them_with_the_step_in_the_url():
+    at = goto(open_app(), "14_lesson")
+    assert "lesson.step" not in at.query_params  # the first step is the default: a link leaves it out
+    headers = walk(at)
+    assert headers == [f"{i}. {s.title}" for i, s in enumerate(STEPS, 1)]
+    assert at.query_params["lesson.step"] == str(len(STEPS))
+    assert button(at, NEXT).disabled
+    button(at, BACK).click().run()
+    assert at.session_state["pg.lesson.step"] == len(STEPS) - 1
+    assert at.query_params["lesson.step"] == str(len(STEPS) - 1)
+
+
+def test_a_link_opens_on_its_step_in_presenter_mode():
+    at = open_app(params={"lesson.step": "5", "lesson.presenter": "true"})
+    at = goto(at, "14_lesson")
+    assert not at.warning  # the link's options were taken
+    assert at.header[0].value == f"5. {STEPS[4].title}"
+    assert at.toggle(key="pg.lesson.presenter").value is True
+    assert not any(b.label.startswith("Prepare") for b in at.button)  # no download section on a projector
+    assert any("font-size" in h.proto.body for h in at.get("html"))  # the presenter's style
+    at.toggle(key="pg.lesson.presenter").set_value(False).run()
+    assert "lesson.presenter" not in at.query_params and at.query_params["lesson.step"] == "5"
+    assert not any("font-size" in h.proto.body for h in at.get("html"))
+
+
+def test_an_unknown_step_in_a_link_falls_back_to_the_first():
+    at = goto(open_app(params={"lesson.step": "42"}), "14_lesson")
+    assert at.header[0].value == f"1. {STEPS[0].title}"
+    assert any("lesson.step=42" in shown(w.value) for w in at.warning)
+
+
+def test_the_other_pair_draws_every_step():
+    at = open_app()
+    at.selectbox(key="sb.source").set_value("gemma3-270m").run()
+    at.selectbox(key="sb.target").set_value("smollm2-135m").run()
+    translate_button(at).click().run()
+    walk(goto(at, "14_lesson"))
+
+
+def test_the_lesson_file_holds_every_step_and_loads_no_script_from_the_network():
+    at = goto(open_app(), "14_lesson")
+    button(at, "Prepare the lesson file").click().run()
+    assert not at.exception
+    document = at.session_state["lesson.file"][1].decode("utf-8")
+    for i, step in enumerate(STEPS, 1):
+        assert f'<section id="step{i}"><h2>{i}. {html.escape(step.title)}' in document
+    assert not re.search(r"<script[^>]*\bsrc\s*=", document, re.I)  # plotly is inside the file
+    assert document.count("Plotly.newPlot") >= len(STEPS)  # every step's figures, drawn by the bundled plotly
+    assert document.count('class="plotly-graph-div"') >= len(STEPS) - 1
+    assert "streamlit run app.py" in document and "lesson.step" not in document.split("Reproduce it")[0]
+
+
+def test_the_overview_opens_on_the_checkpoint_drawn_and_names_every_page():
+    at = open_app()
+    mot, _ = load_checkpoint(at.session_state["applied"].checkpoint, load_test_model("smollm2-135m"),
+                             load_test_model("gemma3-270m"))
+    diagram = figures(at)[0]
+    for group, spec in (("source", mot.source), ("target", mot.target)):
+        assert sorted(y for t in diagram["data"] if t.get("legendgroup") == group for y in t["y"]) == list(
+            range(spec.num_layers))
+    assert [tuple(t["meta"]) for t in diagram["data"] if t.get("legendgroup") == "channels"] == mot.channels.pairs()
+    assert "replay" in at.caption[0].value
+    linked = [link.proto.page for link in at.get("page_link")]
+    assert sorted(linked) == sorted(re.sub(r"^[0-9]+_", "", Path(file).stem) for file in PAGES)  # each page once
+    assert linked[0] == "lesson"

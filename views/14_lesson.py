@@ -1,0 +1,90 @@
+"""Lesson: the method in eight steps on the applied translation, for a class; a presenter mode; a file to hand out."""
+
+import streamlit as st
+
+from mot_viz import app
+from mot_viz.app.lesson import STEPS, lesson_document, warm_later_steps
+from mot_viz.app.links import link_params
+from mot_viz.app.permalink import query_string
+from mot_viz.app.presenter import BACK, NEXT, enlarge, presenter_mode
+from mot_viz.errors import MotVizError
+
+STEP_NUMBERS = list(range(1, len(STEPS) + 1))
+
+
+def _move(by: int) -> None:
+    st.session_state["pg.lesson.step"] = min(max(st.session_state["pg.lesson.step"] + by, 1), len(STEPS))
+
+
+def main() -> None:
+    app.widget_default("pg.lesson.presenter", False)
+    app.widget_default("pg.lesson.step", 1, STEP_NUMBERS)
+    presenter = st.session_state["pg.lesson.presenter"]
+    if presenter:
+        presenter_mode()
+    st.title("Lesson: how a Mixture-of-Translators works")
+    app.explain(
+        "Eight steps through the method on the sidebar's translation, each drawn by its own page's figure for this "
+        "context: two models and their caches, the tokens, the translator and router, the replay, the answers, "
+        "where the error sits, what it costs, and the other ways of sharing. Each step has one thing to try and a "
+        "link to its page. The step is in the address, so a link opens on it.\n\n"
+        "**Presenter mode** hides the sidebar and these boxes, enlarges text and figures for a projector, and the "
+        "← and → keys move between steps (its switch is in the address too). **Download this lesson** writes one "
+        "HTML file with every step's text and interactive figures, the context and the numbers of this run, and "
+        "how to reproduce it: it opens in a browser with no server and no network."
+    )
+    run = app.current_run()
+    app.run_caption(run)
+    top = st.columns([8, 1.2, 1.2, 2.5])
+    number = top[0].radio("Step", STEP_NUMBERS, key="pg.lesson.step", horizontal=True,
+                          help="; ".join(f"{i}. {s.title}" for i, s in enumerate(STEPS, 1)))
+    top[1].button(BACK, on_click=_move, args=(-1,), disabled=number == 1, key="lesson.back")
+    top[2].button(NEXT, on_click=_move, args=(1,), disabled=number == len(STEPS), key="lesson.next")
+    top[3].toggle("Presenter mode", key="pg.lesson.presenter", help="For a projector: no sidebar, larger text, "
+                  "← / → move between steps.")
+
+    step = STEPS[number - 1]
+    st.header(f"{number}. {step.title}")
+    st.markdown(step.text(run))
+    progress = st.progress(0.0, text=step.wait) if step.wait else None
+    try:
+        shown = step.build(run)
+    except MotVizError as exc:  # e.g. a context without a gold answer on the patching step
+        shown = None
+        app.show_error(exc)
+    if progress is not None:
+        progress.empty()
+    if shown is not None:
+        if shown.note:
+            st.markdown(app.escape_markdown(shown.note))
+        for fig, data, name in shown.figures:
+            app.show_figure(enlarge(fig) if presenter else fig, data, name)
+        for caption, table in shown.tables:
+            st.markdown(f"**{caption}**")
+            st.dataframe(table, hide_index=True, width="stretch")
+    st.info(f"**Try this:** {step.try_this}", icon="👉")
+    st.page_link(f"views/{step.page}", label="Open this step's page", icon="➡️")
+    warm_later_steps(run)  # the heavy steps, in the background, once the first translation is done
+    if not presenter:
+        _download(run)
+
+
+def _download(run) -> None:
+    st.subheader("Download this lesson")
+    st.caption("One HTML file: every step's text and interactive figures (plotly inside, about 5 MB), this run's "
+               "context and numbers, and how to reproduce it. It opens in any browser with no server and no network.")
+    key = ("lesson.file", run.selection)
+    if st.session_state.get("lesson.file", (None,))[0] != key and st.button("Prepare the lesson file",
+                                                                          key="lesson.prepare"):
+        bar = st.progress(0.0)
+        document = lesson_document(
+            run, "http://localhost:8501/lesson" + query_string(link_params()), app.python_code(run.selection),
+            lambda i, title: bar.progress(i / len(STEPS), text=f"Step {i + 1}: {title} …"))
+        bar.empty()
+        st.session_state["lesson.file"] = (key, document.encode("utf-8"))
+    if st.session_state.get("lesson.file", (None,))[0] == key:
+        st.download_button("Download this lesson (HTML)", st.session_state["lesson.file"][1], file_name="mot_lesson.html",
+                           mime="text/html", key="lesson.download", on_click="ignore")
+
+
+app.run_page(main)
