@@ -83,8 +83,8 @@ def _download(run) -> None:
         bar.empty()
         st.session_state["lesson.file"] = (key, document.encode("utf-8"))
     if st.session_state.get("lesson.file", (None,))[0] == key:
-        st.download_button("Download this lesson (HTML)", st.session_state["lesson.file"][1], file_name="mot_lesson.html",
-                           mime="text/html", key="lesson.download", on_click="ignore")
+        st.download_button("Download this lesson (HTML)", st.session_state["lesson.file"][1],
+                           file_name="mot_lesson.html", mime="text/html", key="lesson.download", on_click="ignore")
 
 
 app.run_page(main)

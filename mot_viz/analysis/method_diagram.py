@@ -183,6 +183,8 @@ def diagram_caption(translator: TranslatorConfig, replay: ReplayConfig) -> str:
                    "tokens)",
             "single": "one translator (it attends across all the context's tokens)",
             "linear": "a closed-form linear map"}.get(translator.variant, translator.variant)
+    if translator.linear_residual and translator.variant != "linear":
+        what += " added to a linear map of the window"
     head = ("The source reads the context and keeps its KV cache; its K/V at the window's layers (orange) are "
             f"aligned to the target's tokens and translated into the target's KV space by {what}, one for K and one "
             "for V. ")
@@ -196,5 +198,5 @@ def diagram_caption(translator: TranslatorConfig, replay: ReplayConfig) -> str:
                    f"{attention}), so it does not skip its prefill: inside the window its attention reads the "
                    "translated K/V instead of its own, and every layer caches the K/V it computes from its own "
                    "hidden states, so the translation reaches the cache only through them (the first window layer's "
-                   "K/V are unchanged by it: its input comes from below). The target reads the question over that cache "
-                   "and answers. Hover any part for what it does.")
+                   "K/V are unchanged by it: its input comes from below). The target reads the question over that "
+                   "cache and answers. Hover any part for what it does.")

@@ -17,7 +17,8 @@ from typing import NamedTuple
 import pandas as pd
 
 from ..analysis.cache_metrics import cache_error_table, cache_space_table, cost_table, gate_table, window_vectors
-from ..analysis.figures import alignment_heatmap, alignment_table, answers_figure, cache_space_figure, layer_error_figure
+from ..analysis.figures import (alignment_heatmap, alignment_table, answers_figure, cache_space_figure,
+                               layer_error_figure)
 from ..analysis.lesson_file import LessonPage, LessonStep, lesson_html
 from ..analysis.method_diagram import diagram_of, global_layers
 from ..analysis.method_figures import stages_figure
@@ -74,12 +75,15 @@ def _alignment(run: Run) -> LessonStep:
 def _translator_text(run: Run) -> str:
     ch, cfg = run.mot.channels, run.mot.translator.config
     head = (f"The source's K/V at {ch.window} layers (source {ch.source_layers[0]}–{ch.source_layers[-1]}) feed "
-            f"target layers {ch.target_layers[0]}–{ch.target_layers[-1]}, through one translator for K and one for V. ")
+            f"target layers {ch.target_layers[0]}–{ch.target_layers[-1]}, through one translator for K and one for "
+            "V. ")
     if cfg.variant != "mot":
         return head + f"This checkpoint's translator is a {cfg.variant} one, with no router."
     return head + (f"Each has {cfg.num_experts} experts, each translating the whole window while attending across "
                    f"all the context's tokens; a router keeps the top {cfg.top_k} per token and weighs them with "
-                   "gates that sum to 1 (the heat map: one column per token).")
+                   "gates that sum to 1 (the heat map: one column per token)."
+                   + (" Every token also gets a linear map of the window, the experts' output added to it."
+                      if cfg.linear_residual else ""))
 
 
 def _translator(run: Run) -> LessonStep:
@@ -154,7 +158,7 @@ def _methods(run: Run) -> LessonStep:
 
 STEPS = (
     Step("Two models read one text", "5_cache_space.py", _spec_text,
-         "On Cache space, also show the translated vectors: they land among the target's own.", _two_caches),
+         "On Cache space, also show the translated vectors: see where they land beside the target's own.", _two_caches),
     Step("Their tokens do not line up", "4_alignment.py",
          lambda run: (f"The source cut the text into {len(run.source_tokens)} tokens, the target into "
                       f"{len(run.target_tokens)}. The translator works on the target's tokens: each target token's "
@@ -175,8 +179,9 @@ STEPS = (
          wait="The target answers from each cache (a first visit: seconds) …"),
     Step("Where the error sits", "2_cache_error.py",
          lambda run: ("Translated: what the translator wrote in the window (shaded). Replayed: the cache the target "
-                      "keeps. Below the window only sparse attention moves it; the layers above inherit the shift "
-                      "through the hidden states, and an early window leaves more layers to correct or amplify it."),
+                      "keeps. Below the window only the replay's sparse attention (if any) moves it; the layers "
+                      "above inherit the shift through the hidden states, and an early window leaves more layers to "
+                      "correct or amplify it."),
          "Compare the mid-depth and the top-window checkpoints in the sidebar; Shift analysis says whether the "
          "layers above correct the shift.", _errors),
     Step("What each layer's error costs", "13_layer_patching.py",
@@ -186,9 +191,9 @@ STEPS = (
          "On Layer patching, switch the method to the direct map: its cost sits at Gemma's global layers.",
          _patching, wait="Patching every layer both ways (a first visit: tens of seconds) …"),
     Step("The other ways of sharing", "12_methods.py",
-         lambda run: ("The same context handed over in the field's other ways: the target's own reading, no context, "
-                      "a linear or full-depth map, KVComm. The bars split each method's time to the first answer "
-                      "token into its stages."),
+         lambda run: ("The same context handed over in the field's other ways: the target's own reading, no "
+                      "context, and those this pair offers (a linear or full-depth map, KVComm). The bars split each "
+                      "method's time to the first answer token into its stages."),
          "On Methods, tick “Include the text relay”: the source writes a message instead of handing over a cache.",
          _methods, wait="Building every method's cache and answering from it (a first visit: tens of seconds) …"),
 )

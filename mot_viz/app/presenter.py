@@ -41,6 +41,6 @@ def presenter_mode() -> None:
 
 def enlarge(fig: go.Figure) -> go.Figure:
     """A figure's text and height for the back of a room (1920 × 1080)."""
-    fig.update_layout(font_size=18, height=max(fig.layout.height or 450, 640))
+    fig.update_layout(font_size=18, legend_font_size=16, height=max(fig.layout.height or 450, 640))
     fig.update_annotations(font_size=16)
     return fig

@@ -680,3 +680,58 @@ def test_methods_side_by_side_with_the_text_relay(app_url, browser):
     page.wait_for_timeout(500)  # let plotly finish drawing before the screenshot
     page.screenshot(path=str(SCREENSHOTS / "methods.png"))
     page.close()
+
+
+def test_the_lesson_in_presenter_mode_with_the_arrow_keys_and_its_file_offline(app_url, browser, tmp_path):
+    """The Lesson page opened in presenter mode (sidebar hidden): every step reached with the → key draws its header
+    and no error; then, out of presenter mode, the downloaded lesson file opens with networking off and draws every
+    figure with the plotly inside it."""
+    from mot_viz.app.lesson import STEPS
+
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page = _open(browser, f"{app_url}/lesson?{urlencode({'lesson.presenter': 'true'})}")
+    page.set_viewport_size({"width": 1920, "height": 1080})
+    page.get_by_role("heading", name=f"1. {STEPS[0].title}").wait_for()
+    _wait_until_settled(page)
+    assert not page.locator('[data-testid="stSidebar"]').is_visible()
+    seconds = {}
+    for number, step in enumerate(STEPS, 1):
+        if number > 1:
+            start = time.monotonic()
+            page.locator("body").press("ArrowRight")
+            page.get_by_role("heading", name=f"{number}. {step.title}").wait_for(timeout=SLOW_MS)
+            _wait_until_settled(page)
+            seconds[number] = time.monotonic() - start
+        _assert_no_failure(page)
+        assert _query(page).get("lesson.step", "1") == str(number)
+        if number == 3:
+            page.wait_for_timeout(500)  # let plotly finish drawing before the screenshot
+            page.screenshot(path=str(SCREENSHOTS / "lesson_presenter.png"))
+    print("seconds per step after the arrow key:", {k: round(v, 1) for k, v in seconds.items()})
+    page.locator("body").press("ArrowLeft")
+    page.get_by_role("heading", name=f"{len(STEPS) - 1}. {STEPS[-2].title}").wait_for()
+
+    page.get_by_test_id("stCheckbox").get_by_text("Presenter mode").click()
+    page.get_by_role("heading", name="Download this lesson").wait_for()
+    page.get_by_role("button", name="Prepare the lesson file").click()
+    with page.expect_download(timeout=SLOW_MS) as download:
+        page.get_by_role("button", name="Download this lesson (HTML)").click()
+    path = tmp_path / "lesson.html"
+    download.value.save_as(path)
+    page.close()
+    print(f"lesson file: {path.stat().st_size / 1e6:.1f} MB")
+
+    offline = browser.new_context(offline=True, viewport={"width": 1200, "height": 900})
+    requests = []
+    offline.on("request", lambda r: requests.append(r.url))
+    shown = offline.new_page()
+    shown.goto(path.as_uri())
+    figures = shown.locator(".plotly-graph-div")
+    figures.last.locator(".main-svg").first.wait_for(timeout=60_000)
+    assert figures.count() >= len(STEPS) - 1
+    assert shown.locator(".plotly-graph-div .main-svg").count() >= figures.count()  # each one drawn
+    for number, step in enumerate(STEPS, 1):
+        assert shown.locator(f"#step{number} h2").inner_text() == f"{number}. {step.title}"
+    assert not [u for u in requests if not u.startswith("file:")]
+    shown.screenshot(path=str(SCREENSHOTS / "lesson_file.png"))
+    offline.close()
