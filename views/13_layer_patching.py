@@ -110,6 +110,7 @@ def main() -> None:
         for bucket in (ANSWER_SENTENCE, REST):
             app.show_figure(scan_figure(frame, window, global_layers, measure, bucket),
                             frame[frame["bucket"] == bucket], f"layer_patching_{method}_{bucket.replace(' ', '_')}")
+    app.method_picture(run, "global" if global_layers else "window")
 
 
 app.run_page(main)

@@ -90,6 +90,7 @@ def main() -> None:
     st.caption(f"This context only ({int(fidelity['tokens'].iloc[0])} target tokens); the held-out averages over 40 "
                "passages per corpus are on the Training page.")
     _verdict_section(run, fidelity, own, second)
+    app.method_picture(run, "window")
 
 
 @app.fragment

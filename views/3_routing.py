@@ -83,6 +83,7 @@ def main() -> None:
     st.dataframe(expert_error_table(run.translation, run.mot).round(4), hide_index=True)
 
     _what_if_section(run)
+    app.method_picture(run, "experts")
 
 
 @app.fragment

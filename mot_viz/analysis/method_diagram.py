@@ -20,6 +20,8 @@ from ..engine.translator import TranslatorConfig
 # what a page is about -> the parts of the picture it brightens
 HIGHLIGHTS = {"window": ("window", "channels"), "experts": ("experts", "router"),
               "above": ("above", "replay"), "global": ("global",)}
+HIGHLIGHT_LABELS = {"window": "the injection window", "experts": "the experts and the router",
+                    "above": "the layers above the window", "global": "the target's global layers"}
 SOURCE_X, TRANSLATOR_X, TARGET_X = 0.0, 1.0, 2.0
 COLOURS = {"source": "#9467bd", "window": "#ff7f0e", "below": "#1f77b4", "above": "#2ca02c", "experts": "#d62728",
            "router": "#7f7f7f", "replay": "#2ca02c", "global": "#000000", "channels": "#ff7f0e"}

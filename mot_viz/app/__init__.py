@@ -19,7 +19,7 @@ each importing only those above it:
 * ``methods`` — the Methods page's loaders: which ways of sharing the pair offers, each one's cache and answer;
 * ``patching`` — the Layer patching page's loaders: one method's patching scan of the applied context;
 * ``links`` — the applied view in ``st.query_params`` and back (the pure part is mot_viz.app.permalink);
-* ``page`` — what a page draws with (``explain``, ``run_caption``, ``show_figure``, ``show_error``) and keyed
+* ``page`` — what a page draws with (``explain``, ``method_picture``, ``run_caption``, ``show_figure``, ``show_error``) and keyed
   widgets' first values (``widget_default``);
 * ``sidebar`` — the model, checkpoint and context pickers, the quick-fit control;
 * ``frame`` — every page run's frame: ``run_page``, ``navigation_frame``, ``current_run`` → ``Run``;
@@ -34,8 +34,8 @@ from .loaders import (CONTROL_SEED, FIT_PREFIX, answer_rows, available_checkpoin
                       checkpoints_for_pair, dataset_examples, default_checkpoint, first_token_kl, get_checkpoint,
                       get_model, get_translation, lens_at, lens_trace, linear_baseline_for, live_sweep, second_translation, translation_key,
                       verdict_validation, what_if_pair, window_analysis, window_fidelity)
-from .page import (NO_SECOND, SecondRun, choices_text, escape_markdown, explain, keep_widget_state, question_header,
-                   run_caption, second_checkpoint, second_run, show_error, show_figure, show_text, widget_default)
+from .page import (NO_SECOND, SecondRun, choices_text, escape_markdown, explain, keep_widget_state, method_picture,
+                   question_header, run_caption, second_checkpoint, second_run, show_error, show_figure, show_text, widget_default)
 from .settings import (DEFAULT_CHECKPOINT, DEFAULT_MAX_NEW_TOKENS, EXAMPLES_PER_DATASET, MAX_CONTEXT_TOKENS, REPO_ROOT,
                        pretrained_dir, test_mode)
 from .sidebar import quickfit_config, sidebar
@@ -51,7 +51,7 @@ __all__ = [
     "first_token_kl",
     "fragment", "get_checkpoint", "get_model", "get_translation", "keep_widget_state", "lens_at", "lens_trace",
     "linear_baseline_for",
-    "link_params", "live_sweep", "long_document", "navigation_frame", "page_setup", "pretrained_dir", "python_code",
+    "link_params", "live_sweep", "method_picture", "long_document", "navigation_frame", "page_setup", "pretrained_dir", "python_code",
     "quickfit_config", "run_caption", "run_page", "second_checkpoint", "second_run", "second_translation",
     "shipped_long_results", "show_error", "show_figure", "show_text", "sidebar", "test_mode", "translation_key",
     "verdict_validation", "what_if_pair", "widget_default", "window_analysis", "window_fidelity",

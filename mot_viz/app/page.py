@@ -12,6 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
+from ..analysis.method_diagram import HIGHLIGHT_LABELS, diagram_of
 from ..engine.models import DEFAULT_SOURCE, DEFAULT_TARGET
 from ..engine.mot import MoT, Translation
 from ..engine.prompts import QAExample, choice_label_texts
@@ -70,6 +71,13 @@ def explain(markdown: str) -> None:
     """The page's short teaching note."""
     with st.expander("What am I looking at?"):
         st.markdown(markdown)
+
+
+def method_picture(run: Run, highlight: str) -> None:
+    """The run's checkpoint drawn as the method (analysis.method_diagram) with what the page is about lit, in a
+    closed expander."""
+    with st.expander(f"Where this sits in the method ({HIGHLIGHT_LABELS[highlight]} lit)"):
+        st.plotly_chart(diagram_of(run.mot, highlight), width="stretch", key=f"fig.method_diagram.{highlight}")
 
 
 def run_caption(run: Run, document: str | None = None) -> None:

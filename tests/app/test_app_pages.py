@@ -211,7 +211,7 @@ def test_cache_error_page_scores_the_window_against_its_baselines():
 def test_routing_page_shows_top_k_gates_per_token():
     at = goto(use_free_text(open_app(), FREE_TEXT), "3_routing")
     charts = figures(at)
-    assert len(charts) == 5  # K gates, V gates, entropy, expert usage, what-if per layer
+    assert len(charts) == 6  # K gates, V gates, entropy, expert usage, what-if per layer, the method drawn
     gates = np.array(charts[0]["data"][0]["z"], dtype=float)  # experts x tokens
     assert gates.shape[0] == 4
     np.testing.assert_allclose(gates.sum(0), 1.0, atol=1e-5)

@@ -13,6 +13,7 @@ from app_helpers import goto, open_app, shown, translate_button
 from mot_viz.app.lesson import STEPS
 from mot_viz.engine.checkpoint import load_checkpoint
 from mot_viz.engine.testing import load_test_model
+from mot_viz.train.synthetic_checkpoint import main as write_synthetic_checkpoint
 from mot_viz.app.presenter import BACK, NEXT
 from plotly_figures import figures
 
@@ -104,3 +105,26 @@ def test_the_overview_opens_on_the_checkpoint_drawn_and_names_every_page():
     linked = [link.proto.page for link in at.get("page_link")]
     assert sorted(linked) == sorted(re.sub(r"^[0-9]+_", "", Path(file).stem) for file in PAGES)  # each page once
     assert linked[0] == "lesson"
+
+
+@pytest.mark.parametrize("page,lit", [("2_cache_error", "target: the window"), ("3_routing", "4 experts"),
+                                      ("13_layer_patching", "target: global (full-attention) layers")])
+def test_a_page_draws_the_method_with_its_part_lit(page, lit):
+    at = goto(open_app(), page)
+    diagram = figures(at)[-1]  # last, in its closed expander
+    traces = {t["name"]: t for t in diagram["data"]}
+    assert traces[lit]["opacity"] == 1.0 and traces["source: its other layers"]["opacity"] < 1.0
+
+
+def test_a_synthetic_pair_draws_every_step(pretrained_copy, monkeypatch):
+    """Random-weight models of the bundled pair's shapes (mot_viz.engine.synthetic) with a synthetic checkpoint."""
+    source, target = "synthetic:smollm2-135m", "synthetic:gemma3-270m"
+    folder = next(iter(pretrained_copy.values())).parent
+    assert write_synthetic_checkpoint(["--source", source, "--target", target, "--out",
+                                       str(folder / "synthetic-pair")]) == 0
+    monkeypatch.setenv("MOT_VIZ_PRETRAINED", str(folder))
+    monkeypatch.delenv("MOT_VIZ_TEST_MODELS")  # synthetic models are built, not the test mode's stand-ins
+    at = open_app("views/14_lesson.py", params={"src": source, "tgt": target, "ckpt": "synthetic-pair"})
+    assert at.session_state["applied"].source == source
+    assert not at.error, [e.value for e in at.error]
+    walk(at)

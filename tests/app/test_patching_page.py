@@ -51,7 +51,7 @@ def test_the_bars_and_groups_are_the_librarys_scan_of_the_mot_cache(library):
     expected = patching_scan(target.model, translation.native_kv, translation.mixed_kv, question, answer, groups)
     frame = expected.frame()
     figs = figures(at)
-    assert len(figs) == 1
+    assert len(figs) == 2  # the scan, and the method drawn last (its global layers lit)
     layers = frame[frame.target.str.startswith("layer ")]
     for direction, name in (("restore", "restoring"), ("break", "breaking")):
         want = layers[layers.direction == direction].share.tolist()
@@ -84,7 +84,7 @@ def test_method_group_and_buckets_follow_the_widgets_and_live_in_the_url(library
                                       translation.prefix_len, first=prompt.context_text.find("Passage:"))
     expected = patching_scan(target.model, translation.native_kv, kv, question, answer, groups, buckets).frame()
     figs = figures(at)
-    assert len(figs) == 3  # all positions, the answer's sentence, the rest
+    assert len(figs) == 4  # all positions, the answer's sentence, the rest; the method drawn
     sentence = expected[(expected.bucket == ANSWER_SENTENCE) & expected.target.str.startswith("layer ")]
     assert close(_bars(figs[1], "breaking"), sentence[sentence.direction == "break"].share.tolist(), rtol=1e-4,
                  equal_nan=True)
