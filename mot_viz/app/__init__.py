@@ -18,6 +18,8 @@ each importing only those above it:
   one document read in shards by several source agents;
 * ``methods`` — the Methods page's loaders: which ways of sharing the pair offers, each one's cache and answer;
 * ``patching`` — the Layer patching page's loaders: one method's patching scan of the applied context;
+* ``lesson`` — the Lesson page's steps, each drawn by its page's own functions, and the lesson file of a run;
+* ``presenter`` — presenter mode: no sidebar or explanation boxes, larger text and figures, the arrow keys;
 * ``links`` — the applied view in ``st.query_params`` and back (the pure part is mot_viz.app.permalink);
 * ``page`` — what a page draws with (``explain``, ``method_picture``, ``run_caption``, ``show_figure``, ``show_error``) and keyed
   widgets' first values (``widget_default``);
