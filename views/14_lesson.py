@@ -63,7 +63,9 @@ def main() -> None:
             st.markdown(f"**{caption}**")
             st.dataframe(table, hide_index=True, width="stretch")
     st.info(f"**Try this:** {step.try_this}", icon="👉")
-    st.page_link(f"views/{step.page}", label="Open this step's page", icon="➡️")
+    if st.button("Try it on its page" if step.tries else "Open this step's page", key="lesson.try"):
+        st.session_state.update(step.tries or {})  # the page's options, kept while it opens (pg.* keys)
+        st.switch_page(f"views/{step.page}")
     warm_later_steps(run)  # the heavy steps, in the background, once the first translation is done
     if not presenter:
         _download(run)

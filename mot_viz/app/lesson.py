@@ -44,6 +44,7 @@ class Step(NamedTuple):
     try_this: str
     build: Callable[[Run], LessonStep]  # the figures (and their data), tables and a note on this run
     wait: str | None = None  # the progress line while a first visit computes (a step that takes seconds)
+    tries: dict | None = None  # the page options (pg.* keys) "try this" sets before it opens the page
 
 
 def _spec_text(run: Run) -> str:
@@ -158,25 +159,26 @@ def _methods(run: Run) -> LessonStep:
 
 STEPS = (
     Step("Two models read one text", "5_cache_space.py", _spec_text,
-         "On Cache space, also show the translated vectors: see where they land beside the target's own.", _two_caches),
+         "On Cache space, the translated vectors join the target's own: see where they land.", _two_caches),
     Step("Their tokens do not line up", "4_alignment.py",
          lambda run: (f"The source cut the text into {len(run.source_tokens)} tokens, the target into "
                       f"{len(run.target_tokens)}. The translator works on the target's tokens: each target token's "
                       "source K/V is the average of the source tokens it shares characters with, weighted by those "
                       "characters."),
-         "Type a rare word (a chemical name) in the sidebar's free text: one target token takes several source "
-         "tokens.", _alignment),
+         "Switch the view to the weights: each target token's row shares 1 among the source tokens it overlaps.",
+         _alignment, tries={"pg.align.view": "weights"}),
     Step("The translator and its router", "3_routing.py", _translator_text,
          "On Expert routing, drop one expert under “What if”: see how far the replayed cache and the answer move.",
-         _translator),
+         _translator, tries={"pg.routing.whatif": "drop one expert"}),
     Step("What the target computes: the replay", "2_cache_error.py", _replay_text,
          "Pick the -direct checkpoint in the sidebar: no replay, the translated K/V are the cache.", _replay),
     Step("Does it answer?", "1_answers.py",
          lambda run: ("The target answers the question from caches of the same context: its own (native), none, "
                       "the MoT's, and a random window of the same error. Close to native alone is not proof: the "
                       "replay runs the target's own layers over the context, so the MoT must beat the controls."),
-         "Pick another example number in the sidebar and press Translate.", _answers,
-         wait="The target answers from each cache (a first visit: seconds) …"),
+         "Also answer from the mean-vector window, a window with no context in it: does the MoT beat it?",
+         _answers, wait="The target answers from each cache (a first visit: seconds) …",
+         tries={"pg.answers.mean": True}),
     Step("Where the error sits", "2_cache_error.py",
          lambda run: ("Translated: what the translator wrote in the window (shaded). Replayed: the cache the target "
                       "keeps. Below the window only the replay's sparse attention (if any) moves it; the layers "
@@ -189,13 +191,15 @@ STEPS = (
                       "costs the gold answer's log-probability, as a share of the gap between native and "
                       "translated (1 = the whole gap)."),
          "On Layer patching, switch the method to the direct map: its cost sits at Gemma's global layers.",
-         _patching, wait="Patching every layer both ways (a first visit: tens of seconds) …"),
+         _patching, wait="Patching every layer both ways (a first visit: tens of seconds) …",
+         tries={"pg.patch.method": "direct"}),
     Step("The other ways of sharing", "12_methods.py",
          lambda run: ("The same context handed over in the field's other ways: the target's own reading, no "
                       "context, and those this pair offers (a linear or full-depth map, KVComm). The bars split each "
                       "method's time to the first answer token into its stages."),
          "On Methods, tick “Include the text relay”: the source writes a message instead of handing over a cache.",
-         _methods, wait="Building every method's cache and answering from it (a first visit: tens of seconds) …"),
+         _methods, wait="Building every method's cache and answering from it (a first visit: tens of seconds) …",
+         tries={"pg.methods.relay": True}),
 )
 
 

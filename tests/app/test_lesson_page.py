@@ -128,3 +128,12 @@ def test_a_synthetic_pair_draws_every_step(pretrained_copy, monkeypatch):
     assert at.session_state["applied"].source == source
     assert not at.error, [e.value for e in at.error]
     walk(at)
+
+
+def test_try_it_opens_the_steps_page_with_its_option_set():
+    at = goto(open_app(params={"lesson.step": "3"}), "14_lesson")
+    button(at, "Try it on its page").click().run()
+    assert not at.exception
+    assert at.title[0].value == "Expert routing"
+    assert at.radio(key="pg.routing.whatif").value == "drop one expert"
+    assert at.query_params["routing.whatif"] == "drop one expert"
