@@ -587,7 +587,7 @@ def test_an_unexpected_error_in_a_page_is_a_message_with_details(monkeypatch):
 # ----- explanations match method.md §6, and the cost panel is the shown translation's ------------------
 
 REPLAY_IS_A_FORWARD_PASS = {  # page -> words its "What am I looking at?" must contain
-    None: "one forward pass over the context tokens",
+    None: "one forward pass of its own over the context tokens",  # the caption under the method's picture
     "1_answers": "one forward pass over the same context tokens",
     "2_cache_error": "the replay is the target's own forward pass",
     "6_training": "the target replays the context",
@@ -600,7 +600,7 @@ REPLAY_IS_A_FORWARD_PASS = {  # page -> words its "What am I looking at?" must c
 @pytest.mark.parametrize("page", list(REPLAY_IS_A_FORWARD_PASS))
 def test_each_explanation_says_the_replay_is_a_target_forward_pass(page):
     at = open_app(page)
-    text = " ".join(m.value for m in at.markdown)
+    text = " ".join(m.value for m in [*at.markdown, *at.caption])
     assert REPLAY_IS_A_FORWARD_PASS[page] in text
     assert "without having read" not in text and "never reads the text" not in text
 
