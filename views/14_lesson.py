@@ -26,8 +26,8 @@ def main() -> None:
     app.explain(
         "Eight steps through the method on the sidebar's translation, each drawn by its own page's figure for this "
         "context: two models and their caches, the tokens, the translator and router, the replay, the answers, "
-        "where the error sits, what it costs, and the other ways of sharing. Each step has one thing to try and a "
-        "link to its page. The step is in the address, so a link opens on it.\n\n"
+        "where the error sits, what it costs, and the other ways of sharing. Each step has one thing to try, and a "
+        "button that opens its page with that option set. The step is in the address, so a link opens on it.\n\n"
         "**Presenter mode** hides the sidebar and these boxes, enlarges text and figures for a projector, and the "
         "← and → keys move between steps (its switch is in the address too). **Download this lesson** writes one "
         "HTML file with every step's text and interactive figures, the context and the numbers of this run, and "
