@@ -22,7 +22,7 @@ from ..analysis.figures import (alignment_heatmap, alignment_table, answers_figu
 from ..analysis.lesson_file import LessonPage, LessonStep, lesson_html
 from ..analysis.method_diagram import diagram_of, global_layers
 from ..analysis.method_figures import stages_figure
-from ..analysis.methods import METHOD_LABELS, summary_table
+from ..analysis.methods import summary_table
 from ..analysis.patching import scan_figure
 from ..analysis.routing_figures import gates_heatmap
 from ..engine.patching import layer_groups
