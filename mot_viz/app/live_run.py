@@ -31,8 +31,9 @@ from .settings import REPO_ROOT
 MAX_EXAMPLES = 50  # the most examples a live run evaluates (the app is for looking; a full run is the command's)
 MAX_UPLOAD_BYTES = 8 * 2**20  # an uploaded JSONL file's limit (1,000 SQuAD examples are about 1 MB)
 DATASETS = BUILTIN_DATASETS  # what the command evaluates offline; an uploaded .jsonl file besides
-# the command's conditions a live run offers: a direct map is a second checkpoint the page does not ask for
-LIVE_CONDITIONS = registry.names(lambda m: not m.needs.direct, registry.choices("evaluate"))
+# the command's conditions a live run offers: those whose options all have a default (a direct map is a second
+# checkpoint the page does not ask for)
+LIVE_CONDITIONS = registry.names(lambda m: all(o.default is not None for o in m.options), registry.choices("evaluate"))
 CONTEXT_TOKENS = 448  # the command's --max_context_tokens
 LOG_SUFFIX = ".log"  # the command's output, beside its results folder (a results folder holds results only)
 # tqdm's bar as the command prints it: "evaluate:  40%|████      | 2/5 [00:03<00:04, …]"

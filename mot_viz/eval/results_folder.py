@@ -108,6 +108,19 @@ def _holds_settings_of(out_dir: Path, settings) -> bool:
     return True
 
 
+def differing(before, settings, keys: tuple[str, ...]) -> list[str]:
+    """The settings of `keys` that differ between two runs; of a mapping (the ways of sharing's options), the entries
+    that differ, by name."""
+    out = []
+    for k in keys:
+        a, b = getattr(before, k), getattr(settings, k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += [name for name in dict.fromkeys([*a, *b]) if a.get(name) != b.get(name)]
+        elif a != b:
+            out.append(k)
+    return out
+
+
 def earlier_run(out_dir: Path, settings, resume: bool, keys: tuple[str, ...], unit: str = "examples") -> bool:
     """Whether out_dir holds results of an earlier run of `settings` to continue (--resume): its result files, or the
     part files of a run spread over processes (PARTS). Results of other settings (any of `keys` differs), or of these
@@ -124,7 +137,7 @@ def earlier_run(out_dir: Path, settings, resume: bool, keys: tuple[str, ...], un
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"--out {out_dir} holds an unreadable {meta.relative_to(out_dir)} ({exc}). Pass another "
                               "--out folder.") from exc
-        changed += [k for k in keys if getattr(before, k) != getattr(settings, k) and k not in changed]
+        changed += [k for k in differing(before, settings, keys) if k not in changed]
     if changed:
         raise ConfigError(f"--out {out_dir} holds results of other settings ({', '.join(changed)} differ), which "
                           "--resume cannot continue. Pass another --out folder.")

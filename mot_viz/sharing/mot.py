@@ -12,7 +12,7 @@ class MixtureOfTranslators(Method):
         t = inputs.translation
         return Built(t.mixed_kv, translated_seconds(t), t.timings.get("source_prefill", 0.0))
 
-    def target_side(self, timings: dict[str, float], relay=None, writing: float | None = None) -> float:
+    def target_side(self, built: Built | None, timings) -> float:
         return target_stages_seconds(timings)
 
 

@@ -7,7 +7,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app_helpers import errors, open_app, translate_button
-from mot_viz.analysis.methods import METHOD_LABELS
+from mot_viz.analysis.methods import method_labels
 from mot_viz.data.long_context import BUDGETS, long_examples
 from mot_viz.engine.alignment import encode
 from mot_viz.engine.patching import (ANSWER_SENTENCE, answer_sentence_buckets, answer_token_ids, layer_groups,
@@ -73,7 +73,7 @@ def test_method_group_and_buckets_follow_the_widgets_and_live_in_the_url(library
     at = open_page()
     source, target, mot, linear, example, prompt, translation, question, answer = library
     offered = at.radio(key="pg.patch.method").options  # direct and kvcomm are not offered for this pair
-    assert offered == [METHOD_LABELS["mot"], METHOD_LABELS["linear"]]
+    assert offered == [method_labels()["mot"], method_labels()["linear"]]
     at.radio(key="pg.patch.method").set_value("linear").run()
     at.multiselect(key="pg.patch.custom").set_value([0, 3]).run()
     at.toggle(key="pg.patch.buckets").set_value(True).run()

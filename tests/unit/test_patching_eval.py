@@ -116,7 +116,7 @@ def test_resume_keeps_the_examples_done_and_equals_a_whole_run(folder, checkpoin
     assert patching.main(args(folder, checkpoints)) == 130
     assert written(folder).id.nunique() == 2
     with pytest.raises(ConfigError, match="pass --resume to continue it"):
-        patching.record(folder, ["mot", "linear"], linear=str(checkpoints["smollm2-to-gemma3-linear"]))
+        patching.record(folder, ["mot", "linear"], options={"linear": str(checkpoints["smollm2-to-gemma3-linear"])})
     with pytest.raises(ConfigError, match="pass the same options to --resume"):
         patching.record(folder, ["mot"], resume=True)
     calls.clear()
@@ -146,8 +146,12 @@ def test_two_processes_write_the_rows_of_one(folder, checkpoints, tmp_path):
 def test_bad_input_is_one_line_before_any_model_loads(folder, tmp_path, checkpoints):
     with pytest.raises(ConfigError, match="'relay' has no cache of the context to patch"):
         patching.record(folder, ["mot", "relay"])
-    with pytest.raises(ConfigError, match="the 'direct' method needs its map: pass --direct"):
+    with pytest.raises(ConfigError, match="the 'direct' condition needs --direct CHECKPOINT"):
         patching.record(folder, ["direct"])
+    with pytest.raises(ConfigError, match="--direct elsewhere is read by direct, which this run does not answer "
+                                          "under: add direct to --methods"):
+        patching.record(folder, ["mot"], options={"direct": "elsewhere"})
+    assert patching.check_methods(["mot", "linear", "mot"]) == ("mot", "linear")  # each method scanned once
     bare = tmp_path / "bare"
     bare.mkdir()
     with pytest.raises(ConfigError, match="is not a results folder"):
@@ -179,7 +183,7 @@ def test_direct_and_kvcomm_caches_restore_to_native_and_break_to_themselves(priv
     # KVComm needs a pair of one architecture: the target as its own sender
     for method, sender, extra in (("direct", source, {"direct": direct}),
                                   ("kvcomm", target, {"kvcomm": kvcomm_selection(target, target, [example], 0.5)})):
-        cache = patching.method_cache(method, direct, sender, target, translation, **extra)
+        cache = patching.method_cache(method, direct, sender, target, translation, extra[method])
         scan = patching.patching_scan(target.model, translation.native_kv, cache.kv, question, answer, every,
                                       hidden=cache.hidden)
         assert (cache.hidden is not None) == (method == "kvcomm")
@@ -196,7 +200,7 @@ def test_a_long_context_folder_is_scanned_at_one_budget(checkpoints, tmp_path, m
     monkeypatch.setattr(long_context, "load_model", load_test_model)
     monkeypatch.setattr(patching, "load_model", load_test_model)
     out = tmp_path / "long"
-    settings = LongSettings(checkpoint=str(checkpoints["smollm2-to-gemma3"]), linear=None, source="stacks",
+    settings = LongSettings(checkpoint=str(checkpoints["smollm2-to-gemma3"]), source="stacks",
                             budgets=(900, 950), n=1, seed=0, max_new_tokens=2, bootstrap=20,
                             conditions=("native", "mot"))
     long_context.run(settings, out, progress=False)

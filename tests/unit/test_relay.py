@@ -125,16 +125,18 @@ def test_relay_q_carries_the_question_and_relay_does_not(checkpoints):
     # the evaluator's caches: each relay message written by the source about this example, its cost recorded
     source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
     mot = load_checkpoint(checkpoints["smollm2-to-gemma3"], source, target)[0]
-    built = condition_caches(mot, source, target, EXAMPLE, conditions=("native", "relay", "relay_q"), relay_tokens=5)
+    built = condition_caches(mot, source, target, EXAMPLE, conditions=("native", "relay", "relay_q"),
+                             options={"relay_tokens": 5})
     for condition in ("relay", "relay_q"):
         written = write_message(source, EXAMPLE, condition, 5)
-        sent = built.relays[condition]
+        sent = built.built[condition].held
         assert (sent.message, sent.tokens) == (written.text, written.tokens) and built.kv[condition] is sent.kv
         assert sent.capped == (written.tokens == 5)
         assert built.seconds[condition] == pytest.approx(sent.generate_seconds + sent.prefill_seconds, rel=1e-9)
     # relay's writing needs no question: done ahead; relay_q writes for the question: after it
-    assert built.ahead["relay"] == built.relays["relay"].generate_seconds and built.ahead["relay_q"] == 0.0
-    assert built.after_question("relay") == pytest.approx(built.relays["relay"].prefill_seconds, rel=1e-9)
+    sent = built.built["relay"].held
+    assert built.ahead["relay"] == sent.generate_seconds and built.ahead["relay_q"] == 0.0
+    assert built.after_question("relay") == pytest.approx(sent.prefill_seconds, rel=1e-9)
     assert built.after_question("relay_q") == pytest.approx(built.seconds["relay_q"], rel=1e-9)
 
 
