@@ -20,7 +20,7 @@ import pandas as pd
 
 from ..cli import logger
 from ..errors import ConfigError
-from ..fsutil import check_out_place, temp_parts
+from ..fsutil import check_out_place, named, temp_parts
 
 log = logger(__name__)
 
@@ -93,8 +93,7 @@ def check_results_folder(out_dir: Path, settings, files: tuple[str, ...], overwr
     leftovers = [name for name in present if (temp_parts(Path(name)) or ("",))[0] in files]  # of killed writes
     foreign = [name for name in present if name not in leftovers and (not ours or name not in files)]
     if foreign:
-        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        raise ConfigError(f"--out {out_dir} holds files that are not results of this {command} run ({shown}), which "
+        raise ConfigError(f"--out {out_dir} holds files that are not results of this {command} run ({named(foreign)}), which "
                           "it could overwrite. Pass a new or empty folder, or --overwrite to write into this one "
                           "(files of the same names are replaced).")
 

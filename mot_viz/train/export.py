@@ -76,6 +76,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, shared_linear: str | Pa
     """
     src = Path(run_dir)
     check_output(src, Path(out_dir), overwrite)
+    in_place = Path(out_dir).resolve() == src.resolve()  # its logs are read first and written back
     is_checkpoint = (src / CONFIG_FILE).is_file()
     mot, config = load_checkpoint(src if is_checkpoint else src / "checkpoint")
     mot.replay = replay_mode(mot.replay, replay)
@@ -92,7 +93,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, shared_linear: str | Pa
     made = next((p for p in reversed([absolute, *absolute.parents]) if not p.exists()), None)
     try:
         out = save_checkpoint(mot, out_dir, dtype=torch.float16, training=training, metrics=metrics, extra=extra,
-                              shared_linear=shared_linear)
+                              shared_linear=shared_linear, overwrite=overwrite or in_place)
     except BaseException:
         if made is not None:  # folders this export created for its output: a refused export leaves none
             shutil.rmtree(made, ignore_errors=True)
