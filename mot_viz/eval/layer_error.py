@@ -17,7 +17,6 @@ import json
 import sys
 from pathlib import Path
 
-import pandas as pd
 from tqdm import tqdm
 
 from ..cli import run_cli
@@ -31,7 +30,7 @@ from ..errors import ConfigError
 from .layer_error_file import UNITS, LayerErrorFile, example_key
 from .long_settings import LongSettings
 from .qa_settings import EvalSettings, load_evaluated, truncate_context
-from .results_folder import RESULTS_TABLE, SETTINGS_FILE, writer_of
+from .results_folder import RESULTS_TABLE, SETTINGS_FILE, results_rows, writer_of
 
 
 def _kind(folder: Path) -> tuple[str, dict]:
@@ -55,12 +54,7 @@ def record(folder: str | Path, budgets: tuple[int, ...] | None = None, progress:
     folder, when given), keeping the rows it already has (the command resumes)."""
     folder = Path(folder)
     name, raw = _kind(folder)
-    rows = pd.read_csv(folder / RESULTS_TABLE, dtype={"dataset": str, "id": str}, keep_default_na=False)
-    lacking = [c for c in (*UNITS[name], "condition") if c not in rows]
-    if lacking:
-        raise ConfigError(f"{folder / RESULTS_TABLE} has no column {', '.join(lacking)} (its columns: "
-                          f"{', '.join(map(str, rows.columns[:8]))}), so it is not the table {name} writes. Pass a "
-                          f"folder python -m mot_viz.eval.{name} wrote with --out, or run it again there.")
+    rows = results_rows(folder, name, (*UNITS[name], "condition"))
     scored = {example_key(k) for k in zip(*(rows.loc[rows["condition"] != "skipped", c] for c in UNITS[name]))}
     layers = LayerErrorFile(folder, UNITS[name], scored)
     settings = (EvalSettings if name == "evaluate" else LongSettings).from_json(raw)

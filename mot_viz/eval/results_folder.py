@@ -160,6 +160,27 @@ def unit_key(values) -> tuple:
     return tuple(v if isinstance(v, str) else float(v) for v in values)
 
 
+def results_rows(folder: Path, command: str, columns: tuple[str, ...]) -> pd.DataFrame:
+    """The examples.csv of a folder python -m mot_viz.eval.`command` wrote, as a command that reads it back (patching,
+    layer_error) reads it before any model loads: ids as text; ConfigError, naming the fix, for a file that cannot be
+    read, binary data, or a table without `columns` (another tool's examples.csv)."""
+    path = folder / RESULTS_TABLE
+    fix = f"Pass a folder python -m mot_viz.eval.{command} wrote with --out, or run it again there."
+    try:
+        with open(path, "rb") as f:
+            binary = binary_start(f.read(HEAD_BYTES))
+        rows = None if binary else pd.read_csv(path, dtype={"dataset": str, "id": str}, keep_default_na=False)
+    except (OSError, ValueError, pd.errors.ParserError) as exc:
+        raise ConfigError(f"{path} does not read as the table {command} writes ({exc}). {fix}") from exc
+    if rows is None:
+        raise ConfigError(f"{path} holds binary data, not the table {command} writes. {fix}")
+    lacking = [c for c in columns if c not in rows]
+    if lacking:
+        raise ConfigError(f"{path} has no column {', '.join(lacking)} (its columns: "
+                          f"{', '.join(map(str, rows.columns[:8]))}), so it is not the table {command} writes. {fix}")
+    return rows
+
+
 def read_rows(source, text_columns: tuple[str, ...]) -> pd.DataFrame:
     """A results table as the evaluation wrote it: `text_columns` as texts ("None", "1.50"), floats exactly as they
     were written, empty fields missing."""
