@@ -225,7 +225,7 @@ def write_part(path: Path, title: str, lines: list[str], replace: bool = False) 
     replacing the part of the same title, or adding it at the end; every byte outside that part stays as it was (the
     synthetic and the real-weights check each own one part of gpu.md, and a user's notes around them are kept).
     replace: write the part alone (--overwrite of a file that is not UTF-8 text)."""
-    text = "" if replace or not path.is_file() else path.read_text(encoding="utf-8")
+    text = "" if replace or not path.is_file() else path.read_bytes().decode("utf-8")  # its line ends as they are
     part = "\n".join([title, *lines]).strip() + "\n"
     rows = text.splitlines(keepends=True)
     start = next((i for i, row in enumerate(rows) if row.rstrip("\r\n") == title), None)

@@ -35,8 +35,8 @@ NAME_CHARACTERS = 4096  # the longest model name: a path's limit on Linux (PATH_
 def check_model_name(name: object) -> None:
     """Refuse (ModelLoadError), as text and before any file is read or memory allocated, a model name that no model
     can have: one past NAME_CHARACTERS characters, or holding a control character (a newline pasted with it, a NUL).
-    An empty name (or none) is refused where a model loads."""
-    if not isinstance(name, str):  # refused where a model loads, as an empty name is
+    An empty or blank name (or none) is refused where a model loads."""
+    if not isinstance(name, str) or not name.strip():  # refused where a model loads: it would name the current folder
         return
     if len(name) > NAME_CHARACTERS:
         raise ModelLoadError(f"The model name {name[:40]!r}… is {len(name):,} characters long: no model name or path "

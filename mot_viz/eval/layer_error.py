@@ -27,6 +27,7 @@ from ..engine.models import load_model
 from ..engine.mot import translate
 from ..engine.prompts import build_prompt
 from ..errors import ConfigError
+from ..fsutil import check_out_place
 from .layer_error_file import UNITS, LayerErrorFile, example_key
 from .long_settings import LongSettings
 from .qa_settings import EvalSettings, load_evaluated, truncate_context
@@ -53,6 +54,7 @@ def record(folder: str | Path, budgets: tuple[int, ...] | None = None, progress:
     """Write `folder`'s layer_error.csv for every scored example it holds (of `budgets` only, for a long_context
     folder, when given), keeping the rows it already has (the command resumes)."""
     folder = Path(folder)
+    check_out_place(folder, "RESULTS")  # a folder it can write into, before any work
     name, raw = _kind(folder)
     rows = results_rows(folder, name, (*UNITS[name], "condition"))
     scored = {example_key(k) for k in zip(*(rows.loc[rows["condition"] != "skipped", c] for c in UNITS[name]))}
