@@ -175,3 +175,57 @@ def test_a_report_part_keeps_every_byte_outside_itself(tmp_path):
     bare.write_text("no heading at all\n")
     write_part(bare, "# Synthetic", ["", "x"])
     assert bare.read_text() == "no heading at all\n\n# Synthetic\n\nx\n"
+
+
+def test_swap_into_place_removes_only_what_the_new_folder_replaces(tmp_path):
+    from mot_viz.engine.checkpoint import swap_into_place
+    from mot_viz.errors import ConfigError
+
+    def new_folder() -> Path:
+        tmp = tmp_path / f"out.tmp-{len(list(tmp_path.iterdir()))}"
+        tmp.mkdir()
+        (tmp / "config.json").write_text("new")
+        return tmp
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "config.json").write_text("old")
+    (out / "notes.txt").write_text("a user's notes")
+    for target, words in ((out, "holds files it did not write (notes.txt)"), (tmp_path / "file", "is a file")):
+        (tmp_path / "file").write_text("a user's file")
+        before = tree(tmp_path)
+        tmp = new_folder()
+        with pytest.raises(ConfigError, match=re.escape(words)):
+            swap_into_place(tmp, target)
+        assert tree(tmp_path) == before  # the temporary folder gone, the user's files as they were
+    tmp = new_folder()
+    swap_into_place(tmp, out, overwrite=True)  # a user's --overwrite
+    assert tree(out) == {"config.json": b"new"} and not tmp.exists()
+    swap_into_place(new_folder(), out)  # the same names: an earlier write of the command's own
+    assert tree(out) == {"config.json": b"new"}
+
+
+def test_a_bundle_that_fails_leaves_no_temporary_archive(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import bundle
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    from mot_viz.errors import ConfigError
+
+    monkeypatch.setattr(bundle, "gather_wheels", lambda python, folders, out: ([], []))
+    monkeypatch.setattr(bundle, "LIMIT_MB", 0)  # the archive is written, then refused as too large
+    out = tmp_path / "dist" / "bundle.tar.gz"
+    with pytest.raises(ConfigError, match="over its 0 MB limit"):
+        bundle.build(out, (3, 12), [], tmp_path / "work")
+    assert not list(out.parent.iterdir())
+    monkeypatch.setattr(bundle, "code_files", lambda: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        bundle.build(out, (3, 12), [], tmp_path / "work")
+    assert not list(out.parent.iterdir())
+    monkeypatch.setattr(bundle, "LIMIT_MB", 60)
+    monkeypatch.setattr(bundle, "code_files", lambda: [])
+    bundle.build(out, (3, 12), [], tmp_path / "work")
+    assert bundle.is_bundle(out)  # an earlier bundle: a later run replaces it without --overwrite
+    (tmp_path / "notes.tar.gz").write_bytes(b"")
+    assert not bundle.is_bundle(tmp_path / "notes.tar.gz") and not bundle.is_bundle(tmp_path / "dist")
