@@ -238,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="the test suite's small mode: 2 contexts of 64 tokens, 2 training steps on a small "
                              "bank, 1 example, the engine at 64 tokens")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "gpu.md"), help="the markdown file whose part is written (every byte outside it is kept)")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "gpu.md"),
+                        help="the markdown file whose part is written (every byte outside it is kept)")
     parser.add_argument("--synthetic", action="store_true",
                         help="the part that needs no model file, checkpoint or dataset: synthetic models of real "
                              "architectures (scripts/gpu_check_synthetic.py; handled before this parser)")

@@ -63,7 +63,9 @@ def parse_name(name: str) -> tuple[str, int | None]:
 
 def _quoted(name: str, most: int = 80) -> str:
     """A model name as a message quotes it: repr (a control character shows), cut short past `most` characters."""
-    return repr(name) if len(name) <= most else f"{name[:most // 2]!r}…{name[-(most // 4):]!r} ({len(name):,} characters)"
+    if len(name) <= most:
+        return repr(name)
+    return f"{name[:most // 2]!r}…{name[-(most // 4):]!r} ({len(name):,} characters)"
 
 
 @functools.lru_cache(maxsize=None)

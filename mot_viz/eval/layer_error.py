@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -27,7 +28,7 @@ from ..engine.models import load_model
 from ..engine.mot import translate
 from ..engine.prompts import build_prompt
 from ..errors import ConfigError
-from ..fsutil import check_out_place
+from ..fsutil import check_out_place, checkout_path
 from .layer_error_file import UNITS, LayerErrorFile, example_key
 from .long_settings import LongSettings
 from .qa_settings import EvalSettings, load_evaluated, truncate_context
@@ -60,6 +61,8 @@ def record(folder: str | Path, budgets: tuple[int, ...] | None = None, progress:
     scored = {example_key(k) for k in zip(*(rows.loc[rows["condition"] != "skipped", c] for c in UNITS[name]))}
     layers = LayerErrorFile(folder, UNITS[name], scored)
     settings = (EvalSettings if name == "evaluate" else LongSettings).from_json(raw)
+    # a folder copied out of the checkout names its checkpoint relative to it
+    settings = replace(settings, checkpoint=str(checkout_path(settings.checkpoint)))
     if name == "long_context" and budgets and set(budgets) - set(settings.budgets):
         raise ConfigError(f"--budgets {' '.join(map(str, budgets))}: {folder} holds the budgets "
                           f"{' '.join(map(str, settings.budgets))}. Pass some of those.")

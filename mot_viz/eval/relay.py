@@ -16,7 +16,7 @@ from ..cli import run_cli
 from ..engine.checkpoint import read_config, spec_from_json
 from ..engine.models import kv_cache_bytes
 from ..errors import ConfigError
-from ..fsutil import check_out_place, write_csv_atomic, write_text_atomic
+from ..fsutil import check_out_place, checkout_path, write_csv_atomic, write_text_atomic
 from ..sharing.method import layers_bytes
 from ..sharing.registry import names
 
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError, KeyError) as exc:
             raise ConfigError(f"{folder} is not an evaluation folder ({exc}). Pass the --out folder of "
                               "python -m mot_viz.eval.evaluate.") from exc
-        costs = sharing_costs(rows, read_config(settings["checkpoint"]))
+        costs = sharing_costs(rows, read_config(checkout_path(settings["checkpoint"])))  # a copied folder too
         write_csv_atomic(folder / "costs.csv", costs)
         table = costs_markdown(costs)
         note = ("Means per example. Handed over: relay, the message (UTF-8); mot, the translated window (its target "

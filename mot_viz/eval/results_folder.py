@@ -93,9 +93,9 @@ def check_results_folder(out_dir: Path, settings, files: tuple[str, ...], overwr
     leftovers = [name for name in present if (temp_parts(Path(name)) or ("",))[0] in files]  # of killed writes
     foreign = [name for name in present if name not in leftovers and (not ours or name not in files)]
     if foreign:
-        raise ConfigError(f"--out {out_dir} holds files that are not results of this {command} run ({named(foreign)}), which "
-                          "it could overwrite. Pass a new or empty folder, or --overwrite to write into this one "
-                          "(files of the same names are replaced).")
+        raise ConfigError(f"--out {out_dir} holds files that are not results of this {command} run "
+                          f"({named(foreign)}), which it could overwrite. Pass a new or empty folder, or --overwrite "
+                          "to write into this one (files of the same names are replaced).")
 
 
 def _holds_settings_of(out_dir: Path, settings) -> bool:

@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seeds the translator's weights")
     parser.add_argument("--out", required=True, help="the checkpoint folder written (e.g. pretrained/llama-to-qwen-synthetic)")
     parser.add_argument("--overwrite", action="store_true",
-                        help="replace an --out folder holding files other than a synthetic checkpoint this command wrote")
+                        help="replace an --out folder holding files other than a synthetic checkpoint this "
+                             "command wrote")
     args = parser.parse_args(argv)
 
     def write() -> None:

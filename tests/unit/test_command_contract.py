@@ -1,7 +1,7 @@
 """One output contract for every command that writes (fsutil.check_out_place, docs/reliability.md "Output places"):
-each `python -m mot_viz.…` command and each scripts/*.py with an --out, run as its `__main__` with an output place it
-must refuse — a folder holding a user's file, a read-only place, a file where a folder belongs (or the reverse), a path
-inside a file — exits with status 2 and one line naming the fix, before any model loads, with every file it found
+each `python -m mot_viz.…` command and each scripts/*.py with an --out, run as its `__main__` with an output place
+it must refuse — a folder holding a user's file, a read-only place, a file where a folder belongs (or the reverse), a
+path inside a file — exits with status 2 and one line naming the fix, before any model loads, with every file it found
 byte-identical and nothing left behind. A new command that is not listed here fails the test."""
 
 from __future__ import annotations
