@@ -1,5 +1,6 @@
 """Files written so a crash never leaves half of them: temporary names carry the writer's PID, and
-leftovers of dead writers are removed by the next process that looks (run folders, model cache, banks)."""
+leftovers of dead writers are removed by the next process that looks (run folders, model cache, banks). The output
+contract every command obeys before any work (check_out_place), and paths read from the checkout (checkout_path)."""
 
 from __future__ import annotations
 
@@ -142,9 +143,10 @@ def checkout_path(path: str | Path) -> Path:
     """A path as given when it exists, else the same relative path from the checkout holding this package (a results
     folder copied elsewhere names its checkpoint relative to the checkout; a command's default files live there)."""
     path = Path(path)
-    if path.exists() or path.is_absolute():
+    try:
+        return path if path.exists() or path.is_absolute() or not (CHECKOUT / path).exists() else CHECKOUT / path
+    except (OSError, ValueError):  # a name the system cannot take: the reader of the path names it
         return path
-    return CHECKOUT / path if (CHECKOUT / path).exists() else path
 
 
 def write_text_atomic(path: Path, text: str) -> None:
