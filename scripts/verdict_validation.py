@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -47,6 +48,8 @@ from mot_viz.eval.qa_settings import truncate_context
 from mot_viz.train.window_fidelity import translation_fidelity
 from mot_viz.train.mean_vector import reference_means
 from mot_viz.eval.verdict import VerdictThresholds, layer_signals, reuse_verdict
+from mot_viz.cli import run_cli
+from mot_viz.fsutil import check_out_place
 
 GRID = {"attn_out_cos": [0.0, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95],
         "centered_cos_k": [0.0, 0.3, 0.5, 0.6, 0.7, 0.8],
@@ -65,6 +68,9 @@ def examples(dataset: str, target, n: int, max_context_tokens: int) -> list:
     if dataset.startswith("stacks:"):
         return [d.example for d in distractor_stacks(target.tokenizer, int(dataset.split(":")[1]), n, seed=0)]
     raise SystemExit(f"unknown --dataset {dataset!r}: use squad, coqa or stacks:<budget> (e.g. stacks:512)")
+
+
+WRITTEN = ("signals.csv", "report.md", "validation.json", "tuned_thresholds.json")  # what --out holds
 
 
 def signals(args) -> None:
@@ -368,9 +374,13 @@ def main() -> None:
     r.add_argument("--eval", required=True, help="evaluator output folder with examples.csv (native and mot F1)")
     r.add_argument("--held_out", nargs="*", default=[],
                    help="signals folders of other genres (run with --dataset coqa / stacks:<budget>)")
+    for command in (s, r):
+        command.add_argument("--overwrite", action="store_true", help="write into an --out folder holding other files")
     args = parser.parse_args()
+    # before any model loads: a folder holding files this script does not write, a read-only place, a file
+    check_out_place(Path(args.out), ours=lambda path: path.name in WRITTEN, overwrite=args.overwrite)
     signals(args) if args.command == "signals" else report(args)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

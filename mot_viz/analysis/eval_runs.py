@@ -29,7 +29,7 @@ from ..eval.long_settings import LongSettings
 from ..eval.qa_settings import EvalSettings
 from ..eval.report import paired_differences, summarize
 from ..eval.results_folder import HEAD_BYTES, RESULTS_TABLE, SETTINGS_FILE, binary_start, table_text
-from ..fsutil import short_path
+from ..fsutil import checkout_path, short_path
 from ..sharing.registry import REFERENCE, TRANSLATED
 
 RIGHT = 0.5  # a score at least this is "right" (F1 ≥ 0.5, or a closed question answered): the lost-answer filter
@@ -367,13 +367,13 @@ def model_pair(run: EvalRun) -> tuple[str, str] | None:
     """The (source, target) models of the run's checkpoint, as its config.json names them (the path as the run gave
     it, or from the repository); None where that checkpoint is not here."""
     checkpoint = run.settings.get("checkpoint")
-    for path in (Path(checkpoint), REPO_ROOT / checkpoint) if checkpoint else ():
-        try:
-            config = read_config(path)
-            return str(config["source"]["name"]), str(config["target"]["name"])
-        except (MotVizError, OSError, KeyError, TypeError):
-            continue
-    return None
+    if not checkpoint:
+        return None
+    try:
+        config = read_config(checkout_path(checkpoint))
+        return str(config["source"]["name"]), str(config["target"]["name"])
+    except (MotVizError, OSError, KeyError, TypeError, ValueError):
+        return None
 
 
 def check_one_pair(runs: Iterable[EvalRun]) -> None:

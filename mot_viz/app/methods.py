@@ -53,35 +53,47 @@ def direct_map_for(mot: MoT) -> str | None:
     return None
 
 
+def _loads(path: str | None, what: str, run: Run) -> tuple[str | None, str | None]:
+    """(path, None) when the checkpoint on offer at path loads for the run's pair, else (None, the note saying why it
+    is left out): a broken one leaves out that method only, never the page (the user never chose it)."""
+    if path is None:
+        return None, None
+    try:
+        get_checkpoint(path, run.source, run.target)
+    except MotVizError as exc:
+        return None, (f"the {what} {Path(path).name} does not load ({type(exc).__name__}: {str(exc)[:300]}). Fix or "
+                      "remove that folder; the other methods are shown.")
+    return path, None
+
+
 def methods_offer(run: Run) -> MethodsOffer:
-    """The optional methods for the run's pair and checkpoint."""
-    missing, options = {}, {}
+    """The optional methods for the run's pair and checkpoint, and the options they read (the maps found for it)."""
+    missing = {}
+    linear = None
     if run.mot.translator.config.variant == "linear":
         missing[LINEAR.name] = "the checkpoint itself is a linear map: its row is MoT's."
     else:
-        options[LINEAR_OPTION.name] = linear_baseline_for(run.selection.checkpoint, run.mot)
-        if options[LINEAR_OPTION.name] is None:
+        linear = linear_baseline_for(run.selection.checkpoint, run.mot)
+        if linear is None:
             missing[LINEAR.name] = ("no linear checkpoint (a `-linear` folder) for this pair and window: the sidebar's "
                                  "“Fit a linear translator” makes one.")
+        linear, broken = _loads(linear, "linear map", run)
+        if broken:
+            missing[LINEAR.name] = broken
     direct = direct_map_for(run.mot)
     if direct is None:
         missing[DIRECT.name] = ("no full-depth map without replay for this pair (e.g. pretrained/smollm2-to-gemma3-"
                              "direct; python -m mot_viz.train.quickfit --direct fits one).")
-    else:
-        try:  # a broken one leaves out that method only, never the page
-            get_checkpoint(direct, run.source, run.target)
-        except MotVizError as exc:
-            missing[DIRECT.name] = (f"the full-depth map {Path(direct).name} does not load ({type(exc).__name__}: "
-                                 f"{str(exc)[:300]}). Fix or remove that folder; the other methods are shown.")
-            direct = None
-    options[DIRECT_OPTION.name] = direct
+    direct, broken = _loads(direct, "full-depth map", run)
+    if broken:
+        missing[DIRECT.name] = broken
     try:
         check_kvcomm_pair(run.source.spec, run.target.spec)
     except MotVizError as exc:
         # the check's message less its command-line advice
         missing[KVCOMM.name] = (str(exc).split(" Use it with")[0] + " It is offered for a pair of one architecture "
                              "(e.g. smollm2-135m → smollm2-135m).")
-    return MethodsOffer(options, missing)
+    return MethodsOffer({LINEAR_OPTION.name: linear, DIRECT_OPTION.name: direct}, missing)
 
 
 def option_stamps(options: dict) -> tuple:

@@ -23,7 +23,7 @@ from ..sharing.caches import run_artifacts
 from ..sharing.registry import REGISTRY, method as way_of
 from ..eval.patching import PATCHING_FILE, layer_error_columns, method_cache, read_patching, scan_rows
 from .loaders import checkpoint_stamp, get_checkpoint, get_model, get_translation
-from .long_context import USER_MAX_TOKENS, cached_document, readers
+from .long_context import LONG_DOCUMENTS, USER_MAX_TOKENS, cached_document, readers
 from .methods import MethodsOffer, option_stamps
 from .page import widget_default
 from .settings import test_mode
@@ -42,8 +42,8 @@ def long_selection(run: Run) -> Selection:
     opened; offered here too, so this page's link carries them), or the user's own text with its question and gold
     answer. ConfigError (one line) for a text of the user's without a gold answer: a scan reads the gold answer."""
     for key, default in LONG_DEFAULTS.items():
-        widget_default(key, default, {"pg.long.source": list(LONG_SOURCES),
-                                      "pg.long.budget": list(BUDGETS)}.get(key))
+        widget_default(key, default, {"pg.long.source": list(LONG_SOURCES), "pg.long.budget": list(BUDGETS),
+                                      "pg.long.doc": range(LONG_DOCUMENTS)}.get(key))
     state, sel = st.session_state, run.selection
     if state["pg.long.source"] == "yours":
         if not state["pg.long.gold"].strip():

@@ -23,17 +23,18 @@ same settings, patching.json, are kept) and spreads over processes as the other 
 from __future__ import annotations
 
 import argparse
+import csv
 import io
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
 from tqdm import tqdm
 
-from ..cli import run_cli
+from ..cli import logger, run_cli
 from ..data.eval_data import load_dataset
 from ..engine import hf
 from ..engine.cache_errors import layer_errors, token_vectors
@@ -44,18 +45,20 @@ from ..engine.patching import (ANSWER_SENTENCE, PatchingScan, answer_sentence_bu
                                layer_groups, patching_scan)
 from ..engine.prompts import QAExample, build_prompt
 from ..errors import ConfigError
-from ..fsutil import write_text_atomic
+from ..fsutil import check_out_place, checkout_path, write_text_atomic
 from ..sharing import registry
 from ..sharing.caches import run_artifacts
 from ..sharing.method import Inputs, Request
 from ..sharing.registry import REGISTRY, TRANSLATED, names
 from .answers import encode_question
-from .patching_long import is_long_folder, long_documents, long_settings
-from .example_rows import ExampleRowsFile
+from .patching_long import WRITER, is_long_folder, long_documents, long_settings
+from .example_rows import ExampleRowsFile, example_key
 from .processes import barrier, join, merge_unit_files, unit_file_sources
 from .qa_settings import EvalSettings, load_evaluated, truncate_context
 from .sharing_settings import SharingSettings
-from .results_folder import PARTS, PATCHING_FILES, RESULTS_TABLE, SETTINGS_FILE, writer_of
+from .results_folder import PARTS, PATCHING_FILES, RESULTS_TABLE, SETTINGS_FILE, results_rows, writer_of
+
+log = logger(__name__)
 
 PATCHING_FILE, PATCHING_SETTINGS = PATCHING_FILES
 UNIT = ("dataset", "id")
@@ -181,17 +184,46 @@ class PatchingSettings(SharingSettings):
             (other.methods, other.buckets, other.weights, other.budget, other.options)
 
 
+NUMBERS = ("logprob", "share", "native", "translated", "K_rel_l2", "V_rel_l2")  # empty where a reading has none
+
+
 def read_patching(path: Path) -> pd.DataFrame:
-    """A patching.csv (whole rows only); ConfigError for another table."""
+    """A patching.csv, the rows of whole examples only; ConfigError for another table. An example with a row cut
+    short or damaged, or fewer rows than the others (a file cut by a kill, or edited), is left out and a log line says
+    so: --resume computes it again."""
     text = path.read_text(encoding="utf-8", errors="replace")
     header = tuple(text.split("\n", 1)[0].rstrip("\r").split(","))
     if header != COLUMNS:
         raise ConfigError(f"{path} has the columns {', '.join(header[:8])}, not those of a {PATCHING_FILE}. Move it "
                           "away and record it again.")
-    if not text.endswith("\n"):
-        text = text.rsplit("\n", 1)[0] + "\n"
-    return pd.read_csv(io.StringIO(text), dtype={c: str for c in TEXT_COLUMNS}, keep_default_na=False,
+    try:
+        body = list(csv.reader(io.StringIO(text, newline="")))[1:]
+    except csv.Error as exc:
+        raise ConfigError(f"{path} does not parse as CSV ({exc}), so it is not a {PATCHING_FILE}. Move it away and "
+                          "record it again.") from exc
+    key = lambda fields: example_key(fields[:len(UNIT)])  # noqa: E731
+    whole = [len(fields) == len(COLUMNS) and _numbers(dict(zip(COLUMNS, fields))) for fields in body]
+    if body and not text.endswith("\n"):  # every row ends with a newline: the last one was cut short
+        whole[-1] = False
+    counts = pd.Series([key(f) for f, ok in zip(body, whole) if ok], dtype=object).value_counts()
+    torn = {key(f) for f, ok in zip(body, whole) if not ok} | set(counts.index[counts < counts.max()])
+    if torn:
+        log.warning(f"{path} was cut short or damaged: {len(torn)} example(s) without whole rows are computed again")
+    kept = io.StringIO()
+    csv.writer(kept, lineterminator="\n").writerows([COLUMNS, *(f for f, ok in zip(body, whole)
+                                                               if ok and key(f) not in torn)])
+    kept.seek(0)
+    return pd.read_csv(kept, dtype={c: str for c in TEXT_COLUMNS}, keep_default_na=False,
                        na_values={"share": [""], "K_rel_l2": [""], "V_rel_l2": [""]}, float_precision="round_trip")
+
+
+def _numbers(row: dict) -> bool:
+    """Whether a patching.csv row's numbers parse (each empty where its reading has none, or a number)."""
+    try:
+        [float(row[c]) for c in NUMBERS if row[c] != ""]
+    except ValueError:
+        return False
+    return row["logprob"] != ""
 
 
 class PatchingFile(ExampleRowsFile):
@@ -228,10 +260,20 @@ def map_weights(methods: Sequence[str], options, checkpoint: str) -> dict[str, s
 
 
 def _check_settings(folder: Path, settings: PatchingSettings, resume: bool) -> None:
+    """Raise ConfigError, before any model loads, unless the folder's earlier patching.csv (if any) may be continued
+    with `settings`: --resume given, its patching.json readable and the same, its rows a patching.csv's (damaged
+    examples among them are computed again: read_patching)."""
     path = folder / PATCHING_SETTINGS
     if not path.is_file() or not (folder / PATCHING_FILE).is_file() and not unit_file_sources(folder, PATCHING_FILE):
         return
-    before = PatchingSettings.from_json(json.loads(path.read_text()))
+    try:
+        before = PatchingSettings.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"{path} does not read as the settings of its {PATCHING_FILE} ({type(exc).__name__}: "
+                          f"{exc}), so its rows cannot be continued. Move {PATCHING_FILE} and {PATCHING_SETTINGS} away "
+                          "and record them again.") from exc
+    for source in unit_file_sources(folder, PATCHING_FILE) if resume else ():
+        read_patching(source)  # another table is refused here, not after the models load
     if not resume:
         raise ConfigError(f"{folder} already holds a {PATCHING_FILE}: pass --resume to continue it (with the same "
                           "options), or move it away")
@@ -246,11 +288,16 @@ def record(folder: str | Path, methods: Sequence[str] = (TRANSLATED,), n: int | 
     examples it already holds. `options`: the ways of sharing's options as given (by Option.name: --direct,
     --linear, ...; registry.run_options resolves them)."""
     folder = Path(folder)
+    check_out_place(folder, "RESULTS")  # a folder it can write into, before any work
     methods = check_methods(methods)
     if n is not None and n < 1:
         raise ConfigError(f"--n must be at least 1, got {n}")
     long = is_long_folder(folder)  # a long-context run's documents at one budget, else an evaluation's examples
     settings, budget = long_settings(folder, budget) if long else (_evaluate_settings(folder), None)
+    # a folder copied out of the checkout names its checkpoint relative to it
+    settings = replace(settings, checkpoint=str(checkout_path(settings.checkpoint)))
+    rows = results_rows(folder, WRITER if long else "evaluate", ("budget", "id", "error") if long
+                        else (*UNIT, "condition"))  # another tool's examples.csv: refused before any model loads
     options = registry.run_options(options or {}, methods, patchable(), settings.checkpoint, "--methods")
     config = read_config(settings.checkpoint)
     registry.check(Request(methods, config, settings.checkpoint, 0, options))
@@ -262,7 +309,6 @@ def record(folder: str | Path, methods: Sequence[str] = (TRANSLATED,), n: int | 
         mot = load_checkpoint(settings.checkpoint, source, target)[0]
         examples = long_documents(folder, settings, budget, target)[:n]
     else:
-        rows = pd.read_csv(folder / RESULTS_TABLE, dtype={"dataset": str, "id": str}, keep_default_na=False)
         kept = rows["condition"] != "skipped"
         scored = set(zip(rows.loc[kept, "dataset"], rows.loc[kept, "id"]))
         mot = load_evaluated(settings.checkpoint, settings, source, target)

@@ -16,7 +16,7 @@ from ..cli import run_cli
 from ..engine.checkpoint import read_config, spec_from_json
 from ..engine.models import kv_cache_bytes
 from ..errors import ConfigError
-from ..fsutil import write_csv_atomic, write_text_atomic
+from ..fsutil import check_out_place, checkout_path, write_csv_atomic, write_text_atomic
 from ..sharing.method import layers_bytes
 from ..sharing.registry import names
 
@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> None:
         folder = Path(args.results)
+        check_out_place(folder, "RESULTS")  # a folder it can write into, before any work
         try:
             settings = json.loads((folder / "summary.json").read_text())["settings"]
             rows = pd.read_csv(folder / "examples.csv", dtype={"message": str}, keep_default_na=False,
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError, KeyError) as exc:
             raise ConfigError(f"{folder} is not an evaluation folder ({exc}). Pass the --out folder of "
                               "python -m mot_viz.eval.evaluate.") from exc
-        costs = sharing_costs(rows, read_config(settings["checkpoint"]))
+        costs = sharing_costs(rows, read_config(checkout_path(settings["checkpoint"])))  # a copied folder too
         write_csv_atomic(folder / "costs.csv", costs)
         table = costs_markdown(costs)
         note = ("Means per example. Handed over: relay, the message (UTF-8); mot, the translated window (its target "

@@ -20,7 +20,7 @@ import pandas as pd
 
 from ..cli import logger
 from ..errors import ConfigError
-from ..fsutil import check_out_place, temp_parts
+from ..fsutil import check_out_place, named, temp_parts
 
 log = logger(__name__)
 
@@ -93,10 +93,9 @@ def check_results_folder(out_dir: Path, settings, files: tuple[str, ...], overwr
     leftovers = [name for name in present if (temp_parts(Path(name)) or ("",))[0] in files]  # of killed writes
     foreign = [name for name in present if name not in leftovers and (not ours or name not in files)]
     if foreign:
-        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        raise ConfigError(f"--out {out_dir} holds files that are not results of this {command} run ({shown}), which "
-                          "it could overwrite. Pass a new or empty folder, or --overwrite to write into this one "
-                          "(files of the same names are replaced).")
+        raise ConfigError(f"--out {out_dir} holds files that are not results of this {command} run "
+                          f"({named(foreign)}), which it could overwrite. Pass a new or empty folder, or --overwrite "
+                          "to write into this one (files of the same names are replaced).")
 
 
 def _holds_settings_of(out_dir: Path, settings) -> bool:
@@ -172,6 +171,27 @@ def unit_key(values) -> tuple:
     """A unit's key (its values of a table's unit columns) comparable however it was read: texts as they are, numbers
     as floats (a budget 1024 read back from a CSV as 1024 or 1024.0)."""
     return tuple(v if isinstance(v, str) else float(v) for v in values)
+
+
+def results_rows(folder: Path, command: str, columns: tuple[str, ...]) -> pd.DataFrame:
+    """The examples.csv of a folder python -m mot_viz.eval.`command` wrote, as a command that reads it back (patching,
+    layer_error) reads it before any model loads: ids as text; ConfigError, naming the fix, for a file that cannot be
+    read, binary data, or a table without `columns` (another tool's examples.csv)."""
+    path = folder / RESULTS_TABLE
+    fix = f"Pass a folder python -m mot_viz.eval.{command} wrote with --out, or run it again there."
+    try:
+        with open(path, "rb") as f:
+            binary = binary_start(f.read(HEAD_BYTES))
+        rows = None if binary else pd.read_csv(path, dtype={"dataset": str, "id": str}, keep_default_na=False)
+    except (OSError, ValueError, pd.errors.ParserError) as exc:
+        raise ConfigError(f"{path} does not read as the table {command} writes ({exc}). {fix}") from exc
+    if rows is None:
+        raise ConfigError(f"{path} holds binary data, not the table {command} writes. {fix}")
+    lacking = [c for c in columns if c not in rows]
+    if lacking:
+        raise ConfigError(f"{path} has no column {', '.join(lacking)} (its columns: "
+                          f"{', '.join(map(str, rows.columns[:8]))}), so it is not the table {command} writes. {fix}")
+    return rows
 
 
 def read_rows(source, text_columns: tuple[str, ...]) -> pd.DataFrame:

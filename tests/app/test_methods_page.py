@@ -99,3 +99,18 @@ def test_a_broken_direct_map_in_pretrained_leaves_out_that_method_only(pretraine
     note = next(c for c in captions if c.startswith(f"**{method_labels()['direct']}** is not offered"))
     assert "the full-depth map smollm2-to-gemma3-direct does not load (CheckpointError: " in note
     assert note.endswith("Fix or remove that folder; the other methods are shown.")
+
+
+def test_a_broken_linear_map_in_pretrained_leaves_out_that_method_only(pretrained_copy, monkeypatch):
+    """The pair's linear checkpoint on offer, its weights damaged: the page shows every other method and says why the
+    linear map is left out, as it does for a broken direct map."""
+    folder = next(iter(pretrained_copy.values())).parent
+    (folder / "smollm2-to-gemma3-linear" / "translator.safetensors").write_bytes(b"not safetensors at all")
+    monkeypatch.setenv("MOT_VIZ_PRETRAINED", str(folder))
+    at = open_page()  # no error, no exception
+    answers = at.dataframe[0].value
+    assert answers["method"].tolist() == [METHOD_LABELS[m] for m in ("native", "no_context", "mot")]
+    captions = [shown(c.value) for c in at.caption]
+    note = next(c for c in captions if c.startswith(f"**{METHOD_LABELS['linear']}** is not offered"))
+    assert "the linear map smollm2-to-gemma3-linear does not load (CheckpointError: " in note
+    assert note.endswith("Fix or remove that folder; the other methods are shown.")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app_helpers import errors, open_app, translate_button
+from app_helpers import errors, goto, open_app, translate_button
 from mot_viz.analysis.methods import method_labels
 from mot_viz.data.long_context import BUDGETS, long_examples
 from mot_viz.engine.alignment import encode
@@ -136,3 +136,16 @@ def test_the_long_context_pages_document_is_scanned_and_its_choice_lives_in_the_
     at.run()
     assert not at.exception and not figures(at)
     assert [e.value for e in at.error if "gold answer" in e.value and "Long context page" in e.value]
+
+
+@pytest.mark.parametrize("doc", ["99999", "-5"])
+def test_a_linked_document_number_out_of_range_is_named_and_dropped(doc):
+    """long.doc past the last document, or negative (which indexing would have read from the end): the link warning
+    names it with the range, the page scans the first document, and the option leaves the URL."""
+    from test_permalinks import link_warning
+
+    at = goto(open_app(params={"patch.context": "long", "long.doc": doc}), PAGE)
+    assert not at.exception and not at.error, errors(at)
+    assert f"long.doc={int(doc)} (the option takes a whole number from 0 to 63)" in link_warning(at)
+    assert r"document: stacks \#0 at 512 target tokens" in " ".join(c.value for c in at.caption)
+    assert at.query_params.get("long.doc") is None

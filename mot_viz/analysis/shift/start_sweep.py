@@ -50,6 +50,10 @@ def valid_starts(num_target_layers: int, window: int, num_source_layers: int | N
     return starts
 
 
+TABLES = ("summary", "tokens", "trajectories", "per_example")  # a saved sweep's CSVs, beside meta.json
+SWEEP_FILES = ("meta.json", *(f"{name}.csv" for name in TABLES))  # what SweepResult.save writes
+
+
 @dataclass
 class SweepConfig:
     """One injection-start sweep (method.md §9.1 with the §9.2 trace at each start)."""
@@ -88,7 +92,7 @@ class SweepResult:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "meta.json").write_text(json.dumps(self.meta, indent=2, default=str))
-        for name in ("summary", "tokens", "trajectories", "per_example"):
+        for name in TABLES:
             getattr(self, name).to_csv(folder / f"{name}.csv", index=False, float_format="%.7g")  # float32-level digits
         return folder
 
@@ -96,7 +100,7 @@ class SweepResult:
     def load(cls, folder: str | Path) -> "SweepResult":
         folder = Path(folder)
         meta = json.loads((folder / "meta.json").read_text())
-        frames = {n: pd.read_csv(folder / f"{n}.csv") for n in ("summary", "tokens", "trajectories", "per_example")}
+        frames = {n: pd.read_csv(folder / f"{n}.csv") for n in TABLES}
         return cls(meta, **frames)
 
 
