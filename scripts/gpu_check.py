@@ -214,7 +214,7 @@ def squad_evaluation(device: str, out: Path, scale: Scale) -> list[str]:
     # architecture has it, and this pair is not one); the direct map is shipped beside the checkpoint
     options = {"direct": str(ROOT / DIRECT)}
     conditions = registry.names(lambda m: passes(m, options), registry.choices("evaluate"))
-    direct = registry.option_args(options, conditions, registry.offered("evaluate")).split()
+    direct = registry.option_args(options, conditions, registry.choices("evaluate")).split()
     n = scale.examples
     t0 = time.perf_counter()
     said = io.StringIO()

@@ -44,6 +44,7 @@ from mot_viz.engine.mot import translate
 from mot_viz.engine.prompts import build_prompt
 from mot_viz.eval.answers import answers_from_caches, first_answer_logprobs
 from mot_viz.eval.conversation import turn_example
+from mot_viz.sharing.registry import REFERENCE, TRANSLATED
 from mot_viz.eval.qa_settings import truncate_context
 from mot_viz.train.window_fidelity import translation_fidelity
 from mot_viz.train.mean_vector import reference_means
@@ -110,8 +111,10 @@ def lens_signals(target, translation, suffix_text: str, first_token: int) -> dic
     first answer token, and the relative V error the question's attention reads from the context (head mean)."""
     caches = {"native": translation.native_kv, "mot": translation.mixed_kv}
     trace = lens_trace(target, caches, encode(target.tokenizer, suffix_text), [first_token], translation.prefix_len)
-    mot = logit_lens(target, trace, 0).layers.query("condition == 'mot'").sort_values("layer")
-    read = attention_shares(trace, 0).query("condition == 'mot'").groupby("layer").read_error_v.mean()
+    lens = logit_lens(target, trace, 0).layers
+    mot = lens[lens["condition"] == TRANSLATED].sort_values("layer")
+    shares = attention_shares(trace, 0)
+    read = shares[shares["condition"] == TRANSLATED].groupby("layer").read_error_v.mean()
     return {"lens_kl_final": json.dumps(mot.kl_to_native_final.round(6).tolist()),
             "lens_kl_layer": json.dumps(mot.kl_to_native_layer.round(6).tolist()),
             "lens_rank": json.dumps(mot.token_rank.tolist()),
@@ -303,7 +306,7 @@ def report(args) -> None:
     out = Path(args.out)
     sig = pd.read_csv(out / "signals.csv", dtype={"id": str})
     ex = pd.read_csv(Path(args.eval) / "examples.csv", dtype={"id": str})
-    f1 = ex[ex.condition.isin(["native", "mot"])].pivot_table(index="id", columns="condition", values="score")
+    f1 = ex[ex.condition.isin([REFERENCE, TRANSLATED])].pivot_table(index="id", columns="condition", values="score")
     table = sig.merge(f1, left_on="id", right_index=True)
     table = table[table.native > 0].reset_index(drop=True)  # "keeps 90% of native" needs a native answer to keep
     keeps = (table.mot >= 0.9 * table.native).to_numpy()

@@ -170,7 +170,7 @@ def relay_methods(mot: MoT, source: LoadedModel, target: LoadedModel, example: Q
                   relay_tokens: int = TOKENS_OPTION.default,
                   max_new_tokens: int = MAX_NEW_TOKENS, conditions: tuple[str, ...] | None = None
                   ) -> MethodsResult:
-    """The text relays (mot_viz.eval.relay through condition_caches): the source writes its message (at most
+    """The text relays (mot_viz.sharing.relay through condition_caches): the source writes its message (at most
     `relay_tokens` tokens), the target prefills only it and answers. They hand over the message's bytes and produce
     no cache of the context, so they have no K/V error. The target reads the message in the prompt it answers
     ``native`` in for a dataset example (build_prompt, the message in the passage's place), and the question after it.

@@ -10,6 +10,7 @@ import streamlit as st
 
 from ..errors import MotVizError
 from ..eval.answers import CONDITION_LABELS
+from ..eval.policy import ALWAYS, DEFAULTS
 from ..sharing import registry
 from . import live_run
 from .frame import applied_selection
@@ -58,8 +59,7 @@ def panel() -> None:
                              help=f"1 to {live_run.MAX_EXAMPLES}: the first of the dataset's seed-0 sample, as the "
                                   "command draws them.")
     # the command's default conditions but those every run answers under (a list: kept where offered)
-    widget_default("pg.evals.live_conditions", [c for c in registry.DEFAULTS["evaluate"]
-                                                if c not in registry.ALWAYS["evaluate"]])
+    widget_default("pg.evals.live_conditions", [c for c in DEFAULTS["evaluate"] if c not in ALWAYS["evaluate"]])
     st.session_state["pg.evals.live_conditions"] = [c for c in st.session_state["pg.evals.live_conditions"]
                                                     if c in live_run.LIVE_CONDITIONS]
     conditions = cols[2].multiselect("Conditions (native always)", list(live_run.LIVE_CONDITIONS),

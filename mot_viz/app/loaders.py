@@ -189,7 +189,7 @@ def get_translation(sel: Selection, checkpoint: str | None = None) -> Translatio
 def _cached_condition_caches(key: TranslationKey) -> ConditionCaches:
     """Every answer condition's cache of the key's translation, with its build time (mot_viz.eval.answers)."""
     src, tgt, mot = _loaded(key)
-    return condition_caches(mot, src, tgt, None, _cached_translation(key), seed=CONTROL_SEED)
+    return condition_caches(mot, src, tgt, None, _cached_translation(key), seed=CONTROL_SEED, conditions=CONDITIONS)
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)

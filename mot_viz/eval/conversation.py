@@ -54,6 +54,7 @@ from ..sharing.costs import COST_COLUMNS, LOOPED_COLUMNS, MESSAGE_COLUMNS, cost_
 from ..sharing.method import Request
 from ..sharing.registry import FLOOR, REFERENCE, TRANSLATED
 from .answers import MAX_NEW_TOKENS, answers_from_caches
+from .policy import ALWAYS
 from .report import paired_differences
 from .processes import Spread, resumed_table, run_units, shown
 from .results_folder import ResultsTable
@@ -61,7 +62,7 @@ from .sharing_settings import SharingSettings
 from .qa_metrics import bootstrap_ci, condition_ratios
 
 KIND = "conversation"  # this evaluation, as the sharing registry names it
-CONDITIONS = registry.ALWAYS[KIND]  # every run's
+CONDITIONS = ALWAYS[KIND]  # every run's
 
 
 def others() -> tuple[str, ...]:
@@ -115,7 +116,7 @@ class ConversationSettings(SharingSettings):
 
     @classmethod
     def offered(cls) -> tuple[str, ...]:
-        return registry.offered(KIND)
+        return registry.choices(KIND)
 
     @classmethod
     def from_json(cls, data: dict) -> ConversationSettings:
@@ -391,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="caches beside native, mot and no_context (always answered): the controls linear (the "
                              "pair's closed-form map, --linear) and mean (the mean-vector window), and the ways of "
                              "sharing the story relay, direct (with --direct), kvcomm (a pair of one architecture)")
-    registry.add_options(parser, registry.offered(KIND))  # each way of sharing's own flags (Method.options)
+    registry.add_options(parser, registry.choices(KIND))  # each way of sharing's own flags (Method.options)
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of each interval")
     parser.add_argument("--out", required=True, help="folder of the results (created when missing)")
     parser.add_argument("--resume", action="store_true", help="keep the conversations --out already holds")
@@ -401,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     conditions = CONDITIONS + tuple(c for c in others() if c in args.conditions)
 
     def body():
-        options = registry.run_options(vars(args), conditions, registry.offered(KIND), args.checkpoint)
+        options = registry.run_options(vars(args), conditions, registry.choices(KIND), args.checkpoint)
         settings = ConversationSettings(args.checkpoint, args.n, args.turns, args.seed, args.max_new_tokens,
                                         args.max_story_tokens, args.bootstrap, conditions, options)
         return shown(run(settings, Path(args.out), args.resume, overwrite=args.overwrite), markdown)

@@ -42,6 +42,7 @@ from ..sharing.registry import SECOND, method
 from .answers import MAX_NEW_TOKENS, answers_from_caches
 from .layer_error_file import LAYER_ERROR_FILE, LayerErrorFile, check_resumed
 from .lm_check import run_lm
+from .policy import DEFAULTS, with_always
 from .processes import Spread, join, resumed_table, run_examples, shown, spread_out
 from .qa_settings import MIN_CONTEXT_TOKENS, EvalSettings, load_evaluated, truncate_context
 from .report import markdown_table, paired_differences, paired_markdown, summarize
@@ -136,7 +137,7 @@ RESUME_KEYS = ("checkpoint", "second", "datasets", "seed", "max_new_tokens", "ma
 TEXT_COLUMNS = ("dataset", "id", "condition", "answer", "gold", "error", "message")
 RESULTS = ResultsTable(ROW_COLUMNS, TEXT_COLUMNS, ("dataset", "id"), ("score", "seconds", "context_tokens"),
                        ("exact_match", "kv_cosine"), EARLIER_ROW_COLUMNS)
-# what a results folder of this command holds (costs.*: python -m mot_viz.eval.relay's reading of these results)
+# what a results folder of this command holds (costs.*: python -m mot_viz.eval.costs's reading of these results)
 RESULT_FILES = ("examples.csv", "summary.csv", "paired.csv", "summary.json", "summary.md", "lm.csv", "lm.md",
                 "costs.csv", "costs.md", LAYER_ERROR_FILE, *PATCHING_FILES)
 
@@ -291,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="also measure the target's cross-entropy on this many held-out LAMBADA sequences "
                              "(rows after the training bank of the checkpoint's stream)")
     parser.add_argument("--conditions", nargs="+", choices=registry.choices(KIND),
-                        default=list(registry.DEFAULTS[KIND]),
+                        default=list(DEFAULTS[KIND]),
                         help="which conditions to answer under (native is always added); e.g. "
                              "'--conditions native mot' to evaluate a variant on examples a full run already covered; "
                              "'mean' adds the mean-vector control (window = mean native K/V over LAMBADA prose); "
@@ -301,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="replay as each checkpoint says (checkpoint), densely everywhere (dense), with the "
                              "method's sparse top-32 attention from layer 2 up (sparse), or not at all (none: a "
                              "full-depth map's translated K/V are the cache)")
-    registry.add_options(parser, registry.offered(KIND))  # each way of sharing's own flags (Method.options)
+    registry.add_options(parser, registry.choices(KIND))  # each way of sharing's own flags (Method.options)
     parser.add_argument("--out", required=True, help="folder of the results (created when missing)")
     parser.add_argument("--layer_error", action="store_true", help="also write layer_error.csv: per example and "
                         "target layer, the K/V error of the MoT cache against the native one")
@@ -311,11 +312,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true",
                         help="write into an --out folder that holds other files, replacing those of the same names")
     args = parser.parse_args(argv)
-    conditions = registry.names(among={*registry.ALWAYS[KIND], *args.conditions})  # native always: shares divide by it
+    conditions = with_always(KIND, args.conditions)  # native always: shares divide by it
     out_dir = Path(args.out)
 
     def body() -> None:
-        options = registry.run_options(vars(args), conditions, registry.offered(KIND), args.checkpoint)
+        options = registry.run_options(vars(args), conditions, registry.choices(KIND), args.checkpoint)
         settings = EvalSettings(args.checkpoint, args.second, tuple(args.datasets), args.n, args.seed,
                                 args.max_new_tokens, args.max_context_tokens, args.bootstrap, conditions,
                                 replay=args.replay, options=options)

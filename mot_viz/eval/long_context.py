@@ -51,6 +51,7 @@ from .processes import Spread, resumed_table, run_units, shown
 from .results_folder import PATCHING_FILES, ResultsTable
 from .qa_metrics import bootstrap_ci
 from .qa_metrics import condition_ratios
+from .policy import ALWAYS, with_always
 from .report import message_shares, paired_differences, paired_markdown
 
 KIND = "long_context"  # this evaluation, as the sharing registry names it
@@ -96,7 +97,7 @@ def check_settings(settings: LongSettings) -> dict:
     if settings.source not in SOURCES and not settings.source.endswith(".jsonl"):
         raise ConfigError(f"--source {settings.source!r}: use one of {SOURCES} or a .jsonl file path.")
     registry.check_names(settings.conditions, all_conditions())
-    if not set(registry.ALWAYS[KIND]) <= set(settings.conditions):
+    if not set(ALWAYS[KIND]) <= set(settings.conditions):
         raise ConfigError(f"--conditions must include native (every ratio divides by it); got {settings.conditions}.")
     config = read_config(settings.checkpoint)
     registry.check(Request(settings.conditions, config, settings.checkpoint, max(settings.budgets), settings.options))
@@ -318,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conditions", nargs="+", choices=all_conditions(), default=list(CONDITIONS),
                         help="caches to answer from (native is always needed)")
     parser.add_argument("--max_new_tokens", type=int, default=MAX_NEW_TOKENS, help="longest generated answer")
-    registry.add_options(parser, registry.offered(KIND))  # each way of sharing's own flags (Method.options)
+    registry.add_options(parser, registry.choices(KIND))  # each way of sharing's own flags (Method.options)
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of each interval")
     parser.add_argument("--out", required=True, help="folder of the results (created when missing)")
     parser.add_argument("--resume", action="store_true", help="keep the documents --out already holds")
@@ -327,10 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true",
                         help="write into an --out folder that holds other files, replacing those of the same names")
     args = parser.parse_args(argv)
-    conditions = registry.names(among={*registry.ALWAYS[KIND], *args.conditions})
+    conditions = with_always(KIND, args.conditions)
 
     def body():
-        options = registry.run_options(vars(args), conditions, registry.offered(KIND), args.checkpoint)
+        options = registry.run_options(vars(args), conditions, registry.choices(KIND), args.checkpoint)
         settings = LongSettings(args.checkpoint, args.source, tuple(args.budgets), args.n, args.seed,
                                 args.max_new_tokens, args.bootstrap, conditions, options)
         return shown(run(settings, Path(args.out), args.resume, overwrite=args.overwrite,

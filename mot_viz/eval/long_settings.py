@@ -12,8 +12,8 @@ from pathlib import Path
 from ..data.long_context import MIN_BUDGET
 from ..errors import ContextError, MotVizError
 from ..sharing import registry
-from ..sharing.registry import DEFAULTS
 from .answers import MAX_NEW_TOKENS
+from .policy import DEFAULTS
 from .sharing_settings import SharingSettings
 
 CONDITIONS = DEFAULTS["long_context"]  # the default conditions
@@ -37,7 +37,7 @@ class LongSettings(SharingSettings):
 
     @classmethod
     def offered(cls) -> tuple[str, ...]:
-        return registry.offered("long_context")
+        return registry.choices("long_context")
 
     @classmethod
     def from_json(cls, data: dict) -> LongSettings:

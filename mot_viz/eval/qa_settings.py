@@ -16,7 +16,7 @@ from ..engine.mot import MoT
 from ..engine.prompts import QAExample, build_prompt
 from ..engine.replay_config import replay_mode
 from ..sharing import registry
-from ..sharing.registry import DEFAULTS
+from .policy import DEFAULTS
 from .sharing_settings import SharingSettings
 
 CONDITIONS = DEFAULTS["evaluate"]
@@ -54,7 +54,7 @@ class EvalSettings(SharingSettings):
 
     @classmethod
     def offered(cls) -> tuple[str, ...]:
-        return registry.offered("evaluate")
+        return registry.choices("evaluate")
 
     @classmethod
     def from_json(cls, data: dict) -> EvalSettings:

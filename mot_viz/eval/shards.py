@@ -61,6 +61,7 @@ from ..sharing.costs import COST_COLUMNS, LOOPED_COLUMNS, MESSAGE_COLUMNS, cost_
 from ..sharing.method import Request
 from ..sharing.registry import FLOOR, REFERENCE
 from .answers import MAX_NEW_TOKENS, answers_from_caches
+from .policy import on_request
 from .processes import Spread, resumed_table, run_units, shown
 from .results_folder import ResultsTable
 from .sharing_settings import SharingSettings
@@ -121,13 +122,13 @@ class ShardSettings(SharingSettings):
     seed: int = 0
     max_new_tokens: int = MAX_NEW_TOKENS
     bootstrap: int = 1000
-    sharing: tuple[str, ...] = ()  # other ways of sharing the document and controls, from registry.choices(KIND)
+    sharing: tuple[str, ...] = ()  # other ways of sharing the document and controls (policy.on_request(KIND))
     options: dict = field(default_factory=dict)  # the ways of sharing's options, by name (registry.run_options)
     recorded: dict = field(default_factory=dict)  # what their artifacts recorded (set by run())
 
     @classmethod
     def offered(cls) -> tuple[str, ...]:
-        return registry.offered(KIND)
+        return registry.choices(KIND)
 
     @classmethod
     def from_json(cls, data: dict) -> ShardSettings:
@@ -164,7 +165,7 @@ def check_settings(settings: ShardSettings) -> dict:
                           "a checkpoint whose target is a RoPE model (Llama, Qwen2, Gemma 3).")
     check_budget(settings.budget, {role: (config[role]["name"], config[role].get("max_positions"))
                                    for role in ("source", "target")}, settings.max_new_tokens, ConfigError)
-    registry.check_names(settings.sharing, registry.choices(KIND))
+    registry.check_names(settings.sharing, on_request(KIND))
     registry.check(Request(settings.sharing, config, settings.checkpoint, settings.budget, settings.options))
     return config
 
@@ -312,11 +313,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the document sample")
     parser.add_argument("--max_new_tokens", type=int, default=MAX_NEW_TOKENS, help="longest generated answer")
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of each interval")
-    parser.add_argument("--conditions", nargs="+", choices=registry.choices(KIND), default=[],
+    parser.add_argument("--conditions", nargs="+", choices=on_request(KIND), default=[],
                         help="other ways of sharing the document, each with one reader and with every shard count: "
                              "relay / relay_q (each agent writes a message; the hub reads them), direct (--direct); "
                              "the controls linear (--linear) and mean (the mean-vector window, one reader)")
-    registry.add_options(parser, registry.offered(KIND))  # each way of sharing's own flags (Method.options)
+    registry.add_options(parser, registry.choices(KIND))  # each way of sharing's own flags (Method.options)
     parser.add_argument("--out", required=True, help="folder of the results (created when missing)")
     parser.add_argument("--resume", action="store_true", help="keep the documents --out already holds")
     parser.add_argument("--overwrite", action="store_true",
@@ -325,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     sharing = registry.names(among=args.conditions)
 
     def body():
-        options = registry.run_options(vars(args), sharing, registry.offered(KIND), args.checkpoint)
+        options = registry.run_options(vars(args), sharing, registry.choices(KIND), args.checkpoint)
         settings = ShardSettings(args.checkpoint, args.budget, tuple(args.shards), args.n, args.seed,
                                  args.max_new_tokens, args.bootstrap, sharing, options)
         return shown(run(settings, Path(args.out), args.resume, overwrite=args.overwrite), markdown)

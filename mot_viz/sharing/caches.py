@@ -11,7 +11,7 @@ from ..engine.models import LoadedModel
 from ..engine.mot import MoT, Translation, translate
 from ..engine.prompts import Prompt, QAExample, build_prompt
 from .method import Built, Inputs, Loading
-from .registry import DEFAULTS, load_artifacts, method, methods
+from .registry import load_artifacts, method, methods
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class ConditionCaches:
 
 def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample | None,
                      translation: Translation | None = None, seed: int = 0,
-                     conditions: tuple[str, ...] = DEFAULTS["evaluate"], options: Mapping | None = None,
+                     conditions: tuple[str, ...] = (), options: Mapping | None = None,
                      artifacts: Mapping | None = None) -> ConditionCaches:
     """The translation of the example's context (or the one given) and the cache of each requested condition, in the
     registry's order.

@@ -28,26 +28,12 @@ from .relay import RELAY, RELAY_Q
 REGISTRY: dict[str, Method] = {m.name: m for m in (NATIVE, NO_CONTEXT, MOT, RANDOM, LINEAR, MEAN, RELAY, RELAY_Q,
                                                    DIRECT, KVCOMM)}
 KINDS = ("evaluate", "long_context", "conversation", "shards")  # the evaluations that answer under these methods
-# what each evaluation answers under when --conditions is not given (conversation: always, the tables compare with them)
-DEFAULTS = {"evaluate": ("native", "no_context", "mot", "random"), "long_context": ("native", "no_context", "mot",
-            "linear", "mean"), "conversation": ("native", "mot", "no_context"), "shards": ()}
-# what each evaluation answers under in every run, whatever --conditions asks (native: every ratio divides by it; a
-# conversation's and the shards' tables compare with all three)
-ALWAYS = {"evaluate": ("native",), "long_context": ("native",), "conversation": ("native", "mot", "no_context"),
-          "shards": ("native", "mot", "no_context")}
 # the settings of an evaluation that are the MoT under another name: a shard count's, the whole document's, a second
 # checkpoint of the pair (python -m mot_viz.eval.evaluate --second)
 MOT_ALIASES = {"whole": "mot", "shards": "mot", "evidence": "mot", "second": "mot"}
 # REFERENCE, FLOOR, TRANSLATED (names.py): the bounds every ratio is measured between, and the way of sharing every
 # paired test compares with, the conditions the evaluations' tables name; SECOND: evaluate --second's checkpoint
-# python -m mot_viz.eval.evaluate's paired tests (paired.csv, in this order: the shipped folders' and the results
-# pages' tables list them so): the MoT against each control and the reference, the second checkpoint against the
-# MoT and the controls with no context in them, each other way of sharing against the MoT and the floor
-EVALUATE_PAIRS = ((MOT.name, RANDOM.name), (MOT.name, NO_CONTEXT.name), (MOT.name, MEAN.name), (MOT.name, NATIVE.name),
-                  (MOT.name, SECOND), (SECOND, MEAN.name), (SECOND, NO_CONTEXT.name),
-                  *((MOT.name, m.name) for m in (RELAY, RELAY_Q)),
-                  *((m.name, NO_CONTEXT.name) for m in (RELAY, RELAY_Q)),
-                  *(p for m in (KVCOMM, DIRECT) for p in ((MOT.name, m.name), (m.name, NO_CONTEXT.name))))
+# (which each evaluation answers under, and which pairs it compares: mot_viz.eval.policy)
 
 
 def method(name: str) -> Method:
@@ -68,12 +54,10 @@ def methods(names) -> list[Method]:
 
 
 def choices(kind: str) -> tuple[str, ...]:
-    """The methods an evaluation (one of KINDS) can answer under, in the registry's order: its --conditions choices
-    (the shards' are those on request beside its own settings: ALWAYS["shards"] are every run's)."""
+    """The methods an evaluation (one of KINDS) can answer under (Method.evaluations), in the registry's order."""
     if kind not in KINDS:
         raise ConfigError(f"unknown evaluation {kind!r}: choose from {' '.join(KINDS)}.")
-    return tuple(name for name, m in REGISTRY.items()
-                 if kind in m.evaluations and not (kind == "shards" and name in ALWAYS[kind]))
+    return tuple(name for name, m in REGISTRY.items() if kind in m.evaluations)
 
 
 def names(where=lambda m: True, among=None) -> tuple[str, ...]:
@@ -124,11 +108,6 @@ def unregister(name: str) -> None:
     REGISTRY.pop(name, None)
 
 
-def offered(kind: str) -> tuple[str, ...]:
-    """Every method an evaluation (one of KINDS) may answer under, those of its every run included."""
-    return names(among={*choices(kind), *ALWAYS[kind]})
-
-
 def options(among=None) -> dict[str, Option]:
     """The options of the methods `among` (names; None: every method), by name, in the registry's order (an option
     two methods share counted once)."""
@@ -137,7 +116,7 @@ def options(among=None) -> dict[str, Option]:
 
 
 def add_options(parser: argparse.ArgumentParser, among) -> None:
-    """Every option of the methods `among` (an evaluation's: offered(kind)) as flags of its parser (not given: None,
+    """Every option of the methods `among` (an evaluation's: choices(kind)) as flags of its parser (not given: None,
     so that a flag given for a method not asked for is told apart from its default; run_options resolves them)."""
     for o in options(among).values():
         owners = " ".join(m.name for m in REGISTRY.values() if o in m.options)
@@ -149,7 +128,7 @@ def run_options(given: Mapping, asked, among, checkpoint: str = "", flag: str = 
     """A run's options, by name, from what its command line (or page) gave (`given`: name -> value, None where not
     given): a value given for an option no asked method reads is refused (ConfigError naming `flag`); one not given is
     found beside `checkpoint` (Option.beside) when an asked method reads it, else its default. `among`: the methods
-    the run may answer under (offered(kind)), whose options the result holds."""
+    the run may answer under (choices(kind)), whose options the result holds."""
     out = {}
     for name, o in options(among).items():
         readers = [m.name for m in REGISTRY.values() if o in m.options and m.name in asked]

@@ -109,8 +109,8 @@ def test_a_broken_linear_map_in_pretrained_leaves_out_that_method_only(pretraine
     monkeypatch.setenv("MOT_VIZ_PRETRAINED", str(folder))
     at = open_page()  # no error, no exception
     answers = at.dataframe[0].value
-    assert answers["method"].tolist() == [METHOD_LABELS[m] for m in ("native", "no_context", "mot")]
+    assert answers["method"].tolist() == [method_labels()[m] for m in ("native", "no_context", "mot")]
     captions = [shown(c.value) for c in at.caption]
-    note = next(c for c in captions if c.startswith(f"**{METHOD_LABELS['linear']}** is not offered"))
+    note = next(c for c in captions if c.startswith(f"**{method_labels()['linear']}** is not offered"))
     assert "the linear map smollm2-to-gemma3-linear does not load (CheckpointError: " in note
     assert note.endswith("Fix or remove that folder; the other methods are shown.")

@@ -43,7 +43,7 @@ COMMANDS = (
     Command("mot_viz.eval.fidelity", "folder", ("--checkpoint", "{ck}", "--out", "{out}")),
     Command("mot_viz.eval.layer_error", "into", ("{out}",)),
     Command("mot_viz.eval.patching", "into", ("{out}",)),
-    Command("mot_viz.eval.relay", "into", ("{out}",)),
+    Command("mot_viz.eval.costs", "into", ("{out}",)),
     Command("mot_viz.train.export", "folder", ("{ck}", "{out}")),
     Command("mot_viz.train.quickfit", "folder", ("--source", "smollm2-135m", "--target", "gemma3-270m", "--out",
                                                  "{out}")),

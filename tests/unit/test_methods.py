@@ -31,6 +31,7 @@ from mot_viz.sharing.method import translated_seconds
 from mot_viz.sharing.relay import relay
 from mot_viz.train.quickfit import QuickFitConfig, fit_pair
 from tolerance import assert_close
+from mot_viz.eval.answers import CONDITIONS
 
 EXAMPLE = QAExample("1", "squad/validation", "The Eiffel Tower is a wrought-iron lattice tower in Paris, France. It "
                     "was designed by the company of Gustave Eiffel.", "Who designed the tower?", ("Gustave Eiffel",))
@@ -53,7 +54,7 @@ def test_each_cache_method_answers_as_the_evaluator_and_hands_over_its_own_size(
     assert list(result.answers["method"]) == ["native", "no_context", "mot", "linear"]
 
     # the answers: the evaluator's caches, answered by its batch
-    built = condition_caches(mot, source, target, EXAMPLE, translation)
+    built = condition_caches(mot, source, target, EXAMPLE, translation, conditions=CONDITIONS)
     caches = {c: built.kv[c] for c in ("native", "no_context", "mot")}
     caches["linear"] = linear_cache(mot, linear, source, target, translation)
     expected = answers_from_caches(target, caches, EXAMPLE)

@@ -17,6 +17,7 @@ from mot_viz.eval import shards as shard_eval
 from mot_viz.eval.conversation import ConversationSettings
 from mot_viz.eval.long_settings import LongSettings
 from mot_viz.eval.qa_settings import EvalSettings
+from mot_viz.eval.policy import ALWAYS
 from mot_viz.eval.shards import ShardSettings
 from mot_viz.sharing import registry
 from mot_viz.sharing.method import Method, Request, layers_bytes
@@ -33,8 +34,8 @@ def asked(m: Method, kind: str) -> tuple[str, ...]:
     """The conditions of a run that asks for `m`, in the registry's order: the evaluation's own and `m` (the shards'
     settings: those on request only, ALWAYS["shards"] being every run's)."""
     if kind == "shards":
-        return registry.names(among={m.name} - set(registry.ALWAYS[kind]))
-    return registry.names(among={*registry.ALWAYS[kind], m.name})
+        return registry.names(among={m.name} - set(ALWAYS[kind]))
+    return registry.names(among={*ALWAYS[kind], m.name})
 
 
 def options_for(m: Method, paths) -> dict:
@@ -84,7 +85,7 @@ def refused(kind: str, settings) -> None:
 def offered(m: Method, kind: str) -> bool:
     """Whether `kind` answers under `m`: it is among its choices or every run's, and, in a conversation, it does not
     write for one question."""
-    return (m.name in registry.choices(kind) or m.name in registry.ALWAYS[kind]) and \
+    return (m.name in registry.choices(kind) or m.name in ALWAYS[kind]) and \
         not (kind == "conversation" and m.for_question)
 
 

@@ -19,6 +19,7 @@ from ...engine.models import LoadedModel
 from ...engine.mot import MoT, Translation, native_cache, replay, translate
 from ...errors import ConfigError
 from ...eval.answers import answer_from_cache
+from ...sharing.names import REFERENCE
 from .cases import WINDOW_CONDITIONS, ContextCase, window_caches
 from .metrics import TRACE_CONDITIONS, WindowShift, structural_advantage
 from .trace import trace_cache
@@ -229,11 +230,11 @@ def _collect(target: LoadedModel, cases: Sequence[ContextCase], cfg: SweepConfig
             example_rows.append({"start": start, "example": ei, **{f"{metric}_{c}": v for c, v in r.scores.items()},
                                  **{f"answer_logprob_{c}": v for c, v in r.answer_logprob.items()},
                                  **{f"kl_{k}": v for k, v in r.kl.items()}})
-        for cond in ("native", *WINDOW_CONDITIONS):
+        for cond in (REFERENCE, *WINDOW_CONDITIONS):
             vals = [r.answer_logprob[cond] for r in runs if cond in r.answer_logprob]
             if vals:
                 row[f"answer_logprob_{cond}"] = float(np.mean(vals))
-                if cond != "native":
+                if cond != REFERENCE:
                     row[f"delta_answer_logprob_{cond}"] = row[f"answer_logprob_{cond}"] - row["answer_logprob_native"]
         for cond in ("native", "full_mix", "dir_only", "mag_only"):
             vals = [r.scores[cond] for r in runs if cond in r.scores]
