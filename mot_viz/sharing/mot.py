@@ -6,7 +6,7 @@ from .method import Built, Inputs, Method, target_stages_seconds, translated_sec
 from .names import TRANSLATED
 
 
-class MixtureOfTranslators(Method):
+class TranslatedWindow(Method):
     def build(self, inputs: Inputs) -> Built:
         """The translation's mixed cache (translate replays it); its source prefill is done ahead."""
         t = inputs.translation
@@ -16,5 +16,5 @@ class MixtureOfTranslators(Method):
         return target_stages_seconds(timings)
 
 
-MOT = MixtureOfTranslators(TRANSLATED, "MoT-translated cache", patchable=True,
+MOT = TranslatedWindow(TRANSLATED, "MoT-translated cache", patchable=True,
                            short="MoT (translated window, replayed)")
