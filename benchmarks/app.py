@@ -44,7 +44,8 @@ from mot_viz.engine.models import DEFAULT_SOURCE, DEFAULT_TARGET, load_model
 from mot_viz.engine.mot import translate, translate_window
 from mot_viz.engine.prompts import build_prompt
 from mot_viz.engine.translator import gate_balance
-from mot_viz.eval.answers import MAX_NEW_TOKENS, answer_from_cache, answers_from_caches, first_answer_logprobs
+from mot_viz.eval.answers import (CONDITIONS, MAX_NEW_TOKENS, answer_from_cache, answers_from_caches,
+                                  first_answer_logprobs)
 from mot_viz.sharing.caches import condition_caches
 from mot_viz.train.window_fidelity import translation_fidelity
 from mot_viz.train.mean_vector import reference_means
@@ -139,7 +140,7 @@ def _timed_round(t: Timer, extra: Timer | None, mot, source, target, example, te
         s_tokens = token_labels(source.tokenizer, translation.source.source_ids[0].tolist())
 
     with t.step("Answers", "random-window control cache (one more replay)"):
-        caches = condition_caches(mot, source, target, example, translation).kv
+        caches = condition_caches(mot, source, target, example, translation, conditions=CONDITIONS).kv
     with t.step("Answers", f"answers: {len(caches)} conditions decoded as one batch, the no-context cache left-padded"):
         prompted = {}  # as the app: the batch's prompt step, kept for the Per-layer KL and the Shift trace
         answers = answers_from_caches(target, caches, example, max_new_tokens, prompted=prompted)

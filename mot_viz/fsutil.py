@@ -1,8 +1,10 @@
 """Files written so a crash never leaves half of them: temporary names carry the writer's PID, and
-leftovers of dead writers are removed by the next process that looks (run folders, model cache, banks)."""
+leftovers of dead writers are removed by the next process that looks (run folders, model cache, banks). The output
+contract every command obeys before any work (check_out_place), and paths read from the checkout (checkout_path)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -11,6 +13,7 @@ from pathlib import Path
 
 from .errors import ConfigError
 
+CHECKOUT = Path(__file__).resolve().parents[1]  # the checkout (or install) holding mot_viz/
 # "<name>.tmp-<pid>", "<name>.old-<pid>", "<name>.work-<pid>": what an atomic write leaves while it runs
 _TEMP_NAME = re.compile(r"^(?P<base>.+)\.(?P<kind>tmp|old|work)-(?P<pid>\d+)$")
 
@@ -67,10 +70,19 @@ def short_path(path: str | Path, most: int = 120) -> str:
     return text if len(text) <= most else f"{text[:most // 2]}…{text[-(most // 3):]} ({len(text):,} characters)"
 
 
-def check_out_place(path: Path, flag: str = "--out", folder: bool = True) -> None:
-    """Raise ConfigError unless this process can write `path` (`flag` names it in the message): a folder, or with
-    folder=False a file (written whole, replacing one there). Checked before any work, so a long job never fails at
-    its end; nothing is created here (a refused run leaves nothing behind)."""
+def named(names: list[str], most: int = 3) -> str:
+    """Names as one message lists them: the first `most`, then how many more."""
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def check_out_place(path: Path, flag: str = "--out", folder: bool = True, ours=None, overwrite: bool = False) -> None:
+    """Raise ConfigError unless this command may write `path` (`flag` names it in the message): a folder, or with
+    folder=False a file. Checked before any model loads or any work starts, so a long job never fails at its end;
+    nothing is created here (a refused command leaves nothing behind). Every command that writes calls it.
+
+    ours(p): whether the existing path p (an entry of the folder, or the file itself) is one this command writes and
+    may replace. Anything else there (a user's file) is refused, listed, unless `overwrite` (the command's
+    --overwrite). ours=None: the caller checks what the place holds itself (the results folders)."""
     path = Path(path)
     try:
         existing = next(p for p in (path, *path.absolute().parents) if p.exists())
@@ -90,6 +102,51 @@ def check_out_place(path: Path, flag: str = "--out", folder: bool = True) -> Non
     except OSError as exc:
         raise ConfigError(f"Cannot write into {flag} {path} ({exc.strerror}). Pass a "
                           f"{'folder' if folder else 'path'} you can write to.") from exc
+    if ours is None or overwrite or existing != path:
+        return
+    if not folder:
+        if not ours(path):
+            raise ConfigError(f"{flag} {path} is a file this command did not write, which it would replace. Pass "
+                              "another path, or --overwrite to replace it.")
+        return
+    foreign = sorted(p.name for p in path.iterdir() if not ours(p))
+    if foreign:
+        raise ConfigError(f"{flag} {path} holds files this command did not write ({named(foreign)}), which it would "
+                          "replace. Pass a new or empty folder, or --overwrite to replace them.")
+
+
+def text_file(path: Path) -> bool:
+    """Whether the file at path reads as UTF-8 text (a report a command keeps the other parts of)."""
+    try:
+        path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def removed_on_failure(*paths: Path):
+    """Remove these temporary paths (files or folders) when the block fails in any way, Ctrl-C included: no
+    temporary file outlives a failed command."""
+    try:
+        yield
+    except BaseException:
+        for p in paths:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+        raise
+
+
+def checkout_path(path: str | Path) -> Path:
+    """A path as given when it exists, else the same relative path from the checkout holding this package (a results
+    folder copied elsewhere names its checkpoint relative to the checkout; a command's default files live there)."""
+    path = Path(path)
+    try:
+        return path if path.exists() or path.is_absolute() or not (CHECKOUT / path).exists() else CHECKOUT / path
+    except (OSError, ValueError):  # a name the system cannot take: the reader of the path names it
+        return path
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from mot_viz.cli import run_cli  # noqa: E402
 from mot_viz.errors import ConfigError  # noqa: E402
+from mot_viz.fsutil import check_out_place, removed_on_failure  # noqa: E402
 
 # what the synthetic check imports beyond PyTorch; their requirement closure is bundled
 NEEDS = ("transformers", "tokenizers", "safetensors", "numpy", "pandas", "tqdm", "filelock")
@@ -193,30 +194,44 @@ def build(out: Path, python: tuple[int, int], folders: list[Path], work: Path) -
               "scripts/gpu_check_synthetic.py.\n")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
-    with tarfile.open(tmp, "w:gz") as archive:
-        for rel in code_files():
-            archive.add(ROOT / rel, f"{FOLDER}/{rel}", recursive=False)
-        for wheel in wheels:
-            archive.add(wheel, f"{FOLDER}/wheels/{wheel.name}")
-        data = readme.encode()
-        info = tarfile.TarInfo(f"{FOLDER}/BUNDLE.md")
-        info.size = len(data)
-        archive.addfile(info, io.BytesIO(data))
-    size = tmp.stat().st_size / 2**20
-    if size > LIMIT_MB:
-        tmp.unlink()
-        raise ConfigError(f"the bundle is {size:.1f} MB, over its {LIMIT_MB} MB limit: {len(wheels)} wheels; drop a "
-                          "dependency of the synthetic check.")
-    os.replace(tmp, out)
+    with removed_on_failure(tmp):  # a full disk, Ctrl-C: no half archive is left behind
+        with tarfile.open(tmp, "w:gz") as archive:
+            for rel in code_files():
+                archive.add(ROOT / rel, f"{FOLDER}/{rel}", recursive=False)
+            for wheel in wheels:
+                archive.add(wheel, f"{FOLDER}/wheels/{wheel.name}")
+            data = readme.encode()
+            info = tarfile.TarInfo(f"{FOLDER}/BUNDLE.md")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+        size = tmp.stat().st_size / 2**20
+        if size > LIMIT_MB:
+            raise ConfigError(f"the bundle is {size:.1f} MB, over its {LIMIT_MB} MB limit: {len(wheels)} wheels; drop "
+                              "a dependency of the synthetic check.")
+        os.replace(tmp, out)
     return out, wheels
+
+
+def is_bundle(path: Path) -> bool:
+    """Whether the file at path is an archive this command wrote (a gzipped tar whose first member lies in FOLDER),
+    which a later run may replace; told from its first member, without reading it whole."""
+    try:
+        with tarfile.open(path, "r:gz") as archive:
+            first = archive.next()
+    except (OSError, tarfile.TarError, EOFError):
+        return False
+    return first is not None and first.name.split("/", 1)[0] == FOLDER
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", default="3.12", help="the Python version of the machine that runs it (3.12)")
     parser.add_argument("--wheels", nargs="*", default=[], help="folders of wheels to take them from first")
-    parser.add_argument("--out", default=str(ROOT / "dist" / "mot-viz-synthetic.tar.gz"), help="the archive written")
+    parser.add_argument("--out", default=str(ROOT / "dist" / "mot-viz-synthetic.tar.gz"),
+                        help="the archive written (an earlier bundle there is replaced)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an --out file that is not a bundle")
     args = parser.parse_args(argv)
+    check_out_place(Path(args.out), folder=False, ours=is_bundle, overwrite=args.overwrite)  # before gathering wheels
     match = re.fullmatch(r"3\.(\d+)", args.python)
     if match is None:
         raise ConfigError(f"--python {args.python}: give a CPython version such as 3.12.")

@@ -27,6 +27,8 @@ from mot_viz.analysis.multi_agent_figures import conversation_figure
 from mot_viz.analysis.long_context import retention_curve_figure
 from mot_viz.analysis.method_figures import quality_time_figure, shipped_points, side_by_side
 from mot_viz.analysis.shift import SweepResult
+from mot_viz.cli import run_cli
+from mot_viz.fsutil import check_out_place
 from mot_viz.analysis.shift.figures import (correction_vs_start_figure, metric_kl_figure, rho_trajectory_figure,
                                             shift_vs_start_figure)
 
@@ -86,7 +88,10 @@ def main() -> int:
         command.add_argument("results", type=Path, help="the results folder")
         command.add_argument("--out", type=Path, default=None, help="folder the figures are written to "
                                                                     "(default: docs/figures/<kind>)")
+        command.add_argument("--overwrite", action="store_true", help="write into an --out folder holding other files")
     args = parser.parse_args()
+    out = args.out or REPO / "docs" / "figures" / args.kind
+    check_out_place(out, ours=lambda path: path.suffix == ".png", overwrite=args.overwrite)  # before any work
     if not Path(CHROMIUM).is_file():
         print("error: Chromium is not installed (apt-get install -y chromium, or bash scripts/setup.sh --test)",
               file=sys.stderr)
@@ -103,10 +108,10 @@ def main() -> int:
         figures = {"quality_time": quality_time_figure(points[points["metric"] == "F1"])}
     else:
         figures = {"turns": conversation_figure(pd.read_csv(args.results / "summary.csv"))}
-    for path in render(figures, args.out or REPO / "docs" / "figures" / args.kind, args.results.name):
+    for path in render(figures, out, args.results.name):
         print(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -68,15 +68,17 @@ from gpu_check_synthetic import RTOL, scale_error, stopped_and_resumed, write_pa
 from mot_viz.analysis.logit_lens import logit_lens, translation_lens_trace  # noqa: E402
 from mot_viz.cli import run_cli  # noqa: E402
 from mot_viz.data.eval_data import load_dataset  # noqa: E402
-from mot_viz.engine.checkpoint import load_checkpoint  # noqa: E402
+from mot_viz.engine.checkpoint import load_checkpoint, read_config  # noqa: E402
 from mot_viz.engine.models import DEFAULT_SOURCE, DEFAULT_TARGET, DEVICE_VARIABLE, load_model, model_device  # noqa: E402
 from mot_viz.engine.mot import empty_context_cache, translate  # noqa: E402
 from mot_viz.engine.prompts import build_prompt  # noqa: E402
 from mot_viz.eval import evaluate  # noqa: E402
 from mot_viz.eval.answers import MAX_NEW_TOKENS, answers_from_caches, first_answer_logprobs  # noqa: E402
 from mot_viz.eval.qa_settings import truncate_context  # noqa: E402
-from mot_viz.fsutil import check_out_place  # noqa: E402
+from mot_viz.errors import MotVizError  # noqa: E402
+from mot_viz.fsutil import check_out_place, text_file  # noqa: E402
 from mot_viz.sharing import registry  # noqa: E402
+from mot_viz.sharing.method import Request  # noqa: E402
 from mot_viz.train.config import parse_args  # noqa: E402
 
 CHECKPOINT = "pretrained/smollm2-to-gemma3"
@@ -197,12 +199,22 @@ def train_and_resume(device: str, out: Path, scale: Scale) -> tuple[list[str], b
             f"| seconds, uninterrupted run (bank stage included) | {seconds:.1f} |", *rows], ok
 
 
+def passes(way, options: dict) -> bool:
+    """Whether a way of sharing's own checks (Method.check) accept this pair's checkpoint and `options`."""
+    try:
+        way.check(Request((way.name,), read_config(ROOT / CHECKPOINT), str(ROOT / CHECKPOINT), 448, options))
+    except MotVizError:
+        return False
+    return True
+
+
 def squad_evaluation(device: str, out: Path, scale: Scale) -> list[str]:
     """Section 4: the evaluator's own command on the device, every condition."""
-    # kvcomm shares K/V as they are: only a pair of one architecture has it, and this pair is not one
-    conditions = registry.names(lambda m: not m.needs.kvcomm, registry.choices("evaluate"))
-    # the "direct" condition answers from the pair's full-depth map without replay, shipped beside the checkpoint
-    direct = ["--direct", str(ROOT / DIRECT)] if registry.names(lambda m: m.needs.direct, conditions) else []
+    # every condition this pair and its shipped maps allow (kvcomm shares K/V as they are: only a pair of one
+    # architecture has it, and this pair is not one); the direct map is shipped beside the checkpoint
+    options = {"direct": str(ROOT / DIRECT)}
+    conditions = registry.names(lambda m: passes(m, options), registry.choices("evaluate"))
+    direct = registry.option_args(options, conditions, registry.choices("evaluate")).split()
     n = scale.examples
     t0 = time.perf_counter()
     said = io.StringIO()
@@ -238,12 +250,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="the test suite's small mode: 2 contexts of 64 tokens, 2 training steps on a small "
                              "bank, 1 example, the engine at 64 tokens")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "gpu.md"), help="the markdown table written")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "gpu.md"),
+                        help="the markdown file whose part is written (every byte outside it is kept)")
     parser.add_argument("--synthetic", action="store_true",
                         help="the part that needs no model file, checkpoint or dataset: synthetic models of real "
                              "architectures (scripts/gpu_check_synthetic.py; handled before this parser)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an --out file that is not UTF-8 text")
     args = parser.parse_args(argv)
-    check_out_place(Path(args.out), folder=False)  # a folder, a read-only place: refused before minutes of work
+    # a folder, a read-only place, a file that is no text report: refused before minutes of work
+    check_out_place(Path(args.out), folder=False, ours=text_file, overwrite=args.overwrite)
     device = str(model_device(args.device))  # an unavailable device is refused before anything runs
     torch.manual_seed(0)
     t0 = time.perf_counter()
@@ -284,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         f"## {SECTIONS[3]}", "", *evaluation, "",
         f"## {SECTIONS[4]}", "", *engine, "",
     ]
-    write_part(Path(args.out), lines[0], lines[1:])  # the synthetic part of the file, if any, is kept
+    replace = args.overwrite and not text_file(Path(args.out))
+    write_part(Path(args.out), lines[0], lines[1:], replace)  # every byte outside its own part is kept
     print(f"{'all checks pass' if same_ok and train_ok else 'a check FAILED'}: {args.out}", file=sys.stderr)
     return 0 if same_ok and train_ok else 1
 

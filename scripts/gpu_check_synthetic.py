@@ -58,7 +58,7 @@ from mot_viz.engine.synthetic import (NO_QUALITY, SYNTHETIC_ALIGNMENT, shared_vo
                                       synthetic_text)
 from mot_viz.engine.testing import synthetic_mot  # noqa: E402
 from mot_viz.eval.answers import first_answer_logprobs  # noqa: E402
-from mot_viz.fsutil import check_out_place, write_text_atomic  # noqa: E402
+from mot_viz.fsutil import check_out_place, text_file, write_text_atomic  # noqa: E402
 from mot_viz.train.config import parse_args  # noqa: E402
 from mot_viz.train.train import train  # noqa: E402
 
@@ -220,20 +220,22 @@ def machine(device: str) -> str:
             f"transformers {transformers.__version__}")
 
 
-def write_part(path: Path, title: str, lines: list[str]) -> None:
-    """Put a part (a top-level `# ` heading and what follows) into the markdown file at `path`, replacing the part of
-    the same title and keeping the others (the synthetic and the real-weights check each own one part of gpu.md)."""
-    parts, current = {}, None
-    for line in (path.read_text().splitlines() if path.is_file() else []):
-        if line.startswith("# "):
-            current = line
-            parts[current] = []
-        elif current is not None:
-            parts[current].append(line)
-    parts[title] = lines
-    text = "\n\n".join("\n".join([heading, *body]).strip() for heading, body in parts.items())
+def write_part(path: Path, title: str, lines: list[str], replace: bool = False) -> None:
+    """Put a part (a top-level `# ` heading and the lines up to the next one) into the markdown file at `path`,
+    replacing the part of the same title, or adding it at the end; every byte outside that part stays as it was (the
+    synthetic and the real-weights check each own one part of gpu.md, and a user's notes around them are kept).
+    replace: write the part alone (--overwrite of a file that is not UTF-8 text)."""
+    text = "" if replace or not path.is_file() else path.read_bytes().decode("utf-8")  # its line ends as they are
+    part = "\n".join([title, *lines]).strip() + "\n"
+    rows = text.splitlines(keepends=True)
+    start = next((i for i, row in enumerate(rows) if row.rstrip("\r\n") == title), None)
+    if start is None:
+        before, after = text + ("\n" if text and not text.endswith("\n") else "") + ("\n" if text else ""), ""
+    else:
+        end = next((i for i in range(start + 1, len(rows)) if rows[i].startswith("# ")), len(rows))
+        before, after = "".join(rows[:start]), "".join(rows[end:])
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, text + "\n")
+    write_text_atomic(path, before + part + ("\n" if after else "") + after)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,9 +246,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="the test suite's small mode: 2 contexts of 64 tokens, 2 training steps, the synthetic "
                              "bundled pair at 64 tokens")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "gpu.md"),
-                        help="the markdown file whose synthetic part is written (its other parts are kept)")
+                        help="the markdown file whose synthetic part is written (every byte of its other parts, "
+                             "and of anything before its first heading, is kept)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an --out file that is not UTF-8 text")
     args = parser.parse_args(argv)
-    check_out_place(Path(args.out), folder=False)  # a folder, a read-only place: refused before minutes of work
+    # a folder, a read-only place, a file that is no text report: refused before minutes of work
+    check_out_place(Path(args.out), folder=False, ours=text_file, overwrite=args.overwrite)
     device = str(model_device(args.device))  # an unavailable device is refused before anything runs
     torch.manual_seed(0)
     scale = QUICK if args.quick else FULL
@@ -286,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         "| | |", "|---|---|", *train_rows, "",
         f"## {SECTIONS[3]}", "", *engine,
     ]
-    write_part(Path(args.out), TITLE, lines)
+    write_part(Path(args.out), TITLE, lines, replace=args.overwrite and not text_file(Path(args.out)))
     print(f"{'all checks pass' if same_ok and train_ok else 'a check FAILED'}: {args.out}", file=sys.stderr)
     return 0 if same_ok and train_ok else 1
 

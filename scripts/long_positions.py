@@ -12,6 +12,7 @@ every layer directly; in a sliding layer it reads only the last `sliding_window`
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -23,7 +24,10 @@ from mot_viz.engine.checkpoint import load_checkpoint, read_config
 from mot_viz.engine.models import load_model
 from mot_viz.engine.mot import translate
 from mot_viz.engine.prompts import build_prompt
-from mot_viz.fsutil import write_text_atomic
+from mot_viz.cli import run_cli
+from mot_viz.fsutil import check_out_place, write_text_atomic
+
+TITLE = "Relative L2 error against native"  # how the markdown it writes begins
 
 
 def main() -> None:
@@ -33,8 +37,12 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=6, help="distractor stacks (depths start / middle / end in turn)")
     parser.add_argument("--bins", type=int, default=8, help="stretches of the document")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, help="markdown file (printed otherwise)")
+    parser.add_argument("--out", type=Path, help="markdown file (printed otherwise; an earlier one is replaced)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an --out file this script did not write")
     args = parser.parse_args()
+    if args.out:  # before any model loads
+        check_out_place(args.out, folder=False, overwrite=args.overwrite,
+                        ours=lambda path: path.read_bytes().startswith(TITLE.encode()))
     config = read_config(args.checkpoint)
     source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
     mot, _ = load_checkpoint(args.checkpoint, source, target)
@@ -45,7 +53,7 @@ def main() -> None:
         table = position_error_table(translation, mot.channels, target.spec, bin_tokens=-(-n // args.bins))
         frames.append(table.assign(stretch=table["position"] * args.bins // n, id=doc.example.id))
     table = pd.concat(frames)
-    lines = [f"Relative L2 error against native, `{args.checkpoint}`, {args.n} distractor stacks of {args.budget} "
+    lines = [f"{TITLE}, `{args.checkpoint}`, {args.n} distractor stacks of {args.budget} "
              f"target tokens (seed {args.seed}); stretch 1 is the document's first {100 // args.bins}%, stretch "
              f"{args.bins} its last. Command: `python scripts/long_positions.py --checkpoint {args.checkpoint} "
              f"--budget {args.budget} --n {args.n} --bins {args.bins} --seed {args.seed}`."]
@@ -66,4 +74,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

@@ -33,10 +33,23 @@ from mot_viz.cli import run_cli
 from mot_viz.errors import ConfigError
 from mot_viz.eval.qa_metrics import bootstrap_ci, paired_ratios
 from mot_viz.eval.report import paired_differences, paired_markdown
+from mot_viz.sharing.registry import REFERENCE, TRANSLATED, method
 
 
 
 NO_CONTEXT = "no context"  # the label whose scores are the floor of gap closed
+
+
+def written_ahead(condition: str) -> bool:
+    """Whether a condition hands over a message written before the question (relay's: it needs none)."""
+    way = method(condition)
+    return way.message and not way.for_question
+
+
+def own_source_prefill(condition: str) -> bool:
+    """Whether a long-context row's work done ahead is its own: the translation's source prefill (the MoT's, a
+    full-depth map's own translation: Method.side) or a message written ahead."""
+    return condition == TRANSLATED or bool(method(condition).side) or written_ahead(condition)
 
 
 def run_seconds(run, condition: str, rows: pd.DataFrame) -> pd.Series | float:
@@ -46,7 +59,7 @@ def run_seconds(run, condition: str, rows: pd.DataFrame) -> pd.Series | float:
     if run.kind.name == "evaluate":  # from the question's arrival, also in runs that counted relay's writing
         return after_question_seconds(rows, False, condition)
     if run.kind.name == "long_context":
-        if condition == "relay":  # its writing needs no question: done ahead, also in runs that counted it
+        if written_ahead(condition):  # its writing needs no question: done ahead, also in runs that counted it
             medians = rows.groupby("group")[["message_prefill_seconds", "first_token_seconds"]].median().sum(axis=1)
             return rows["group"].map(medians)
         stated = run.summary[run.summary["condition"] == condition]
@@ -61,10 +74,10 @@ def run_ahead(run, condition: str, rows: pd.DataFrame) -> pd.Series | float:
     if run.kind.name == "evaluate":
         if "ahead_seconds" in rows and rows["ahead_seconds"].notna().all():
             return rows["ahead_seconds"]
-        return rows["message_generate_seconds"] if condition == "relay" else np.nan
+        return rows["message_generate_seconds"] if written_ahead(condition) else np.nan
     if run.kind.name == "long_context":
-        column = "message_generate_seconds" if condition == "relay" else "source_prefill"
-        if condition in ("mot", "direct", "relay") and column in rows and rows[column].notna().any():
+        column = "message_generate_seconds" if written_ahead(condition) else "source_prefill"
+        if own_source_prefill(condition) and column in rows and rows[column].notna().any():
             return rows["group"].map(rows.groupby("group")[column].median())
     return np.nan
 
@@ -84,8 +97,8 @@ def labelled_rows(runs: list[str]) -> tuple[list[pd.DataFrame], dict[str, pd.Dat
         frames.append(rows.assign(seconds_per_example=run_seconds(run, condition, rows),
                                   ahead_per_example=run_ahead(run, condition, rows),
                                   run=f"{run.folder.parent.name}/{run.name}"))
-        if "native" in run.conditions and str(run.folder) not in natives:
-            natives[str(run.folder)] = condition_rows(run, "native", "native")
+        if REFERENCE in run.conditions and str(run.folder) not in natives:
+            natives[str(run.folder)] = condition_rows(run, REFERENCE, REFERENCE)
     if len({frame["condition"].iloc[0] for frame in frames}) < len(frames):
         raise ConfigError("two inputs have the same LABEL: give each FOLDER:CONDITION its own.")
     check_one_pair(opened)
@@ -129,8 +142,8 @@ def against_table(runs: list[str], against: str, n_boot: int = 1000, seed: int =
         for label in [c for c in labels if c in wide]:
             ci = bootstrap_ci(wide[label].to_numpy(), n_boot=n_boot, seed=seed)
             diff = paired.loc[label] if label in paired.index else None
-            ratios = paired_ratios(wide["native"].to_numpy(), none, wide[label].to_numpy(), n_boot, seed) \
-                if "native" in wide else {}
+            ratios = paired_ratios(wide[REFERENCE].to_numpy(), none, wide[label].to_numpy(), n_boot, seed) \
+                if REFERENCE in wide else {}
             out.append({"group": group, "label": label, "n": len(wide), "mean": ci.mean, "ci_low": ci.lo,
                         "ci_high": ci.hi, "retained": ratios.get("retention", np.nan),
                         **{k: ratios.get(k, np.nan) for k in ("gap_closed", "gap_closed_ci_low", "gap_closed_ci_high")},

@@ -33,6 +33,9 @@ GENERATED = re.compile(r"(<!-- generated: (?P<source>[^ ]+) -->\n)(?P<body>.*?)(
 
 from mot_viz.eval.qa_settings import EvalSettings
 from mot_viz.eval.report import markdown_table, measured_these_weights, paired_differences, paired_markdown
+from mot_viz.sharing.linear import LINEAR
+from mot_viz.sharing.mean import MEAN
+from mot_viz.sharing.registry import REFERENCE, SECOND, TRANSLATED
 
 # (first checkpoint, second checkpoint): paired over the examples both were evaluated on, first − second
 COMPARISONS = [("pretrained/smollm2-to-gemma3-mid", "pretrained/smollm2-to-gemma3-mid-single")]
@@ -69,12 +72,12 @@ def examples_by_checkpoint() -> dict[str, pd.DataFrame]:
 def comparison_table(first: str, second: str, frames: dict[str, pd.DataFrame]) -> str | None:
     if first not in frames or second not in frames:
         return None
-    a = frames[first][frames[first]["condition"] == "mot"]
-    b = frames[second][frames[second]["condition"] == "mot"].assign(condition="second")
+    a = frames[first][frames[first]["condition"] == TRANSLATED]
+    b = frames[second][frames[second]["condition"] == TRANSLATED].assign(condition=SECOND)
     ids = set(zip(a["dataset"], a["id"])) & set(zip(b["dataset"], b["id"]))
     both = pd.concat([a, b])
     both = both[[pair in ids for pair in zip(both["dataset"], both["id"])]]
-    return paired_markdown(paired_differences(both, pairs=(("mot", "second"),)))
+    return paired_markdown(paired_differences(both, pairs=((TRANSLATED, SECOND),)))
 
 
 def eval_folders() -> list[tuple[Path, dict]]:
@@ -109,7 +112,8 @@ def record_in_configs() -> list[Path]:
         # a --second checkpoint's rows are its own results too: its "second" condition is its "mot"
         views = [(meta["settings"]["checkpoint"], summary[summary["condition"] != "second"])]
         if meta["settings"].get("second"):
-            second = summary[summary["condition"].isin(["native", "second"])].replace({"condition": {"second": "mot"}})
+            second = summary[summary["condition"].isin([REFERENCE, SECOND])].replace(
+                {"condition": {SECOND: TRANSLATED}})
             views.append((meta["settings"]["second"], second))
         for checkpoint, table in views:
             config = ROOT / checkpoint / "config.json"
@@ -149,11 +153,11 @@ def stacks_table(folder: Path) -> str:
         by = part.set_index("condition")
         f1 = lambda c: f"{by.loc[c, 'mean']:.3f}" if c in by.index else "–"
         diffs = []
-        for other in ("mean", "linear"):
-            row = paired[(paired.dataset == f"stacks {budget} tokens") & (paired.a == "mot") & (paired.b == other)]
+        for other in (MEAN.name, LINEAR.name):
+            row = paired[(paired.dataset == f"stacks {budget} tokens") & (paired.a == TRANSLATED) & (paired.b == other)]
             diffs.append("–" if row.empty else f"{signed(row['diff'].iloc[0])} [{signed(row['ci_low'].iloc[0])}, "
                                                 f"{signed(row['ci_high'].iloc[0])}]")
-        m = by.loc["mot"]
+        m = by.loc[TRANSLATED]
         gap = [f"{m[c]:.2f}".replace("-", "−") for c in ("gap_closed", "gap_closed_ci_low", "gap_closed_ci_high")]
         out.append(f"| {budget:,} | {int(m['n'])} | {f1('native')} | {f1('no_context')} | {f1('mean')} | "
                    f"{f1('linear')} | {f1('mot')} | {m['retention']:.0%} [{m['retention_ci_low']:.0%}, "

@@ -33,6 +33,9 @@ from mot_viz.engine.checkpoint import load_checkpoint
 from mot_viz.engine.models import load_model
 from mot_viz.engine.mot import native_cache
 from mot_viz.eval.answers import answer_from_cache
+from mot_viz.analysis.shift.start_sweep import SWEEP_FILES
+from mot_viz.cli import run_cli
+from mot_viz.fsutil import check_out_place
 from mot_viz.train import runs
 
 
@@ -64,6 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sparse", action="store_true", help="trained mode: train/replay with sparse attention (default dense, §9.1)")
     p.add_argument("--runs_dir", default=str(ROOT / "runs" / "shift"), help="trained mode: where per-start runs are cached")
     p.add_argument("--out", default=None, help="output folder (default results/shift/<source>-to-<target>-<mode>)")
+    p.add_argument("--overwrite", action="store_true", help="write into an --out folder holding other files")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest on a busy machine)")
     return p.parse_args(argv)
 
@@ -110,6 +114,8 @@ def shift_train_config(base: dict, args, start: int, out_dir: Path):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    out = Path(args.out) if args.out else ROOT / "results" / "shift" / f"{args.source}-to-{args.target}-{args.mode}"
+    check_out_place(out, ours=lambda path: path.name in SWEEP_FILES, overwrite=args.overwrite)  # before any model loads
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.time()
@@ -154,11 +160,10 @@ def main(argv: list[str] | None = None) -> int:
 
     result = shift.sweep(target, cases, cfg, progress=progress, **kwargs)
     result.meta["total_seconds"] = round(time.time() - t0, 1)
-    out = Path(args.out) if args.out else ROOT / "results" / "shift" / f"{args.source}-to-{args.target}-{args.mode}"
     result.save(out)
     log(f"wrote {out} in {time.time() - t0:.0f} s")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

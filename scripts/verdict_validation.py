@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -43,10 +44,13 @@ from mot_viz.engine.mot import translate
 from mot_viz.engine.prompts import build_prompt
 from mot_viz.eval.answers import answers_from_caches, first_answer_logprobs
 from mot_viz.eval.conversation import turn_example
+from mot_viz.sharing.registry import REFERENCE, TRANSLATED
 from mot_viz.eval.qa_settings import truncate_context
 from mot_viz.train.window_fidelity import translation_fidelity
 from mot_viz.train.mean_vector import reference_means
 from mot_viz.eval.verdict import VerdictThresholds, layer_signals, reuse_verdict
+from mot_viz.cli import run_cli
+from mot_viz.fsutil import check_out_place
 
 GRID = {"attn_out_cos": [0.0, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95],
         "centered_cos_k": [0.0, 0.3, 0.5, 0.6, 0.7, 0.8],
@@ -65,6 +69,9 @@ def examples(dataset: str, target, n: int, max_context_tokens: int) -> list:
     if dataset.startswith("stacks:"):
         return [d.example for d in distractor_stacks(target.tokenizer, int(dataset.split(":")[1]), n, seed=0)]
     raise SystemExit(f"unknown --dataset {dataset!r}: use squad, coqa or stacks:<budget> (e.g. stacks:512)")
+
+
+WRITTEN = ("signals.csv", "report.md", "validation.json", "tuned_thresholds.json")  # what --out holds
 
 
 def signals(args) -> None:
@@ -104,8 +111,10 @@ def lens_signals(target, translation, suffix_text: str, first_token: int) -> dic
     first answer token, and the relative V error the question's attention reads from the context (head mean)."""
     caches = {"native": translation.native_kv, "mot": translation.mixed_kv}
     trace = lens_trace(target, caches, encode(target.tokenizer, suffix_text), [first_token], translation.prefix_len)
-    mot = logit_lens(target, trace, 0).layers.query("condition == 'mot'").sort_values("layer")
-    read = attention_shares(trace, 0).query("condition == 'mot'").groupby("layer").read_error_v.mean()
+    lens = logit_lens(target, trace, 0).layers
+    mot = lens[lens["condition"] == TRANSLATED].sort_values("layer")
+    shares = attention_shares(trace, 0)
+    read = shares[shares["condition"] == TRANSLATED].groupby("layer").read_error_v.mean()
     return {"lens_kl_final": json.dumps(mot.kl_to_native_final.round(6).tolist()),
             "lens_kl_layer": json.dumps(mot.kl_to_native_layer.round(6).tolist()),
             "lens_rank": json.dumps(mot.token_rank.tolist()),
@@ -297,7 +306,7 @@ def report(args) -> None:
     out = Path(args.out)
     sig = pd.read_csv(out / "signals.csv", dtype={"id": str})
     ex = pd.read_csv(Path(args.eval) / "examples.csv", dtype={"id": str})
-    f1 = ex[ex.condition.isin(["native", "mot"])].pivot_table(index="id", columns="condition", values="score")
+    f1 = ex[ex.condition.isin([REFERENCE, TRANSLATED])].pivot_table(index="id", columns="condition", values="score")
     table = sig.merge(f1, left_on="id", right_index=True)
     table = table[table.native > 0].reset_index(drop=True)  # "keeps 90% of native" needs a native answer to keep
     keeps = (table.mot >= 0.9 * table.native).to_numpy()
@@ -368,9 +377,13 @@ def main() -> None:
     r.add_argument("--eval", required=True, help="evaluator output folder with examples.csv (native and mot F1)")
     r.add_argument("--held_out", nargs="*", default=[],
                    help="signals folders of other genres (run with --dataset coqa / stacks:<budget>)")
+    for command in (s, r):
+        command.add_argument("--overwrite", action="store_true", help="write into an --out folder holding other files")
     args = parser.parse_args()
+    # before any model loads: a folder holding files this script does not write, a read-only place, a file
+    check_out_place(Path(args.out), ours=lambda path: path.name in WRITTEN, overwrite=args.overwrite)
     signals(args) if args.command == "signals" else report(args)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

@@ -3,27 +3,17 @@ app's view of one example, and two runs of the same examples side by side."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 import streamlit as st
 
 from mot_viz import app
-from mot_viz.analysis import eval_run_links, eval_runs, layer_separation, run_figures
-from mot_viz.analysis import patching as patching_analysis
-from mot_viz.app.patching import shipped_patching
-from mot_viz.app import live_run
+from mot_viz.analysis import eval_run_links, eval_runs, run_figures
+from mot_viz.app import live_panel, run_layers
 from mot_viz.app.permalink import example_link
-from mot_viz.app.settings import DATASET_LABELS
+from mot_viz.app.results_folders import pick_run
 from mot_viz.errors import MotVizError
-from mot_viz.eval.answers import CONDITION_LABELS
-from mot_viz.eval.patching import PATCHING_FILE
-from mot_viz.sharing import registry
 from mot_viz.sharing.registry import REFERENCE
 
-OTHER = "other folder (type its path below)"
-NONE = "(none)"
-DEFAULT_RUN = "results/eval/smollm2-to-gemma3-mid-squad300"
 ORDER = "the run's order"
 LINK = st.column_config.LinkColumn("open", display_text="Open in the app", width="medium")
 
@@ -54,70 +44,17 @@ def main() -> None:
         "- **Two runs side by side** — a second folder of the same examples (another checkpoint, the linear map, "
         "another window): the paired difference over the slice, as `scripts/paired_runs.py` computes it."
     )
-    _open_live_folder()
-    run, table = _pick_run("pg.evals.folder", "pg.evals.path", "Results folder")
+    run, table = pick_run("pg.evals.folder", "pg.evals.path", "Results folder", typed=live_panel.folder_to_open())
     if run is None:
-        _live_run()
+        live_panel.panel()
         st.stop()
     _settings(run)
     table, shown = _examples(run, table)
     _slice(run, shown)
-    _layers(run, shown)
-    _patching(run, shown)
+    run_layers.separation(run, shown)
+    run_layers.patching(run, shown)
     _two_runs(run, table, shown)
-    _live_run()
-
-
-# ----- the folder --------------------------------------------------------------------------------------------------
-
-
-def _shipped() -> list[str]:
-    return [str(p.relative_to(app.REPO_ROOT)) for p in eval_runs.shipped_runs(app.REPO_ROOT / "results")]
-
-
-@st.cache_resource(max_entries=16, show_spinner="Reading the results folder …")
-def _opened(folder: str, stamp: tuple) -> tuple[eval_runs.EvalRun, pd.DataFrame]:
-    """A results folder read and its wide table, kept while its files are unchanged (`stamp`); never mutated."""
-    run = eval_runs.open_run(folder)
-    return run, eval_runs.wide_table(run)
-
-
-def _stamp(folder: Path) -> tuple:
-    try:
-        return tuple((p.stat().st_mtime_ns, p.stat().st_size) if p.is_file() else None
-                     for p in (folder / "examples.csv", folder / "summary.json"))
-    except (OSError, ValueError):  # a path the system cannot name (too long, a NUL): open_run says so
-        return ()
-
-
-def _resolve(typed: str) -> Path:
-    """A typed folder: as given (from the working folder), else from the repository."""
-    path = Path(typed.strip()).expanduser()
-    try:
-        return path if path.is_absolute() or path.exists() else app.REPO_ROOT / path
-    except (OSError, ValueError):  # a path the system cannot name: open_run says so
-        return path
-
-
-def _pick_run(key: str, path_key: str, label: str, optional: bool = False):
-    """A folder chosen among the shipped results (or typed), read: (run, wide table), or (None, None)."""
-    shipped = _shipped()
-    options = ([NONE] if optional else []) + shipped + [OTHER]
-    app.widget_default(key, NONE if optional else (DEFAULT_RUN if DEFAULT_RUN in shipped else options[0]), options)
-    choice = st.selectbox(label, options, key=key)
-    app.widget_default(path_key, "")
-    typed = st.text_input("Folder path", key=path_key, disabled=choice != OTHER,
-                          placeholder="e.g. /home/me/runs/mid-squad (a folder an evaluation's --out wrote)")
-    if choice == NONE or (choice == OTHER and not typed.strip()):
-        if choice == OTHER:
-            st.info("Type the path of a results folder.")
-        return None, None
-    folder = _resolve(typed) if choice == OTHER else app.REPO_ROOT / choice
-    try:
-        return _opened(str(folder), _stamp(folder))
-    except MotVizError as exc:
-        app.show_error(exc)
-        return None, None
+    live_panel.panel()
 
 
 def _settings(run: eval_runs.EvalRun) -> None:
@@ -235,109 +172,13 @@ def _slice(run: eval_runs.EvalRun, shown: pd.DataFrame) -> None:
     app.show_figure(run_figures.delta_figure(shown, delta, x), data, "evaluation_delta")
 
 
-# ----- the layers --------------------------------------------------------------------------------------------------
-
-
-@st.cache_resource(max_entries=16, show_spinner="Reading the per-layer errors …")
-def _layer_errors(folder: str, stamp: tuple, _run: eval_runs.EvalRun) -> pd.DataFrame | None:
-    """The run's layer_error.csv with example names, kept while the folder's files are unchanged; never mutated."""
-    return layer_separation.run_layer_errors(_run)
-
-
-def _layers(run: eval_runs.EvalRun, shown: pd.DataFrame) -> None:
-    st.subheader("Which layers separate lost answers from kept ones")
-    if run.kind.name not in ("evaluate", "long_context") or not {REFERENCE, run.translated} <= set(run.conditions):
-        st.caption("Per-layer cache errors are recorded for the folders of `evaluate` and `long_context` that hold "
-                   "native and MoT answers.")
-        return
-    stamp = _stamp(run.folder) + tuple((p.stat().st_mtime_ns, p.stat().st_size) if p.is_file() else None
-                                       for p in [run.folder / "layer_error.csv"])
-    errors = _layer_errors(str(run.folder), stamp, run)
-    if errors is None:
-        st.caption(f"This folder has no layer_error.csv. Record it (no answer is regenerated) with "
-                   f"`{layer_separation.command(run)}`, or run the evaluation with `--layer_error`.")
-        return
-    cols = st.columns([2, 1])
-    metrics = list(layer_separation.METRIC_TITLES)
-    app.widget_default("pg.evals.layer_metric", metrics[0], metrics)
-    metric = cols[0].radio("Error", metrics, format_func=layer_separation.METRIC_TITLES.get,
-                           key="pg.evals.layer_metric", horizontal=True)
-    groups = list(dict.fromkeys(errors["group"]))
-    app.widget_default("pg.evals.layer_group", groups[0], groups)
-    group = cols[1].selectbox("Group", groups, key="pg.evals.layer_group", disabled=len(groups) == 1)
-    part = layer_separation.layer_separation(errors[errors["group"] == group], shown, run.translated, metric,
-                                             run.settings.get("bootstrap", 1000), run.settings.get("seed", 0))
-    st.markdown(f"**{app.escape_markdown(group)}, over the slice:** "
-                + layer_separation.separation_text(part, metric))
-    if part["n_lost"].max() and part["n_kept"].max():
-        app.show_figure(layer_separation.separation_figure(part, metric), part, "evaluation_layer_separation")
-    st.caption("Each example's error is one number per layer (over its context tokens); the bands are 95% "
-               "bootstrap intervals of the group means, lost − kept resamples both groups. The shaded layers are the "
-               "translated window; a layer below it differs from native only through the replay's sparse attention.")
-
-
-# ----- layer patching ----------------------------------------------------------------------------------------------
-
-
-def _patching(run: eval_runs.EvalRun, shown: pd.DataFrame) -> None:
-    st.subheader("Which layers' restoration wins lost answers back")
-    path = run.folder / PATCHING_FILE
-    long = run.kind.name == "long_context"
-    if run.kind.name not in ("evaluate", "long_context") or not path.is_file():
-        st.caption("This folder has no patching.csv. Record it (no answer is regenerated) with `python -m "
-                   f"mot_viz.eval.patching {app.escape_markdown(run.folder)} "
-                   + ("--budget 1024 --n 24" if long else "--n 100")
-                   + " --methods mot direct --direct <a full-depth map>` (folders of `evaluate` and of "
-                   "`long_context`, one budget each).")
-        return
-    frame = shipped_patching(str(run.folder), path.stat().st_mtime_ns)
-    if long:  # a long-context folder's scan is of one budget's documents: the slice's at that length
-        budgets = patching_analysis.scanned_groups(frame, run.rows)
-        if not budgets:
-            st.caption("This folder's patching.csv scans none of its documents: record it again.")
-            return
-        app.widget_default("pg.evals.patch_budget", budgets[0], budgets)
-        budget = st.radio("Documents scanned", budgets, key="pg.evals.patch_budget", horizontal=True)
-        shown = shown[shown["group"] == budget]
-    methods = list(dict.fromkeys(frame["method"]))
-    app.widget_default("pg.evals.patch_method", methods[0], methods)
-    cols = st.columns(2)
-    method = cols[0].radio("Method", methods, key="pg.evals.patch_method", horizontal=True,
-                           format_func=lambda m: CONDITION_LABELS.get(m, m))
-    app.widget_default("pg.evals.patch_over", "lost", ["lost", "all"])
-    over = cols[1].radio("Examples", ["lost", "all"], key="pg.evals.patch_over", horizontal=True,
-                         format_func=lambda o: "lost answers" if o == "lost" else "every scanned example of the slice")
-    scanned = set(frame.loc[frame["method"] == method, "id"]) & set(shown["id"].astype(str))
-    ids = patching_analysis.lost_examples(frame, shown, method) if over == "lost" else sorted(scanned)
-    if not ids:
-        st.caption(f"None of the slice's {len(scanned)} scanned examples was lost by {method}: choose every "
-                   "scanned example.")
-        return
-    shares = patching_analysis.gap_shares(frame, method, ids, n_boot=run.settings.get("bootstrap", 1000),
-                                          seed=run.settings.get("seed", 0))
-    window = sorted({int(l) for l in frame.loc[frame["target"] == "window", "layers"].iloc[0].split()})
-    what = "lost answers" if over == "lost" else "examples"
-    of = f"{len(scanned)} scanned" + (f" ({budget})" if long else "")
-    app.show_figure(patching_analysis.shares_figure(
-        shares, window, f"{method}: {len(ids)} {what} of {of} (mean gap {shares['gap'].iloc[0]:.2f} nats)"),
-        shares, f"evaluation_patching_{method}")
-    groups = shares[~shares["target"].str.startswith("layer ")]
-    st.dataframe(groups.round(3), hide_index=True, width="stretch")
-    rho = patching_analysis.error_cost_correlation(frame, method, ids)
-    st.caption(f"Share: Σ over the {what} of the log-probability won back ÷ Σ of their gaps (native − "
-               f"{method}), with 95% bootstrap bands over examples; groups patch their layers together. Spearman ρ "
-               "between a layer's mean relative error and its mean cost, over the target layers: "
-               + "; ".join(f"{r.direction} vs {r.error.split('_')[0]} {r.spearman:+.2f}" for r in rho.itertuples())
-               + ". The Layer patching page scans one context with the same code.")
-
-
 # ----- two runs ----------------------------------------------------------------------------------------------------
 
 
 def _two_runs(run: eval_runs.EvalRun, table: pd.DataFrame, shown: pd.DataFrame) -> None:
     st.subheader("Two runs side by side")
-    other, _ = _pick_run("pg.evals.second", "pg.evals.second_path", "Second results folder (the same examples)",
-                         optional=True)
+    other, _ = pick_run("pg.evals.second", "pg.evals.second_path", "Second results folder (the same examples)",
+                        optional=True)
     if other is None:
         return
     cols = st.columns(2)
@@ -375,109 +216,6 @@ def _two_runs(run: eval_runs.EvalRun, table: pd.DataFrame, shown: pd.DataFrame) 
                          column_order=["app", *[c for c in listed if c != "app"]],
                          column_config={"app": LINK,
                                         "diff": st.column_config.NumberColumn(format="%+.3f")})
-
-
-# ----- a live run --------------------------------------------------------------------------------------------------
-
-
-LIVE = "evals.live"  # this session's live run (mot_viz.app.live_run.LiveRun); no page option, so never in a link
-LIVE_OPEN = "evals.live_open"  # a live run's folder to open in the explorer above at the next page run
-LIVE_ENDED = "evals.live_ended"  # the live run whose end the page has handled (its folder opened once)
-UPLOAD = "upload"
-
-
-def _open_live_folder() -> None:
-    """Before the explorer's widgets are drawn: choose the folder a live run just wrote."""
-    folder = st.session_state.pop(LIVE_OPEN, None)
-    if folder is not None:
-        st.session_state.update({"pg.evals.folder": OTHER, "pg.evals.path": folder})
-
-
-def _live_run() -> None:
-    st.subheader("Run an evaluation here")
-    live = st.session_state.get(LIVE)
-    if live is not None and live.running():
-        _live_progress()
-        return
-    if live is not None and st.session_state.get(LIVE_ENDED) is not live:  # just ended: open its folder above
-        st.session_state[LIVE_ENDED] = live
-        if (live.folder / "examples.csv").is_file():
-            st.session_state[LIVE_OPEN] = str(live.folder)
-            st.rerun()
-    if live is not None:
-        _live_outcome(live)
-    checkpoint = app.applied_selection().checkpoint
-    st.caption(f"`python -m mot_viz.eval.evaluate` on up to {live_run.MAX_EXAMPLES} examples, with the sidebar's "
-               f"checkpoint ({app.escape_markdown(Path(checkpoint).name) or 'none'}), as a process of its own: "
-               f"its results folder goes under {app.escape_markdown(str(live_run.runs_dir()))} and opens above "
-               "when it ends. **Stop** ends it as Ctrl-C would: the folder keeps the examples done, and **Resume** "
-               "(`--resume`) computes the rest.")
-    cols = st.columns([1, 1, 2])
-    datasets = [*live_run.DATASETS, UPLOAD]
-    app.widget_default("pg.evals.live_dataset", "squad", datasets)
-    dataset = cols[0].selectbox("Dataset", datasets, key="pg.evals.live_dataset",
-                                format_func=lambda d: "your .jsonl file" if d == UPLOAD else DATASET_LABELS.get(d, d))
-    app.widget_default("pg.evals.live_n", 10)
-    # no bounds on the widget, which would silently clamp a value past them: Run refuses it in one line
-    n = cols[1].number_input("Examples", step=1, key="pg.evals.live_n",
-                             help=f"1 to {live_run.MAX_EXAMPLES}: the first of the dataset's seed-0 sample, as the "
-                                  "command draws them.")
-    # the command's default conditions but those every run answers under (a list: kept where offered)
-    app.widget_default("pg.evals.live_conditions", [c for c in registry.DEFAULTS["evaluate"]
-                                                    if c not in registry.ALWAYS["evaluate"]])
-    st.session_state["pg.evals.live_conditions"] = [c for c in st.session_state["pg.evals.live_conditions"]
-                                                    if c in live_run.LIVE_CONDITIONS]
-    conditions = cols[2].multiselect("Conditions (native always)", list(live_run.LIVE_CONDITIONS),
-                                     key="pg.evals.live_conditions",
-                                     help="The command's --conditions: " + "; ".join(
-                                         f"{c}: {CONDITION_LABELS[c]}" for c in live_run.LIVE_CONDITIONS))
-    upload = None
-    if dataset == UPLOAD:
-        upload = st.file_uploader("Examples in the evaluation format (.jsonl): one JSON object per line, "
-                                  '{"context", "question", "answers": [...]} or {"context", "question", '
-                                  '"choices": [...], "label": int}', type=["jsonl"], key="evals.live_upload")
-    if not st.button("Run", key="evals.live_run", type="primary", disabled=dataset == UPLOAD and upload is None):
-        return
-    try:
-        data = str(live_run.check_upload(upload.name, upload.getvalue())) if dataset == UPLOAD else dataset
-        settings = live_run.settings_for(checkpoint, data, int(n), conditions)
-        st.session_state[LIVE] = live_run.start(settings, live_run.new_folder(checkpoint, data, int(n)))
-    except MotVizError as exc:
-        app.show_error(exc)
-        return
-    st.rerun()
-
-
-@st.fragment(run_every=1.0)
-def _live_progress() -> None:
-    """The running command's progress, read each second from what it writes; its Stop button."""
-    live = st.session_state[LIVE]
-    if not live.running():  # ended: the whole page shows the outcome and opens the folder
-        st.rerun(scope="app")
-    progress = live.progress()
-    text = ("Stopping: writing the examples done …" if live.stopped else
-            "Loading the models …" if progress.phase == "starting" else
-            f"{progress.done} of {progress.total} examples")
-    st.progress(progress.fraction, text=text)
-    st.code(live.command, language="bash", wrap_lines=True)
-    if st.button("Stop", key="evals.live_stop", disabled=live.stopped):
-        live.stop()
-
-
-def _live_outcome(live: live_run.LiveRun) -> None:
-    """How the session's last run ended, the command that reproduces it, and Resume for a stopped one."""
-    progress = live.progress()
-    if progress.phase == "finished":
-        st.success(f"Evaluated {progress.total} examples: the folder is open above.")
-    elif progress.phase == "stopped":
-        st.warning(f"Stopped after {progress.done} of {progress.total} examples"
-                   + (": the folder is open above." if progress.done else ", before the first was done."))
-    else:
-        st.error(f"The run failed: {app.escape_markdown(progress.message)} (its output: {live.log})")
-    st.code(live.command + (" --resume" if progress.phase != "finished" else ""), language="bash", wrap_lines=True)
-    if progress.phase != "finished" and st.button("Resume", key="evals.live_resume"):
-        st.session_state[LIVE] = live_run.start(live.settings, live.folder, resume=True)
-        st.rerun()
 
 
 app.run_page(main)

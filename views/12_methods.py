@@ -5,7 +5,7 @@ import streamlit as st
 
 from mot_viz import app
 from mot_viz.analysis.method_figures import kv_error_figure, quality_time_figure, stages_figure
-from mot_viz.analysis.methods import CACHE_METHODS, METHOD_LABELS, RELAYS, combine, summary_table
+from mot_viz.analysis.methods import cache_methods_shown, combine, method_labels, relays, summary_table
 from mot_viz.app.methods import cached_methods, cached_relays, methods_offer, results_root, shipped_method_points
 from mot_viz.sharing.kvcomm import KVCOMM_FRACTION
 from mot_viz.sharing.relay import LOOP_TOKENS, RELAY_TOKENS
@@ -57,7 +57,7 @@ def main() -> None:
 
     offer = methods_offer(run)
     for method, why in offer.missing.items():
-        st.caption(f"**{METHOD_LABELS[method]}** is not offered: {app.escape_markdown(why)}")
+        st.caption(f"**{method_labels()[method]}** is not offered: {app.escape_markdown(why)}")
     app.widget_default("pg.methods.relay", False)
     with_relay = st.checkbox("Include the text relay", key="pg.methods.relay",
                              help=f"The source writes two messages of up to {RELAY_TOKENS} tokens each: tens of "
@@ -105,7 +105,7 @@ def _time(result) -> None:
 
 def _bytes(result) -> None:
     st.subheader("What is handed to the target")
-    sizes = result.handed_over.assign(label=result.handed_over["method"].map(METHOD_LABELS),
+    sizes = result.handed_over.assign(label=result.handed_over["method"].map(method_labels()),
                                       kB=result.handed_over["bytes"] / 1e3)
     st.dataframe(sizes[["label", "what", "bytes", "kB", "full_cache_bytes"]].rename(
         columns={"label": "method", "full_cache_bytes": "a full target cache (bytes)"}), hide_index=True,
@@ -128,7 +128,7 @@ def _kv_error(result) -> None:
                            format_func={"rel_l2": "relative L2 error", "cosine": "cosine"}.get)
     part = errors[errors["kv"] == kv]
     app.show_figure(kv_error_figure(errors, kv, metric), part, f"methods_kv_error_{kv}_{metric}")
-    shown = [METHOD_LABELS[m] for m in CACHE_METHODS if m in set(errors["method"])]
+    shown = [method_labels()[m] for m in cache_methods_shown() if m in set(errors["method"])]
     st.caption(
         f"Methods with a cache of the context: {', '.join(shown)}. Each cache against the target's own over the "
         "context positions, layer by layer. MoT and the linear map: the replayed cache (filled markers: the window "
@@ -140,9 +140,9 @@ def _kv_error(result) -> None:
 
 def _messages(result) -> None:
     st.subheader("The relay's messages")
-    for condition in RELAYS:
+    for condition in relays():
         if condition in result.messages:
-            app.show_text(METHOD_LABELS[condition], result.messages[condition])
+            app.show_text(method_labels()[condition], result.messages[condition])
 
 
 def _scatter(run, table: pd.DataFrame, metric: str | None) -> None:

@@ -5,7 +5,7 @@ from dataclasses import replace
 import streamlit as st
 
 from mot_viz import app
-from mot_viz.analysis.methods import METHOD_LABELS
+from mot_viz.analysis.methods import method_labels
 from mot_viz.analysis.patching import MEASURES, group_table, scan_figure
 from mot_viz.app.methods import methods_offer
 from mot_viz.app.patching import gold_answer_text, long_selection, offered_methods, scan
@@ -63,7 +63,7 @@ def main() -> None:
     offer = methods_offer(run)
     methods = offered_methods(offer)
     for method, why in offer.missing.items():
-        st.caption(f"**{METHOD_LABELS[method]}** is not offered: {app.escape_markdown(why)}")
+        st.caption(f"**{method_labels()[method]}** is not offered: {app.escape_markdown(why)}")
     spec = run.target.spec
     window = tuple(run.mot.channels.target_layers)
     default_groups = layer_groups(spec, window)
@@ -72,7 +72,7 @@ def main() -> None:
     cols = st.columns([2, 2, 1])
     app.widget_default("pg.patch.method", TRANSLATED, methods)
     method = cols[0].radio("Method", methods, key="pg.patch.method", horizontal=True,
-                           format_func=lambda m: METHOD_LABELS.get(m, m))
+                           format_func=lambda m: method_labels().get(m, m))
     app.widget_default("pg.patch.measure", "share", list(MEASURES))
     measure = cols[1].radio("Measure", list(MEASURES), key="pg.patch.measure", format_func=MEASURES.get,
                             horizontal=True)

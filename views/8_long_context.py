@@ -50,7 +50,7 @@ def main() -> None:
     budget = cols[1].selectbox("Length (target tokens)", list(BUDGETS), key="pg.long.budget", disabled=yours,
                                help="Longer documents take longer: on two CPU cores about 20 s at 512 tokens and "
                                     "a few minutes at 4,096. Your own text is read at its own length.")
-    app.widget_default("pg.long.doc", 0)
+    app.widget_default("pg.long.doc", 0, range(LONG_DOCUMENTS))  # a linked number out of range is named and dropped
     index = cols[2].number_input("Document number", 0, LONG_DOCUMENTS - 1, step=1, key="pg.long.doc", disabled=yours)
     for key in ("pg.long.text", "pg.long.question", "pg.long.gold"):  # kept (and linked) while another is shown
         app.widget_default(key, "")

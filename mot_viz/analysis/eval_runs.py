@@ -29,7 +29,7 @@ from ..eval.long_settings import LongSettings
 from ..eval.qa_settings import EvalSettings
 from ..eval.report import paired_differences, summarize
 from ..eval.results_folder import HEAD_BYTES, RESULTS_TABLE, SETTINGS_FILE, binary_start, table_text
-from ..fsutil import short_path
+from ..fsutil import checkout_path, short_path
 from ..sharing.registry import REFERENCE, TRANSLATED
 
 RIGHT = 0.5  # a score at least this is "right" (F1 ≥ 0.5, or a closed question answered): the lost-answer filter
@@ -54,10 +54,21 @@ class RunKind:
     group: Callable[[pd.DataFrame], pd.Series]  # the summary's group of each row (as the writer's paired.csv names it)
     translated: str  # the condition whose score − native's is "MoT − native"
     settings: type  # the settings dataclass summary.json stores (from_json, command)
+    # what the commands run after an evaluation add to its folder, and so what the Evaluations page can show of it
+    layer_errors: bool = False  # python -m mot_viz.eval.layer_error records each example's per-layer cache error
+    patching: bool = False  # python -m mot_viz.eval.patching scans its examples (patching.csv)
+    patching_per_budget: bool = False  # one scan covers one budget's documents (--budget): a folder of several lengths
 
     @property
     def command(self) -> str:
         return f"python -m mot_viz.eval.{self.name}"
+
+
+def kinds_text(what: Callable[[RunKind], bool]) -> str:
+    """The kinds of folder that `what` holds of, as their commands are named in a caption: "`evaluate` and
+    `long_context`"."""
+    names = [f"`{kind.name}`" for kind in KINDS if what(kind)]
+    return f"{', '.join(names[:-1])} and {names[-1]}" if len(names) > 1 else "".join(names)
 
 
 def _budget_label(source: pd.Series, budget: pd.Series) -> pd.Series:
@@ -66,10 +77,11 @@ def _budget_label(source: pd.Series, budget: pd.Series) -> pd.Series:
 
 KINDS = (
     RunKind("evaluate", (evaluate.ROW_COLUMNS, *evaluate.RESULTS.earlier), evaluate.TEXT_COLUMNS,
-            ("dataset", "id"), lambda rows: rows["dataset"].astype(str), TRANSLATED, EvalSettings),
+            ("dataset", "id"), lambda rows: rows["dataset"].astype(str), TRANSLATED, EvalSettings,
+            layer_errors=True, patching=True),
     RunKind("long_context", (long_context.ROW_COLUMNS, *long_context.RESULTS.earlier), long_context.TEXT_COLUMNS,
             ("source", "budget", "id"), lambda rows: _budget_label(rows["source"], rows["budget"]), TRANSLATED,
-            LongSettings),
+            LongSettings, layer_errors=True, patching=True, patching_per_budget=True),
     RunKind("conversation", (conversation.ROW_COLUMNS, *conversation.RESULTS.earlier), conversation.TEXT_COLUMNS,
             ("id", "turn"), lambda rows: "turn " + rows["turn"].astype(str), TRANSLATED,
             conversation.ConversationSettings),
@@ -355,13 +367,13 @@ def model_pair(run: EvalRun) -> tuple[str, str] | None:
     """The (source, target) models of the run's checkpoint, as its config.json names them (the path as the run gave
     it, or from the repository); None where that checkpoint is not here."""
     checkpoint = run.settings.get("checkpoint")
-    for path in (Path(checkpoint), REPO_ROOT / checkpoint) if checkpoint else ():
-        try:
-            config = read_config(path)
-            return str(config["source"]["name"]), str(config["target"]["name"])
-        except (MotVizError, OSError, KeyError, TypeError):
-            continue
-    return None
+    if not checkpoint:
+        return None
+    try:
+        config = read_config(checkout_path(checkpoint))
+        return str(config["source"]["name"]), str(config["target"]["name"])
+    except (MotVizError, OSError, KeyError, TypeError, ValueError):
+        return None
 
 
 def check_one_pair(runs: Iterable[EvalRun]) -> None:

@@ -20,7 +20,7 @@ from ..sharing import registry
 from ..sharing.linear import LINEAR
 from ..sharing.registry import TRANSLATED
 from .eval_runs import REPO_ROOT, open_run, shipped_runs, stated_summary
-from .methods import METHOD_LABELS, METHODS, STAGES
+from .methods import STAGES, method_labels, methods
 
 SHIPPED_FOLDERS = ("relay", "direct", "eval", "kvcomm", "long")  # the results/ folders whose runs compare methods
 FIRST_TOKEN, WHOLE_ANSWER = "first answer token", "whole answer"
@@ -66,7 +66,7 @@ def shipped_points(root: str | Path = REPO_ROOT / "results", folders: tuple[str,
         long = run.kind.name == "long_context"
         for s in stated_summary(run).itertuples():
             method = LINEAR.name if s.condition == TRANSLATED and variant == "linear" else s.condition
-            if method not in METHODS:
+            if method not in methods():
                 continue
             part = run.rows[(run.rows["group"] == s.group) & (run.rows["condition"] == s.condition)]
             seconds = after_question_seconds(part, long)
@@ -119,7 +119,7 @@ def side_by_side(points: pd.DataFrame) -> pd.DataFrame:
 
 
 def _label(method: str) -> str:
-    return METHOD_LABELS.get(method, method)
+    return method_labels().get(method, method)
 
 
 def quality_time_figure(points: pd.DataFrame, live: pd.DataFrame | None = None) -> go.Figure:
@@ -127,9 +127,10 @@ def quality_time_figure(points: pd.DataFrame, live: pd.DataFrame | None = None) 
     answer token; square: to the whole answer), a colour per method; `live` (method, score, seconds): this context's
     methods as stars, timed to the first answer token."""
     fig = go.Figure()
-    colors = dict(zip(METHODS, ("#636efa", "#7f7f7f", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3",
-                                "#ff6692")))
-    for method in [m for m in METHODS if m in set(points["method"])]:
+    palette = ("#636efa", "#7f7f7f", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880",
+               "#ff97ff", "#fecb52")
+    colors = {m: palette[i % len(palette)] for i, m in enumerate(methods())}  # as many methods as registered
+    for method in [m for m in methods() if m in set(points["method"])]:
         part = points[points["method"] == method]
         custom = np.stack([part["folder"].map(html.escape), part["group"].astype(str).map(html.escape), part["n"],
                            part["metric"], part["timed_to"], part["checkpoint"].map(html.escape)], axis=-1)
@@ -159,7 +160,7 @@ def quality_time_figure(points: pd.DataFrame, live: pd.DataFrame | None = None) 
 def stages_figure(stages: pd.DataFrame) -> go.Figure:
     """Seconds to the first answer token, stage by stage (STAGES), as one horizontal stacked bar per method."""
     fig = go.Figure()
-    order = [m for m in METHODS if m in set(stages["method"])]
+    order = [m for m in methods() if m in set(stages["method"])]
     for stage in [s for s in STAGES if s in set(stages["stage"])]:
         part = stages[stages["stage"] == stage]  # only the methods with this stage: a NaN would unsettle the stack
         fig.add_trace(go.Bar(y=part["method"].map(_label), x=part["seconds"], name=stage, orientation="h",
@@ -175,7 +176,7 @@ def kv_error_figure(errors: pd.DataFrame, kv: str, metric: str) -> go.Figure:
     holds what the source sent (the window, every layer, the shared layers)."""
     fig = go.Figure()
     part = errors[errors["kv"] == kv]
-    for method in [m for m in METHODS if m in set(part["method"])]:
+    for method in [m for m in methods() if m in set(part["method"])]:
         rows = part[part["method"] == method].sort_values("layer")
         fig.add_trace(go.Scatter(
             x=rows["layer"], y=rows[metric], mode="lines+markers", name=_label(method),

@@ -29,36 +29,50 @@ from ..engine.prompts import QAExample, build_prompt
 from ..eval.answers import MAX_NEW_TOKENS, answers_from_caches, first_token_seconds
 from ..sharing import registry
 from ..sharing.caches import condition_caches
-from ..sharing.costs import handed_bytes
-from ..sharing.kvcomm import KVCommSelection
-from ..sharing.relay import RELAY_TOKENS
+from ..sharing.relay import TOKENS_OPTION
 
-# the methods this page shows, in its order: those handing over a cache (or nothing), then those handing a message
-RELAYS = registry.names(lambda m: bool(m.short) and m.message)
-METHODS = registry.names(lambda m: bool(m.short) and not m.message) + RELAYS
-METHOD_LABELS = {name: registry.method(name).short for name in METHODS}
-# the methods that hand the target a cache of the context the source read (mot, linear, direct, kvcomm)
-CACHE_METHODS = registry.names(lambda m: m.reads_source and not m.message and not m.tie, METHODS)
+
+
+def relays() -> tuple[str, ...]:
+    """The methods this page shows that hand over a message, in the registry's order."""
+    return registry.names(lambda m: bool(m.short) and m.message)
+
+
+def methods() -> tuple[str, ...]:
+    """The methods this page shows (those with a short name, Method.short), in its order: those handing over a cache
+    (or nothing), then those handing a message."""
+    return registry.names(lambda m: bool(m.short) and not m.message) + relays()
+
+
+def method_labels() -> dict[str, str]:
+    """Each method's name on this page."""
+    return {name: registry.method(name).short for name in methods()}
+
+
+def cache_methods_shown() -> tuple[str, ...]:
+    """The methods that hand the target a cache of the context the source read (mot, linear, direct, kvcomm)."""
+    return registry.names(lambda m: m.reads_source and not m.message and not m.tie, methods())
+
+
 FIRST_TOKEN = "first answer token"
 STAGES = ("source prefill", "alignment", "translation", "replay", "cache assembly", "message writing",
           "target prefill", "target prefill of the message", FIRST_TOKEN)
 # the stages that can run before the question arrives, once the source has read the context: its prefill, and the
-# writing of relay's message, which needs no question (relay_q's does: its writing stays after the question)
-AHEAD_STAGES = {"source prefill": None,  # stage -> the methods it is ahead for (None: all)
-                "message writing": registry.names(lambda m: m.message and not m.for_question)}
+# writing of a message that needs no question (relay's; relay_q's writing stays after the question)
+AHEAD_STAGES = ("source prefill", "message writing")
 
 
 @dataclass(frozen=True)
 class MethodsResult:
-    """What the methods computed for one context; every table has a ``method`` column (METHODS)."""
+    """What the methods computed for one context; every table has a ``method`` column (methods())."""
 
     answers: pd.DataFrame  # method, answer, score (F1 / correct; NaN without a gold answer), exact_match
     stages: pd.DataFrame  # method, stage (STAGES), seconds: the stages up to the first answer token, in order
-    handed_over: pd.DataFrame  # method, what, bytes (mot_viz.sharing.costs.handed_bytes: caches in fp16),
+    handed_over: pd.DataFrame  # method, what, bytes (Method.handed_bytes: caches in fp16),
     # full_cache_bytes (a full target cache of the context, fp16)
     kv_error: pd.DataFrame  # method, layer, kv, carries (the layer holds what the source sent), mse, rel_l2, cosine
     messages: dict[str, str] = field(default_factory=dict)  # relay method -> the source's message
-    kvcomm_layers: tuple[int, ...] = ()  # the layers kvcomm shares (when computed)
+    recorded: dict = field(default_factory=dict)  # what the methods' artifacts recorded (kvcomm's layer choice)
 
     def first_token_seconds(self) -> pd.Series:
         """Seconds from the text to the first answer token per method (the sum of its stages)."""
@@ -73,8 +87,12 @@ class MethodsResult:
 
 
 def is_ahead(method: str, stage: str) -> bool:
-    """Whether a method's stage can run before the question arrives (AHEAD_STAGES)."""
-    return stage in AHEAD_STAGES and (AHEAD_STAGES[stage] is None or method in AHEAD_STAGES[stage])
+    """Whether a method's stage can run before the question arrives (AHEAD_STAGES): the source's prefill always, a
+    message's writing when the message needs no question."""
+    if stage == "message writing":
+        way = registry.REGISTRY.get(method)
+        return way is not None and way.message and not way.for_question
+    return stage in AHEAD_STAGES
 
 
 def combine(*results: MethodsResult) -> MethodsResult:
@@ -83,7 +101,7 @@ def combine(*results: MethodsResult) -> MethodsResult:
         return pd.concat([getattr(r, name) for r in results], ignore_index=True)
     return MethodsResult(cat("answers"), cat("stages"), cat("handed_over"), cat("kv_error"),
                          {k: v for r in results for k, v in r.messages.items()},
-                         next((r.kvcomm_layers for r in results if r.kvcomm_layers), ()))
+                         {k: v for r in results for k, v in r.recorded.items()})
 
 
 def _suffix_ids(target: LoadedModel, example: QAExample, suffix_text: str | None) -> torch.Tensor:
@@ -111,20 +129,18 @@ def kv_error_rows(method: str, cache: list[hf.KV], native: list[hf.KV], prefix_l
 
 @torch.no_grad()
 def cache_methods(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample, translation: Translation,
-                  suffix_text: str | None = None, linear: MoT | None = None, direct: MoT | None = None,
-                  kvcomm: KVCommSelection | None = None, max_new_tokens: int = MAX_NEW_TOKENS) -> MethodsResult:
-    """native, no context, MoT and (when given) the linear map, the direct map and kvcomm on the translation's
-    context: each cache built as the evaluator builds it, its time to the first answer token by stage, its answer
-    (the batch of mot_viz.eval.answers.answers_from_caches; kvcomm under its plan), what it hands over and its
-    per-layer K/V error against native.
-
-    linear: a linear checkpoint of the MoT's window (replayed as the MoT's is); direct: a full-depth map without
-    replay; kvcomm: the layer choice of a same-shape pair (mot_viz.sharing.kvcomm.kvcomm_selection).
+                  suffix_text: str | None = None, artifacts=None, options=None,
+                  max_new_tokens: int = MAX_NEW_TOKENS) -> MethodsResult:
+    """native, no context, MoT and every other method on this page that hands over a cache and has what it loads
+    (`artifacts`, by method name: Method.load, e.g. the linear map, the direct map, kvcomm's layer choice) on the
+    translation's context: each cache built as the evaluator builds it, its time to the first answer token by stage,
+    its answer (the batch of mot_viz.eval.answers.answers_from_caches; kvcomm under its plan), what it hands over and
+    its per-layer K/V error against native. `options`: the run's options, by Option.name.
     """
-    given = {"linear": linear, "direct": direct, "kvcomm": kvcomm}  # what the methods may need (Method.needs)
-    conditions = tuple(m for m in METHODS if m not in RELAYS and registry.method(m).has(given))
-    built = condition_caches(mot, source, target, example, translation, conditions=conditions, kvcomm=kvcomm,
-                             direct=direct, linear=linear)
+    artifacts = artifacts or {}
+    conditions = tuple(m for m in methods() if m not in relays() and registry.method(m).has(artifacts.get(m)))
+    built = condition_caches(mot, source, target, example, translation, conditions=conditions, options=options,
+                             artifacts=artifacts)
     caches = dict(built.kv)
     n_target, p = int(translation.target_ids.shape[1]), translation.prefix_len
     full = kv_cache_bytes(target.spec, n_target)
@@ -132,45 +148,46 @@ def cache_methods(mot: MoT, source: LoadedModel, target: LoadedModel, example: Q
     stages, handed, errors = {}, [], []
     for name, kv in caches.items():
         m = registry.method(name)
-        carries = m.carries(mot, given)
+        carries = m.carries(mot, artifacts.get(name))
         window = len(carries) if carries else 0
         stages[name] = built.stages(name) + [(FIRST_TOKEN, first_token_seconds(target, kv, suffix_ids,
                                                                                  built.plans.get(name)))]
-        handed.append({"method": name, "what": m.handed_what(target.spec, window, kvcomm=kvcomm),
-                       "bytes": int(handed_bytes(name, n_target, target.spec, window, kvcomm=kvcomm,
-                                                 source=source.spec)), "full_cache_bytes": full})
+        b = built.built[name]
+        handed.append({"method": name, "what": m.handed_what(b, target.spec, window),
+                       "bytes": int(m.handed_bytes(b, n_target, target.spec, window, source.spec)),
+                       "full_cache_bytes": full})
         if carries is not None:  # a cache of the context: against native's, at every layer or (the source's own
             # K/V) at the layers it shares
             errors += kv_error_rows(name, kv, translation.native_kv, p, carries,
                                     layers=None if m.comparable else carries)
     answers = answers_from_caches(target, caches, example, max_new_tokens, suffix_text, plans=built.plans)
     return MethodsResult(pd.DataFrame(_answer_rows(answers)), _stage_table(stages), pd.DataFrame(handed),
-                         pd.DataFrame(errors), kvcomm_layers=kvcomm.layers if kvcomm is not None else ())
+                         pd.DataFrame(errors), recorded=registry.recorded(artifacts))
 
 
 @torch.no_grad()
 def relay_methods(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample, translation: Translation,
-                  relay_tokens: int = RELAY_TOKENS,
-                  max_new_tokens: int = MAX_NEW_TOKENS, conditions: tuple[str, ...] = RELAYS
+                  relay_tokens: int = TOKENS_OPTION.default,
+                  max_new_tokens: int = MAX_NEW_TOKENS, conditions: tuple[str, ...] | None = None
                   ) -> MethodsResult:
-    """The text relays (mot_viz.eval.relay through condition_caches): the source writes its message (at most
+    """The text relays (mot_viz.sharing.relay through condition_caches): the source writes its message (at most
     `relay_tokens` tokens), the target prefills only it and answers. They hand over the message's bytes and produce
     no cache of the context, so they have no K/V error. The target reads the message in the prompt it answers
     ``native`` in for a dataset example (build_prompt, the message in the passage's place), and the question after it.
     """
-    built = condition_caches(mot, source, target, example, translation, conditions=conditions,
-                             relay_tokens=relay_tokens)
+    built = condition_caches(mot, source, target, example, translation, conditions=conditions or relays(),
+                             options={TOKENS_OPTION.name: relay_tokens})
     suffix_ids = _suffix_ids(target, example, None)
-    stages = {c: built.stages(c) + [(FIRST_TOKEN, first_token_seconds(target, r.kv, suffix_ids))]
-              for c, r in built.relays.items()}
+    stages = {c: built.stages(c) + [(FIRST_TOKEN, first_token_seconds(target, kv, suffix_ids))]
+              for c, kv in built.kv.items()}
     answers = answers_from_caches(target, dict(built.kv), example, max_new_tokens)
     full = kv_cache_bytes(target.spec, int(translation.target_ids.shape[1]))
-    handed = [{"method": c, "what": registry.method(c).handed_what(target.spec, 0, relay=r),
-               "bytes": int(handed_bytes(c, 0, target.spec, 0, relay=r)), "full_cache_bytes": full}
-              for c, r in built.relays.items()]
+    handed = [{"method": c, "what": registry.method(c).handed_what(b, target.spec, 0),
+               "bytes": int(registry.method(c).handed_bytes(b, 0, target.spec, 0)), "full_cache_bytes": full}
+              for c, b in built.built.items()]
     return MethodsResult(pd.DataFrame(_answer_rows(answers)), _stage_table(stages), pd.DataFrame(handed),
                          pd.DataFrame(columns=["method", "layer", "kv", "carries", "mse", "rel_l2", "cosine"]),
-                         {c: r.message for c, r in built.relays.items()})
+                         {c: b.held.message for c, b in built.built.items()})
 
 
 def _stage_table(stages: dict[str, list[tuple[str, float]]]) -> pd.DataFrame:
@@ -178,7 +195,7 @@ def _stage_table(stages: dict[str, list[tuple[str, float]]]) -> pd.DataFrame:
 
 
 def summary_table(result: MethodsResult, metric: str | None) -> pd.DataFrame:
-    """One row per method, in METHODS' order: its answer, score, seconds to the first answer token (from the text,
+    """One row per method, in methods()' order: its answer, score, seconds to the first answer token (from the text,
     and from the question's arrival: the stages done ahead left out) and bytes handed over (metric: "F1" /
     "correct"; None when the context has no gold answer: no score column)."""
     table = result.answers.set_index("method")
@@ -186,7 +203,7 @@ def summary_table(result: MethodsResult, metric: str | None) -> pd.DataFrame:
     table = table.join(result.after_question_seconds().rename("seconds after the question"))
     table = table.join(result.handed_over.set_index("method")[["what", "bytes"]].rename(
         columns={"what": "handed over", "bytes": "bytes handed over"}))
-    table = table.reindex([m for m in METHODS if m in table.index]).reset_index()
-    table.insert(1, "label", table["method"].map(METHOD_LABELS))
+    table = table.reindex([m for m in methods() if m in table.index]).reset_index()
+    table.insert(1, "label", table["method"].map(method_labels()))
     table = table.drop(columns="exact_match" if metric != "F1" else [])
     return table.rename(columns={"score": metric}) if metric else table.drop(columns="score")

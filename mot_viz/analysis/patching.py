@@ -10,8 +10,9 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from ..sharing.registry import TRANSLATED
 from . import layer_separation
-from .eval_runs import RIGHT
+from .eval_runs import RIGHT, EvalRun
 from .figures import shade_window
 
 MEASURES = {"share": "share of the native − translated gap", "nats": "log-probability moved (nats)"}
@@ -71,6 +72,28 @@ def group_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 # ----- across a results folder ------------------------------------------------------------------------------------
+
+SCAN_EXAMPLES = 100  # the examples the suggested scan of an evaluation's folder covers
+SCAN_DOCUMENTS = 24  # the documents of one budget the suggested scan of a long-context folder covers
+SCAN_BUDGET = 1024  # the budget that scan covers (the shipped scan's), or the folder's first where it has none such
+
+
+def command(run: EvalRun) -> str | None:
+    """The command that records a folder's patching.csv (the MoT and a full-depth direct map, over its first examples,
+    or over its first documents of one budget); None for a folder of a kind the patching command does not scan."""
+    if not run.kind.patching:
+        return None
+    scope = f"--n {SCAN_EXAMPLES}"
+    if run.kind.patching_per_budget:
+        budgets = sorted(int(b) for b in run.rows["budget"].unique())
+        scope = f"--budget {SCAN_BUDGET if SCAN_BUDGET in budgets else budgets[0]} --n {SCAN_DOCUMENTS}"
+    return (f"python -m mot_viz.eval.patching {run.folder} {scope} --methods {TRANSLATED} direct "
+            "--direct <a full-depth map>")
+
+
+def window_layers(patching: pd.DataFrame) -> list[int]:
+    """The target layers of the injection window, as a patching.csv's "window" group names them."""
+    return sorted({int(l) for l in patching.loc[patching["target"] == "window", "layers"].iloc[0].split()})
 
 
 def lost_examples(patching: pd.DataFrame, table: pd.DataFrame, method: str) -> list[str]:

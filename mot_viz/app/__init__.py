@@ -25,6 +25,11 @@ each importing only those above it:
   widgets' first values (``widget_default``);
 * ``sidebar`` — the model, checkpoint and context pickers, the quick-fit control;
 * ``frame`` — every page run's frame: ``run_page``, ``navigation_frame``, ``current_run`` → ``Run``;
+* ``results_folders`` — the Evaluations page's results folders: the shipped ones or one typed, each read once while
+  its files are unchanged, and the picker that chooses one;
+* ``run_layers`` — the Evaluations page's per-layer sections of a folder (layer_error.csv, patching.csv);
+* ``live_run`` and ``live_panel`` — an evaluation run from the app as a process of its own (no Streamlit), and the
+  Evaluations page's panel that starts, follows, stops and resumes it;
 * ``server`` — starts the app in a subprocess (benchmarks and the browser test).
 """
 

@@ -145,8 +145,10 @@ def check_linked_value(key: str, default: object, options: list | None) -> None:
         state[key] = value
         state.setdefault(_LINK_DRAWN, {})[key] = value
         return
+    takes = (f"a whole number from {options.start} to {options.stop - 1}" if isinstance(options, range)
+             else f"values like {default!r}")
     state.setdefault(LINK_NOTES, []).append(f"the page option {_quoted_option(key, state[key])} "
-                                             f"(the option takes values like {default!r})")
+                                             f"(the option takes {takes})")
     state[_LINK_RERUN] = True  # the warning is drawn above the page: show it in a fresh run
     del state[key]
 

@@ -24,6 +24,7 @@ from ..errors import ConfigError, DataFormatError
 from ..eval.answers import MAX_NEW_TOKENS
 from ..eval.evaluate import check_settings
 from ..eval.qa_settings import EvalSettings
+from ..eval.policy import with_always
 from ..sharing import registry
 from ..sharing.checkpoints import checked_config
 from .settings import REPO_ROOT
@@ -31,8 +32,10 @@ from .settings import REPO_ROOT
 MAX_EXAMPLES = 50  # the most examples a live run evaluates (the app is for looking; a full run is the command's)
 MAX_UPLOAD_BYTES = 8 * 2**20  # an uploaded JSONL file's limit (1,000 SQuAD examples are about 1 MB)
 DATASETS = BUILTIN_DATASETS  # what the command evaluates offline; an uploaded .jsonl file besides
-# the command's conditions a live run offers: a direct map is a second checkpoint the page does not ask for
-LIVE_CONDITIONS = registry.names(lambda m: not m.needs.direct, registry.choices("evaluate"))
+# the command's conditions a live run offers: those whose options all have a default (a direct map is a second
+# checkpoint the page does not ask for)
+LIVE_CONDITIONS = registry.names(lambda m: all(o.default is not None for o in m.options),
+                                 registry.choices("evaluate"))
 CONTEXT_TOKENS = 448  # the command's --max_context_tokens
 LOG_SUFFIX = ".log"  # the command's output, beside its results folder (a results folder holds results only)
 # tqdm's bar as the command prints it: "evaluate:  40%|████      | 2/5 [00:03<00:04, …]"
@@ -178,7 +181,7 @@ def settings_for(checkpoint: str, dataset: str, n: int, conditions, *, seed: int
     unknown = [c for c in conditions if c not in LIVE_CONDITIONS]
     if unknown:
         raise ConfigError(f"unknown condition(s) {', '.join(unknown)}: choose among {', '.join(LIVE_CONDITIONS)}.")
-    chosen = registry.names(among={*registry.ALWAYS["evaluate"], *conditions})  # as the command orders
+    chosen = with_always("evaluate", conditions)  # as the command orders
     if max_context_tokens is None:
         limit = checked_config("--checkpoint", checkpoint)["target"].get("max_positions") or 2 * CONTEXT_TOKENS
         max_context_tokens = min(CONTEXT_TOKENS, limit // 2)

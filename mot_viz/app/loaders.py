@@ -35,6 +35,7 @@ from ..eval.answers import (CONDITION_LABELS, CONDITIONS, Answer, PromptedCache,
                             first_answer_logprobs)
 from ..sharing import registry
 from ..sharing.caches import ConditionCaches, condition_caches
+from ..sharing.mean import MEAN
 from ..sharing.method import translated_seconds
 from ..sharing.random_window import RANDOM
 from ..sharing.registry import REFERENCE, TRANSLATED
@@ -49,7 +50,7 @@ FIT_PREFIX = "fit: "  # checkpoints fitted in the app (mot_viz.train.quickfit), 
 CONTROL_SEED = 0  # the Answers page's random control; the Shift page reuses its cache at this seed
 # the methods whose caches the Answers page builds on request, apart from CONDITIONS: those reading the mean native
 # window (a window with no context in it, method.md §13), computed once per target and window layers
-WITH_MEANS = registry.names(lambda m: m.needs.means, registry.choices("evaluate"))
+WITH_MEANS = (MEAN.name,)
 
 
 def available_checkpoints() -> dict[str, str]:
@@ -188,7 +189,7 @@ def get_translation(sel: Selection, checkpoint: str | None = None) -> Translatio
 def _cached_condition_caches(key: TranslationKey) -> ConditionCaches:
     """Every answer condition's cache of the key's translation, with its build time (mot_viz.eval.answers)."""
     src, tgt, mot = _loaded(key)
-    return condition_caches(mot, src, tgt, None, _cached_translation(key), seed=CONTROL_SEED)
+    return condition_caches(mot, src, tgt, None, _cached_translation(key), seed=CONTROL_SEED, conditions=CONDITIONS)
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
@@ -197,7 +198,8 @@ def _cached_mean_caches(key: TranslationKey) -> ConditionCaches:
     themselves are computed once per target and window)."""
     src, tgt, mot = _loaded(key)
     means = cached_mean_vectors(key.target, tuple(mot.channels.target_layers), test_mode())
-    return condition_caches(mot, src, tgt, None, _cached_translation(key), conditions=WITH_MEANS, means=means)
+    return condition_caches(mot, src, tgt, None, _cached_translation(key), conditions=WITH_MEANS,
+                            artifacts={MEAN.name: means})
 
 
 def _caches_of(key: TranslationKey, condition: str) -> ConditionCaches:

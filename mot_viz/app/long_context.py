@@ -20,6 +20,8 @@ from ..engine.models import LoadedModel, kv_cache_bytes
 from ..eval.answers import MAX_NEW_TOKENS
 from ..eval.long_context import evaluate_document
 from ..eval.long_settings import CONDITIONS, QUESTION_ROOM, LongSettings, check_budget
+from ..sharing.linear import LINEAR, LINEAR_OPTION
+from ..sharing.mean import MEAN
 from ..sharing.registry import REFERENCE, REGISTRY
 from .loaders import cached_mean_vectors, checkpoint_stamp, get_checkpoint, get_model, linear_baseline_for
 from .settings import REPO_ROOT, test_mode
@@ -106,12 +108,14 @@ def _cached_long_document(source_model: str, target_model: str, checkpoint: str,
                           doc: LongExample) -> LongView:
     src, tgt = get_model(source_model), get_model(target_model)
     mot = get_checkpoint(checkpoint, src, tgt)[0]
+    # the methods' artifacts as the app caches them: the pair's closed-form map (when there is one), the mean window
     linear_path = linear_baseline_for(checkpoint, mot)
-    linear = get_checkpoint(linear_path, src, tgt)[0] if linear_path else None
-    conditions = tuple(c for c in CONDITIONS if not REGISTRY[c].needs.linear or linear is not None)
-    settings = LongSettings(checkpoint, linear_path, doc.source, (doc.budget,), 1, 0, conditions=conditions)
-    means = cached_mean_vectors(target_model, tuple(mot.channels.target_layers), test)
-    result = evaluate_document(mot, linear, src, tgt, doc, settings, means)
+    artifacts = {LINEAR.name: get_checkpoint(linear_path, src, tgt)[0] if linear_path else None,
+                 MEAN.name: cached_mean_vectors(target_model, tuple(mot.channels.target_layers), test)}
+    conditions = tuple(c for c in CONDITIONS if REGISTRY[c].has(artifacts.get(c)))
+    settings = LongSettings(checkpoint, doc.source, (doc.budget,), 1, 0, conditions=conditions,
+                            options={LINEAR_OPTION.name: linear_path})
+    result = evaluate_document(mot, src, tgt, doc, settings, artifacts)
     rows = pd.DataFrame(result.rows)
     scores = pd.to_numeric(rows.set_index("condition")["score"])  # NaN: a user's question without a gold answer
     native = float(scores[REFERENCE])

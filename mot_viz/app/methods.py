@@ -12,13 +12,15 @@ import pandas as pd
 import streamlit as st
 
 from ..analysis.method_figures import shipped_points
-from ..analysis.methods import MethodsResult, cache_methods, relay_methods
+from ..analysis.methods import MethodsResult, cache_methods, methods, relay_methods
 from ..engine.checkpoint import read_config
 from ..engine.mot import MoT
 from ..errors import MotVizError
-from ..sharing.direct import DIRECT
-from ..sharing.kvcomm import KVCOMM, check_kvcomm_pair, kvcomm_selection
-from ..sharing.linear import LINEAR
+from ..sharing import registry
+from ..sharing.caches import run_artifacts
+from ..sharing.direct import DIRECT, DIRECT_OPTION
+from ..sharing.kvcomm import KVCOMM, check_kvcomm_pair
+from ..sharing.linear import LINEAR, LINEAR_OPTION
 from ..sharing.relay import RELAY_TOKENS
 from .loaders import (available_checkpoints, checkpoint_stamp, get_checkpoint, get_model, get_translation,
                       linear_baseline_for)
@@ -27,12 +29,14 @@ from .state import Run, Selection
 
 
 class MethodsOffer(NamedTuple):
-    """Which of the optional methods the applied pair and checkpoint offer, and why not where one is missing."""
+    """Which ways of sharing the applied pair and checkpoint offer beside those every run has, under which options,
+    and why not where one is missing."""
 
-    linear: str | None  # a linear checkpoint of the same pair and window
-    direct: str | None  # a full-depth map without replay for the pair
-    kvcomm: bool  # a pair whose caches have one shape per layer and one tokenizer
+    options: dict  # the options the offered methods read, by Option.name (the maps found for this pair)
     missing: dict[str, str]  # method -> one line saying why it is not offered
+
+    def offers(self, name: str) -> bool:
+        return name not in self.missing
 
 
 def direct_map_for(mot: MoT) -> str | None:
@@ -49,8 +53,21 @@ def direct_map_for(mot: MoT) -> str | None:
     return None
 
 
+def _loads(path: str | None, what: str, run: Run) -> tuple[str | None, str | None]:
+    """(path, None) when the checkpoint on offer at path loads for the run's pair, else (None, the note saying why it
+    is left out): a broken one leaves out that method only, never the page (the user never chose it)."""
+    if path is None:
+        return None, None
+    try:
+        get_checkpoint(path, run.source, run.target)
+    except MotVizError as exc:
+        return None, (f"the {what} {Path(path).name} does not load ({type(exc).__name__}: {str(exc)[:300]}). Fix or "
+                      "remove that folder; the other methods are shown.")
+    return path, None
+
+
 def methods_offer(run: Run) -> MethodsOffer:
-    """The optional methods for the run's pair and checkpoint."""
+    """The optional methods for the run's pair and checkpoint, and the options they read (the maps found for it)."""
     missing = {}
     linear = None
     if run.mot.translator.config.variant == "linear":
@@ -60,39 +77,38 @@ def methods_offer(run: Run) -> MethodsOffer:
         if linear is None:
             missing[LINEAR.name] = ("no linear checkpoint (a `-linear` folder) for this pair and window: the sidebar's "
                                  "“Fit a linear translator” makes one.")
+        linear, broken = _loads(linear, "linear map", run)
+        if broken:
+            missing[LINEAR.name] = broken
     direct = direct_map_for(run.mot)
     if direct is None:
         missing[DIRECT.name] = ("no full-depth map without replay for this pair (e.g. pretrained/smollm2-to-gemma3-"
                              "direct; python -m mot_viz.train.quickfit --direct fits one).")
-    else:
-        try:  # a broken one leaves out that method only, never the page
-            get_checkpoint(direct, run.source, run.target)
-        except MotVizError as exc:
-            missing[DIRECT.name] = (f"the full-depth map {Path(direct).name} does not load ({type(exc).__name__}: "
-                                 f"{str(exc)[:300]}). Fix or remove that folder; the other methods are shown.")
-            direct = None
+    direct, broken = _loads(direct, "full-depth map", run)
+    if broken:
+        missing[DIRECT.name] = broken
     try:
         check_kvcomm_pair(run.source.spec, run.target.spec)
-        kvcomm = True
     except MotVizError as exc:
-        kvcomm = False
         # the check's message less its command-line advice
         missing[KVCOMM.name] = (str(exc).split(" Use it with")[0] + " It is offered for a pair of one architecture "
                              "(e.g. smollm2-135m → smollm2-135m).")
-    return MethodsOffer(linear, direct, kvcomm, missing)
+    return MethodsOffer({LINEAR_OPTION.name: linear, DIRECT_OPTION.name: direct}, missing)
 
 
-def _stamp(path: str | None) -> int:
-    return checkpoint_stamp(path) if path else 0
+def option_stamps(options: dict) -> tuple:
+    """The options as a cache key: each value, and where it names a checkpoint folder, its stamp (a refitted map
+    is another key)."""
+    return tuple((name, value, checkpoint_stamp(value) if isinstance(value, str) and Path(value).is_dir() else 0)
+                 for name, value in sorted(options.items()))
 
 
 def cached_methods(run: Run, offer: MethodsOffer, max_new_tokens: int) -> MethodsResult:
     """Every method but the text relay on the applied context (mot_viz.analysis.methods.cache_methods); computed
     once per context, pair, checkpoint and offer."""
     sel = run.selection
-    return _cached_cache_methods(sel, checkpoint_stamp(sel.checkpoint), test_mode(), offer.linear,
-                                 _stamp(offer.linear), offer.direct, _stamp(offer.direct), offer.kvcomm,
-                                 max_new_tokens)
+    return _cached_cache_methods(sel, checkpoint_stamp(sel.checkpoint), test_mode(), option_stamps(offer.options),
+                                 tuple(offer.missing), max_new_tokens)
 
 
 def cached_relays(run: Run, max_new_tokens: int, relay_tokens: int = RELAY_TOKENS) -> MethodsResult:
@@ -102,15 +118,16 @@ def cached_relays(run: Run, max_new_tokens: int, relay_tokens: int = RELAY_TOKEN
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
-def _cached_cache_methods(sel: Selection, stamp: int, test: bool, linear: str | None, linear_stamp: int,
-                          direct: str | None, direct_stamp: int, kvcomm: bool, max_new_tokens: int) -> MethodsResult:
+def _cached_cache_methods(sel: Selection, stamp: int, test: bool, options: tuple, missing: tuple[str, ...],
+                          max_new_tokens: int) -> MethodsResult:
     src, tgt = get_model(sel.source), get_model(sel.target)
     mot = get_checkpoint(sel.checkpoint, src, tgt)[0]
-    # KVComm calibrates its layer choice on a set of size 1 (its default): here, this context and question
-    selection = kvcomm_selection(src, tgt, [sel.example]) if kvcomm else None
-    return cache_methods(mot, src, tgt, sel.example, get_translation(sel), sel.suffix,
-                         linear=get_checkpoint(linear, src, tgt)[0] if linear else None,
-                         direct=get_checkpoint(direct, src, tgt)[0] if direct else None, kvcomm=selection,
+    opts = {name: value for name, value, _ in options}
+    # what each offered method loads (Method.load); a calibrated one (KVComm's layer choice) on a set of size 1, its
+    # default: here, this context and question
+    offered = tuple(m for m in methods() if m not in missing and not registry.method(m).message)
+    artifacts = run_artifacts(offered, opts, src, tgt, mot, [sel.example] if sel.example is not None else [])
+    return cache_methods(mot, src, tgt, sel.example, get_translation(sel), sel.suffix, artifacts, opts,
                          max_new_tokens=max_new_tokens)
 
 

@@ -19,12 +19,12 @@ from ..engine.prompts import build_prompt
 from ..errors import ConfigError
 from ..eval.answers import MAX_NEW_TOKENS
 from ..eval.long_settings import QUESTION_ROOM, check_budget
-from ..sharing.kvcomm import kvcomm_selection
+from ..sharing.caches import run_artifacts
 from ..sharing.registry import REGISTRY, method as way_of
 from ..eval.patching import PATCHING_FILE, layer_error_columns, method_cache, read_patching, scan_rows
 from .loaders import checkpoint_stamp, get_checkpoint, get_model, get_translation
-from .long_context import USER_MAX_TOKENS, cached_document, readers
-from .methods import MethodsOffer
+from .long_context import LONG_DOCUMENTS, USER_MAX_TOKENS, cached_document, readers
+from .methods import MethodsOffer, option_stamps
 from .page import widget_default
 from .settings import test_mode
 from .state import Run, Selection
@@ -42,8 +42,8 @@ def long_selection(run: Run) -> Selection:
     opened; offered here too, so this page's link carries them), or the user's own text with its question and gold
     answer. ConfigError (one line) for a text of the user's without a gold answer: a scan reads the gold answer."""
     for key, default in LONG_DEFAULTS.items():
-        widget_default(key, default, {"pg.long.source": list(LONG_SOURCES),
-                                      "pg.long.budget": list(BUDGETS)}.get(key))
+        widget_default(key, default, {"pg.long.source": list(LONG_SOURCES), "pg.long.budget": list(BUDGETS),
+                                      "pg.long.doc": range(LONG_DOCUMENTS)}.get(key))
     state, sel = st.session_state, run.selection
     if state["pg.long.source"] == "yours":
         if not state["pg.long.gold"].strip():
@@ -62,16 +62,14 @@ def long_selection(run: Run) -> Selection:
     return replace(sel, text=prompt.context_text, example=doc.example, suffix=prompt.suffix_text, label=label)
 
 
-def method_path(method: str, offer: MethodsOffer) -> str | None:
-    """The checkpoint a method's cache needs besides the run's own (the map it needs: linear, direct), or None."""
-    needs = way_of(method).needs
-    return offer.linear if needs.linear else offer.direct if needs.direct else None
+def method_options(method: str, offer: MethodsOffer) -> dict:
+    """The offer's options that `method` reads (Method.options: the map it needs, ...)."""
+    return {o.name: offer.options.get(o.name) for o in way_of(method).options}
 
 
 def offered_methods(offer: MethodsOffer) -> list[str]:
     """The methods a scan can patch on this pair and checkpoint: always the MoT, the others where offered."""
-    given = dict(linear=offer.linear, direct=offer.direct, kvcomm=offer.kvcomm or None)
-    return [name for name, way in REGISTRY.items() if way.patchable and way.has(given)]
+    return [name for name, way in REGISTRY.items() if way.patchable and offer.offers(name)]
 
 
 def gold_answer_text(sel: Selection) -> str:
@@ -87,23 +85,21 @@ def scan(run: Run, offer: MethodsOffer, method: str, groups: dict[str, tuple[int
          buckets: bool) -> pd.DataFrame:
     """The run's scan for `method` (rows of mot_viz.eval.patching.scan_rows), computed once per input."""
     gold_answer_text(run.selection)
-    path = method_path(method, offer)
-    return _cached_scan(run.selection, checkpoint_stamp(run.selection.checkpoint), test_mode(), method, path,
-                        checkpoint_stamp(path) if path else 0, tuple(groups.items()), buckets)
+    return _cached_scan(run.selection, checkpoint_stamp(run.selection.checkpoint), test_mode(), method,
+                        option_stamps(method_options(method, offer)), tuple(groups.items()), buckets)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
-def _cached_scan(sel: Selection, stamp: int, test: bool, method: str, path: str | None, path_stamp: int,
+def _cached_scan(sel: Selection, stamp: int, test: bool, method: str, options: tuple,
                  groups: tuple[tuple[str, tuple[int, ...]], ...], buckets: bool) -> pd.DataFrame:
     src, tgt = get_model(sel.source), get_model(sel.target)
     mot = get_checkpoint(sel.checkpoint, src, tgt)[0]
     translation = get_translation(sel)
-    needs = way_of(method).needs
-    models = dict(linear=get_checkpoint(path, src, tgt)[0] if needs.linear else None,
-                  direct=get_checkpoint(path, src, tgt)[0] if needs.direct else None,
-                  # KVComm calibrates its layer choice on a set of size 1 (its default): here, this context and question
-                  kvcomm=kvcomm_selection(src, tgt, [sel.example]) if needs.kvcomm else None)
-    cache = method_cache(method, mot, src, tgt, translation, **models)
+    opts = {name: value for name, value, _ in options}
+    # what the method loads (Method.load); KVComm calibrates its layer choice on a set of size 1 (its default): here,
+    # this context and question
+    artifact = run_artifacts((method,), opts, src, tgt, mot, [sel.example])[method]
+    cache = method_cache(method, mot, src, tgt, translation, artifact, opts)
     question = tgt.ids_tensor(encode(tgt.tokenizer, sel.suffix))
     answer = answer_token_ids(tgt.tokenizer, sel.example, None)
     positions = None

@@ -22,7 +22,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save, save_file
 
 from ..errors import CheckpointError, ConfigError
-from ..fsutil import temp_parts, write_text_atomic
+from ..fsutil import named, temp_parts, write_text_atomic
 from .channels import Channels
 from .model_cache import file_sha256
 from .models import ModelSpec
@@ -104,9 +104,19 @@ def write_checkpoint(mot: MoT, folder: Path, dtype: torch.dtype = torch.float32,
     return folder
 
 
-def swap_into_place(tmp: Path, path: Path) -> Path:
-    """Rename a finished folder over path; a kill between the renames leaves path.old-PID and tmp, both whole."""
-    if path.exists():
+def swap_into_place(tmp: Path, path: Path, overwrite: bool = False) -> Path:
+    """Rename a finished folder over path; a kill between the renames leaves path.old-PID and tmp, both whole.
+
+    It removes only what the new folder replaces: a file at path, or (unless `overwrite`, which the caller passes
+    for a user's --overwrite or for files it carries over itself) a folder holding names the new one lacks, is
+    refused with ConfigError, tmp removed and path untouched."""
+    if path.exists() or path.is_symlink():
+        lacking = sorted({p.name for p in path.iterdir()} - {p.name for p in tmp.iterdir()}) if path.is_dir() else []
+        if not path.is_dir() or (lacking and not overwrite):
+            shutil.rmtree(tmp, ignore_errors=True)
+            what = f"holds files it did not write ({named(lacking)})" if path.is_dir() else "is a file"
+            raise ConfigError(f"{path} {what}, which writing this folder there would delete. Pass a new or empty "
+                              "folder" + (", or --overwrite to replace them." if path.is_dir() else "."))
         old = path.with_name(path.name + f".old-{os.getpid()}")
         shutil.rmtree(old, ignore_errors=True)
         os.replace(path, old)
@@ -119,13 +129,14 @@ def swap_into_place(tmp: Path, path: Path) -> Path:
 
 def save_checkpoint(mot: MoT, path: str | Path, dtype: torch.dtype = torch.float32,
                     training: dict | None = None, metrics: dict | None = None, extra: dict | None = None,
-                    shared_linear: str | Path | None = None) -> Path:
-    """Write the checkpoint folder atomically (a temporary folder renamed into place); see write_checkpoint."""
+                    shared_linear: str | Path | None = None, overwrite: bool = False) -> Path:
+    """Write the checkpoint folder atomically (a temporary folder renamed into place); see write_checkpoint.
+    A folder at path holding other files than a checkpoint's is replaced only with `overwrite` (swap_into_place)."""
     path = Path(path)
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
     write_checkpoint(mot, tmp, dtype, training, metrics, extra,
                      shared_linear=None if shared_linear is None else Path(shared_linear), final=path)
-    return swap_into_place(tmp, path)
+    return swap_into_place(tmp, path, overwrite)
 
 
 def read_config(path: str | Path) -> dict:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import unicodedata
 from pathlib import Path
 
 from ..errors import ModelLoadError
@@ -26,6 +27,25 @@ BUNDLED_MODELS = {
 
 # Pickled weights: unpickling can run arbitrary code, so MoT Viz never loads them (safetensors only).
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
+NAME_CHARACTERS = 4096  # the longest model name: a path's limit on Linux (PATH_MAX)
+
+
+def check_model_name(name: object) -> None:
+    """Refuse (ModelLoadError), as text and before any file is read or memory allocated, a model name that no model
+    can have: one past NAME_CHARACTERS characters, or holding a control character (a newline pasted with it, a NUL).
+    An empty or blank name (or none) is refused where a model loads."""
+    if not isinstance(name, str) or not name.strip():  # refused where a model loads: it would name the current folder
+        return
+    if len(name) > NAME_CHARACTERS:
+        raise ModelLoadError(f"The model name {name[:40]!r}… is {len(name):,} characters long: no model name or path "
+                             f"is longer than {NAME_CHARACTERS:,}. Pass the model's name or its folder's path.")
+    control = sorted({c for c in name if unicodedata.category(c) == "Cc"})
+    if control:
+        raise ModelLoadError(f"The model name {name[:80]!r} holds the control character"
+                             f"{'s' * (len(control) > 1)} {', '.join(map(repr, control))}, which no model name has "
+                             "(a newline or tab pasted with it?). Pass the name without it.")
 
 
 def supported_message() -> str:

@@ -23,8 +23,8 @@ from ..cli import run_cli
 from ..errors import ModelLoadError
 from .model_cache import Progress
 from .model_cache import cache_dir  # noqa: F401  (re-exported: the banks live in the same cache)
-from .model_files import (BUNDLED_MODELS, MODEL_FOLDER, bundled_model_dir, check_supported, local_folder,
-                          supported_message)
+from .model_files import (BUNDLED_MODELS, MODEL_FOLDER, bundled_model_dir, check_model_name, check_supported,
+                          local_folder, supported_message)
 from .synthetic import is_synthetic
 from . import synthetic
 from .prompts import ChatFrame
@@ -231,8 +231,9 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, progress: Progress
     (a callable taking one message; default: stderr) reports conversions. Raises ModelLoadError with the fix
     for anything that cannot be loaded here; local paths are checked before transformers reads them.
     """
+    check_model_name(name)
     device = model_device(device)
-    if is_synthetic(name):  # built on the device, after its size is checked against the device's free memory
+    if is_synthetic(name):  # built on the device, after its size is checked against the memory it may use
         synthetic.parse_name(name)
         synthetic.check_fits([name], device, dtype)
         return prepare_model(*synthetic.build(name, dtype, device), name)
@@ -242,12 +243,25 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, progress: Progress
     return loaded
 
 
+def load_pair(source: str, target: str, dtype: torch.dtype = torch.float32,
+              device: str | torch.device | None = None) -> tuple[LoadedModel, LoadedModel]:
+    """Load a source and a target model (load_model), both names checked and both synthetic models' sizes checked
+    together before either is built: a pair that cannot fit is refused before minutes of building the first."""
+    for name in (source, target):
+        check_model_name(name)
+        if is_synthetic(name):
+            synthetic.parse_name(name)
+    synthetic.check_fits([source, target], model_device(device), dtype)
+    return load_model(source, dtype, device=device), load_model(target, dtype, device=device)
+
+
 def model_geometry(name: str) -> tuple[int, int] | None:
     """(layers, K/V width n_kv·d_h) of a bundled model, a synthetic one or a local model folder from its config alone,
     before its weights load (a command's checks of its arguments); None for anything else (a .gguf file or a Hub id:
     checked once loaded)."""
     from transformers import AutoConfig
 
+    check_model_name(name)
     path = Path(name).expanduser() if isinstance(name, str) else None
     if name in BUNDLED_MODELS:
         path = bundled_model_dir(name)

@@ -31,7 +31,10 @@ SYNTHETIC_ALIGNMENT = ("the alignment of two synthetic models is the identity on
                        "same token ids; no tokenizer)")
 STREAM_START = 16  # the id stream draws from [STREAM_START, shared vocabulary): no special token's id (the bundled
 # pair's BOS, EOS, pad and unknown ids are all below it)
-_NAME = re.compile(r"^synthetic:([A-Za-z0-9._-]+?)(?:@(\d+))?$")
+# the whole name (fullmatch: a trailing newline is no other model); an architecture name of at most 100 characters
+_NAME = re.compile(r"synthetic:([A-Za-z0-9._-]{1,100}?)(?:@(\d+))?")
+PROC, CGROUP = Path("/proc"), Path("/sys/fs/cgroup")  # where the process's memory limits are read
+UNLIMITED = 2**60  # a cgroup v1 limit at or above this is "no limit" (the kernel writes 2^63 rounded to a page)
 
 
 def is_synthetic(name: object) -> bool:
@@ -46,13 +49,23 @@ def synthetic_names() -> list[str]:
 
 def parse_name(name: str) -> tuple[str, int | None]:
     """(architecture, layers or None) of ``synthetic:<architecture>[@<layers>]``; ModelLoadError when unknown."""
-    match = _NAME.match(name)
+    match = _NAME.fullmatch(name)
     known = ", ".join(synthetic_names()) or f"none (no JSON in {ARCHITECTURES})"
     if match is None or not (ARCHITECTURES / f"{match.group(1)}.json").is_file():
-        raise ModelLoadError(f"Unknown synthetic model '{name}': synthetic models are {known} (optionally "
+        raise ModelLoadError(f"Unknown synthetic model {_quoted(name)}: synthetic models are {known} (optionally "
                              "'@<layers>' for a reduced depth, e.g. synthetic:llama3.2-1b@2).")
-    layers = int(match.group(2)) if match.group(2) else None
-    return match.group(1), layers
+    digits = match.group(2)
+    if digits is not None and len(digits.lstrip("0")) > 6:  # far past any model's depth (and int()'s digit limit)
+        raise ModelLoadError(f"{_quoted(name)} asks for a {len(digits):,}-digit number of layers: write "
+                             f"synthetic:{match.group(1)}@<layers>, e.g. @2, or synthetic:{match.group(1)} for all.")
+    return match.group(1), int(digits) if digits else None
+
+
+def _quoted(name: str, most: int = 80) -> str:
+    """A model name as a message quotes it: repr (a control character shows), cut short past `most` characters."""
+    if len(name) <= most:
+        return repr(name)
+    return f"{name[:most // 2]!r}…{name[-(most // 4):]!r} ({len(name):,} characters)"
 
 
 @functools.lru_cache(maxsize=None)
@@ -91,20 +104,81 @@ def parameter_count(name: str) -> int:
 
 
 def available_bytes(device: torch.device) -> int | None:
-    """Free memory of a device (a GPU's free memory, the CPU's available RAM); None where it cannot be read."""
+    """Memory this process may still allocate on a device: a GPU's free memory; on the CPU the least of the machine's
+    available RAM (MemAvailable), the room under its cgroup's memory limits (v2 and v1, its own and those above it)
+    and under its address-space and data rlimits. None where none of them can be read."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
+    rooms = [_meminfo_available(), _cgroup_room(), *_rlimit_rooms()]
+    return min((r for r in rooms if r is not None), default=None)
+
+
+def _meminfo_available() -> int | None:
     try:
-        with open("/proc/meminfo") as f:
-            fields = dict(line.split(":", 1) for line in f)
+        with open(PROC / "meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
         return int(fields["MemAvailable"].split()[0]) * 1024
     except (OSError, KeyError, ValueError):
         return None
 
 
+def _read_bytes(path: Path) -> int | None:
+    """A cgroup file's number of bytes; None for "max" (no limit) or a file that cannot be read."""
+    try:
+        text = path.read_text().strip()
+        return None if text == "max" else int(text)
+    except (OSError, ValueError):
+        return None
+
+
+def _cgroup_room() -> int | None:
+    """Bytes left under the tightest memory limit of this process's cgroup and those above it (cgroup v2
+    memory.max - memory.current, v1 memory.limit_in_bytes - memory.usage_in_bytes); None when none is set."""
+    try:
+        lines = (PROC / "self" / "cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    rooms = []
+    for line in lines:
+        _, controllers, where = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":
+            base, limit_name, usage_name = CGROUP, "memory.max", "memory.current"
+        elif "memory" in controllers.split(","):
+            base, limit_name, usage_name = CGROUP / "memory", "memory.limit_in_bytes", "memory.usage_in_bytes"
+        else:
+            continue
+        own = Path(where.strip().lstrip("/"))
+        for folder in {base / own, *(base / up for up in own.parents)}:  # a container mounts its own at base
+            limit = _read_bytes(folder / limit_name)
+            if limit is not None and limit < UNLIMITED:
+                rooms.append(max(limit - (_read_bytes(folder / usage_name) or 0), 0))
+    return min(rooms, default=None)
+
+
+def _rlimit_rooms() -> list[int | None]:
+    """Bytes left under RLIMIT_AS (the address space, VmSize) and RLIMIT_DATA (VmData); None where unlimited."""
+    import resource
+
+    try:
+        with open(PROC / "self" / "status") as f:
+            status = dict(line.split(":", 1) for line in f if ":" in line)
+    except OSError:
+        status = {}
+    rooms = []
+    for limit, used in ((resource.RLIMIT_AS, "VmSize"), (resource.RLIMIT_DATA, "VmData")):
+        soft = resource.getrlimit(limit)[0]
+        try:
+            in_use = int(status[used].split()[0]) * 1024
+        except (KeyError, ValueError):
+            in_use = 0
+        rooms.append(None if soft == resource.RLIM_INFINITY else max(soft - in_use, 0))
+    return rooms
+
+
 def check_fits(names: list[str], device: torch.device, dtype: torch.dtype = torch.float32) -> None:
-    """Refuse (ModelLoadError), before anything is loaded, synthetic models whose weights together exceed the
-    device's free memory; names that are not synthetic are not counted."""
+    """Refuse (ModelLoadError), before anything is loaded, synthetic models whose weights together exceed the memory
+    this process may still allocate on the device (available_bytes); names that are not synthetic are not counted.
+    A command loading a pair passes both names, so neither is built when the two cannot fit."""
     synthetic = [n for n in names if is_synthetic(n)]
     if not synthetic:
         return
@@ -115,8 +189,9 @@ def check_fits(names: list[str], device: torch.device, dtype: torch.dtype = torc
         what = " and ".join(synthetic)
         raise ModelLoadError(
             f"{what} need{'s' * (len(synthetic) == 1)} {needed / 2**30:.1f} GiB for {str(dtype).removeprefix('torch.')} "
-            f"weights (activations come on top), but {device} has {free / 2**30:.1f} GiB free: use a device with more "
-            "memory, bfloat16, or fewer layers (synthetic:<name>@<layers>).")
+            f"weights (activations come on top), but {device} has {free / 2**30:.1f} GiB free for this process (its "
+            "memory limits counted): use a device with more memory, bfloat16, or fewer layers "
+            "(synthetic:<name>@<layers>).")
 
 
 def model_seed(name: str, seed: int = 0) -> int:

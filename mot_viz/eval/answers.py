@@ -20,7 +20,8 @@ from ..engine.prompts import QAExample, build_prompt, choice_label_texts
 from ..errors import ContextError
 from ..sharing.caches import condition_caches
 from ..sharing.mot import MOT
-from ..sharing.registry import DEFAULTS, REGISTRY, choices, labels
+from ..sharing.registry import REGISTRY, choices, labels
+from .policy import DEFAULTS
 from .qa_metrics import exact_match, normalize_answer, postprocess_generation, squad_f1
 
 CONDITIONS = DEFAULTS["evaluate"]  # what every evaluation and the app answer under
@@ -195,7 +196,7 @@ def answer_all(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAEx
                translation: Translation | None = None, seed: int = 0,
                max_new_tokens: int = MAX_NEW_TOKENS) -> dict[str, Answer]:
     """Answers of every condition for one example."""
-    caches = condition_caches(mot, source, target, example, translation, seed)
+    caches = condition_caches(mot, source, target, example, translation, seed, CONDITIONS)
     return answers_from_caches(target, caches.kv, example, max_new_tokens)
 
 

@@ -31,7 +31,7 @@ import datetime
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -49,35 +49,48 @@ from ..engine.prompts import QAExample, build_prompt
 from ..errors import ConfigError, ContextError
 from ..fsutil import write_csv_atomic, write_text_atomic
 from ..sharing import registry
-from ..sharing.caches import SharingModels, condition_caches, load_sharing
+from ..sharing.caches import condition_caches, run_artifacts
 from ..sharing.costs import COST_COLUMNS, LOOPED_COLUMNS, MESSAGE_COLUMNS, cost_fields, cost_medians, work_text
-from ..sharing.kvcomm import KVCOMM_FRACTION
-from ..sharing.linear import default_linear
 from ..sharing.method import Request
 from ..sharing.registry import FLOOR, REFERENCE, TRANSLATED
-from ..sharing.relay import RELAY_TOKENS
-from ..train.mean_vector import MeanVectors
 from .answers import MAX_NEW_TOKENS, answers_from_caches
+from .policy import ALWAYS
 from .report import paired_differences
 from .processes import Spread, resumed_table, run_units, shown
 from .results_folder import ResultsTable
+from .sharing_settings import SharingSettings
 from .qa_metrics import bootstrap_ci, condition_ratios
 
 KIND = "conversation"  # this evaluation, as the sharing registry names it
-CONDITIONS = registry.ALWAYS[KIND]  # every run's
-OTHERS = tuple(c for c in registry.choices(KIND) if c not in CONDITIONS)  # on request, in the rows' order
-CONTROLS = registry.controls(OTHERS)  # the pair's closed-form map of the window, the mean-vector window
-# the other ways of sharing the story (a method written for one question cannot serve a conversation)
-SHARED = registry.names(lambda m: not m.for_question, tuple(c for c in OTHERS if c not in CONTROLS))
-# the paired tests: does the MoT beat no story, its own map, a window with no story in it, each way of sharing it?
-PAIRS = ((TRANSLATED, FLOOR), *((TRANSLATED, c) for c in CONTROLS), *registry.control_pairs(CONTROLS),
-         *((TRANSLATED, c) for c in SHARED), *((c, FLOOR) for c in SHARED))
+CONDITIONS = ALWAYS[KIND]  # every run's
+
+
+def others() -> tuple[str, ...]:
+    """The ways of sharing answered on request, in the rows' order."""
+    return tuple(c for c in registry.choices(KIND) if c not in CONDITIONS)
+
+
+def controls() -> tuple[str, ...]:
+    """The controls on request: the pair's closed-form map of the window, the mean-vector window."""
+    return registry.controls(others())
+
+
+def shared() -> tuple[str, ...]:
+    """The other ways of sharing the story on request (a method written for one question cannot serve a
+    conversation)."""
+    return registry.names(lambda m: not m.for_question, tuple(c for c in others() if c not in controls()))
+
+
+def pairs() -> tuple[tuple[str, str], ...]:
+    """The paired tests: does the MoT beat no story, its own map, a window with no story in it, each way of sharing
+    it?"""
+    return ((TRANSLATED, FLOOR), *((TRANSLATED, c) for c in controls()), *registry.control_pairs(controls()),
+            *((TRANSLATED, c) for c in shared()), *((c, FLOOR) for c in shared()))
 ROW_COLUMNS = ("id", "genre", "turn", "condition", "score", "answer", "gold", "turn_seconds", "cache_tokens",
                "story_tokens", "source_tokens", "source_prefill", "alignment", "translator", "replay",
                "native_prefill", "error", *MESSAGE_COLUMNS, *COST_COLUMNS, *LOOPED_COLUMNS)
 TEXT_COLUMNS = ("id", "genre", "condition", "answer", "gold", "error", "message", "target_work")
-RESUME_KEYS = ("checkpoint", "linear", "turns", "seed", "max_new_tokens", "max_story_tokens", "conditions",
-               "relay_tokens", "direct", "kvcomm_fraction")
+RESUME_KEYS = ("checkpoint", "turns", "seed", "max_new_tokens", "max_story_tokens", "conditions", "options")
 RESULTS = ResultsTable(ROW_COLUMNS, TEXT_COLUMNS, ("id",),
                        ("turn", "score", "turn_seconds", "cache_tokens", "story_tokens", "source_tokens"),
                        ("source_prefill", "alignment", "translator", "replay", "native_prefill"),
@@ -87,7 +100,7 @@ HISTORY_ROOM = 24  # target tokens allowed per turn for its question and referen
 
 
 @dataclass
-class ConversationSettings:
+class ConversationSettings(SharingSettings):
     """How one conversation run was made; written beside its results."""
 
     checkpoint: str
@@ -97,27 +110,24 @@ class ConversationSettings:
     max_new_tokens: int = MAX_NEW_TOKENS
     max_story_tokens: int = 512
     bootstrap: int = 1000
-    conditions: tuple[str, ...] = CONDITIONS  # CONDITIONS and any of CONTROLS and SHARED
-    relay_tokens: int = RELAY_TOKENS  # the longest relay message, in source tokens
-    direct: str | None = None  # the full-depth map without replay the "direct" condition answers from (--direct)
-    kvcomm_fraction: float = KVCOMM_FRACTION  # share of the layers the kvcomm condition shares
-    linear: str | None = None  # the closed-form map of the same window (--linear; default "<checkpoint>-linear")
-    kvcomm_layers: tuple[int, ...] = ()  # the layers the kvcomm condition shared (set by run())
+    conditions: tuple[str, ...] = CONDITIONS  # CONDITIONS and any of controls() and shared()
+    options: dict = field(default_factory=dict)  # the ways of sharing's options, by name (registry.run_options)
+    recorded: dict = field(default_factory=dict)  # what their artifacts recorded (kvcomm's layers; set by run())
+
+    @classmethod
+    def offered(cls) -> tuple[str, ...]:
+        return registry.choices(KIND)
 
     @classmethod
     def from_json(cls, data: dict) -> ConversationSettings:
-        return cls(**{**data, "conditions": tuple(data.get("conditions", CONDITIONS)),
-                      "kvcomm_layers": tuple(data.get("kvcomm_layers", ()))})
+        return cls(**{**cls.split_json(data), "conditions": tuple(data.get("conditions", CONDITIONS))})
 
     def command(self, out_dir: Path | None = None) -> str:
-        return (f"python -m mot_viz.eval.conversation --checkpoint {self.checkpoint}"
-                + (f" --linear {self.linear}" if self.linear else "") + f" --n {self.n} --turns {self.turns}"
-                f" --seed {self.seed} --max_new_tokens {self.max_new_tokens} --max_story_tokens "
+        return (f"python -m mot_viz.eval.conversation --checkpoint {self.checkpoint} --n {self.n} --turns "
+                f"{self.turns} --seed {self.seed} --max_new_tokens {self.max_new_tokens} --max_story_tokens "
                 f"{self.max_story_tokens}"
                 + ("" if self.conditions == CONDITIONS else f" --conditions {' '.join(self.conditions)}")
-                + ("" if self.relay_tokens == RELAY_TOKENS else f" --relay_tokens {self.relay_tokens}")
-                + (f" --direct {self.direct}" if self.direct else "")
-                + ("" if self.kvcomm_fraction == KVCOMM_FRACTION else f" --kvcomm_fraction {self.kvcomm_fraction}")
+                + self.option_args(self.conditions)
                 + (f" --out {out_dir}" if out_dir is not None else ""))
 
 
@@ -130,12 +140,12 @@ def check_settings(settings: ConversationSettings) -> dict:
     if for_question:
         raise ConfigError(f"{for_question[0]} writes the background for one question, and a conversation asks one "
                           "per turn: use relay (the source's summary of the story, written once and kept).")
-    registry.check_names(settings.conditions, CONDITIONS + CONTROLS + SHARED)
+    registry.check_names(settings.conditions, CONDITIONS + controls() + shared())
     if not set(CONDITIONS) <= set(settings.conditions):
         raise ConfigError(f"--conditions always holds {' '.join(CONDITIONS)} (the tables compare against them).")
     config = read_config(settings.checkpoint)
     registry.check(Request(settings.conditions, config, settings.checkpoint, settings.max_story_tokens,
-                           settings.relay_tokens, settings.kvcomm_fraction, settings.direct, settings.linear))
+                           settings.options))
     needed = settings.max_story_tokens + settings.turns * (HISTORY_ROOM + settings.max_new_tokens) + 64
     for role in ("source", "target"):
         limit = config[role].get("max_positions")
@@ -175,18 +185,15 @@ def translator_mb(mot: MoT) -> float:
 
 @torch.no_grad()
 def conversation_rows(mot: MoT, source: LoadedModel, target: LoadedModel, conversation: Conversation,
-                      settings: ConversationSettings, shared: SharingModels = SharingModels(),
-                      linear: MoT | None = None, means: MeanVectors | None = None) -> list[dict]:
+                      settings: ConversationSettings, artifacts=None) -> list[dict]:
     """One row per turn and condition: the answer, its F1, the turn's seconds and the cache the condition keeps.
     Every cache of the story is built once (sharing.caches.condition_caches: a relay's message is written once per
     story; the linear map's window is of the MoT's own source context); a kvcomm cache is answered and
-    extended under its plan. shared: the direct map and the kvcomm layers; linear: the pair's closed-form map (the
-    linear condition); means: the mean native window (the mean condition)."""
+    extended under its plan. artifacts: what the run's methods loaded once (registry.load_artifacts)."""
     if not conversation.turns:
         raise ContextError(f"conversation {conversation.id} has no turns: there is nothing to answer.")
     built = condition_caches(mot, source, target, turn_example(conversation, 0), conditions=settings.conditions,
-                             means=means, relay_tokens=settings.relay_tokens, kvcomm=shared.kvcomm,
-                             direct=shared.direct, linear=linear)
+                             options=settings.options, artifacts=artifacts)
     translation, plans = built.translation, built.plans
     caches = {c: built.kv[c] for c in settings.conditions}
     timings = translation.timings
@@ -195,8 +202,8 @@ def conversation_rows(mot: MoT, source: LoadedModel, target: LoadedModel, conver
              "source_tokens": int(translation.source.source_ids.shape[1]),
              **{stage: timings.get(stage, np.nan) for stage in ("source_prefill", "alignment", "translator", "replay",
                                                                  "native_prefill")}}
-    costs = {c: cost_fields(c, tokens, target, len(mot.channels.target_layers), built.target_side(c),
-                            built.relays.get(c), shared.kvcomm, source) for c in caches}
+    costs = {c: cost_fields(c, built.built[c], tokens, target, len(mot.channels.target_layers), built.target_side(c),
+                            source) for c in caches}
     rows = []
     for turn in range(len(conversation.turns)):
         example = turn_example(conversation, turn)
@@ -222,8 +229,8 @@ def summarize(rows: pd.DataFrame, target_spec_mb: float, source_spec_mb: float, 
     scored["turn"] = scored["turn"].astype(int)
     # every run's conditions: Method.target_side of each row's stages (its columns); the others: as their rows recorded
     # it (linear and mean: not measured, NaN)
-    start = {**{c: registry.method(c).target_side(scored) for c in CONDITIONS},
-             **{c: scored["target_side_seconds"] for c in CONTROLS + SHARED if c in set(scored["condition"])}}
+    start = {**{c: registry.method(c).target_side(None, scored) for c in CONDITIONS},
+             **{c: scored["target_side_seconds"] for c in controls() + shared() if c in set(scored["condition"])}}
     scored["start_seconds"] = 0.0
     for condition, seconds in start.items():
         mask = scored["condition"] == condition
@@ -233,7 +240,7 @@ def summarize(rows: pd.DataFrame, target_spec_mb: float, source_spec_mb: float, 
     out = []
     for turn, part in scored.groupby("turn", sort=True):
         wide = part.pivot_table(index="id", columns="condition", values="score").dropna()
-        for condition in [c for c in CONDITIONS + CONTROLS + SHARED if c in wide]:
+        for condition in [c for c in CONDITIONS + controls() + shared() if c in wide]:
             rows_c = part[part["condition"] == condition]
             ci = bootstrap_ci(wide[condition].to_numpy(), n_boot=n_boot, seed=seed)
             target_mb = float(rows_c["cache_tokens"].median()) * target_spec_mb
@@ -284,7 +291,7 @@ def sharing_markdown(summary: pd.DataFrame, paired: pd.DataFrame, rows: pd.DataF
     if not len(summary):
         return ""
     last = summary[summary["turn"] == summary["turn"].max()].set_index("condition")
-    listed = [c for c in (TRANSLATED, *CONTROLS, *SHARED) if c in last.index]
+    listed = [c for c in (TRANSLATED, *controls(), *shared()) if c in last.index]
     if listed == [TRANSLATED]:
         return ""
     diffs = paired[paired["a"] == TRANSLATED].set_index("b") if len(paired) else pd.DataFrame()
@@ -313,11 +320,11 @@ def write(out_dir: Path, rows: pd.DataFrame, settings: ConversationSettings, siz
     summary = summarize(rows, sizes["target_mb_per_token"], sizes["source_mb_per_token"], sizes["translator_mb"],
                         settings.bootstrap, settings.seed)
     # over conversations, each its turns' mean
-    paired = paired_differences(rows.assign(dataset="coqa"), PAIRS, settings.bootstrap, settings.seed)
+    paired = paired_differences(rows.assign(dataset="coqa"), pairs(), settings.bootstrap, settings.seed)
     for name, frame in (("examples.csv", rows), ("summary.csv", summary), ("paired.csv", paired)):
         write_csv_atomic(out_dir / name, frame)
     skipped = rows.loc[rows["condition"] == "skipped", ["id", "error"]].to_dict(orient="records")
-    meta = {"settings": asdict(settings), "date": str(datetime.date.today()), "skipped": skipped, "sizes": sizes,
+    meta = {"settings": settings.to_json(), "date": str(datetime.date.today()), "skipped": skipped, "sizes": sizes,
             "summary": summary.to_dict(orient="records")}
     write_text_atomic(out_dir / "summary.json", json.dumps(meta, indent=2, default=str))
     n = rows.loc[rows["condition"] != "skipped", "id"].nunique()
@@ -349,10 +356,10 @@ def run(settings: ConversationSettings, out_dir: Path, resume: bool = False, pro
     conversations = coqa_conversations(target.tokenizer, settings.n, settings.turns, settings.seed,
                                        settings.max_story_tokens)
     mot = load_checkpoint(settings.checkpoint, source, target)[0]
-    shared = load_sharing(settings.conditions, settings.direct, settings.kvcomm_fraction, source, target,
-                          [turn_example(c, 0) for c in conversations[:1]], mot, settings.linear)  # kvcomm: first story
-    linear, means = shared.linear, shared.means
-    settings.kvcomm_layers = shared.kvcomm.layers if shared.kvcomm else ()
+    # what the methods load once; a calibrated one (kvcomm's layer choice) on the first story
+    artifacts = run_artifacts(settings.conditions, settings.options, source, target, mot,
+                              [turn_example(c, 0) for c in conversations[:1]])
+    settings.recorded = registry.recorded(artifacts)
     sizes = {"target_mb_per_token": cache_mb(target, 1), "source_mb_per_token": cache_mb(source, 1),
              "translator_mb": translator_mb(mot)}
     rows = [] if previous is None else previous.to_dict(orient="records")
@@ -361,7 +368,7 @@ def run(settings: ConversationSettings, out_dir: Path, resume: bool = False, pro
         return c.id
 
     def compute(c):  # its rows, one per turn and condition
-        return conversation_rows(mot, source, target, c, settings, shared, linear, means)
+        return conversation_rows(mot, source, target, c, settings, artifacts)
 
     def skipped(c):  # what the row of a conversation that does not fit says of it
         return {"id": c.id, "genre": c.source}
@@ -381,29 +388,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the conversation sample")
     parser.add_argument("--max_new_tokens", type=int, default=MAX_NEW_TOKENS, help="longest generated answer")
     parser.add_argument("--max_story_tokens", type=int, default=512, help="longest story, in target tokens")
-    parser.add_argument("--linear", help="the pair's closed-form map of the same window (default: <checkpoint>-linear)")
-    parser.add_argument("--conditions", nargs="+", choices=CONDITIONS + OTHERS, default=[],
+    parser.add_argument("--conditions", nargs="+", choices=CONDITIONS + others(), default=[],
                         help="caches beside native, mot and no_context (always answered): the controls linear (the "
                              "pair's closed-form map, --linear) and mean (the mean-vector window), and the ways of "
                              "sharing the story relay, direct (with --direct), kvcomm (a pair of one architecture)")
-    parser.add_argument("--relay_tokens", type=int, default=RELAY_TOKENS,
-                        help="longest message the source writes about the story (relay), in source tokens")
-    parser.add_argument("--direct", help="the full-depth map without replay of the 'direct' condition")
-    parser.add_argument("--kvcomm_fraction", type=float, default=KVCOMM_FRACTION,
-                        help="share of the layers the 'kvcomm' condition reads the source's K/V at")
+    registry.add_options(parser, registry.choices(KIND))  # each way of sharing's own flags (Method.options)
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of each interval")
     parser.add_argument("--out", required=True, help="folder of the results (created when missing)")
     parser.add_argument("--resume", action="store_true", help="keep the conversations --out already holds")
     parser.add_argument("--overwrite", action="store_true",
                         help="write into an --out folder that holds other files, replacing those of the same names")
     args = parser.parse_args(argv)
-    conditions = CONDITIONS + tuple(c for c in OTHERS if c in args.conditions)
-    linear = args.linear or (default_linear(args.checkpoint) if registry.names(lambda m: m.needs.linear, conditions)
-                             else None)
-    settings = ConversationSettings(args.checkpoint, args.n, args.turns, args.seed, args.max_new_tokens,
-                                    args.max_story_tokens, args.bootstrap, conditions, args.relay_tokens, args.direct,
-                                    args.kvcomm_fraction, linear)
-    return run_cli(lambda: shown(run(settings, Path(args.out), args.resume, overwrite=args.overwrite), markdown))
+    conditions = CONDITIONS + tuple(c for c in others() if c in args.conditions)
+
+    def body():
+        options = registry.run_options(vars(args), conditions, registry.choices(KIND), args.checkpoint)
+        settings = ConversationSettings(args.checkpoint, args.n, args.turns, args.seed, args.max_new_tokens,
+                                        args.max_story_tokens, args.bootstrap, conditions, options)
+        return shown(run(settings, Path(args.out), args.resume, overwrite=args.overwrite), markdown)
+
+    return run_cli(body)
 
 
 if __name__ == "__main__":

@@ -34,16 +34,15 @@ from ..engine.prompts import QAExample
 from ..errors import CheckpointError, ConfigError
 from ..fsutil import remove_stale_temporaries, write_csv_atomic, write_text_atomic
 from ..sharing import registry
-from ..sharing.caches import condition_caches, load_sharing
+from ..sharing.caches import condition_caches, run_artifacts
 from ..sharing.checkpoints import checked_config, full_depth, same_pair
-from ..sharing.costs import LOOPED_COLUMNS, MESSAGE_COLUMNS
-from ..sharing.kvcomm import KVCOMM_FRACTION
-from ..sharing.method import Request, translated_seconds
+from ..sharing.costs import COST_COLUMNS, LOOPED_COLUMNS, MESSAGE_COLUMNS, cost_fields
+from ..sharing.method import Built, Request, translated_seconds
 from ..sharing.registry import SECOND, method
-from ..sharing.relay import RELAY_TOKENS, message_fields
 from .answers import MAX_NEW_TOKENS, answers_from_caches
 from .layer_error_file import LAYER_ERROR_FILE, LayerErrorFile, check_resumed
 from .lm_check import run_lm
+from .policy import DEFAULTS, with_always
 from .processes import Spread, join, resumed_table, run_examples, shown, spread_out
 from .qa_settings import MIN_CONTEXT_TOKENS, EvalSettings, load_evaluated, truncate_context
 from .report import markdown_table, paired_differences, paired_markdown, summarize
@@ -57,26 +56,31 @@ KIND = "evaluate"  # this evaluation, as the sharing registry names it
 # the cache's work that can be done before the question (sharing.caches.ConditionCaches.ahead: the source's prefill, relay's
 # writing), not in "seconds"
 ROW_COLUMNS = ("dataset", "id", "condition", "score", "exact_match", "answer", "gold", "kv_cosine", "seconds",
-               "context_tokens", "error", *MESSAGE_COLUMNS, "ahead_seconds", *LOOPED_COLUMNS)
-# the columns of earlier versions' examples.csv, which --resume still reads: before the work done ahead was apart
-# (their "seconds" include it), before the message columns, and before skipped rows had an "error"; and before a
-# message's loop was marked
-EARLIER_ROW_COLUMNS = (ROW_COLUMNS[:17], ROW_COLUMNS[:16], ROW_COLUMNS[:11], ROW_COLUMNS[:10])
+               "context_tokens", "error", *MESSAGE_COLUMNS, "ahead_seconds", *LOOPED_COLUMNS, *COST_COLUMNS)
+# the columns of earlier versions' examples.csv, which --resume still reads: before the cost columns, before a
+# message's loop was marked, before the work done ahead was apart (their "seconds" include it), before the message
+# columns, and before skipped rows had an "error"
+EARLIER_ROW_COLUMNS = (ROW_COLUMNS[:18], ROW_COLUMNS[:17], ROW_COLUMNS[:16], ROW_COLUMNS[:11], ROW_COLUMNS[:10])
 
 
 def example_rows(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample, settings: EvalSettings,
-                 second: MoT | None = None, means=None, direct: MoT | None = None, kvcomm=None,
-                 layers: LayerErrorFile | None = None) -> list[dict]:
-    """One row per condition of one example: score, exact match, answer text, KV cosine to native, seconds; `layers`
-    gets the MoT cache's per-layer error (--layer_error)."""
+                 second: MoT | None = None, artifacts=None, layers: LayerErrorFile | None = None) -> list[dict]:
+    """One row per condition of one example: score, exact match, answer text, KV cosine to native, seconds, what is
+    handed to the target and what it computes (the cost columns); `artifacts`: what the run's methods loaded
+    (registry.load_artifacts); `layers` gets the MoT cache's per-layer error (--layer_error)."""
     example = truncate_context(target, example, settings.max_context_tokens)
     built = condition_caches(mot, source, target, example, seed=settings.seed, conditions=settings.conditions,
-                             means=means, relay_tokens=settings.relay_tokens, direct=direct, kvcomm=kvcomm)
-    translation, caches, build, ahead = built.translation, built.kv, built.seconds, built.ahead
+                             options=settings.options, artifacts=artifacts)
+    translation, caches, builds = built.translation, built.kv, dict(built.built)
+    windows = {c: len(mot.channels.target_layers) for c in caches}
+    sides = {c: built.target_side(c) for c in caches}
     if second is not None:
         other = translate(second, source, target, translation.text, with_native=False)
-        caches[SECOND], build[SECOND] = other.mixed_kv, translated_seconds(other)
-        ahead[SECOND] = other.timings.get("source_prefill", 0.0)
+        builds[SECOND] = Built(other.mixed_kv, translated_seconds(other), other.timings.get("source_prefill", 0.0),
+                               translation=other)
+        caches[SECOND], windows[SECOND] = other.mixed_kv, len(second.channels.target_layers)
+        sides[SECOND] = method(SECOND).target_side(builds[SECOND], other.timings)
+    tokens = int(translation.target_ids.shape[1])
     rows = []
     # one batch (the no-context cache left-padded); a kvcomm cache alone, under its plan
     answers = answers_from_caches(target, caches, example, settings.max_new_tokens, built.prompt.suffix_text,
@@ -90,10 +94,10 @@ def example_rows(mot: MoT, source: LoadedModel, target: LoadedModel, example: QA
             # a relay cache holds the message, not the context: no cosine to the native cache (Method.comparable)
             "kv_cosine": kv_cosine(kv, translation.native_kv)
             if kv is not None and method(condition).comparable else np.nan,
-            "seconds": build[condition] - ahead.get(condition, 0.0) + ans.seconds,
-            "ahead_seconds": ahead.get(condition, 0.0),
-            "context_tokens": int(translation.target_ids.shape[1]),
-            **(message_fields(built.relays[condition]) if condition in built.relays else {}),
+            "seconds": builds[condition].seconds - builds[condition].ahead + ans.seconds,
+            "ahead_seconds": builds[condition].ahead,
+            "context_tokens": tokens,
+            **cost_fields(condition, builds[condition], tokens, target, windows[condition], sides[condition], source),
         })
     if layers is not None:
         layers.add(translation, mot.channels, dataset=example.dataset, id=example.id)
@@ -102,14 +106,13 @@ def example_rows(mot: MoT, source: LoadedModel, target: LoadedModel, example: QA
 
 def evaluate_examples(mot: MoT, source: LoadedModel, target: LoadedModel, examples: list[QAExample],
                       settings: EvalSettings, second: MoT | None = None, progress: bool = True,
-                      checkpoint_every: int = 0, on_checkpoint=None, means=None,
-                      direct: MoT | None = None, kvcomm=None, layers: LayerErrorFile | None = None) -> pd.DataFrame:
+                      checkpoint_every: int = 0, on_checkpoint=None, artifacts=None,
+                      layers: LayerErrorFile | None = None) -> pd.DataFrame:
     """example_rows of every example (ROW_COLUMNS); an example that fails for any reason is one "skipped" row.
 
     on_checkpoint(rows so far as a DataFrame) is called every checkpoint_every examples (partial results),
     and before an interruption or an error between examples is re-raised.
-    means (mot_viz.train.mean_vector.MeanVectors) is needed for the "mean" condition, direct (a full-depth map without
-    replay) for the "direct" one.
+    artifacts: what the run's methods loaded once (registry.load_artifacts: the mean window, the direct map, ...).
     """
     rows = []
     try:
@@ -117,8 +120,7 @@ def evaluate_examples(mot: MoT, source: LoadedModel, target: LoadedModel, exampl
             if on_checkpoint is not None and checkpoint_every and i and i % checkpoint_every == 0:
                 on_checkpoint(pd.DataFrame(rows, columns=ROW_COLUMNS))
             try:
-                rows += example_rows(mot, source, target, example, settings, second, means, direct, kvcomm=kvcomm,
-                                     layers=layers)
+                rows += example_rows(mot, source, target, example, settings, second, artifacts, layers)
             except Exception as exc:  # e.g. a lone surrogate the tokenizer rejects: counted with its reason, never silent
                 rows.append({"dataset": example.dataset, "id": example.id, "condition": "skipped",
                              "error": f"{type(exc).__name__}: {exc}"})
@@ -131,11 +133,11 @@ def evaluate_examples(mot: MoT, source: LoadedModel, target: LoadedModel, exampl
 
 # settings a --resume must share with the run it continues (n may grow or shrink)
 RESUME_KEYS = ("checkpoint", "second", "datasets", "seed", "max_new_tokens", "max_context_tokens", "conditions",
-               "replay", "relay_tokens", "direct", "kvcomm_fraction")
+               "replay", "options")
 TEXT_COLUMNS = ("dataset", "id", "condition", "answer", "gold", "error", "message")
 RESULTS = ResultsTable(ROW_COLUMNS, TEXT_COLUMNS, ("dataset", "id"), ("score", "seconds", "context_tokens"),
                        ("exact_match", "kv_cosine"), EARLIER_ROW_COLUMNS)
-# what a results folder of this command holds (costs.*: python -m mot_viz.eval.relay's reading of these results)
+# what a results folder of this command holds (costs.*: python -m mot_viz.eval.costs's reading of these results)
 RESULT_FILES = ("examples.csv", "summary.csv", "paired.csv", "summary.json", "summary.md", "lm.csv", "lm.md",
                 "costs.csv", "costs.md", LAYER_ERROR_FILE, *PATCHING_FILES)
 
@@ -161,7 +163,7 @@ def check_settings(settings: EvalSettings) -> None:
     second = checked_config("--second", settings.second) if settings.second else config
     check_replay_setting(settings, config)
     registry.check(Request(settings.conditions, config, settings.checkpoint, settings.max_context_tokens,
-                           settings.relay_tokens, settings.kvcomm_fraction, settings.direct))
+                           settings.options))
     if not same_pair(config, second):
         raise CheckpointError(f"--second {settings.second} was made for another model pair than --checkpoint "
                               f"{settings.checkpoint}. Pass a second checkpoint of the same pair.")
@@ -210,21 +212,17 @@ def run(settings: EvalSettings, out_dir: Path, progress: bool = True, resume: bo
     target = load_model(config["target"]["name"])
     mot = load_evaluated(settings.checkpoint, settings, source, target)
     second = load_evaluated(settings.second, settings, source, target) if settings.second else None
-    # a layer choice (kvcomm) is calibrated once, on the first example of the first dataset
+    # what the methods load once; a calibrated one (kvcomm's layer choice) on the first example of the first dataset
     first = next((part[:1] for part in examples.values() if part), [])
-    calibration = [truncate_context(target, e, settings.max_context_tokens) for e in first] \
-        if registry.names(lambda m: m.needs.kvcomm, settings.conditions) else []
-    shared = load_sharing(settings.conditions, settings.direct, settings.kvcomm_fraction, source, target, calibration,
-                          mot)
-    direct, kvcomm, means = shared.direct, shared.kvcomm, shared.means
-    if kvcomm is not None:
-        settings.kvcomm_layers, settings.kvcomm_scores = kvcomm.layers, kvcomm.scores
+    artifacts = run_artifacts(settings.conditions, settings.options, source, target, mot,
+                              lambda: [truncate_context(target, e, settings.max_context_tokens) for e in first])
+    settings.recorded = registry.recorded(artifacts)
     settings.prompt = "plain" if target.chat_frame is None else f"chat template of {target.spec.name}"
     done = set() if previous is None else set(zip(previous["dataset"], previous["id"]))
     layers = LayerErrorFile(out_dir, ("dataset", "id"), done) if layer_error else None
     if spread_out(out_dir):  # torchrun, or the parts of an interrupted run to merge (mot_viz.eval.processes)
-        return run_examples(examples, previous, lambda e: example_rows(mot, source, target, e, settings, second, means,
-                            direct, kvcomm=kvcomm, layers=layers), lambda frames: _write(out_dir, frames, settings),
+        return run_examples(examples, previous, lambda e: example_rows(mot, source, target, e, settings, second,
+                            artifacts, layers), lambda frames: _write(out_dir, frames, settings),
                             Spread(out_dir, settings, RESULTS), progress)
     frames = []
     for part in examples.values():
@@ -234,8 +232,8 @@ def run(settings: EvalSettings, out_dir: Path, progress: bool = True, resume: bo
         todo = [e for e in part if (e.dataset, e.id) not in done]
         # partial results (every 25 examples, after each dataset, and on an interruption) survive a stopped run
         partial = lambda df: _write(out_dir, frames + [df], settings)  # noqa: E731
-        frames.append(evaluate_examples(mot, source, target, todo, settings, second, progress, 25, partial, means,
-                                        direct, kvcomm=kvcomm, layers=layers))
+        frames.append(evaluate_examples(mot, source, target, todo, settings, second, progress, 25, partial, artifacts,
+                                        layers))
         _write(out_dir, frames, settings)
     return _write(out_dir, frames, settings)
 
@@ -255,14 +253,15 @@ def _write(out_dir: Path, frames: list[pd.DataFrame], settings: EvalSettings) ->
     df = pd.concat([f for f in frames if len(f)] or [pd.DataFrame(columns=ROW_COLUMNS)])
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(df, settings.bootstrap, settings.seed,
-                        settings.relay_tokens if registry.names(lambda m: m.message, settings.conditions) else None)
+                        settings.options.get("relay_tokens") if registry.names(lambda m: m.message, settings.conditions)
+                        else None)
     # each file is whole or absent, whenever the run is killed (a torn examples.csv would be resumed)
     write_csv_atomic(out_dir / "examples.csv", df)
     write_csv_atomic(out_dir / "summary.csv", summary)
     paired = paired_differences(df, n_boot=settings.bootstrap, seed=settings.seed)
     write_csv_atomic(out_dir / "paired.csv", paired)
     skipped = df.loc[df["condition"] == "skipped", ["dataset", "id", "error"]].to_dict(orient="records")
-    meta = {"settings": settings.__dict__, "date": str(datetime.date.today()), "skipped": len(skipped),
+    meta = {"settings": settings.to_json(), "date": str(datetime.date.today()), "skipped": len(skipped),
             "skipped_examples": skipped, "summary": summary.to_dict(orient="records"),
             "weights_sha256": evaluated_weights(settings)}
     write_text_atomic(out_dir / "summary.json", json.dumps(meta, indent=2, default=str))
@@ -293,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="also measure the target's cross-entropy on this many held-out LAMBADA sequences "
                              "(rows after the training bank of the checkpoint's stream)")
     parser.add_argument("--conditions", nargs="+", choices=registry.choices(KIND),
-                        default=list(registry.DEFAULTS[KIND]),
+                        default=list(DEFAULTS[KIND]),
                         help="which conditions to answer under (native is always added); e.g. "
                              "'--conditions native mot' to evaluate a variant on examples a full run already covered; "
                              "'mean' adds the mean-vector control (window = mean native K/V over LAMBADA prose); "
@@ -303,16 +302,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="replay as each checkpoint says (checkpoint), densely everywhere (dense), with the "
                              "method's sparse top-32 attention from layer 2 up (sparse), or not at all (none: a "
                              "full-depth map's translated K/V are the cache)")
-    parser.add_argument("--relay_tokens", type=int, default=RELAY_TOKENS,
-                        help="longest message the source writes under the relay conditions, in source tokens "
-                             "(relay: a summary of the context written before the question is known; relay_q: the "
-                             "background for the question)")
-    parser.add_argument("--direct", default=None,
-                        help="the full-depth map without replay the 'direct' condition answers from (a checkpoint "
-                             "of python -m mot_viz.train.quickfit --direct, e.g. pretrained/smollm2-to-gemma3-direct)")
-    parser.add_argument("--kvcomm_fraction", type=float, default=KVCOMM_FRACTION,
-                        help="share of the layers the 'kvcomm' condition reads the source's K/V at (in (0, 1]; the "
-                             "others keep token 0 only)")
+    registry.add_options(parser, registry.choices(KIND))  # each way of sharing's own flags (Method.options)
     parser.add_argument("--out", required=True, help="folder of the results (created when missing)")
     parser.add_argument("--layer_error", action="store_true", help="also write layer_error.csv: per example and "
                         "target layer, the K/V error of the MoT cache against the native one")
@@ -322,14 +312,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true",
                         help="write into an --out folder that holds other files, replacing those of the same names")
     args = parser.parse_args(argv)
-    conditions = registry.names(among={*registry.ALWAYS[KIND], *args.conditions})  # native always: shares divide by it
-    settings = EvalSettings(args.checkpoint, args.second, tuple(args.datasets), args.n, args.seed,
-                            args.max_new_tokens, args.max_context_tokens, args.bootstrap, conditions,
-                            replay=args.replay, relay_tokens=args.relay_tokens, direct=args.direct,
-                            kvcomm_fraction=args.kvcomm_fraction)
+    conditions = with_always(KIND, args.conditions)  # native always: shares divide by it
     out_dir = Path(args.out)
 
     def body() -> None:
+        options = registry.run_options(vars(args), conditions, registry.choices(KIND), args.checkpoint)
+        settings = EvalSettings(args.checkpoint, args.second, tuple(args.datasets), args.n, args.seed,
+                                args.max_new_tokens, args.max_context_tokens, args.bootstrap, conditions,
+                                replay=args.replay, options=options)
         if args.lm_sequences < 0:
             raise ConfigError(f"--lm_sequences must be at least 0, got {args.lm_sequences}. Pass 0 to skip the LM check.")
         checked = check_run(settings, out_dir, args.resume, args.overwrite)  # before any model is loaded

@@ -20,6 +20,7 @@ from pathlib import Path
 from ..cli import run_cli
 from ..engine.checkpoint import load_checkpoint, read_config, record_metrics
 from ..engine.models import load_model
+from ..fsutil import check_out_place
 from ..train.bank import CORPORA
 from ..train.mean_vector import REFERENCE_PASSAGES, heldout_texts, reference_means
 from ..train.window_fidelity import METRICS, QUERY_SOURCES, fidelity_record, fidelity_table, summarize_fidelity
@@ -35,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="LAMBADA training passages for the mean vectors")
     parser.add_argument("--record", action="store_true", help="write the summary into each config.json (metrics.fidelity)")
     parser.add_argument("--out", help="folder for the per-context CSVs (one per checkpoint and corpus)")
+    parser.add_argument("--overwrite", action="store_true", help="write into an --out folder holding other files")
     parser.add_argument("--queries", choices=QUERY_SOURCES, default="native",
                         help="the attention-output cosine's queries: the native prefill's (default) or the replay's "
                              "own (method.md §13)")
@@ -43,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--record stores the default measure (native queries); run --queries replay without --record")
 
     def body() -> None:
+        if args.out:  # before any model loads: a folder holding other files, a read-only place, a file
+            written = {f"{Path(path).name}-{corpus}.csv" for path in args.checkpoint for corpus in args.corpus}
+            check_out_place(Path(args.out), ours=lambda path: path.name in written, overwrite=args.overwrite)
         configs = [read_config(c) for c in args.checkpoint]
         source, target = load_model(configs[0]["source"]["name"]), load_model(configs[0]["target"]["name"])
         for path in args.checkpoint:

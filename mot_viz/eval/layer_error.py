@@ -15,9 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-import pandas as pd
 from tqdm import tqdm
 
 from ..cli import run_cli
@@ -28,10 +28,11 @@ from ..engine.models import load_model
 from ..engine.mot import translate
 from ..engine.prompts import build_prompt
 from ..errors import ConfigError
+from ..fsutil import check_out_place, checkout_path
 from .layer_error_file import UNITS, LayerErrorFile, example_key
 from .long_settings import LongSettings
 from .qa_settings import EvalSettings, load_evaluated, truncate_context
-from .results_folder import RESULTS_TABLE, SETTINGS_FILE, writer_of
+from .results_folder import RESULTS_TABLE, SETTINGS_FILE, results_rows, writer_of
 
 
 def _kind(folder: Path) -> tuple[str, dict]:
@@ -54,16 +55,14 @@ def record(folder: str | Path, budgets: tuple[int, ...] | None = None, progress:
     """Write `folder`'s layer_error.csv for every scored example it holds (of `budgets` only, for a long_context
     folder, when given), keeping the rows it already has (the command resumes)."""
     folder = Path(folder)
+    check_out_place(folder, "RESULTS")  # a folder it can write into, before any work
     name, raw = _kind(folder)
-    rows = pd.read_csv(folder / RESULTS_TABLE, dtype={"dataset": str, "id": str}, keep_default_na=False)
-    lacking = [c for c in (*UNITS[name], "condition") if c not in rows]
-    if lacking:
-        raise ConfigError(f"{folder / RESULTS_TABLE} has no column {', '.join(lacking)} (its columns: "
-                          f"{', '.join(map(str, rows.columns[:8]))}), so it is not the table {name} writes. Pass a "
-                          f"folder python -m mot_viz.eval.{name} wrote with --out, or run it again there.")
+    rows = results_rows(folder, name, (*UNITS[name], "condition"))
     scored = {example_key(k) for k in zip(*(rows.loc[rows["condition"] != "skipped", c] for c in UNITS[name]))}
     layers = LayerErrorFile(folder, UNITS[name], scored)
     settings = (EvalSettings if name == "evaluate" else LongSettings).from_json(raw)
+    # a folder copied out of the checkout names its checkpoint relative to it
+    settings = replace(settings, checkpoint=str(checkout_path(settings.checkpoint)))
     if name == "long_context" and budgets and set(budgets) - set(settings.budgets):
         raise ConfigError(f"--budgets {' '.join(map(str, budgets))}: {folder} holds the budgets "
                           f"{' '.join(map(str, settings.budgets))}. Pass some of those.")

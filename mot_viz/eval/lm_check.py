@@ -44,7 +44,8 @@ def lm_losses(mot: MoT, source: LoadedModel, target: LoadedModel, rows: torch.Te
         if not torch.equal(translation.target_ids, context):  # decode/re-encode changed the tokens: skip, counted
             out.append({"row": i, "condition": "skipped"})
             continue
-        caches = condition_caches(mot, source, target, None, translation, seed).kv  # the context is translated
+        # the context is translated
+        caches = condition_caches(mot, source, target, None, translation, seed, CONDITIONS).kv
         for condition, kv in caches.items():
             logits = hf.run(target.model, prompt, kv).logits[0].float()
             ce = float(torch.nn.functional.cross_entropy(logits, labels[0]))

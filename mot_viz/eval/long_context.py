@@ -25,7 +25,7 @@ import datetime
 import json
 import resource
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -39,14 +39,11 @@ from ..engine.mot import MoT, Translation
 from ..errors import ConfigError
 from ..fsutil import write_csv_atomic, write_text_atomic
 from ..sharing import registry
-from ..sharing.caches import SharingModels, condition_caches, load_sharing
+from ..sharing.caches import condition_caches, run_artifacts
 from ..sharing.costs import (COST_COLUMNS, LOOPED_COLUMNS, MESSAGE_COLUMNS, cost_fields, cost_medians, sharing_stages,
                              work_text)
-from ..sharing.kvcomm import KVCOMM_FRACTION
-from ..sharing.linear import default_linear
 from ..sharing.method import Request
 from ..sharing.registry import FLOOR, REFERENCE, TRANSLATED
-from ..sharing.relay import RELAY_TOKENS
 from .answers import MAX_NEW_TOKENS, answers_from_caches, encode_question, first_token_seconds
 from .layer_error_file import LAYER_ERROR_FILE, LayerErrorFile, check_resumed
 from .long_settings import CONDITIONS, LongSettings, check_budget
@@ -54,27 +51,36 @@ from .processes import Spread, resumed_table, run_units, shown
 from .results_folder import PATCHING_FILES, ResultsTable
 from .qa_metrics import bootstrap_ci
 from .qa_metrics import condition_ratios
+from .policy import ALWAYS, with_always
 from .report import message_shares, paired_differences, paired_markdown
 
 KIND = "long_context"  # this evaluation, as the sharing registry names it
-ALL_CONDITIONS = registry.choices(KIND)  # the registry's order: the order of the rows
-SHARING = tuple(c for c in ALL_CONDITIONS if c not in CONDITIONS)  # the other ways of sharing, on request
 ROW_COLUMNS = ("budget", "source", "id", "depth", "evidence_fraction", "condition", "score", "exact_match", "answer",
                "gold", "context_tokens", "text_bytes", "build_seconds", "first_token_seconds", "source_prefill",
                "alignment", "translator", "replay", "native_prefill", "peak_rss_mb", "error", *MESSAGE_COLUMNS,
                *COST_COLUMNS, *LOOPED_COLUMNS)
 TEXT_COLUMNS = ("source", "id", "depth", "condition", "answer", "gold", "error", "message", "target_work")
-RESUME_KEYS = ("checkpoint", "linear", "source", "seed", "max_new_tokens", "conditions", "relay_tokens", "direct",
-               "kvcomm_fraction")
+RESUME_KEYS = ("checkpoint", "source", "seed", "max_new_tokens", "conditions", "options")
 RESULTS = ResultsTable(ROW_COLUMNS, TEXT_COLUMNS, ("budget", "id"),
                        ("score", "context_tokens", "text_bytes", "build_seconds", "first_token_seconds", "peak_rss_mb"),
                        ("evidence_fraction", "exact_match", "source_prefill", "alignment", "translator", "replay",
                         "native_prefill"), (ROW_COLUMNS[:-1], ROW_COLUMNS[:ROW_COLUMNS.index("error") + 1]))
 RESULT_FILES = ("examples.csv", "summary.csv", "stages.csv", "paired.csv", "summary.json", "summary.md",
                 LAYER_ERROR_FILE, *PATCHING_FILES)
-# the paired tests: does the translation beat its own map, a window with no context in it, and no context at all?
-PAIRS = (*((TRANSLATED, c) for c in registry.controls(ALL_CONDITIONS)), (TRANSLATED, FLOOR), (TRANSLATED, REFERENCE),
-         *registry.control_pairs(ALL_CONDITIONS), *((TRANSLATED, c) for c in SHARING))
+
+
+def all_conditions() -> tuple[str, ...]:
+    """Every way of sharing this evaluation answers under, in the registry's order (the order of the rows)."""
+    return registry.choices(KIND)
+
+
+def pairs() -> tuple[tuple[str, str], ...]:
+    """The paired tests: does the translation beat its own map, a window with no context in it, and no context at
+    all, and how does it fare against each other way of sharing?"""
+    every = all_conditions()
+    sharing = tuple(c for c in every if c not in CONDITIONS)  # the other ways of sharing, on request
+    return (*((TRANSLATED, c) for c in registry.controls(every)), (TRANSLATED, FLOOR), (TRANSLATED, REFERENCE),
+            *registry.control_pairs(every), *((TRANSLATED, c) for c in sharing))
 
 
 def check_settings(settings: LongSettings) -> dict:
@@ -90,12 +96,11 @@ def check_settings(settings: LongSettings) -> dict:
                           f"{' '.join(map(str, settings.budgets))}.")
     if settings.source not in SOURCES and not settings.source.endswith(".jsonl"):
         raise ConfigError(f"--source {settings.source!r}: use one of {SOURCES} or a .jsonl file path.")
-    registry.check_names(settings.conditions, ALL_CONDITIONS)
-    if not set(registry.ALWAYS[KIND]) <= set(settings.conditions):
+    registry.check_names(settings.conditions, all_conditions())
+    if not set(ALWAYS[KIND]) <= set(settings.conditions):
         raise ConfigError(f"--conditions must include native (every ratio divides by it); got {settings.conditions}.")
     config = read_config(settings.checkpoint)
-    registry.check(Request(settings.conditions, config, settings.checkpoint, max(settings.budgets),
-                           settings.relay_tokens, settings.kvcomm_fraction, settings.direct, settings.linear))
+    registry.check(Request(settings.conditions, config, settings.checkpoint, max(settings.budgets), settings.options))
     check_budget(max(settings.budgets), {role: (config[role]["name"], config[role].get("max_positions"))
                                          for role in ("source", "target")}, settings.max_new_tokens, ConfigError)
     return config
@@ -109,15 +114,14 @@ class DocumentResult:
     translation: Translation
 
 
-def evaluate_document(mot: MoT, linear: MoT | None, source: LoadedModel, target: LoadedModel, doc: LongExample,
-                      settings: LongSettings, means=None, shared: SharingModels = SharingModels()) -> DocumentResult:
+def evaluate_document(mot: MoT, source: LoadedModel, target: LoadedModel, doc: LongExample, settings: LongSettings,
+                      artifacts=None) -> DocumentResult:
     """Every condition's cache of one document, its answer, the time to its first answer token, and the stages (the
-    stage columns are the MoT translation's, the direct row's its own map's). shared: the direct map and the kvcomm
-    layers, when those conditions are asked for."""
+    stage columns are the MoT translation's, the direct row's its own map's). artifacts: what the run's methods
+    loaded once (registry.load_artifacts)."""
     example = doc.example
-    built = condition_caches(mot, source, target, example, seed=settings.seed, means=means,
-                             conditions=settings.conditions, relay_tokens=settings.relay_tokens,
-                             kvcomm=shared.kvcomm, direct=shared.direct, linear=linear)
+    built = condition_caches(mot, source, target, example, seed=settings.seed, conditions=settings.conditions,
+                             options=settings.options, artifacts=artifacts)
     translation, caches, build = built.translation, built.kv, built.seconds  # rows in the registry's order
     question = encode_question(target, example)  # once, for the first token's time and the answers
     first = {c: first_token_seconds(target, kv, question.suffix_ids, built.plans.get(c)) for c, kv in caches.items()}
@@ -134,19 +138,18 @@ def evaluate_document(mot: MoT, linear: MoT | None, source: LoadedModel, target:
              **{stage: built.timings(c).get(stage, np.nan)
                 for stage in ("source_prefill", "alignment", "translator", "replay", "native_prefill")},
              "peak_rss_mb": peak,
-             **cost_fields(c, tokens, target, len(mot.channels.target_layers), built.target_side(c),
-                           built.relays.get(c), shared.kvcomm, source)} for c in caches]
+             **cost_fields(c, built.built[c], tokens, target, len(mot.channels.target_layers), built.target_side(c),
+                           source)} for c in caches]
     return DocumentResult(rows, translation)
 
 
-def document_rows(mot: MoT, linear: MoT | None, source: LoadedModel, target: LoadedModel, doc: LongExample,
-                  settings: LongSettings, means=None, layers: LayerErrorFile | None = None,
-                  shared: SharingModels = SharingModels()) -> list[dict]:
+def document_rows(mot: MoT, source: LoadedModel, target: LoadedModel, doc: LongExample, settings: LongSettings,
+                  artifacts=None, layers: LayerErrorFile | None = None) -> list[dict]:
     """One row per condition of one document: score, answer, time by stage, peak memory. A document shorter than its
     budget is refused (check_fills): the run counts it as skipped, with its length. `layers` gets the MoT cache's
     per-layer error (--layer_error)."""
     check_fills(doc)
-    result = evaluate_document(mot, linear, source, target, doc, settings, means, shared)
+    result = evaluate_document(mot, source, target, doc, settings, artifacts)
     if layers is not None:
         layers.add(result.translation, mot.channels, budget=doc.budget, id=doc.example.id)
     return result.rows
@@ -161,12 +164,12 @@ def summarize(df: pd.DataFrame, n_boot: int = 1000, seed: int = 0, relay_tokens:
     for (src, budget), part in scored.groupby(["source", "budget"], sort=True):
         wide = part.pivot_table(index="id", columns="condition", values="score").dropna()
         stages = _stage_medians(part)
-        for condition in [c for c in ALL_CONDITIONS if c in wide]:
+        for condition in [c for c in all_conditions() if c in wide]:
             rows = part[part["condition"] == condition]
             ci = bootstrap_ci(wide[condition].to_numpy(), n_boot=n_boot, seed=seed)
             # the default conditions: Method.target_side of the document's stages (their medians); the others: as
             # their rows recorded it
-            side = registry.method(condition).target_side(stages) if condition in CONDITIONS \
+            side = registry.method(condition).target_side(None, stages) if condition in CONDITIONS \
                 else rows["target_side_seconds"].median()
             ttft = side + rows["first_token_seconds"].median()
             out.append({"source": src, "budget": int(budget), "condition": condition, "n": len(wide),
@@ -245,15 +248,15 @@ def markdown(summary: pd.DataFrame, stages: pd.DataFrame, cache_mb: dict[str, fl
 def write(out_dir: Path, rows: pd.DataFrame, settings: LongSettings, cache_mb: dict[str, float]) -> pd.DataFrame:
     """Every result file of the run, each written whole (a kill never leaves a torn file)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    summary = summarize(rows, settings.bootstrap, settings.seed, settings.relay_tokens)
+    summary = summarize(rows, settings.bootstrap, settings.seed, settings.options.get("relay_tokens"))
     stages = stage_table(rows)
     per_budget = rows.assign(dataset=rows["source"].astype(str) + " " + rows["budget"].astype(str) + " tokens")
-    paired = paired_differences(per_budget, PAIRS, settings.bootstrap, settings.seed)
+    paired = paired_differences(per_budget, pairs(), settings.bootstrap, settings.seed)
     for name, frame in (("examples.csv", rows), ("summary.csv", summary), ("stages.csv", stages),
                         ("paired.csv", paired)):
         write_csv_atomic(out_dir / name, frame)
     skipped = rows.loc[rows["condition"] == "skipped", ["budget", "id", "error"]].to_dict(orient="records")
-    meta = {"settings": asdict(settings), "date": str(datetime.date.today()), "skipped": skipped,
+    meta = {"settings": settings.to_json(), "date": str(datetime.date.today()), "skipped": skipped,
             "summary": summary.to_dict(orient="records"), "stages": stages.to_dict(orient="records"),
             "cache_mb_per_1000_tokens": cache_mb}
     write_text_atomic(out_dir / "summary.json", json.dumps(meta, indent=2, default=str))
@@ -281,11 +284,9 @@ def run(settings: LongSettings, out_dir: Path, resume: bool = False, progress: b
     docs = [d for b in settings.budgets for d in long_examples(settings.source, target.tokenizer, b, settings.n,
                                                                 settings.seed)]
     mot = load_checkpoint(settings.checkpoint, source, target)[0]
-    # kvcomm's layer choice is calibrated on the first document
-    shared = load_sharing(settings.conditions, settings.direct, settings.kvcomm_fraction, source, target,
-                          [d.example for d in docs[:1]], mot, settings.linear)
-    linear, means = shared.linear, shared.means
-    settings.kvcomm_layers = shared.kvcomm.layers if shared.kvcomm else ()
+    # what the methods load once; a calibrated one (kvcomm's layer choice) on the first document
+    artifacts = run_artifacts(settings.conditions, settings.options, source, target, mot, [d.example for d in docs[:1]])
+    settings.recorded = registry.recorded(artifacts)
     cache_mb = {f"source {source.spec.name}": kv_cache_bytes(source.spec) / 1e6,
                 f"target {target.spec.name}": kv_cache_bytes(target.spec) / 1e6}
     rows = [] if previous is None else previous.to_dict(orient="records")
@@ -295,7 +296,7 @@ def run(settings: LongSettings, out_dir: Path, resume: bool = False, progress: b
         return d.budget, d.example.id
 
     def compute(d):  # its rows, one per condition
-        return document_rows(mot, linear, source, target, d, settings, means, layers, shared)
+        return document_rows(mot, source, target, d, settings, artifacts, layers)
 
     def skipped(d):  # what the row of a document that does not fit says of it
         return {"budget": d.budget, "source": d.source, "id": d.example.id}
@@ -311,20 +312,14 @@ def run(settings: LongSettings, out_dir: Path, resume: bool = False, progress: b
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", required=True, help="the MoT checkpoint folder to evaluate")
-    parser.add_argument("--linear", help="the pair's closed-form map of the same window (default: <checkpoint>-linear)")
     parser.add_argument("--source", default="stacks", help=f"{' | '.join(SOURCES)} | a .jsonl file of long contexts")
     parser.add_argument("--budgets", type=int, nargs="+", default=list(BUDGETS), help="target tokens per document")
     parser.add_argument("--n", type=int, default=48, help="documents per budget (stacks balance three depths)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the document sample")
-    parser.add_argument("--conditions", nargs="+", choices=ALL_CONDITIONS, default=list(CONDITIONS),
+    parser.add_argument("--conditions", nargs="+", choices=all_conditions(), default=list(CONDITIONS),
                         help="caches to answer from (native is always needed)")
     parser.add_argument("--max_new_tokens", type=int, default=MAX_NEW_TOKENS, help="longest generated answer")
-    parser.add_argument("--relay_tokens", type=int, default=RELAY_TOKENS,
-                        help="longest message the source writes from the document (relay, relay_q), in source tokens")
-    parser.add_argument("--direct", help="the full-depth map without replay of the 'direct' condition (e.g. "
-                                         "pretrained/smollm2-to-gemma3-direct)")
-    parser.add_argument("--kvcomm_fraction", type=float, default=KVCOMM_FRACTION,
-                        help="share of the layers the 'kvcomm' condition reads the source's K/V at")
+    registry.add_options(parser, registry.choices(KIND))  # each way of sharing's own flags (Method.options)
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of each interval")
     parser.add_argument("--out", required=True, help="folder of the results (created when missing)")
     parser.add_argument("--resume", action="store_true", help="keep the documents --out already holds")
@@ -333,14 +328,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true",
                         help="write into an --out folder that holds other files, replacing those of the same names")
     args = parser.parse_args(argv)
-    conditions = registry.names(among={*registry.ALWAYS[KIND], *args.conditions})
-    linear = args.linear or (default_linear(args.checkpoint) if registry.names(lambda m: m.needs.linear, conditions)
-                             else None)
-    settings = LongSettings(args.checkpoint, linear, args.source, tuple(args.budgets), args.n, args.seed,
-                            args.max_new_tokens, args.bootstrap, conditions, args.relay_tokens, args.direct,
-                            args.kvcomm_fraction)
-    return run_cli(lambda: shown(run(settings, Path(args.out), args.resume, overwrite=args.overwrite,
-                                     layer_error=args.layer_error), lambda s: markdown(s, pd.DataFrame(), {})))
+    conditions = with_always(KIND, args.conditions)
+
+    def body():
+        options = registry.run_options(vars(args), conditions, registry.choices(KIND), args.checkpoint)
+        settings = LongSettings(args.checkpoint, args.source, tuple(args.budgets), args.n, args.seed,
+                                args.max_new_tokens, args.bootstrap, conditions, options)
+        return shown(run(settings, Path(args.out), args.resume, overwrite=args.overwrite,
+                         layer_error=args.layer_error), lambda s: markdown(s, pd.DataFrame(), {}))
+
+    return run_cli(body)
 
 
 if __name__ == "__main__":

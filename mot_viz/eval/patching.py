@@ -23,59 +23,68 @@ same settings, patching.json, are kept) and spreads over processes as the other 
 from __future__ import annotations
 
 import argparse
+import csv
 import io
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
 from tqdm import tqdm
 
-from ..cli import run_cli
+from ..cli import logger, run_cli
 from ..data.eval_data import load_dataset
 from ..engine import hf
 from ..engine.cache_errors import layer_errors, token_vectors
-from ..engine.checkpoint import load_checkpoint, read_config, weights_sha256
+from ..engine.checkpoint import WEIGHTS_FILE, load_checkpoint, read_config, weights_sha256
 from ..engine.models import LoadedModel, load_model
 from ..engine.mot import MoT, Translation, translate
 from ..engine.patching import (ANSWER_SENTENCE, PatchingScan, answer_sentence_buckets, answer_token_ids,
                                layer_groups, patching_scan)
 from ..engine.prompts import QAExample, build_prompt
 from ..errors import ConfigError
-from ..fsutil import write_text_atomic
-from ..sharing.kvcomm import KVCommSelection, check_kvcomm_pair, kvcomm_selection
-from ..sharing.method import Inputs
-from ..sharing.registry import REGISTRY, TRANSLATED, methods as registered, names
+from ..fsutil import check_out_place, checkout_path, write_text_atomic
+from ..sharing import registry
+from ..sharing.caches import run_artifacts
+from ..sharing.method import Inputs, Request
+from ..sharing.registry import REGISTRY, TRANSLATED, names
 from .answers import encode_question
-from .patching_long import is_long_folder, long_documents, long_settings
-from .example_rows import ExampleRowsFile
+from .patching_long import WRITER, is_long_folder, long_documents, long_settings
+from .example_rows import ExampleRowsFile, example_key
 from .processes import barrier, join, merge_unit_files, unit_file_sources
 from .qa_settings import EvalSettings, load_evaluated, truncate_context
-from .results_folder import PARTS, PATCHING_FILES, RESULTS_TABLE, SETTINGS_FILE, writer_of
+from .sharing_settings import SharingSettings
+from .results_folder import PARTS, PATCHING_FILES, RESULTS_TABLE, SETTINGS_FILE, results_rows, writer_of
+
+log = logger(__name__)
 
 PATCHING_FILE, PATCHING_SETTINGS = PATCHING_FILES
-METHODS = names(lambda m: m.patchable)  # the caches a scan patches against native
-# the maps a method may need besides the MoT (Needs' fields, each its --flag) -> the shipped one
-MAPS = dict(direct="pretrained/smollm2-to-gemma3-direct", linear="pretrained/smollm2-to-gemma3-mid-linear")
 UNIT = ("dataset", "id")
 COLUMNS = (*UNIT, "method", "direction", "target", "layers", "bucket", "logprob", "share", "native", "translated",
            "K_rel_l2", "V_rel_l2")
 TEXT_COLUMNS = (*UNIT, "method", "direction", "target", "layers", "bucket")
 
 
+def patchable() -> tuple[str, ...]:
+    """The ways of sharing whose caches a scan patches against native (Method.patchable), in the registry's order."""
+    return names(lambda m: m.patchable)
+
+
 def check_methods(methods: Sequence[str]) -> tuple[str, ...]:
-    """The methods, checked: each must make a cache of the context (a relay does not)."""
+    """The methods, checked, each once in the order given: each must make a cache of the context (a relay does
+    not)."""
+    methods = tuple(dict.fromkeys(methods))
     for method in methods:
         known = REGISTRY.get(method)
         if known is not None and not known.patchable and (known.message or not known.comparable):
             raise ConfigError(f"'{method}' has no cache of the context to patch (the target reads "
                               f"{'the source’s message' if known.message else 'the question alone'} "
-                              f"instead): choose among {', '.join(METHODS)}")
-        if method not in METHODS:
-            raise ConfigError(f"unknown method '{method}': choose among {', '.join(METHODS)}")
-    return tuple(methods)
+                              f"instead): choose among {', '.join(patchable())}")
+        if method not in patchable():
+            raise ConfigError(f"unknown method '{method}': choose among {', '.join(patchable())}")
+    return methods
 
 
 @dataclass(frozen=True)
@@ -87,13 +96,13 @@ class MethodCache:
 
 
 def method_cache(method: str, mot: MoT, source: LoadedModel, target: LoadedModel, translation: Translation,
-                 linear: MoT | None = None, direct: MoT | None = None,
-                 kvcomm: KVCommSelection | None = None) -> MethodCache:
+                 artifact=None, options=None) -> MethodCache:
     """`method`'s cache of the translation's context, as its way of sharing builds it (the MoT's own is the
-    translation's replayed cache); ConfigError where a map or layer choice it needs is missing."""
+    translation's replayed cache) from what it loaded (`artifact`: Method.load) and the run's `options`; ConfigError
+    where what it loads is missing."""
     way = REGISTRY[check_methods([method])[0]]
-    way.ready(dict(linear=linear, direct=direct, kvcomm=kvcomm))
-    built = way.build(Inputs(mot, source, target, translation, linear=linear, direct=direct, kvcomm=kvcomm))
+    way.ready(artifact)
+    built = way.build(Inputs(mot, source, target, translation, options=options or {}, artifact=artifact))
     return MethodCache(built.kv, None if built.plan is None else dict(built.plan.hide))
 
 
@@ -130,14 +139,16 @@ def scan_rows(scan: PatchingScan, errors: dict[int, dict[str, float]], **unit) -
 
 
 def scan_example(mot: MoT, source: LoadedModel, target: LoadedModel, example: QAExample, translation: Translation,
-                 methods: Sequence[str], buckets: bool = False, **models) -> list[dict]:
-    """Every method's patching scan of one example (rows of patching.csv); the caches built once."""
+                 methods: Sequence[str], buckets: bool = False, artifacts=None, options=None) -> list[dict]:
+    """Every method's patching scan of one example (rows of patching.csv); the caches built once (`artifacts`: what
+    the methods loaded for the run, by name)."""
+    artifacts = artifacts or {}
     question, answer = gold_question(target, example)
     groups = layer_groups(target.spec, mot.channels.target_layers)
     positions = gold_buckets(target, example, translation.prefix_len) if buckets else None
     rows = []
     for method in methods:
-        cache = method_cache(method, mot, source, target, translation, **models)
+        cache = method_cache(method, mot, source, target, translation, artifacts.get(method), options)
         scan = patching_scan(target.model, translation.native_kv, cache.kv, question, answer, groups,
                              positions, hidden=cache.hidden)
         rows += scan_rows(scan, layer_error_columns(translation.native_kv, cache.kv, translation.prefix_len),
@@ -148,34 +159,71 @@ def scan_example(mot: MoT, source: LoadedModel, target: LoadedModel, example: QA
 # ----- the results file -------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class PatchingSettings:
+@dataclass
+class PatchingSettings(SharingSettings):
     """How a folder's patching.csv was recorded (patching.json): --resume keeps its rows only under the same."""
 
     methods: tuple[str, ...]
-    direct: str | None
-    linear: str | None
     buckets: bool
     weights: dict[str, str] | None = None  # method -> SHA-256 of its map's weights (a replaced map is another run)
     budget: int | None = None  # a long-context folder's budget scanned (None: an evaluation's folder)
+    options: dict = field(default_factory=dict)  # the ways of sharing's options, by name (registry.run_options)
+    recorded: dict = field(default_factory=dict)  # what their artifacts recorded (set by record())
+
+    @classmethod
+    def offered(cls) -> tuple[str, ...]:
+        return patchable()
 
     @classmethod
     def from_json(cls, data: dict) -> PatchingSettings:
-        return cls(tuple(data["methods"]), data.get("direct"), data.get("linear"), bool(data.get("buckets")),
-                   data.get("weights"), data.get("budget"))
+        return cls(**{**cls.split_json(data), "methods": tuple(data["methods"]), "buckets": bool(data.get("buckets"))})
+
+    def same_run(self, other: PatchingSettings) -> bool:
+        """Whether `other` records the same scan (what the artifacts recorded apart)."""
+        return (self.methods, self.buckets, self.weights, self.budget, self.options) == \
+            (other.methods, other.buckets, other.weights, other.budget, other.options)
+
+
+NUMBERS = ("logprob", "share", "native", "translated", "K_rel_l2", "V_rel_l2")  # empty where a reading has none
 
 
 def read_patching(path: Path) -> pd.DataFrame:
-    """A patching.csv (whole rows only); ConfigError for another table."""
+    """A patching.csv, the rows of whole examples only; ConfigError for another table. An example with a row cut
+    short or damaged, or fewer rows than the others (a file cut by a kill, or edited), is left out and a log line says
+    so: --resume computes it again."""
     text = path.read_text(encoding="utf-8", errors="replace")
     header = tuple(text.split("\n", 1)[0].rstrip("\r").split(","))
     if header != COLUMNS:
         raise ConfigError(f"{path} has the columns {', '.join(header[:8])}, not those of a {PATCHING_FILE}. Move it "
                           "away and record it again.")
-    if not text.endswith("\n"):
-        text = text.rsplit("\n", 1)[0] + "\n"
-    return pd.read_csv(io.StringIO(text), dtype={c: str for c in TEXT_COLUMNS}, keep_default_na=False,
+    try:
+        body = list(csv.reader(io.StringIO(text, newline="")))[1:]
+    except csv.Error as exc:
+        raise ConfigError(f"{path} does not parse as CSV ({exc}), so it is not a {PATCHING_FILE}. Move it away and "
+                          "record it again.") from exc
+    key = lambda fields: example_key(fields[:len(UNIT)])  # noqa: E731
+    whole = [len(fields) == len(COLUMNS) and _numbers(dict(zip(COLUMNS, fields))) for fields in body]
+    if body and not text.endswith("\n"):  # every row ends with a newline: the last one was cut short
+        whole[-1] = False
+    counts = pd.Series([key(f) for f, ok in zip(body, whole) if ok], dtype=object).value_counts()
+    torn = {key(f) for f, ok in zip(body, whole) if not ok} | set(counts.index[counts < counts.max()])
+    if torn:
+        log.warning(f"{path} was cut short or damaged: {len(torn)} example(s) without whole rows are computed again")
+    kept = io.StringIO()
+    csv.writer(kept, lineterminator="\n").writerows([COLUMNS, *(f for f, ok in zip(body, whole)
+                                                               if ok and key(f) not in torn)])
+    kept.seek(0)
+    return pd.read_csv(kept, dtype={c: str for c in TEXT_COLUMNS}, keep_default_na=False,
                        na_values={"share": [""], "K_rel_l2": [""], "V_rel_l2": [""]}, float_precision="round_trip")
+
+
+def _numbers(row: dict) -> bool:
+    """Whether a patching.csv row's numbers parse (each empty where its reading has none, or a number)."""
+    try:
+        [float(row[c]) for c in NUMBERS if row[c] != ""]
+    except ValueError:
+        return False
+    return row["logprob"] != ""
 
 
 class PatchingFile(ExampleRowsFile):
@@ -199,42 +247,61 @@ def _evaluate_settings(folder: Path):
         raise ConfigError(f"{folder} has no readable caches' settings in {SETTINGS_FILE} ({exc}). {fix}") from exc
 
 
+def map_weights(methods: Sequence[str], options, checkpoint: str) -> dict[str, str]:
+    """Method -> SHA-256 of the weights of the checkpoint it reads: the MoT's own, or the checkpoint folder one of its
+    options names (a map: --direct, --linear), so that a map replaced under the same path is another scan."""
+    paths = {TRANSLATED: checkpoint}
+    for name in methods:
+        for o in REGISTRY[name].options:
+            value = options.get(o.name)
+            if isinstance(value, str) and (Path(value) / WEIGHTS_FILE).is_file():
+                paths[name] = value
+    return {m: weights_sha256(Path(path)) for m, path in paths.items() if m in methods}
+
+
 def _check_settings(folder: Path, settings: PatchingSettings, resume: bool) -> None:
+    """Raise ConfigError, before any model loads, unless the folder's earlier patching.csv (if any) may be continued
+    with `settings`: --resume given, its patching.json readable and the same, its rows a patching.csv's (damaged
+    examples among them are computed again: read_patching)."""
     path = folder / PATCHING_SETTINGS
     if not path.is_file() or not (folder / PATCHING_FILE).is_file() and not unit_file_sources(folder, PATCHING_FILE):
         return
-    before = PatchingSettings.from_json(json.loads(path.read_text()))
+    try:
+        before = PatchingSettings.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"{path} does not read as the settings of its {PATCHING_FILE} ({type(exc).__name__}: "
+                          f"{exc}), so its rows cannot be continued. Move {PATCHING_FILE} and {PATCHING_SETTINGS} away "
+                          "and record them again.") from exc
+    for source in unit_file_sources(folder, PATCHING_FILE) if resume else ():
+        read_patching(source)  # another table is refused here, not after the models load
     if not resume:
         raise ConfigError(f"{folder} already holds a {PATCHING_FILE}: pass --resume to continue it (with the same "
                           "options), or move it away")
-    if before != settings:
-        raise ConfigError(f"{folder}'s {PATCHING_FILE} was recorded with {asdict(before)}, not {asdict(settings)}: "
-                          "pass the same options to --resume, or move the file away")
+    if not before.same_run(settings):
+        raise ConfigError(f"{folder}'s {PATCHING_FILE} was recorded with {before.to_json()}, not "
+                          f"{settings.to_json()}: pass the same options to --resume, or move the file away")
 
 
-def record(folder: str | Path, methods: Sequence[str] = (TRANSLATED,), n: int | None = None, direct: str | None = None,
-           linear: str | None = None, buckets: bool = False, resume: bool = False, progress: bool = True,
-           budget: int | None = None) -> Path:
+def record(folder: str | Path, methods: Sequence[str] = (TRANSLATED,), n: int | None = None, options=None,
+           buckets: bool = False, resume: bool = False, progress: bool = True, budget: int | None = None) -> Path:
     """Write `folder`'s patching.csv for its first `n` scored examples (all: None), keeping, with `resume`, the
-    examples it already holds."""
+    examples it already holds. `options`: the ways of sharing's options as given (by Option.name: --direct,
+    --linear, ...; registry.run_options resolves them)."""
     folder = Path(folder)
+    check_out_place(folder, "RESULTS")  # a folder it can write into, before any work
     methods = check_methods(methods)
     if n is not None and n < 1:
         raise ConfigError(f"--n must be at least 1, got {n}")
     long = is_long_folder(folder)  # a long-context run's documents at one budget, else an evaluation's examples
     settings, budget = long_settings(folder, budget) if long else (_evaluate_settings(folder), None)
-    chosen, given = registered(methods), dict(direct=direct, linear=linear)
-    for need, shipped in MAPS.items():
-        for way in chosen:
-            if getattr(way.needs, need) and not given[need]:
-                raise ConfigError(f"the '{way.name}' method needs its map: pass --{need} {shipped}")
-    maps = {TRANSLATED: settings.checkpoint, **{way.name: given[need] for need in MAPS for way in REGISTRY.values()
-                                                 if getattr(way.needs, need)}}  # each method's map, the MoT's first
-    patching = PatchingSettings(methods, direct, linear, buckets,
-                                {m: weights_sha256(path) for m, path in maps.items() if m in methods}, budget)
+    # a folder copied out of the checkout names its checkpoint relative to it
+    settings = replace(settings, checkpoint=str(checkout_path(settings.checkpoint)))
+    rows = results_rows(folder, WRITER if long else "evaluate", ("budget", "id", "error") if long
+                        else (*UNIT, "condition"))  # another tool's examples.csv: refused before any model loads
+    options = registry.run_options(options or {}, methods, patchable(), settings.checkpoint, "--methods")
     config = read_config(settings.checkpoint)
-    if any(way.needs.kvcomm for way in chosen):
-        check_kvcomm_pair(config["source"], config["target"])
+    registry.check(Request(methods, config, settings.checkpoint, 0, options))
+    patching = PatchingSettings(methods, buckets, map_weights(methods, options, settings.checkpoint), budget, options)
     _check_settings(folder, patching, resume)
     rank, world = join()
     source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
@@ -242,29 +309,26 @@ def record(folder: str | Path, methods: Sequence[str] = (TRANSLATED,), n: int | 
         mot = load_checkpoint(settings.checkpoint, source, target)[0]
         examples = long_documents(folder, settings, budget, target)[:n]
     else:
-        rows = pd.read_csv(folder / RESULTS_TABLE, dtype={"dataset": str, "id": str}, keep_default_na=False)
         kept = rows["condition"] != "skipped"
         scored = set(zip(rows.loc[kept, "dataset"], rows.loc[kept, "id"]))
         mot = load_evaluated(settings.checkpoint, settings, source, target)
         examples = [truncate_context(target, e, settings.max_context_tokens)
                     for d in settings.datasets for e in load_dataset(d, n=settings.n, seed=settings.seed)]
         examples = [e for e in examples if (e.dataset, e.id) in scored][:n]
-    models = dict(direct=load_checkpoint(direct, source, target)[0] if any(w.needs.direct for w in chosen) else None,
-                  linear=load_checkpoint(linear, source, target)[0] if any(w.needs.linear for w in chosen) else None,
-                  kvcomm=kvcomm_selection(source, target, examples[:1]) if any(w.needs.kvcomm for w in chosen)
-                  else None)
+    artifacts = run_artifacts(methods, options, source, target, mot, examples[:1])
+    patching.recorded = registry.recorded(artifacts)
     keys = [(e.dataset, e.id) for e in examples]
     barrier()
     file = PatchingFile(folder, set(keys) if resume else None)
     if rank == 0:
-        write_text_atomic(folder / PATCHING_SETTINGS, json.dumps(asdict(patching), indent=2))
+        write_text_atomic(folder / PATCHING_SETTINGS, json.dumps(patching.to_json(), indent=2))
     todo = [e for e in examples if (e.dataset, e.id) not in file.done][rank::world]
     for example in tqdm(todo, desc=f"patching (rank {rank} of {world})", disable=not progress or rank != 0,
                         dynamic_ncols=True):
         text = build_prompt(example, target.chat_frame).context_text  # the context the evaluation translated
         translation = translate(mot, source, target, text)
         file.add_rows((example.dataset, example.id), scan_example(mot, source, target, example, translation, methods,
-                                                             buckets, **models))
+                                                             buckets, artifacts, options))
     barrier()
     if world > 1 and rank == 0:
         merge_unit_files(folder, keys, lambda key: key, UNIT, own=True, names=[PATCHING_FILE])
@@ -280,16 +344,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Record, for every example of an evaluation's results folder, which "
                                                  "target layers' translated K/V cost the gold answer (layer patching)")
     parser.add_argument("results", help="a folder python -m mot_viz.eval.evaluate wrote with --out")
-    parser.add_argument("--methods", nargs="+", default=[TRANSLATED], help=f"caches to patch: {', '.join(METHODS)}")
+    parser.add_argument("--methods", nargs="+", default=[TRANSLATED], help=f"caches to patch: {', '.join(patchable())}")
     parser.add_argument("--n", type=int, help="only the first N scored examples (default: all)")
-    parser.add_argument("--direct", help="the full-depth map of the 'direct' method")
-    parser.add_argument("--linear", help="the linear map of the 'linear' method")
+    registry.add_options(parser, patchable())  # each way of sharing's own flags (Method.options)
     parser.add_argument("--buckets", action="store_true",
                         help="also patch only the sentence holding the gold answer, and only the rest")
     parser.add_argument("--resume", action="store_true", help="keep the examples patching.csv already holds")
     parser.add_argument("--budget", type=int, help="a long-context folder's budget to scan (one of its budgets)")
     args = parser.parse_args(argv)
-    written = lambda: record(args.results, args.methods, args.n, args.direct, args.linear, args.buckets,  # noqa: E731
+    written = lambda: record(args.results, args.methods, args.n, vars(args), args.buckets,  # noqa: E731
                              args.resume, budget=args.budget)
     return run_cli(lambda: print(f"wrote {written()}"))
 

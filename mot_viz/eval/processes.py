@@ -149,7 +149,7 @@ def begin(spread: Spread, rows: list[dict], units, key, write):
             shutil.rmtree(folder)
         if world > 1:
             folder.mkdir(parents=True)
-            write_text_atomic(folder / SETTINGS_FILE, json.dumps({"settings": asdict(spread.settings)}, indent=2,
+            write_text_atomic(folder / SETTINGS_FILE, json.dumps({"settings": spread.settings.to_json()}, indent=2,
                                                                  default=str))
     barrier()  # no process writes its part before rank 0 has cleared the folder
     return rank, world, write

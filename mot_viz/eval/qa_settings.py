@@ -6,7 +6,7 @@ from them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..engine.alignment import encode
@@ -15,9 +15,9 @@ from ..engine.models import LoadedModel
 from ..engine.mot import MoT
 from ..engine.prompts import QAExample, build_prompt
 from ..engine.replay_config import replay_mode
-from ..sharing.kvcomm import KVCOMM_FRACTION
-from ..sharing.registry import DEFAULTS, names
-from ..sharing.relay import RELAY_TOKENS
+from ..sharing import registry
+from .policy import DEFAULTS
+from .sharing_settings import SharingSettings
 
 CONDITIONS = DEFAULTS["evaluate"]
 
@@ -35,7 +35,7 @@ def truncate_context(target: LoadedModel, example: QAExample, budget: int) -> QA
 
 
 @dataclass
-class EvalSettings:
+class EvalSettings(SharingSettings):
     """How one evaluation run was made; written beside its results."""
 
     checkpoint: str
@@ -49,16 +49,17 @@ class EvalSettings:
     conditions: tuple[str, ...] = CONDITIONS  # native is always among them: retained shares divide by it
     prompt: str = "plain"  # "chat template" when the target is chat-tuned (data.build_prompt); set by run()
     replay: str = "checkpoint"  # each checkpoint's own replay, or "dense" / "sparse" for both (replay_config.replay_mode)
-    relay_tokens: int = RELAY_TOKENS  # the longest relay message, in source tokens (relay conditions only)
-    direct: str | None = None  # the full-depth map without replay the "direct" condition answers from (--direct)
-    kvcomm_fraction: float = KVCOMM_FRACTION  # share of the layers the kvcomm condition shares (--kvcomm_fraction)
-    kvcomm_layers: tuple[int, ...] = ()  # the layers the kvcomm condition shared, chosen by the run (set by run())
-    kvcomm_scores: tuple[float, ...] = ()  # per layer, the calibration's attention on the context (set by run())
+    options: dict = field(default_factory=dict)  # the ways of sharing's options, by name (registry.run_options)
+    recorded: dict = field(default_factory=dict)  # what their artifacts recorded (kvcomm's layers; set by run())
+
+    @classmethod
+    def offered(cls) -> tuple[str, ...]:
+        return registry.choices("evaluate")
 
     @classmethod
     def from_json(cls, data: dict) -> EvalSettings:
         """The settings as summary.json stores them (lists for tuples; older runs lack the later fields)."""
-        return cls(**{**data, "datasets": tuple(data["datasets"]),
+        return cls(**{**cls.split_json(data), "datasets": tuple(data["datasets"]),
                       "conditions": tuple(data.get("conditions") or CONDITIONS)})
 
     def command(self, out_dir: Path | None = None) -> str:
@@ -68,11 +69,7 @@ class EvalSettings:
                 + f" --datasets {' '.join(self.datasets)} --n {self.n} --seed {self.seed}"
                 + ("" if self.conditions == CONDITIONS else f" --conditions {' '.join(self.conditions)}")
                 + ("" if self.replay == "checkpoint" else f" --replay {self.replay}")
-                + ("" if self.relay_tokens == RELAY_TOKENS or not names(lambda m: m.message, self.conditions)
-                   else f" --relay_tokens {self.relay_tokens}")
-                + (f" --direct {self.direct}" if self.direct else "")
-                + ("" if self.kvcomm_fraction == KVCOMM_FRACTION or not names(lambda m: m.needs.kvcomm, self.conditions)
-                   else f" --kvcomm_fraction {self.kvcomm_fraction}")
+                + self.option_args(self.conditions)
                 + f" --max_new_tokens {self.max_new_tokens} --max_context_tokens {self.max_context_tokens}"
                 + (f" --out {out_dir}" if out_dir is not None else ""))
 

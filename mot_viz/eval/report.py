@@ -12,7 +12,8 @@ import pandas as pd
 
 from ..engine.checkpoint import weights_sha256
 from ..errors import CheckpointError
-from ..sharing.registry import EVALUATE_PAIRS, FLOOR, REFERENCE, SECOND, choices, method
+from ..sharing.registry import FLOOR, REFERENCE, SECOND, choices, method
+from .policy import EVALUATE_PAIRS
 from .answers import CONDITION_LABELS
 from .qa_metrics import bootstrap_ci, paired_ratios
 
@@ -63,7 +64,7 @@ def message_shares(rows: pd.DataFrame, condition: str, relay_tokens: int | None)
             "messages_looped": float(looped.mean()) if looped.notna().any() else np.nan}
 
 
-PAIRS = EVALUATE_PAIRS  # the sharing registry's, in the order the shipped paired.csv files list them
+PAIRS = EVALUATE_PAIRS  # the evaluations' policy's, in the order the shipped paired.csv files list them
 
 
 def paired_differences(df: pd.DataFrame, pairs=PAIRS, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:

@@ -20,7 +20,7 @@ import pandas as pd
 
 from ..cli import logger
 from ..errors import ConfigError
-from ..fsutil import check_out_place, temp_parts
+from ..fsutil import check_out_place, named, temp_parts
 
 log = logger(__name__)
 
@@ -93,10 +93,9 @@ def check_results_folder(out_dir: Path, settings, files: tuple[str, ...], overwr
     leftovers = [name for name in present if (temp_parts(Path(name)) or ("",))[0] in files]  # of killed writes
     foreign = [name for name in present if name not in leftovers and (not ours or name not in files)]
     if foreign:
-        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        raise ConfigError(f"--out {out_dir} holds files that are not results of this {command} run ({shown}), which "
-                          "it could overwrite. Pass a new or empty folder, or --overwrite to write into this one "
-                          "(files of the same names are replaced).")
+        raise ConfigError(f"--out {out_dir} holds files that are not results of this {command} run "
+                          f"({named(foreign)}), which it could overwrite. Pass a new or empty folder, or --overwrite "
+                          "to write into this one (files of the same names are replaced).")
 
 
 def _holds_settings_of(out_dir: Path, settings) -> bool:
@@ -106,6 +105,19 @@ def _holds_settings_of(out_dir: Path, settings) -> bool:
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
     return True
+
+
+def differing(before, settings, keys: tuple[str, ...]) -> list[str]:
+    """The settings of `keys` that differ between two runs; of a mapping (the ways of sharing's options), the entries
+    that differ, by name."""
+    out = []
+    for k in keys:
+        a, b = getattr(before, k), getattr(settings, k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += [name for name in dict.fromkeys([*a, *b]) if a.get(name) != b.get(name)]
+        elif a != b:
+            out.append(k)
+    return out
 
 
 def earlier_run(out_dir: Path, settings, resume: bool, keys: tuple[str, ...], unit: str = "examples") -> bool:
@@ -124,7 +136,7 @@ def earlier_run(out_dir: Path, settings, resume: bool, keys: tuple[str, ...], un
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"--out {out_dir} holds an unreadable {meta.relative_to(out_dir)} ({exc}). Pass another "
                               "--out folder.") from exc
-        changed += [k for k in keys if getattr(before, k) != getattr(settings, k) and k not in changed]
+        changed += [k for k in differing(before, settings, keys) if k not in changed]
     if changed:
         raise ConfigError(f"--out {out_dir} holds results of other settings ({', '.join(changed)} differ), which "
                           "--resume cannot continue. Pass another --out folder.")
@@ -159,6 +171,27 @@ def unit_key(values) -> tuple:
     """A unit's key (its values of a table's unit columns) comparable however it was read: texts as they are, numbers
     as floats (a budget 1024 read back from a CSV as 1024 or 1024.0)."""
     return tuple(v if isinstance(v, str) else float(v) for v in values)
+
+
+def results_rows(folder: Path, command: str, columns: tuple[str, ...]) -> pd.DataFrame:
+    """The examples.csv of a folder python -m mot_viz.eval.`command` wrote, as a command that reads it back (patching,
+    layer_error) reads it before any model loads: ids as text; ConfigError, naming the fix, for a file that cannot be
+    read, binary data, or a table without `columns` (another tool's examples.csv)."""
+    path = folder / RESULTS_TABLE
+    fix = f"Pass a folder python -m mot_viz.eval.{command} wrote with --out, or run it again there."
+    try:
+        with open(path, "rb") as f:
+            binary = binary_start(f.read(HEAD_BYTES))
+        rows = None if binary else pd.read_csv(path, dtype={"dataset": str, "id": str}, keep_default_na=False)
+    except (OSError, ValueError, pd.errors.ParserError) as exc:
+        raise ConfigError(f"{path} does not read as the table {command} writes ({exc}). {fix}") from exc
+    if rows is None:
+        raise ConfigError(f"{path} holds binary data, not the table {command} writes. {fix}")
+    lacking = [c for c in columns if c not in rows]
+    if lacking:
+        raise ConfigError(f"{path} has no column {', '.join(lacking)} (its columns: "
+                          f"{', '.join(map(str, rows.columns[:8]))}), so it is not the table {command} writes. {fix}")
+    return rows
 
 
 def read_rows(source, text_columns: tuple[str, ...]) -> pd.DataFrame:

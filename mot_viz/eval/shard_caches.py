@@ -5,6 +5,7 @@ cache (the Multi-agent page's bands)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -19,8 +20,7 @@ from ..engine.prompts import build_prompt
 from ..engine.shards import translate_shards, translate_shards_direct
 from ..sharing import registry
 from ..sharing.registry import FLOOR, REFERENCE
-from ..sharing.relay import RELAY_TOKENS, Relay, relay_parts
-from ..train.mean_vector import MeanVectors
+from ..sharing.method import Built, Method
 
 
 def mb(spec, tokens: int) -> float:
@@ -39,8 +39,13 @@ class SettingCache:
     source_tokens: int  # tokens the source agents' caches hold together, their BOS prefixes included
     source_mb: float  # the agents' caches together
     source_max_mb: float  # the largest agent's cache
-    relay: Relay | None = None  # a relay setting's message and the hub's cache of it
-    writing: float | None = None  # a relay setting's slowest agent writing (their wall time in parallel)
+    held: object | None = None  # what its way of sharing's costs and rows read beside the cache (Built.held)
+
+    @property
+    def built(self) -> Built:
+        """The setting as a build its way of sharing's costs read (Method.handed_bytes, ...): its cache and what it
+        holds beside it."""
+        return Built(self.kv, 0.0, held=self.held)
 
 
 def shard_prompts(context_text: str, document: str, shard_texts: list[str]) -> list[str]:
@@ -65,11 +70,14 @@ class Agents:
     context_text: str  # the prompt's context part: the document in the prompt's frame
     one: Translation  # the one reader's translation of the whole context
     whole: SettingCache  # the one reader's MoT cache
-    relay_tokens: int = RELAY_TOKENS
-    direct: MoT | None = None
-    linear: MoT | None = None
-    means: MeanVectors | None = None
+    options: Mapping = field(default_factory=dict)  # the run's options, by Option.name
+    artifacts: Mapping = field(default_factory=dict)  # what each way of sharing loaded for the run, by method name
     _pieces: dict = field(default_factory=dict)
+
+    def artifact(self, way: Method):
+        """What `way` loaded for the run (Method.load), checked as every build checks it (Method.ready)."""
+        way.ready(self.artifacts.get(way.name), self.example)
+        return self.artifacts.get(way.name)
 
     @property
     def example(self):
@@ -92,16 +100,17 @@ class Agents:
         return SettingCache(s.mixed_kv, len(texts), s.timings, len(self.target.prefix_ids) + int(s.target_ids.shape[1]),
                             sum(tokens), sum(s.source_bytes) / 1e6, max(s.source_bytes) / 1e6)
 
-    def relayed(self, way: str, texts: list[str]) -> SettingCache:
-        """Each agent writes from its text, the hub reads the messages (sharing.relay.relay_parts)."""
-        r = relay_parts(self.source, self.target, self.example, texts, way, self.relay_tokens)
-        sizes = [kv_cache_bytes(self.source.spec, tokens) for tokens in r.source_tokens]
-        return SettingCache(r.relay.kv, len(texts), {}, int(r.relay.kv[0][0].shape[2]), sum(r.source_tokens),
-                            sum(sizes) / 1e6, max(sizes) / 1e6, r.relay, r.slowest_seconds)
+    def read(self, kv: list[hf.KV], source_tokens: tuple[int, ...], held=None) -> SettingCache:
+        """The hub's cache of what the agents handed over (`kv`; a message: the hub's prefill of it), each agent's
+        cache holding `source_tokens` positions when done; `held`: what the way of sharing's costs read."""
+        sizes = [kv_cache_bytes(self.source.spec, tokens) for tokens in source_tokens]
+        return SettingCache(kv, len(source_tokens), {}, int(kv[0][0].shape[2]), sum(source_tokens),
+                            sum(sizes) / 1e6, max(sizes) / 1e6, held)
 
-    def directed(self, texts: list[str]) -> SettingCache:
-        """Each agent's text translated by the direct map, the caches joined at their offsets."""
-        d = translate_shards_direct(self.direct, self.source, self.target, texts)
+    def joined(self, texts: list[str], by: MoT) -> SettingCache:
+        """Each agent's text translated by the full-depth map `by` without replay, the caches joined at their
+        offsets."""
+        d = translate_shards_direct(by, self.source, self.target, texts)
         return SettingCache(d.mixed_kv, len(texts), d.timings, int(d.mixed_kv[0][0].shape[2]),
                             sum(d.source_tokens), sum(d.source_bytes) / 1e6, max(d.source_bytes) / 1e6)
 
@@ -115,12 +124,11 @@ class Agents:
 
 @torch.no_grad()
 def setting_caches(mot: MoT, source: LoadedModel, target: LoadedModel, doc: LongExample, shards: tuple[int, ...],
-                   sharing: tuple[str, ...] = (), relay_tokens: int = RELAY_TOKENS,
-                   direct: MoT | None = None, linear: MoT | None = None,
-                   means: MeanVectors | None = None) -> dict[str, SettingCache]:
+                   sharing: tuple[str, ...] = (), options: Mapping | None = None,
+                   artifacts: Mapping | None = None) -> dict[str, SettingCache]:
     """Every setting's cache of one document (module docstring), in the order of conditions(shards, sharing); each
-    way of sharing in `sharing` builds its own (Method.by_agents) from what it needs: the direct map `direct`, the
-    pair's closed-form map `linear`, the mean native window `means`."""
+    way of sharing in `sharing` builds its own (Method.by_agents) from the run's `options` and what it loaded
+    (`artifacts`, by method name: registry.load_artifacts)."""
     example = doc.example
     context_text = build_prompt(example, target.chat_frame).context_text
     p = len(target.prefix_ids)
@@ -131,7 +139,7 @@ def setting_caches(mot: MoT, source: LoadedModel, target: LoadedModel, doc: Long
     out = {REFERENCE: SettingCache(one.native_kv, 0, {"native_prefill": t["native_prefill"]}, p + n, 0, 0.0, 0.0),
            "whole": SettingCache(one.mixed_kv, 1, reader, p + n, src_tokens, mb(source.spec, src_tokens),
                                  mb(source.spec, src_tokens))}
-    agents = Agents(mot, source, target, doc, context_text, one, out["whole"], relay_tokens, direct, linear, means)
+    agents = Agents(mot, source, target, doc, context_text, one, out["whole"], options or {}, artifacts or {})
     ways = registry.methods(sharing)
     evidence, others = {}, {m.name: {m.name: m.by_agents(agents, None)} for m in ways}  # one reader first
     for k in shards:

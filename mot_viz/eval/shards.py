@@ -42,7 +42,7 @@ import datetime
 import json
 import resource
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -56,16 +56,15 @@ from ..engine.mot import MoT
 from ..errors import ConfigError
 from ..fsutil import write_csv_atomic, write_text_atomic
 from ..sharing import registry
-from ..sharing.caches import load_sharing
+from ..sharing.caches import run_artifacts
 from ..sharing.costs import COST_COLUMNS, LOOPED_COLUMNS, MESSAGE_COLUMNS, cost_fields, cost_medians, work_text
-from ..sharing.linear import default_linear
 from ..sharing.method import Request
 from ..sharing.registry import FLOOR, REFERENCE
-from ..sharing.relay import RELAY_TOKENS
-from ..train.mean_vector import MeanVectors
 from .answers import MAX_NEW_TOKENS, answers_from_caches
+from .policy import on_request
 from .processes import Spread, resumed_table, run_units, shown
 from .results_folder import ResultsTable
+from .sharing_settings import SharingSettings
 from .long_settings import check_budget
 from .qa_metrics import bootstrap_ci, condition_ratios
 from .report import paired_differences, paired_markdown
@@ -78,12 +77,10 @@ ROW_COLUMNS = ("budget", "id", "depth", "evidence_fraction", "condition", "shard
                "hub_mb", "peak_rss_mb", "error", *MESSAGE_COLUMNS, "message_generate_max_seconds", *COST_COLUMNS,
                *LOOPED_COLUMNS)
 TEXT_COLUMNS = ("id", "depth", "condition", "answer", "gold", "error", "message", "target_work")
-RESUME_KEYS = ("checkpoint", "budget", "shards", "seed", "max_new_tokens", "sharing", "relay_tokens", "direct",
-               "linear")
+RESUME_KEYS = ("checkpoint", "budget", "shards", "seed", "max_new_tokens", "sharing", "options")
 # on request (the registry's order): the other ways of sharing a document this evaluation composes from shards
 # (relay, relay_q, direct) and the controls beside them (linear: the closed-form map of the window; mean: the
 # mean-vector window)
-CHOICES = registry.choices(KIND)
 RESULTS = ResultsTable(ROW_COLUMNS, TEXT_COLUMNS, ("id",),
                        ("score", "hub_tokens", "source_tokens", "answer_seconds", "source_mb", "source_max_mb",
                         "hub_mb", "peak_rss_mb"), ("evidence_fraction", "exact_match", *STAGES),
@@ -115,7 +112,7 @@ def pairs(shards: tuple[int, ...], sharing: tuple[str, ...] = ()) -> tuple[tuple
 
 
 @dataclass
-class ShardSettings:
+class ShardSettings(SharingSettings):
     """How one shard run was made; written beside its results."""
 
     checkpoint: str
@@ -125,23 +122,25 @@ class ShardSettings:
     seed: int = 0
     max_new_tokens: int = MAX_NEW_TOKENS
     bootstrap: int = 1000
-    sharing: tuple[str, ...] = ()  # other ways of sharing the document and controls, from CHOICES
-    relay_tokens: int = RELAY_TOKENS  # the longest message each relay agent writes, in source tokens
-    direct: str | None = None  # the full-depth map without replay of the "direct" settings (--direct)
-    linear: str | None = None  # the closed-form map of the "linear" settings (--linear)
+    sharing: tuple[str, ...] = ()  # other ways of sharing the document and controls (policy.on_request(KIND))
+    options: dict = field(default_factory=dict)  # the ways of sharing's options, by name (registry.run_options)
+    recorded: dict = field(default_factory=dict)  # what their artifacts recorded (set by run())
+
+    @classmethod
+    def offered(cls) -> tuple[str, ...]:
+        return registry.choices(KIND)
 
     @classmethod
     def from_json(cls, data: dict) -> ShardSettings:
-        return cls(**{**data, "shards": tuple(data["shards"]), "sharing": tuple(data.get("sharing", ()))})
+        return cls(**{**cls.split_json(data), "shards": tuple(data["shards"]),
+                      "sharing": tuple(data.get("sharing", ()))})
 
     def command(self, out_dir: Path | None = None) -> str:
         """The command line that runs this evaluation (writing to `out_dir` when given)."""
         return (f"python -m mot_viz.eval.shards --checkpoint {self.checkpoint} --budget {self.budget} --shards "
                 f"{' '.join(map(str, self.shards))} --n {self.n} --seed {self.seed} --max_new_tokens "
                 f"{self.max_new_tokens}" + (f" --conditions {' '.join(self.sharing)}" if self.sharing else "")
-                + ("" if self.relay_tokens == RELAY_TOKENS else f" --relay_tokens {self.relay_tokens}")
-                + (f" --direct {self.direct}" if self.direct else "")
-                + (f" --linear {self.linear}" if self.linear else "")
+                + self.option_args(self.sharing)
                 + (f" --out {out_dir}" if out_dir is not None else ""))
 
 
@@ -166,9 +165,8 @@ def check_settings(settings: ShardSettings) -> dict:
                           "a checkpoint whose target is a RoPE model (Llama, Qwen2, Gemma 3).")
     check_budget(settings.budget, {role: (config[role]["name"], config[role].get("max_positions"))
                                    for role in ("source", "target")}, settings.max_new_tokens, ConfigError)
-    registry.check_names(settings.sharing, CHOICES)
-    registry.check(Request(settings.sharing, config, settings.checkpoint, settings.budget, settings.relay_tokens, 1.0,
-                           settings.direct, settings.linear))
+    registry.check_names(settings.sharing, on_request(KIND))
+    registry.check(Request(settings.sharing, config, settings.checkpoint, settings.budget, settings.options))
     return config
 
 
@@ -181,13 +179,11 @@ class DocumentResult:
 
 
 def evaluate_document(mot: MoT, source: LoadedModel, target: LoadedModel, doc: LongExample,
-                      settings: ShardSettings, direct: MoT | None = None, linear: MoT | None = None,
-                      means: MeanVectors | None = None) -> DocumentResult:
+                      settings: ShardSettings, artifacts=None) -> DocumentResult:
     """Every setting's cache of one document, its answer and F1, the seconds of its stages, the memory it holds,
-    what is handed to the hub and what it computes (direct, linear, means: as setting_caches takes them)."""
+    what is handed to the hub and what it computes (artifacts: what the run's methods loaded once)."""
     example = doc.example
-    caches = setting_caches(mot, source, target, doc, settings.shards, settings.sharing, settings.relay_tokens, direct,
-                            linear, means)
+    caches = setting_caches(mot, source, target, doc, settings.shards, settings.sharing, settings.options, artifacts)
     p, window = len(target.prefix_ids), len(mot.channels.target_layers)
     answers = answers_from_caches(target, {c: s.kv for c, s in caches.items()}, example, settings.max_new_tokens)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
@@ -197,18 +193,16 @@ def evaluate_document(mot: MoT, source: LoadedModel, target: LoadedModel, doc: L
              "source_tokens": s.source_tokens, **{stage: s.timings.get(stage, np.nan) for stage in STAGES},
              "answer_seconds": answers[c].seconds, "source_mb": s.source_mb, "source_max_mb": s.source_max_mb,
              "hub_mb": mb(target.spec, s.hub_tokens), "peak_rss_mb": peak, "error": None,
-             "message_generate_max_seconds": s.writing,
-             **cost_fields(c, s.hub_tokens - p, target, window,
-                           registry.method(c).target_side(s.timings, s.relay, s.writing), s.relay, source=source)}
+             **cost_fields(c, s.built, s.hub_tokens - p, target, window,
+                           registry.method(c).target_side(s.built, s.timings), source)}
             for c, s in caches.items()]
     return DocumentResult(rows, caches)
 
 
 def document_rows(mot: MoT, source: LoadedModel, target: LoadedModel, doc: LongExample,
-                  settings: ShardSettings, direct: MoT | None = None, linear: MoT | None = None,
-                  means: MeanVectors | None = None) -> list[dict]:
+                  settings: ShardSettings, artifacts=None) -> list[dict]:
     """One row per setting of one document: its answer and F1, the seconds of its stages, the memory it holds."""
-    return evaluate_document(mot, source, target, doc, settings, direct, linear, means).rows
+    return evaluate_document(mot, source, target, doc, settings, artifacts).rows
 
 
 def summarize(rows: pd.DataFrame, shards: tuple[int, ...], n_boot: int = 1000, seed: int = 0,
@@ -266,7 +260,7 @@ def write(out_dir: Path, rows: pd.DataFrame, settings: ShardSettings) -> pd.Data
     for name, frame in (("examples.csv", rows), ("summary.csv", summary), ("paired.csv", paired)):
         write_csv_atomic(out_dir / name, frame)
     skipped = rows.loc[rows["condition"] == "skipped", ["id", "error"]].to_dict(orient="records")
-    meta = {"settings": asdict(settings), "date": str(datetime.date.today()), "skipped": skipped,
+    meta = {"settings": settings.to_json(), "date": str(datetime.date.today()), "skipped": skipped,
             "summary": summary.to_dict(orient="records")}
     write_text_atomic(out_dir / "summary.json", json.dumps(meta, indent=2, default=str))
     write_text_atomic(out_dir / "summary.md", f"Command: `{settings.command(out_dir)}`\n\nDate: {meta['date']}. "
@@ -290,15 +284,15 @@ def run(settings: ShardSettings, out_dir: Path, resume: bool = False, progress: 
     source, target = load_model(config["source"]["name"]), load_model(config["target"]["name"])
     docs = distractor_stacks(target.tokenizer, settings.budget, settings.n, settings.seed)
     mot = load_checkpoint(settings.checkpoint, source, target)[0]
-    shared = load_sharing(settings.sharing, settings.direct, 1.0, source, target, [], mot, settings.linear)
-    direct, linear, means = shared.direct, shared.linear, shared.means
+    artifacts = run_artifacts(settings.sharing, settings.options, source, target, mot)
+    settings.recorded = registry.recorded(artifacts)
     rows = [] if previous is None else previous.to_dict(orient="records")
 
     def key(d):  # a document's place in the results: its id
         return d.example.id
 
     def compute(d):  # its rows, one per setting and way of sharing
-        return document_rows(mot, source, target, d, settings, direct, linear, means)
+        return document_rows(mot, source, target, d, settings, artifacts)
 
     def skipped(d):  # what the row of a document that does not fit says of it
         return {"budget": d.budget, "id": d.example.id, "depth": d.depth}
@@ -319,24 +313,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the document sample")
     parser.add_argument("--max_new_tokens", type=int, default=MAX_NEW_TOKENS, help="longest generated answer")
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of each interval")
-    parser.add_argument("--conditions", nargs="+", choices=CHOICES, default=[],
+    parser.add_argument("--conditions", nargs="+", choices=on_request(KIND), default=[],
                         help="other ways of sharing the document, each with one reader and with every shard count: "
                              "relay / relay_q (each agent writes a message; the hub reads them), direct (--direct); "
                              "the controls linear (--linear) and mean (the mean-vector window, one reader)")
-    parser.add_argument("--relay_tokens", type=int, default=RELAY_TOKENS,
-                        help="longest message each relay agent writes, in source tokens")
-    parser.add_argument("--direct", help="the full-depth map without replay of the 'direct' settings")
-    parser.add_argument("--linear", help="the closed-form map of the 'linear' settings (default: <checkpoint>-linear)")
+    registry.add_options(parser, registry.choices(KIND))  # each way of sharing's own flags (Method.options)
     parser.add_argument("--out", required=True, help="folder of the results (created when missing)")
     parser.add_argument("--resume", action="store_true", help="keep the documents --out already holds")
     parser.add_argument("--overwrite", action="store_true",
                         help="write into an --out folder that holds other files, replacing those of the same names")
     args = parser.parse_args(argv)
-    settings = ShardSettings(args.checkpoint, args.budget, tuple(args.shards), args.n, args.seed, args.max_new_tokens,
-                             args.bootstrap, registry.names(among=args.conditions), args.relay_tokens, args.direct,
-                             (args.linear or default_linear(args.checkpoint))
-                             if registry.names(lambda m: m.needs.linear, args.conditions) else None)
-    return run_cli(lambda: shown(run(settings, Path(args.out), args.resume, overwrite=args.overwrite), markdown))
+    sharing = registry.names(among=args.conditions)
+
+    def body():
+        options = registry.run_options(vars(args), sharing, registry.choices(KIND), args.checkpoint)
+        settings = ShardSettings(args.checkpoint, args.budget, tuple(args.shards), args.n, args.seed,
+                                 args.max_new_tokens, args.bootstrap, sharing, options)
+        return shown(run(settings, Path(args.out), args.resume, overwrite=args.overwrite), markdown)
+
+    return run_cli(body)
 
 
 if __name__ == "__main__":

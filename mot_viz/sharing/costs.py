@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engine.models import LoadedModel, ModelSpec
+from ..engine.models import LoadedModel
+from .method import Built
 from .registry import method, names
-from .relay import Relay, message_fields
 
 MESSAGE_COLUMNS = ("message", "message_tokens", "message_bytes", "message_generate_seconds", "message_prefill_seconds")
 # 1 where the source began to repeat itself and the message ends before the repeat (sharing.relay.repeats_itself);
@@ -33,22 +33,15 @@ LOOPED_COLUMNS = ("message_looped",)
 COST_COLUMNS = ("handed_bytes", "target_work", "target_tokens", "target_side_seconds")
 
 
-def handed_bytes(condition: str, tokens: int, target: ModelSpec, window_layers: int, relay: Relay | None = None,
-                 kvcomm=None, source: ModelSpec | None = None) -> float:
-    """Bytes a condition of any evaluation hands the target for a context of `tokens` target tokens
-    (Method.handed_bytes; module docstring)."""
-    return method(condition).handed_bytes(tokens, target, window_layers, relay, kvcomm, source)
-
-
-def cost_fields(condition: str, tokens: int, target: LoadedModel, window_layers: int, target_side: float,
-                relay: Relay | None = None, kvcomm=None, source: LoadedModel | None = None) -> dict:
-    """A row's message columns (relay only; the message's carriage returns written as line breaks, which a CSV
-    writer quotes, so a row stays one record) and cost columns (COST_COLUMNS)."""
-    work, work_tokens = method(condition).target_work(tokens, relay, len(target.prefix_ids))
-    message = {} if relay is None else {**message_fields(relay), "message": relay.message.replace("\r", "\n")}
-    return {**message,
-            "handed_bytes": handed_bytes(condition, tokens, target.spec, window_layers, relay, kvcomm,
-                                         None if source is None else source.spec),
+def cost_fields(condition: str, built: Built, tokens: int, target: LoadedModel, window_layers: int,
+                target_side: float, source: LoadedModel | None = None) -> dict:
+    """A row's columns of the method's own (Method.row_fields: a relay's message) and its cost columns
+    (COST_COLUMNS), read from what it built for a context of `tokens` target tokens."""
+    m = method(condition)
+    work, work_tokens = m.target_work(built, tokens, len(target.prefix_ids))
+    return {**m.row_fields(built),
+            "handed_bytes": m.handed_bytes(built, tokens, target.spec, window_layers,
+                                           None if source is None else source.spec),
             "target_work": work, "target_tokens": work_tokens, "target_side_seconds": target_side}
 
 
@@ -78,8 +71,8 @@ def sharing_stages(part) -> dict:
             out[f"{condition}: source writes" + ("" if method(condition).for_question else " (done ahead)")] = \
                 float(rows["message_generate_seconds"].median())
             out[f"{condition}: target reads"] = float(rows["message_prefill_seconds"].median())
-    for condition in names(lambda m: m.needs.direct):
+    for condition in names(lambda m: bool(m.side)):
         rows = part[part["condition"] == condition]
         if len(rows):
-            out[f"{condition}: alignment + translator + assemble"] = float(rows["target_side_seconds"].median())
+            out[f"{condition}: {method(condition).side}"] = float(rows["target_side_seconds"].median())
     return out

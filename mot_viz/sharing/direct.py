@@ -3,11 +3,17 @@ translated from the source's, assembled into the whole cache; the target never r
 
 from __future__ import annotations
 
+from ..engine.checkpoint import load_checkpoint
 from ..engine.models import ModelSpec
 from ..engine.mot import MoT, translate
 from ..errors import CheckpointError, ConfigError
 from .checkpoints import checked_config, full_depth, same_pair
-from .method import Built, Inputs, Method, Needs, Request, layers_bytes, target_stages_seconds, translated_seconds
+from .method import (Built, Inputs, Loading, Method, Option, Request, layers_bytes, target_stages_seconds,
+                     translated_seconds)
+
+DIRECT_OPTION = Option("direct", str, None, "the full-depth map without replay the 'direct' way of sharing answers "
+                       "from (a checkpoint of python -m mot_viz.train.quickfit --direct, e.g. "
+                       "pretrained/smollm2-to-gemma3-direct)")
 
 
 def check_direct_map(direct: MoT | None) -> None:
@@ -38,39 +44,43 @@ def check_direct_flag(conditions: tuple[str, ...], direct_path: str | None, chec
 
 class DirectMap(Method):
     def check(self, request: Request) -> None:
-        check_direct_flag(request.conditions, request.direct, request.checkpoint, request.config)
+        check_direct_flag(request.conditions, DIRECT_OPTION.of(request.options), request.checkpoint, request.config)
 
-    def ready(self, given: dict) -> None:
-        check_direct_map(given.get("direct"))
+    def load(self, loading: Loading) -> MoT:
+        return load_checkpoint(DIRECT_OPTION.of(loading.options), loading.source, loading.target)[0]
+
+    def ready(self, artifact, example=None) -> None:
+        check_direct_map(artifact)
 
     def build(self, inputs: Inputs) -> Built:
         """Its own translation of the text by the full-depth map: no replay; its source prefill is done ahead."""
-        directed = translate(inputs.direct, inputs.source, inputs.target, inputs.translation.text, with_native=False)
+        directed = translate(inputs.artifact, inputs.source, inputs.target, inputs.translation.text, with_native=False)
         return Built(directed.mixed_kv, translated_seconds(directed), directed.timings.get("source_prefill", 0.0),
                      translation=directed)
 
     def by_agents(self, agents, k: int | None):
         """Each agent's shard in the prompt's frame translated by the direct map, the caches joined at their offsets."""
-        return agents.directed([agents.context_text] if k is None else agents.texts(k))
+        return agents.joined([agents.context_text] if k is None else agents.texts(k), agents.artifact(self))
 
-    def handed_bytes(self, tokens: int, target: ModelSpec, window_layers: int, relay=None, kvcomm=None,
+    def handed_bytes(self, built: Built | None, tokens: int, target: ModelSpec, window_layers: int,
                      source: ModelSpec | None = None) -> float:
         """Every layer's translated K and V."""
         return float(layers_bytes(tokens, target.num_layers, target.kv_hidden))
 
-    def handed_what(self, target: ModelSpec, window_layers: int, relay=None, kvcomm=None) -> str:
+    def handed_what(self, built: Built | None, target: ModelSpec, window_layers: int) -> str:
         return f"every layer's translated K/V ({target.num_layers} layers)"
 
-    def carries(self, mot: MoT, given: dict) -> tuple[int, ...] | None:
-        return given["direct"].channels.target_layers
+    def carries(self, mot: MoT, artifact=None) -> tuple[int, ...] | None:
+        return artifact.channels.target_layers
 
-    def target_work(self, tokens: int, relay=None, prefix: int = 0) -> tuple[str, int]:
+    def target_work(self, built: Built | None, tokens: int, prefix: int = 0) -> tuple[str, int]:
         return "none", 0
 
-    def target_side(self, timings: dict[str, float], relay=None, writing: float | None = None) -> float:
+    def target_side(self, built: Built | None, timings) -> float:
         return target_stages_seconds(timings)
 
 
 DIRECT = DirectMap("direct", "Full-depth direct map (every layer's K/V translated, no replay: the target never reads "
-                   "the context)", Needs(direct=True), patchable=True,
-                   short="direct map (every layer, no replay)")
+                   "the context)", (DIRECT_OPTION,), "a full-depth map without replay: pass --direct "
+                   "pretrained/smollm2-to-gemma3-direct", patchable=True,
+                   short="direct map (every layer, no replay)", side="alignment + translator + assemble")

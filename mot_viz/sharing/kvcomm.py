@@ -45,11 +45,13 @@ from ..engine.models import LoadedModel, ModelSpec
 from ..engine.mot import MoT, native_cache, target_context_ids
 from ..engine.prompts import QAExample, build_prompt
 from ..errors import ConfigError
-from .method import Built, Inputs, Method, Needs, Request, layers_bytes
+from .method import Built, Inputs, Loading, Method, Option, Request, layers_bytes
 
 KVCOMM_FRACTION = 0.3  # share of the layers whose K/V are shared (KVComm's README; --kvcomm_fraction)
 KVCOMM_ALPHA = 0.5  # weight of the attention score against the depth prior (method.md §15 records no default)
 PRIOR_SIGMA = 10.0  # σ of the Gaussian prior over depth, in layers (KVComm's)
+FRACTION_OPTION = Option("kvcomm_fraction", float, KVCOMM_FRACTION, "share of the layers the 'kvcomm' way of sharing "
+                         "reads the source's K/V at (in (0, 1]; the others keep token 0 only)")
 
 
 def check_kvcomm_fraction(fraction: float) -> None:
@@ -177,37 +179,48 @@ def kvcomm_cache(source: LoadedModel, target: LoadedModel, target_ids: torch.Ten
 
 class SelectiveLayers(Method):
     def check(self, request: Request) -> None:
-        check_kvcomm_fraction(request.kvcomm_fraction)
+        check_kvcomm_fraction(FRACTION_OPTION.of(request.options))
         if self.name in request.conditions:
             check_kvcomm_pair(request.config["source"], request.config["target"])
 
+    def load(self, loading: Loading) -> KVCommSelection | None:
+        """Its layer choice, calibrated on the run's first example (none: nothing to calibrate on)."""
+        if not loading.calibration:
+            return None
+        return kvcomm_selection(loading.source, loading.target, list(loading.calibration),
+                                FRACTION_OPTION.of(loading.options))
+
+    def record(self, artifact) -> dict:
+        return {"kvcomm_layers": tuple(artifact.layers), "kvcomm_scores": tuple(artifact.scores)}
+
     def build(self, inputs: Inputs) -> Built:
         """The source's own K/V of the target's tokens, read at the chosen layers only; all of it done ahead."""
-        shared = kvcomm_cache(inputs.source, inputs.target, inputs.translation.target_ids, inputs.kvcomm)
-        return Built(shared.kv, shared.seconds, shared.seconds, plan=shared.plan)
+        shared = kvcomm_cache(inputs.source, inputs.target, inputs.translation.target_ids, inputs.artifact)
+        return Built(shared.kv, shared.seconds, shared.seconds, plan=shared.plan, held=inputs.artifact)
 
-    def handed_bytes(self, tokens: int, target: ModelSpec, window_layers: int, relay=None, kvcomm=None,
+    def handed_bytes(self, built: Built | None, tokens: int, target: ModelSpec, window_layers: int,
                      source: ModelSpec | None = None) -> float:
         """The source's own K and V at the shared layers."""
-        return float(layers_bytes(tokens, len(kvcomm.layers), source.kv_hidden))
+        return float(layers_bytes(tokens, len(built.held.layers), source.kv_hidden))
 
-    def handed_what(self, target: ModelSpec, window_layers: int, relay=None, kvcomm=None) -> str:
-        return f"the source's own K/V at {len(kvcomm.layers)} of {target.num_layers} layers"
+    def handed_what(self, built: Built | None, target: ModelSpec, window_layers: int) -> str:
+        return f"the source's own K/V at {len(built.held.layers)} of {target.num_layers} layers"
 
     def stages(self, built: Built, timings: dict[str, float]) -> list[tuple[str, float]]:
         return [("source prefill", built.seconds)]  # the source's K/V are its cache: its prefill is all of the build
 
-    def carries(self, mot: MoT, given: dict) -> tuple[int, ...] | None:
-        return given["kvcomm"].layers
+    def carries(self, mot: MoT, artifact=None) -> tuple[int, ...] | None:
+        return artifact.layers
 
-    def target_work(self, tokens: int, relay=None, prefix: int = 0) -> tuple[str, int]:
+    def target_work(self, built: Built | None, tokens: int, prefix: int = 0) -> tuple[str, int]:
         return "none", 0
 
-    def target_side(self, timings: dict[str, float], relay=None, writing: float | None = None) -> float:
+    def target_side(self, built: Built | None, timings) -> float:
         return 0.0
 
 
 KVCOMM = SelectiveLayers("kvcomm", "Selective layer sharing (KVComm: the source's own K/V at the chosen layers, token "
-                         "0 elsewhere)", Needs(kvcomm=True), comparable=False, patchable=True,
-                         evaluations=("evaluate", "long_context", "conversation"),
+                         "0 elsewhere)", (FRACTION_OPTION,), "its layer choice, calibrated on the run's first example "
+                         "(kvcomm_selection)", records=("kvcomm_layers", "kvcomm_scores"), comparable=False,
+                         patchable=True, evaluations=("evaluate", "long_context", "conversation"),
                          short="KVComm (the source's K/V at chosen layers)")

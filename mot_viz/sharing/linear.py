@@ -9,12 +9,12 @@ from pathlib import Path
 import torch
 
 from ..engine import hf
-from ..engine.checkpoint import read_config
+from ..engine.checkpoint import load_checkpoint, read_config
 from ..engine.models import LoadedModel, ModelSpec
 from ..engine.mot import MoT, Translation, replay_window, translate_window
 from ..errors import ConfigError
 from .checkpoints import same_pair
-from .method import Built, Inputs, Method, Needs, Request
+from .method import Built, Inputs, Loading, Method, Option, Request
 
 
 def timed_linear_cache(mot: MoT, linear: MoT, source: LoadedModel, target: LoadedModel,
@@ -40,6 +40,10 @@ def default_linear(checkpoint: str) -> str | None:
     return str(path) if path != Path(checkpoint) and (path / "config.json").is_file() else None
 
 
+LINEAR_OPTION = Option("linear", str, None, "the pair's closed-form map of the same window the 'linear' control "
+                       "replays (default: <checkpoint>-linear, when there is one)", beside=default_linear)
+
+
 def check_linear(conditions: tuple[str, ...], linear: str | None, checkpoint: str, config: dict) -> None:
     """Raise ConfigError for a linear condition without the pair's closed-form map, or a --linear checkpoint made for
     another model pair than `checkpoint` (whose config is `config`)."""
@@ -53,31 +57,37 @@ def check_linear(conditions: tuple[str, ...], linear: str | None, checkpoint: st
 
 class LinearMap(Method):
     def check(self, request: Request) -> None:
-        check_linear(request.conditions, request.linear, request.checkpoint, request.config)
+        check_linear(request.conditions, LINEAR_OPTION.of(request.options), request.checkpoint, request.config)
+
+    def load(self, loading: Loading) -> MoT | None:
+        path = LINEAR_OPTION.of(loading.options)
+        return load_checkpoint(path, loading.source, loading.target)[0] if path else None
 
     def build(self, inputs: Inputs) -> Built:
         """The source's prefill and the alignment are the MoT's (the map reads the same source context), then its own
         window and replay, each step timed (timed_linear_cache)."""
         t = inputs.translation
-        kv, own = timed_linear_cache(inputs.mot, inputs.linear, inputs.source, inputs.target, t)
+        kv, own = timed_linear_cache(inputs.mot, inputs.artifact, inputs.source, inputs.target, t)
         stages = {"source_prefill": t.timings["source_prefill"], "alignment": t.timings["alignment"], **own}
         return Built(kv, sum(stages.values()), timings=stages)
 
-    def handed_what(self, target: ModelSpec, window_layers: int, relay=None, kvcomm=None) -> str:
+    def handed_what(self, built: Built | None, target: ModelSpec, window_layers: int) -> str:
         return f"the mapped window's K/V ({window_layers} layers)"
 
-    def carries(self, mot: MoT, given: dict) -> tuple[int, ...] | None:
-        return given["linear"].channels.target_layers
+    def carries(self, mot: MoT, artifact=None) -> tuple[int, ...] | None:
+        return artifact.channels.target_layers
 
     def by_agents(self, agents, k: int | None):
         """One reader: the map's window on the MoT's own source context, replayed; k agents: their windows composed
         as the MoT's are."""
+        linear = agents.artifact(self)
         if k is None:
-            return agents.replayed(linear_cache(agents.mot, agents.linear, agents.source, agents.target, agents.one),
+            return agents.replayed(linear_cache(agents.mot, linear, agents.source, agents.target, agents.one),
                                    self.reads_source)
-        return agents.composed(agents.texts(k), agents.linear)
+        return agents.composed(agents.texts(k), linear)
 
 
 LINEAR = LinearMap("linear", "Linear map (the pair's closed-form map of the same window, replayed as the MoT's)",
-                   Needs(linear=True), control=True, patchable=True,
+                   (LINEAR_OPTION,), "the pair's closed-form map: pass --linear CHECKPOINT", control=True,
+                   patchable=True,
                    evaluations=("long_context", "conversation", "shards"), short="linear map (same window, replayed)")

@@ -11,6 +11,7 @@ side: in the use case the source holds its cache already):
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,7 +21,6 @@ from ..errors import ConfigError
 from ..engine.models import LoadedModel, ModelSpec
 from ..engine.mot import MoT, Translation
 from ..engine.prompts import QAExample
-from ..train.mean_vector import MeanVectors
 
 FP16_BYTES = 2  # bytes per value of a cache handed over (fp16 / bf16), as kv_cache_bytes counts
 # the stages of a translation the target runs once the question arrives (the source's prefill is done ahead)
@@ -52,27 +52,48 @@ def translation_stages(timings: dict[str, float]) -> list[tuple[str, float]]:
 
 
 @dataclass(frozen=True)
-class Needs:
-    """What a method needs beside the MoT's translation of the context (each loaded once per run)."""
+class Option:
+    """A run setting that belongs to a way of sharing: every evaluation's parser declares it (registry.add_options),
+    the run's settings store it under its name, and the method reads it from the run's options (Option.of)."""
 
-    example: bool = False  # the example itself (its passage and question), not only the translated context
-    means: bool = False  # the mean native window of the target and window layers (train.mean_vector.reference_means)
-    direct: bool = False  # a full-depth map without replay (--direct)
-    kvcomm: bool = False  # a layer choice calibrated on the run's first example (--kvcomm_fraction)
-    linear: bool = False  # the pair's closed-form map of the same window (--linear)
+    name: str  # the flag without its dashes (--relay_tokens) and the key a run's settings store it under
+    type: Callable = str
+    default: object = None
+    help: str = ""
+    # a default found beside the run's --checkpoint when the flag is not given (linear: "<checkpoint>-linear")
+    beside: Callable[[str], object] | None = None
+
+    @property
+    def flag(self) -> str:
+        return f"--{self.name}"
+
+    def of(self, options: Mapping) -> object:
+        """Its value in a run's options (its default where they do not hold it)."""
+        value = options.get(self.name)
+        return self.default if value is None else value
 
 
-# what a build is given for each of Needs' fields, and how its caller passes it
-NEED_HINTS = {"example": "the example (the source writes about its passage): pass example",
-              "means": "the mean native window: pass means=mean_vectors(...)",
-              "direct": "a full-depth map without replay: pass direct=load_checkpoint(...)",
-              "kvcomm": "its layer choice: pass kvcomm=kvcomm_selection(...)",
-              "linear": "the pair's closed-form map: pass linear=load_checkpoint(...)"}
+@dataclass(frozen=True)
+class Loading:
+    """What a method may read when it loads its artifact, once per run (Method.load)."""
+
+    source: LoadedModel
+    target: LoadedModel
+    mot: MoT | None  # the run's MoT (its window layers), when the run has one
+    options: Mapping  # the run's options, by Option.name
+    # the run's first example(s), for a method calibrated on them: made on first use (a run whose methods calibrate
+    # nothing never prepares them)
+    examples: Callable[[], tuple[QAExample, ...]] = tuple
+
+    @property
+    def calibration(self) -> tuple[QAExample, ...]:
+        return tuple(self.examples())
 
 
 @dataclass(frozen=True)
 class Inputs:
-    """What a method's build may read: the models, the context's translation, the example, and what it needs."""
+    """What a method's build may read: the models, the context's translation, the example, the run's options and
+    the method's own artifact (Method.load)."""
 
     mot: MoT
     source: LoadedModel
@@ -80,11 +101,8 @@ class Inputs:
     translation: Translation  # the MoT's translation of the example's context (its native cache included)
     example: QAExample | None = None
     seed: int = 0  # the random control's draw
-    means: MeanVectors | None = None
-    relay_tokens: int | None = None  # the longest relay message, in source tokens (None: the relay's default)
-    kvcomm: object | None = None  # kvcomm.KVCommSelection
-    direct: MoT | None = None
-    linear: MoT | None = None
+    options: Mapping = field(default_factory=dict)  # the run's options, by Option.name
+    artifact: object | None = None  # what this method loaded once for the run (Method.load), None when nothing
 
 
 @dataclass(frozen=True)
@@ -95,9 +113,10 @@ class Built:
     seconds: float  # the whole build from the text
     ahead: float = 0.0  # the part of `seconds` that can be done before the question arrives
     plan: hf.AttentionPlan | None = None  # the plan the cache is read under (kvcomm's hidden positions)
-    relay: object | None = None  # relay.Relay: the message and its costs (the relays only)
     translation: Translation | None = None  # its own translation, when not the MoT's (direct)
     timings: dict[str, float] | None = None  # its own stages under a translation's keys (the linear map's)
+    # what the method's costs and rows read beside the cache: a relay's message (relay.Relay), kvcomm's layer choice
+    held: object | None = None
 
 
 @dataclass(frozen=True)
@@ -108,20 +127,22 @@ class Request:
     config: dict  # --checkpoint's config.json
     checkpoint: str
     context_tokens: int  # the longest context of the run, in target tokens
-    relay_tokens: int  # --relay_tokens
-    kvcomm_fraction: float  # --kvcomm_fraction
-    direct: str | None = None  # --direct
-    linear: str | None = None  # --linear
+    options: Mapping = field(default_factory=dict)  # the run's options, by Option.name
 
 
 @dataclass(frozen=True)
 class Method:
     """One way of sharing a context with the target. Subclasses implement build and the costs; the flags tell the
-    evaluations and pages what they may ask of it without naming it."""
+    evaluations and pages what they may ask of it without naming it. What is its own it declares: its options (the
+    flags every evaluation's parser takes from the registry), the artifact it loads once per run (load) and what a
+    run's settings record of it (record)."""
 
     name: str
     label: str  # as the pages and reports name it
-    needs: Needs = field(default_factory=Needs)
+    options: tuple[Option, ...] = ()  # the run settings it reads (Option; two methods may share one)
+    loads: str = ""  # what load() brings, as an error names it ("" when it loads nothing)
+    reads_example: bool = False  # its build reads the example itself (its passage and question), not only the cache
+    records: tuple[str, ...] = ()  # the keys record() writes into a run's settings
     tie: str | None = None  # a control holding no context-specific content: as a sentence names it (else None)
     # its cache is the target's own kind of cache of the context, comparable with the native one
     # position by position (kv_cosine); False: no context, a message, the source's K/V
@@ -139,21 +160,34 @@ class Method:
     control: bool = False
     evaluations: tuple[str, ...] = ("evaluate", "long_context", "conversation", "shards")  # where it runs
     short: str = ""  # as the Methods page names it, which shows it beside the others when set
+    # its target side in words, where it is its own translation's (a long-context run's stages list it apart)
+    side: str = ""
 
     def check(self, request: Request) -> None:
         """Raise ConfigError/CheckpointError for settings this method cannot use, before any model loads (called for
         every registered method; `self.name in request.conditions` says whether it is asked for)."""
 
-    def ready(self, given: dict) -> None:
-        """Raise ConfigError unless `given` (Needs' field -> what the caller has, None when it has not) holds all this
-        method needs: checked before anything is built."""
-        for need, hint in NEED_HINTS.items():
-            if getattr(self.needs, need) and given.get(need) is None:
-                raise ConfigError(f"the '{self.name}' condition needs {hint}")
+    def load(self, loading: Loading) -> object | None:
+        """What it needs beside the MoT's translation, loaded once per run (a checkpoint, a calibration, the mean
+        native window); None by default (nothing)."""
+        return None
 
-    def has(self, given: dict) -> bool:
-        """Whether `given` (as for ready) holds all this method needs."""
-        return all(given.get(need) is not None for need in NEED_HINTS if getattr(self.needs, need))
+    def record(self, artifact) -> dict:
+        """What a run's settings record of its artifact (its keys: `records`); nothing by default."""
+        return {}
+
+    def ready(self, artifact, example=None) -> None:
+        """Raise ConfigError unless its artifact (load) and, when it reads it, the example are given: checked before
+        anything is built."""
+        if self.loads and artifact is None:
+            raise ConfigError(f"the '{self.name}' way of sharing needs {self.loads}")
+        if self.reads_example and example is None:
+            raise ConfigError(f"the '{self.name}' way of sharing reads the example (its passage and question): pass "
+                              "the example")
+
+    def has(self, artifact) -> bool:
+        """Whether it can be built with this artifact (it loads nothing, or it was loaded)."""
+        return not self.loads or artifact is not None
 
     def build(self, inputs: Inputs) -> Built:
         """The cache (or message) of the context of `inputs`."""
@@ -165,33 +199,41 @@ class Method:
         its cache came from (`timings`: its own, else the MoT's), or its own (Built.timings)."""
         return translation_stages(built.timings if built.timings is not None else timings)
 
-    def handed_what(self, target: ModelSpec, window_layers: int, relay=None, kvcomm=None) -> str:
-        """What it hands the target, in words (handed_bytes counts it): by default the translated window."""
-        return f"the translated window's K/V ({window_layers} layers)"
-
-    def carries(self, mot: MoT, given: dict) -> tuple[int, ...] | None:
-        """The target layers whose K/V hold what the source sent (`given` as for ready: the maps it was built with);
-        None where its cache holds no context to compare with native's (native itself, no context, a message)."""
+    def carries(self, mot: MoT, artifact=None) -> tuple[int, ...] | None:
+        """The target layers whose K/V hold what the source sent (`artifact`: what it loaded, e.g. the map it was
+        built with); None where its cache holds no context to compare with native's (native, no context, a
+        message)."""
         return mot.channels.target_layers
 
     def by_agents(self, agents, k: int | None):
         """Its setting of a document read by several source agents (python -m mot_viz.eval.shards; `agents`: that
         evaluation's Agents, which reads the document once, cuts it into shards and composes what the agents hand
-        over): one reader (k None) or k agents, one shard each."""
+        over, and holds this run's options and artifacts): one reader (k None) or k agents, one shard each."""
         raise ConfigError(f"the shards evaluation does not offer '{self.name}'")
 
-    def handed_bytes(self, tokens: int, target: ModelSpec, window_layers: int, relay=None, kvcomm=None,
+    # its costs, read from what it built (Built: its cache, and what it holds beside it)
+
+    def handed_what(self, built: Built | None, target: ModelSpec, window_layers: int) -> str:
+        """What it hands the target, in words (handed_bytes counts it): by default the translated window."""
+        return f"the translated window's K/V ({window_layers} layers)"
+
+    def handed_bytes(self, built: Built | None, tokens: int, target: ModelSpec, window_layers: int,
                      source: ModelSpec | None = None) -> float:
         """Bytes handed to the target for a context of `tokens` target tokens: by default the translated window (its
         target layers' K and V at every context position, fp16)."""
         return float(layers_bytes(tokens, window_layers, target.kv_hidden))
 
-    def target_work(self, tokens: int, relay=None, prefix: int = 0) -> tuple[str, int]:
+    def target_work(self, built: Built | None, tokens: int, prefix: int = 0) -> tuple[str, int]:
         """What the target computes over the context and over how many positions: ("replay", N), ("prefill", M) or
         ("none", 0); by default a replay over the context."""
         return "replay", tokens
 
-    def target_side(self, timings: dict[str, float], relay=None, writing: float | None = None) -> float:
+    def target_side(self, built: Built | None, timings) -> float:
         """Seconds before the target reads the question, the work done ahead excluded, from the stages of the
-        translation the cache came from (`timings`) or its relay; NaN where it is not measured (by default)."""
+        translation the cache came from (`timings`: a mapping, or a table's stage columns) or what it built; NaN
+        where it is not measured (by default)."""
         return np.nan
+
+    def row_fields(self, built: Built) -> dict:
+        """Columns of its own in an evaluation's rows (a relay's message); none by default."""
+        return {}

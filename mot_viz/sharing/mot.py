@@ -6,15 +6,15 @@ from .method import Built, Inputs, Method, target_stages_seconds, translated_sec
 from .names import TRANSLATED
 
 
-class MixtureOfTranslators(Method):
+class TranslatedWindow(Method):
     def build(self, inputs: Inputs) -> Built:
         """The translation's mixed cache (translate replays it); its source prefill is done ahead."""
         t = inputs.translation
         return Built(t.mixed_kv, translated_seconds(t), t.timings.get("source_prefill", 0.0))
 
-    def target_side(self, timings: dict[str, float], relay=None, writing: float | None = None) -> float:
+    def target_side(self, built: Built | None, timings) -> float:
         return target_stages_seconds(timings)
 
 
-MOT = MixtureOfTranslators(TRANSLATED, "MoT-translated cache", patchable=True,
+MOT = TranslatedWindow(TRANSLATED, "MoT-translated cache", patchable=True,
                            short="MoT (translated window, replayed)")

@@ -15,24 +15,24 @@ class Native(Method):
         """The translation's own native cache (translate prefills the target on the context)."""
         return Built(inputs.translation.native_kv, inputs.translation.timings.get("native_prefill", 0.0))
 
-    def handed_bytes(self, tokens: int, target: ModelSpec, window_layers: int, relay=None, kvcomm=None,
+    def handed_bytes(self, built: Built | None, tokens: int, target: ModelSpec, window_layers: int,
                      source: ModelSpec | None = None) -> float:
         """A full target cache of the context: what handing over a cache instead of the text would move."""
         return float(kv_cache_bytes(target, tokens))
 
-    def handed_what(self, target: ModelSpec, window_layers: int, relay=None, kvcomm=None) -> str:
+    def handed_what(self, built: Built | None, target: ModelSpec, window_layers: int) -> str:
         return "a full target cache of the context, were it handed over"  # it hands over nothing: the text is read
 
     def stages(self, built: Built, timings: dict[str, float]) -> list[tuple[str, float]]:
         return [("target prefill", built.seconds)]
 
-    def carries(self, mot: MoT, given: dict) -> tuple[int, ...] | None:
+    def carries(self, mot: MoT, artifact=None) -> tuple[int, ...] | None:
         return None  # the reference itself
 
-    def target_work(self, tokens: int, relay=None, prefix: int = 0) -> tuple[str, int]:
+    def target_work(self, built: Built | None, tokens: int, prefix: int = 0) -> tuple[str, int]:
         return "prefill", tokens
 
-    def target_side(self, timings: dict[str, float], relay=None, writing: float | None = None) -> float:
+    def target_side(self, built: Built | None, timings) -> float:
         return timings.get("native_prefill", np.nan)
 
 

@@ -17,23 +17,23 @@ class NoContext(Method):
         kv = empty_context_cache(inputs.target)
         return Built(kv, time.perf_counter() - start)
 
-    def handed_bytes(self, tokens: int, target: ModelSpec, window_layers: int, relay=None, kvcomm=None,
+    def handed_bytes(self, built: Built | None, tokens: int, target: ModelSpec, window_layers: int,
                      source: ModelSpec | None = None) -> float:
         return 0.0
 
-    def handed_what(self, target: ModelSpec, window_layers: int, relay=None, kvcomm=None) -> str:
+    def handed_what(self, built: Built | None, target: ModelSpec, window_layers: int) -> str:
         return "nothing"
 
     def stages(self, built: Built, timings: dict[str, float]) -> list[tuple[str, float]]:
         return [("target prefill", built.seconds)]  # of its BOS prefix
 
-    def carries(self, mot: MoT, given: dict) -> tuple[int, ...] | None:
+    def carries(self, mot: MoT, artifact=None) -> tuple[int, ...] | None:
         return None  # no context positions
 
-    def target_work(self, tokens: int, relay=None, prefix: int = 0) -> tuple[str, int]:
+    def target_work(self, built: Built | None, tokens: int, prefix: int = 0) -> tuple[str, int]:
         return "none", 0
 
-    def target_side(self, timings: dict[str, float], relay=None, writing: float | None = None) -> float:
+    def target_side(self, built: Built | None, timings) -> float:
         return 0.0
 
 

@@ -32,10 +32,13 @@ from ..engine.models import LoadedModel, ModelSpec
 from ..engine.mot import MoT, native_cache, target_context_ids
 from ..engine.prompts import PLAIN, QAExample, build_prompt
 from ..errors import ConfigError, ContextError
-from .method import Built, Inputs, Method, Needs, Request
+from .method import Built, Inputs, Method, Option, Request
 
 RELAY_CONDITIONS = ("relay", "relay_q")
 RELAY_TOKENS = 256  # the longest message, in source tokens (--relay_tokens): C2C's and KVComm's README's length
+TOKENS_OPTION = Option("relay_tokens", int, RELAY_TOKENS, "longest message the source writes under the relays, in "
+                       "source tokens (relay: a summary of the context written before the question is known; relay_q: "
+                       "the background for the question)")
 LOOP_TOKENS = 24  # a message ends where the source repeats a run of this many of its own tokens (docs/decisions.md)
 # KVComm's natural-language baseline (Zephyroam/KVComm, eval.py)
 SUMMARY_INSTRUCTION = ("Summarize the context passage in a concise way, as it will be used by another agent to answer "
@@ -56,6 +59,8 @@ class Relay:
     prefill_seconds: float  # that prefill
     capped: bool = False  # the source wrote max_tokens tokens without ending its turn (it may stop mid-sentence)
     looped: bool = False  # the source began to repeat itself: the message ends before the repeat (repeats_itself)
+    # several agents writing in parallel (relay_parts): the slowest one's writing, their wall time (None: one writer)
+    wall_seconds: float | None = None
 
     @property
     def ahead_seconds(self) -> float:
@@ -178,10 +183,12 @@ def check_relay_tokens(relay_tokens: int, source_positions: int | None, context_
 
 
 def message_fields(relay: Relay) -> dict:
-    """A relay row's message columns."""
-    return {"message": relay.message, "message_tokens": relay.tokens, "message_bytes": relay.bytes,
-            "message_generate_seconds": relay.generate_seconds, "message_prefill_seconds": relay.prefill_seconds,
-            "message_looped": int(relay.looped)}
+    """A relay row's message columns (the message's carriage returns written as line breaks, which a CSV writer
+    quotes, so a row stays one record); the slowest agent's writing where several wrote."""
+    return {"message": relay.message.replace("\r", "\n"), "message_tokens": relay.tokens,
+            "message_bytes": relay.bytes, "message_generate_seconds": relay.generate_seconds,
+            "message_prefill_seconds": relay.prefill_seconds, "message_looped": int(relay.looped),
+            "message_generate_max_seconds": relay.wall_seconds}
 
 
 
@@ -190,7 +197,6 @@ class RelayParts:
     """A relay written by several source agents, each from its own part of the context, read by one target."""
 
     relay: Relay  # the joined message, the target's cache of it; tokens and generate_seconds summed over the agents
-    slowest_seconds: float  # the slowest agent's writing (the agents' wall time when they write in parallel)
     source_tokens: tuple[int, ...]  # each agent's cache when done: its prompt (BOS prefix included) and its message
 
 
@@ -207,57 +213,64 @@ def relay_parts(source: LoadedModel, target: LoadedModel, example: QAExample, te
                for part in parts]
     return RelayParts(Relay(condition, message, sum(w.tokens for w in written), sum(w.seconds for w in written), kv,
                             prefill, capped=any(w.tokens >= max_tokens for w in written),
-                            looped=any(w.looped for w in written)),
-                      max(w.seconds for w in written), tuple(p + w.generated for p, w in zip(prompts, written)))
+                            looped=any(w.looped for w in written), wall_seconds=max(w.seconds for w in written)),
+                      tuple(p + w.generated for p, w in zip(prompts, written)))
 
 
 class TextRelay(Method):
     """A relay: the source writes a message, the target reads it; written before the question unless for_question."""
 
     def check(self, request: Request) -> None:
-        check_relay_tokens(request.relay_tokens, request.config["source"].get("max_positions")
+        check_relay_tokens(TOKENS_OPTION.of(request.options), request.config["source"].get("max_positions")
                            if set(request.conditions) & set(RELAY_CONDITIONS) else None, request.context_tokens)
 
     def build(self, inputs: Inputs) -> Built:
         """The source writes from the passage the MoT's source read, the target reads only its message."""
-        written = relay(inputs.source, inputs.target, inputs.example, self.name, inputs.relay_tokens or RELAY_TOKENS)
+        written = relay(inputs.source, inputs.target, inputs.example, self.name, TOKENS_OPTION.of(inputs.options))
         return Built(written.kv, written.generate_seconds + written.prefill_seconds, written.ahead_seconds,
-                     relay=written)
+                     held=written)
 
     def by_agents(self, agents, k: int | None):
         """Each agent writes from its shard (one reader: from the passage), the hub reads the messages."""
         texts = [agents.example.context] if k is None else [s.text.strip() for s in agents.pieces(k)]
-        return agents.relayed(self.name, texts)
+        parts = relay_parts(agents.source, agents.target, agents.example, texts, self.name,
+                            TOKENS_OPTION.of(agents.options))
+        return agents.read(parts.relay.kv, parts.source_tokens, parts.relay)
 
-    def handed_bytes(self, tokens: int, target: ModelSpec, window_layers: int, relay=None, kvcomm=None,
+    def handed_bytes(self, built: Built | None, tokens: int, target: ModelSpec, window_layers: int,
                      source: ModelSpec | None = None) -> float:
         """The message, in UTF-8."""
-        return float(relay.bytes)
+        return float(built.held.bytes)
 
-    def handed_what(self, target: ModelSpec, window_layers: int, relay=None, kvcomm=None) -> str:
-        return f"the message's text ({relay.tokens} source tokens, UTF-8)"
+    def handed_what(self, built: Built | None, target: ModelSpec, window_layers: int) -> str:
+        return f"the message's text ({built.held.tokens} source tokens, UTF-8)"
 
     def stages(self, built: Built, timings: dict[str, float]) -> list[tuple[str, float]]:
-        return [("message writing", built.relay.generate_seconds),
-                ("target prefill of the message", built.relay.prefill_seconds)]
+        return [("message writing", built.held.generate_seconds),
+                ("target prefill of the message", built.held.prefill_seconds)]
 
-    def carries(self, mot: MoT, given: dict) -> tuple[int, ...] | None:
+    def carries(self, mot: MoT, artifact=None) -> tuple[int, ...] | None:
         return None  # the target's cache holds the message's positions, not the context's
 
-    def target_work(self, tokens: int, relay=None, prefix: int = 0) -> tuple[str, int]:
+    def target_work(self, built: Built | None, tokens: int, prefix: int = 0) -> tuple[str, int]:
         """The target's prefill of the message's M tokens (its BOS positions, `prefix`, not counted)."""
-        return "prefill", int(relay.kv[0][0].shape[2]) - prefix
+        return "prefill", int(built.held.kv[0][0].shape[2]) - prefix
 
-    def target_side(self, timings: dict[str, float], relay=None, writing: float | None = None) -> float:
+    def target_side(self, built: Built | None, timings) -> float:
         """relay: the target's prefill of the message (the writing is done ahead); relay_q: the source's writing too
-        (`writing`: the agents' wall time when several write in parallel; default the relay's own)."""
+        (the agents' wall time when several write in parallel)."""
+        relay = built.held
         if not self.for_question:
             return relay.prefill_seconds
-        return (relay.generate_seconds if writing is None else writing) + relay.prefill_seconds
+        writing = relay.generate_seconds if relay.wall_seconds is None else relay.wall_seconds
+        return writing + relay.prefill_seconds
+
+    def row_fields(self, built: Built) -> dict:
+        return message_fields(built.held)
 
 
-RELAY = TextRelay("relay", "Text relay (the source's summary of the context, read by the target)", Needs(example=True),
-                  comparable=False, message=True, short="text relay (summary)")
+RELAY = TextRelay("relay", "Text relay (the source's summary of the context, read by the target)", (TOKENS_OPTION,),
+                  reads_example=True, comparable=False, message=True, short="text relay (summary)")
 RELAY_Q = TextRelay("relay_q", "Question-aware text relay (the source's background for the question, read by the "
-                    "target)", Needs(example=True), comparable=False, message=True, for_question=True,
+                    "target)", (TOKENS_OPTION,), reads_example=True, comparable=False, message=True, for_question=True,
                     short="text relay (background for the question)")

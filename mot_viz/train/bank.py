@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 
 from ..data.corpus import brown_passages, lambada_passages, sotu_passages
 from ..data.eval_data import load_dataset
-from ..engine.alignment import decode, encode
+from ..engine.alignment import encode
 from ..engine.models import LoadedModel, cache_dir
 from ..engine.mot import MoT, native_cache, prepare_source, translator_inputs, translator_targets
 from ..errors import ConfigError
@@ -243,9 +243,3 @@ def complete_bank(mot: MoT, source: LoadedModel, target: LoadedModel, cfg: BankC
         manifest["num_tokens"] = total
         write_text_atomic(manifest_path, json.dumps(manifest, indent=2))
     return folder, manifest
-
-
-def bank_text(target: LoadedModel, bank: Bank, i: int) -> str:
-    """Context i of the bank as text (what the source re-tokenizes)."""
-    a, b = bank.offsets[i], bank.offsets[i + 1]
-    return decode(target.tokenizer, bank.target_ids[a:b].tolist())

@@ -239,6 +239,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, bool, bool]:
     return TrainConfig.from_json(data), args.resume, args.overwrite
 
 
+def read_recipe(path: str | Path, flag: str) -> TrainConfig:
+    """The TrainConfig of a JSON recipe file; ConfigError naming `flag` (the command's own) when it cannot be read or
+    holds an invalid value."""
+    return TrainConfig.from_json(_read_json(Path(path), flag))
+
+
 def _default(name: str):
     """A TrainConfig field's default value (a fresh one for fields with a default factory)."""
     f = TrainConfig.__dataclass_fields__[name]

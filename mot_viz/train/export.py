@@ -23,6 +23,7 @@ from ..cli import run_cli
 from ..engine.checkpoint import CONFIG_FILE, SHARED_LINEAR, load_checkpoint, mot_config_json, save_checkpoint
 from ..engine.replay_config import REPLAY_MODES, replay_mode
 from ..errors import ConfigError
+from ..fsutil import check_out_place, named
 from .bank import CORPORA
 from .runs import CONFIG_FILE as RUN_CONFIG_FILE, STATE_FILE
 
@@ -49,6 +50,7 @@ def check_output(source: Path, out: Path, overwrite: bool) -> None:
     A checkpoint folder may be re-saved onto itself (its config and logs are carried over); a run's folder, its
     state unit, and anything inside the source or holding it never are replaced.
     """
+    check_out_place(out, "OUT")  # a place it can write (not read-only, not inside a file)
     src, dst = source.resolve(), out.resolve()  # symlinks too: a link to the run is the run
     if (dst / RUN_CONFIG_FILE).is_file() or (dst / STATE_FILE).is_file():
         raise ConfigError(f"'{out}' holds a training run or its resumable state, which the export would delete. "
@@ -61,8 +63,8 @@ def check_output(source: Path, out: Path, overwrite: bool) -> None:
     if dst.exists() and not dst.is_dir():
         raise ConfigError(f"'{out}' is a file. Choose a folder for the exported checkpoint.")
     if not in_place and not overwrite and dst.is_dir() and any(dst.iterdir()):
-        raise ConfigError(f"'{out}' already holds files, which the export would replace. Choose a new or empty "
-                          "folder, or pass --overwrite to replace it.")
+        raise ConfigError(f"'{out}' already holds files ({named(sorted(p.name for p in dst.iterdir()))}), which the "
+                          "export would replace. Choose a new or empty folder, or pass --overwrite to replace it.")
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path, shared_linear: str | Path | None = None,
@@ -76,6 +78,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, shared_linear: str | Pa
     """
     src = Path(run_dir)
     check_output(src, Path(out_dir), overwrite)
+    in_place = Path(out_dir).resolve() == src.resolve()  # its logs are read first and written back
     is_checkpoint = (src / CONFIG_FILE).is_file()
     mot, config = load_checkpoint(src if is_checkpoint else src / "checkpoint")
     mot.replay = replay_mode(mot.replay, replay)
@@ -92,7 +95,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, shared_linear: str | Pa
     made = next((p for p in reversed([absolute, *absolute.parents]) if not p.exists()), None)
     try:
         out = save_checkpoint(mot, out_dir, dtype=torch.float16, training=training, metrics=metrics, extra=extra,
-                              shared_linear=shared_linear)
+                              shared_linear=shared_linear, overwrite=overwrite or in_place)
     except BaseException:
         if made is not None:  # folders this export created for its output: a refused export leaves none
             shutil.rmtree(made, ignore_errors=True)

@@ -326,10 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def body() -> None:
-        if args.out and Path(args.out).exists():  # before hours of fitting
-            raise ConfigError(f"--out {args.out} exists. Pass a new folder, or remove it first.")
-        if args.out:  # a place it cannot write (read-only, inside a file), before any work too
-            check_out_place(Path(args.out))
+        if args.out:  # a folder holding files, a file, a place it cannot write: refused before hours of fitting
+            check_out_place(Path(args.out), ours=lambda path: False)
         tokens, shortest, longest = BANK_DEFAULTS[args.direct_recipe if args.direct else "linear"]
         longest = args.max_context_tokens or longest
         shortest = longest if args.direct and args.direct_recipe == "top_k" else min(shortest, longest)
@@ -343,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         source, target = load_model(args.source), load_model(args.target)
         fitted = fit_pair(source, target, cfg, progress=True)
         if args.out:  # a copy of the cached fit (its config and weights), e.g. a shipped checkpoint
-            shutil.copytree(fitted, args.out)
+            shutil.copytree(fitted, args.out, dirs_exist_ok=True)  # --out is new or empty
             fitted = Path(args.out)
         print(fitted)
 

@@ -24,7 +24,7 @@ from ..cli import logger
 from ..engine.checkpoint import load_checkpoint, swap_into_place, write_checkpoint
 from ..engine.mot import MoT
 from ..errors import CheckpointError, ConfigError
-from ..fsutil import pid_alive, remove_stale_temporaries, temp_parts, write_text_atomic
+from ..fsutil import check_out_place, pid_alive, remove_stale_temporaries, temp_parts, write_text_atomic
 
 CHECKPOINT = "checkpoint"
 STATE_FILE = "train_state.json"  # written last: a unit without it is incomplete
@@ -67,6 +67,10 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
         raise ConfigError("--resume and --overwrite exclude each other: continue the run, or replace it.")
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"output_dir '{run_dir}' is a file. Choose a folder for the run.")
+    # a file, a read-only place; a folder holding files a run does not write (a run's own files and its temporaries
+    # are replaced only with --overwrite, below; a user's files never are)
+    check_out_place(run_dir, "--output_dir", overwrite=resume or overwrite,
+                    ours=lambda path: path.name in RUN_FILES or (temp_parts(path) or ("",))[0] in RUN_FILES)
     if resume:
         if not (run_dir / CONFIG_FILE).is_file():
             raise ConfigError(f"Nothing to resume in '{run_dir}' (no {CONFIG_FILE}). Start the run without --resume.")

@@ -99,3 +99,19 @@ def test_a_long_context_folders_patching_is_drawn_per_budget(tmp_path):
     else:
         assert any("was lost by direct" in c.value for c in at.caption)
     assert at.query_params.get("evals.patch_method") == "direct"
+
+
+def test_a_folder_without_a_scan_names_the_command_and_one_the_command_cannot_scan_says_which_it_can():
+    at = open_view(PAGE)
+    folder = "results/eval/smollm2-to-smollm2-squad300"  # an evaluation's folder without patching.csv
+    at.selectbox(key="pg.evals.folder").set_value(folder).run()
+    assert not at.exception and not at.error
+    command = patching_analysis.command(eval_runs.open_run(ROOT / folder))
+    assert command.startswith(f"python -m mot_viz.eval.patching {ROOT / folder} --n ")
+    assert any(c.value.endswith(f"Record it (no answer is regenerated) with `{command}`.") for c in at.caption)
+    at.selectbox(key="pg.evals.folder").set_value("results/conversation/smollm2-to-gemma3-mid-coqa").run()
+    assert not at.exception and not at.error
+    assert any(c.value.startswith("`python -m mot_viz.eval.patching` scans the folders of `evaluate` and "
+                                  "`long_context`") and c.value.endswith("this one is of `conversation`.")
+               for c in at.caption)
+    assert not any("patch_method" in str(w.key) for w in at.radio)

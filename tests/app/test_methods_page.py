@@ -7,7 +7,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app_helpers import errors, open_app, shown
-from mot_viz.analysis.methods import METHOD_LABELS, cache_methods, relay_methods
+from mot_viz.analysis.methods import cache_methods, method_labels, relay_methods
 from plotly_figures import figures
 
 PAGE = "views/12_methods.py"
@@ -31,17 +31,17 @@ def open_page() -> AppTest:
 def test_the_page_shows_the_librarys_answers_and_bytes_and_says_what_is_not_offered(library):
     at = open_page()
     source, target, mot, linear, example, prompt, translation = library
-    expected = cache_methods(mot, source, target, example, translation, prompt.suffix_text, linear=linear)
+    expected = cache_methods(mot, source, target, example, translation, prompt.suffix_text, {"linear": linear})
     answers = at.dataframe[0].value
-    assert answers["method"].tolist() == [METHOD_LABELS[m] for m in ("native", "no_context", "mot", "linear")]
+    assert answers["method"].tolist() == [method_labels()[m] for m in ("native", "no_context", "mot", "linear")]
     assert answers["answer"].tolist() == expected.answers["answer"].tolist()
     assert answers["F1"].tolist() == pytest.approx(expected.answers["score"].tolist())
     sizes = at.dataframe[1].value
     assert sizes["bytes"].tolist() == expected.handed_over["bytes"].tolist()
     assert sizes["what"].tolist() == expected.handed_over["what"].tolist()
     captions = [shown(c.value) for c in at.caption]
-    assert any(c.startswith(f"**{METHOD_LABELS['direct']}** is not offered") for c in captions)
-    assert any(c.startswith(f"**{METHOD_LABELS['kvcomm']}** is not offered") and "one shape per layer" in c
+    assert any(c.startswith(f"**{method_labels()['direct']}** is not offered") for c in captions)
+    assert any(c.startswith(f"**{method_labels()['kvcomm']}** is not offered") and "one shape per layer" in c
                for c in captions)
     assert any("produces no cache of the context" in c for c in captions)
     figs = figures(at)
@@ -50,7 +50,7 @@ def test_the_page_shows_the_librarys_answers_and_bytes_and_says_what_is_not_offe
     assert {t["name"] for t in bars["data"]} >= {"source prefill", "translation", "replay", "first answer token"}
     title = lambda f: f["layout"].get("yaxis", {}).get("title", {}).get("text", "")  # noqa: E731
     errors_fig = next(f for f in figs if title(f).startswith("K: rel_l2"))
-    mot_trace = next(t for t in errors_fig["data"] if t["name"] == METHOD_LABELS["mot"])
+    mot_trace = next(t for t in errors_fig["data"] if t["name"] == method_labels()["mot"])
     want = expected.kv_error[(expected.kv_error["method"] == "mot") & (expected.kv_error["kv"] == "K")]
     assert list(mot_trace["y"]) == pytest.approx(want["rel_l2"].tolist(), rel=1e-4)
     assert "The relay's messages" not in [h.value for h in at.subheader]  # the relay only on request
@@ -69,13 +69,13 @@ def test_the_relay_on_request_shows_the_librarys_messages_and_the_view_lives_in_
     expected = relay_methods(mot, source, target, example, translation)
     texts = [t.value for t in at.text]
     for condition, message in expected.messages.items():
-        assert f"{METHOD_LABELS[condition]}: {message}" in texts  # plain text, as the source wrote it
+        assert f"{method_labels()[condition]}: {message}" in texts  # plain text, as the source wrote it
     answers = at.dataframe[0].value.set_index("method")
     for row in expected.answers.itertuples():
-        assert answers.loc[METHOD_LABELS[row.method], "answer"] == row.answer
+        assert answers.loc[method_labels()[row.method], "answer"] == row.answer
     sizes = at.dataframe[1].value.set_index("method")
     for row in expected.handed_over.itertuples():
-        assert sizes.loc[METHOD_LABELS[row.method], "bytes"] == row.bytes == len(expected.messages[row.method].encode())
+        assert sizes.loc[method_labels()[row.method], "bytes"] == row.bytes == len(expected.messages[row.method].encode())
     assert at.query_params.get("methods.relay") == "true" and at.query_params.get("methods.kv") == "V"
 
 
@@ -94,8 +94,23 @@ def test_a_broken_direct_map_in_pretrained_leaves_out_that_method_only(pretraine
     monkeypatch.setenv("MOT_VIZ_PRETRAINED", str(folder))
     at = open_page()  # no error, no exception
     answers = at.dataframe[0].value
-    assert answers["method"].tolist() == [METHOD_LABELS[m] for m in ("native", "no_context", "mot", "linear")]
+    assert answers["method"].tolist() == [method_labels()[m] for m in ("native", "no_context", "mot", "linear")]
     captions = [shown(c.value) for c in at.caption]
-    note = next(c for c in captions if c.startswith(f"**{METHOD_LABELS['direct']}** is not offered"))
+    note = next(c for c in captions if c.startswith(f"**{method_labels()['direct']}** is not offered"))
     assert "the full-depth map smollm2-to-gemma3-direct does not load (CheckpointError: " in note
+    assert note.endswith("Fix or remove that folder; the other methods are shown.")
+
+
+def test_a_broken_linear_map_in_pretrained_leaves_out_that_method_only(pretrained_copy, monkeypatch):
+    """The pair's linear checkpoint on offer, its weights damaged: the page shows every other method and says why the
+    linear map is left out, as it does for a broken direct map."""
+    folder = next(iter(pretrained_copy.values())).parent
+    (folder / "smollm2-to-gemma3-linear" / "translator.safetensors").write_bytes(b"not safetensors at all")
+    monkeypatch.setenv("MOT_VIZ_PRETRAINED", str(folder))
+    at = open_page()  # no error, no exception
+    answers = at.dataframe[0].value
+    assert answers["method"].tolist() == [method_labels()[m] for m in ("native", "no_context", "mot")]
+    captions = [shown(c.value) for c in at.caption]
+    note = next(c for c in captions if c.startswith(f"**{method_labels()['linear']}** is not offered"))
+    assert "the linear map smollm2-to-gemma3-linear does not load (CheckpointError: " in note
     assert note.endswith("Fix or remove that folder; the other methods are shown.")

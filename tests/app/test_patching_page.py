@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app_helpers import errors, open_app, translate_button
-from mot_viz.analysis.methods import METHOD_LABELS
+from app_helpers import errors, goto, open_app, translate_button
+from mot_viz.analysis.methods import method_labels
 from mot_viz.data.long_context import BUDGETS, long_examples
 from mot_viz.engine.alignment import encode
 from mot_viz.engine.patching import (ANSWER_SENTENCE, answer_sentence_buckets, answer_token_ids, layer_groups,
@@ -73,7 +73,7 @@ def test_method_group_and_buckets_follow_the_widgets_and_live_in_the_url(library
     at = open_page()
     source, target, mot, linear, example, prompt, translation, question, answer = library
     offered = at.radio(key="pg.patch.method").options  # direct and kvcomm are not offered for this pair
-    assert offered == [METHOD_LABELS["mot"], METHOD_LABELS["linear"]]
+    assert offered == [method_labels()["mot"], method_labels()["linear"]]
     at.radio(key="pg.patch.method").set_value("linear").run()
     at.multiselect(key="pg.patch.custom").set_value([0, 3]).run()
     at.toggle(key="pg.patch.buckets").set_value(True).run()
@@ -136,3 +136,16 @@ def test_the_long_context_pages_document_is_scanned_and_its_choice_lives_in_the_
     at.run()
     assert not at.exception and not figures(at)
     assert [e.value for e in at.error if "gold answer" in e.value and "Long context page" in e.value]
+
+
+@pytest.mark.parametrize("doc", ["99999", "-5"])
+def test_a_linked_document_number_out_of_range_is_named_and_dropped(doc):
+    """long.doc past the last document, or negative (which indexing would have read from the end): the link warning
+    names it with the range, the page scans the first document, and the option leaves the URL."""
+    from test_permalinks import link_warning
+
+    at = goto(open_app(params={"patch.context": "long", "long.doc": doc}), PAGE)
+    assert not at.exception and not at.error, errors(at)
+    assert f"long.doc={int(doc)} (the option takes a whole number from 0 to 63)" in link_warning(at)
+    assert r"document: stacks \#0 at 512 target tokens" in " ".join(c.value for c in at.caption)
+    assert at.query_params.get("long.doc") is None

@@ -33,10 +33,10 @@ from mot_viz.sharing.mean import mean_vector_cache
 from mot_viz.eval.conversation import ConversationSettings, history_text, turn_example
 from mot_viz.eval.long_settings import LongSettings
 from mot_viz.train.mean_vector import reference_means
-from mot_viz.sharing.caches import SharingModels
 from mot_viz.sharing.relay import read_message
 from mot_viz.eval.shards import ShardSettings
 from test_shards import SHARDS, cache_at_offset, identity_mot
+from run_settings import settings_of
 from tolerance import assert_close
 from mot_viz.train.quickfit import QuickFitConfig, fit_pair
 
@@ -73,11 +73,11 @@ def checkpoints(tmp_path_factory):
 
 
 def long_settings(checkpoints, **kw) -> LongSettings:
-    base = dict(checkpoint=str(checkpoints["mot"]), linear=None, source="stacks", budgets=(300,), n=1,
+    base = dict(checkpoint=str(checkpoints["mot"]), source="stacks", budgets=(300,), n=1,
                 seed=0, max_new_tokens=3, bootstrap=20,
                 conditions=("native", "no_context", "mot", "relay", "relay_q", "direct"), relay_tokens=5,
                 direct=str(checkpoints["direct"]))
-    return LongSettings(**{**base, **kw})
+    return settings_of(LongSettings, **{**base, **kw})
 
 
 def test_long_context_answers_under_every_way_of_sharing_and_resumes(checkpoints, tmp_path, monkeypatch):
@@ -121,7 +121,7 @@ def test_long_context_answers_under_every_way_of_sharing_and_resumes(checkpoints
     computed = []
     real = long_context.document_rows
     monkeypatch.setattr(long_context, "document_rows",
-                        lambda *a, **k: computed.append(a[4].example.id) or real(*a, **k))
+                        lambda *a, **k: computed.append(a[3].example.id) or real(*a, **k))
     long_context.run(long_settings(checkpoints, n=2), out, resume=True, progress=False)
     both = pd.read_csv(out / "examples.csv", dtype={"message": str}, keep_default_na=False, na_values=[""])
     assert len(computed) == 1 and both["id"].nunique() == 2
@@ -154,9 +154,8 @@ def test_long_context_refuses_bad_sharing_input_in_one_line(checkpoints, tmp_pat
     monkeypatch.setattr(long_context, "load_model", lambda name: pytest.fail("a model was loaded"))
     s = long_settings(checkpoints, **change)
     argv = ["--checkpoint", s.checkpoint, "--budgets", "300", "--n", "1", "--conditions", *s.conditions,
-            "--relay_tokens", str(s.relay_tokens), "--out", str(tmp_path / "out")]
-    direct = {"LINEAR": str(checkpoints["linear"])}.get(s.direct, s.direct)
-    argv += ["--direct", direct] if direct else []
+            *s.option_args(s.conditions).replace("LINEAR", str(checkpoints["linear"])).split(),
+            "--out", str(tmp_path / "out")]
     assert long_context.main(argv) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
@@ -172,15 +171,15 @@ def conversation_settings(checkpoints, **kw) -> ConversationSettings:
     base = dict(checkpoint=str(checkpoints["mot"]), n=1, turns=2, seed=0, max_new_tokens=3, max_story_tokens=3000,
                 bootstrap=20, conditions=("native", "mot", "no_context", "relay", "direct"), relay_tokens=5,
                 direct=str(checkpoints["direct"]))
-    return ConversationSettings(**{**base, **kw})
+    return settings_of(ConversationSettings, **{**base, **kw})
 
 
 def test_a_conversation_keeps_the_relay_message_as_its_context(checkpoints):
     source, target = load("source6"), load("gemma3-270m")
     mot = load_checkpoint(checkpoints["mot"], source, target)[0]
-    shared = SharingModels(direct=load_checkpoint(checkpoints["direct"], source, target)[0])
+    artifacts = {"direct": load_checkpoint(checkpoints["direct"], source, target)[0]}
     rows = pd.DataFrame(conversation.conversation_rows(mot, source, target, TINY, conversation_settings(checkpoints),
-                                                       shared))
+                                                       artifacts))
     by = rows.set_index(["condition", "turn"])
     message = by.loc[("relay", 1), "message"]
     assert by.loc[("relay", 2), "message"] == message  # written once per story
@@ -249,9 +248,8 @@ def test_the_conversation_refuses_bad_sharing_input_in_one_line(checkpoints, tmp
     monkeypatch.setattr(conversation, "load_model", lambda name: pytest.fail("a model was loaded"))
     s = conversation_settings(checkpoints, **change)
     argv = ["--checkpoint", s.checkpoint, "--n", "1", "--turns", "2", "--max_story_tokens", "500", "--conditions",
-            *s.conditions, "--relay_tokens", str(s.relay_tokens), "--out", str(tmp_path / "out")]
-    argv += ["--direct", s.direct] if s.direct else []
-    argv += ["--linear", str(checkpoints[s.linear])] if s.linear else []
+            *s.conditions, *s.option_args(s.conditions).replace("--linear same", f"--linear {checkpoints['same']}")
+            .split(), "--out", str(tmp_path / "out")]
     assert conversation.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
@@ -268,8 +266,8 @@ def test_a_conversation_keeps_the_linear_maps_and_the_mean_windows_cache_of_the_
         dict(caches)) or real(target, caches, *a, **k))
     settings = conversation_settings(checkpoints, conditions=("native", "mot", "no_context", "linear", "mean"),
                                      direct=None, linear=str(checkpoints["linear"]))
-    rows = pd.DataFrame(conversation.conversation_rows(mot, source, target, TINY, settings, linear=linear,
-                                                       means=means))
+    rows = pd.DataFrame(conversation.conversation_rows(mot, source, target, TINY, settings,
+                                                       {"linear": linear, "mean": means}))
     assert sorted(map(tuple, rows[["turn", "condition"]].to_numpy())) == sorted(
         (t, c) for t in (1, 2) for c in settings.conditions)
     # turn 1 reads each control's own cache of the story: the linear map's window of the MoT's source context, the
@@ -312,7 +310,7 @@ def test_a_conversation_run_answers_linear_and_mean_and_resumes_the_missing_stor
     assert "| linear |" in md and "| mean |" in md
     # an older summary.json, written before --linear, still reads
     older = {k: v for k, v in meta.items() if k != "linear"}
-    assert ConversationSettings.from_json(older).linear is None
+    assert ConversationSettings.from_json(older).options["linear"] is None
     last = first["id"].iloc[-1]
     write_csv_atomic(out / "examples.csv", first[first["id"] != last])
     computed = []
@@ -359,7 +357,7 @@ def test_each_directly_translated_shard_is_the_models_cache_of_that_shard_at_its
 def shard_settings(checkpoints, **kw) -> ShardSettings:
     base = dict(checkpoint=str(checkpoints["mot"]), budget=400, shards=(2,), n=1, seed=0, max_new_tokens=3,
                 bootstrap=20, sharing=("relay", "relay_q", "direct"), relay_tokens=5, direct=str(checkpoints["direct"]))
-    return ShardSettings(**{**base, **kw})
+    return settings_of(ShardSettings, **{**base, **kw})
 
 
 def test_shards_relay_and_direct_from_each_agent_and_resume(checkpoints, tmp_path, monkeypatch):
@@ -411,9 +409,8 @@ def test_shards_refuse_bad_sharing_input_in_one_line(checkpoints, tmp_path, caps
     monkeypatch.setattr(shard_eval, "load_model", lambda name: pytest.fail("a model was loaded"))
     s = shard_settings(checkpoints, **change)
     argv = ["--checkpoint", s.checkpoint, "--budget", "400", "--shards", "2", "--n", "1", "--conditions", *s.sharing,
-            "--relay_tokens", str(s.relay_tokens), "--out", str(tmp_path / "out")]
-    direct = {"LINEAR": str(checkpoints["linear"])}.get(s.direct, s.direct)
-    argv += ["--direct", direct] if direct else []
+            *s.option_args(s.sharing).replace("LINEAR", str(checkpoints["linear"])).split(),
+            "--out", str(tmp_path / "out")]
     assert shard_eval.main(argv) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err

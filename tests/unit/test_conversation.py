@@ -99,7 +99,7 @@ def test_summary_accounts_time_and_memory_for_retain_and_free():
     assert conversation.overall(pd.DataFrame(rows), n_boot=20, condition="native")["gap_closed"] == pytest.approx(1.0)
     assert conversation.overall(pd.DataFrame(rows), n_boot=20, condition="no_context")["gap_closed"] == 0.0
     # each other way of sharing is paired with the MoT and with no story
-    assert {("mot", "direct"), ("direct", "no_context"), ("relay", "no_context")} <= set(conversation.PAIRS)
+    assert {("mot", "direct"), ("direct", "no_context"), ("relay", "no_context")} <= set(conversation.pairs())
 
 
 @pytest.mark.parametrize("change, message", [

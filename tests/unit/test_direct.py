@@ -118,7 +118,7 @@ def test_the_direct_condition_answers_from_the_direct_map(private_cache):
                                                                      max_context_tokens=48)), source, target)[0]
     example = QAExample(id="0", dataset="free", context=TEXT, question="who slept?", answers=("the dog",))
     built = caches.condition_caches(window, source, target, example, conditions=("native", "mot", "direct"),
-                                     direct=direct)
+                                     artifacts={"direct": direct})
     native = built.kv["native"]
     assert [k.shape for k, _ in built.kv["direct"]] == [k.shape for k, _ in native] and built.seconds["direct"] > 0
     with pytest.raises(ConfigError, match="--direct"):

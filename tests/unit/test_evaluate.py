@@ -19,6 +19,7 @@ from mot_viz.engine.cache_errors import kv_cosine
 from mot_viz.eval.evaluate import evaluate_examples
 from mot_viz.eval.qa_settings import EvalSettings, load_evaluated, truncate_context
 from mot_viz.eval.report import summarize
+from mot_viz.eval.answers import CONDITIONS
 
 EXTRACTIVE = QAExample(id="e1", dataset="toy", context=CORPUS[0] + " " + CORPUS[1], question="Who built it?",
                        answers=("Gustave Eiffel",))
@@ -143,7 +144,7 @@ def test_batched_answers_equal_one_by_one(family):
     mot = MoT.build(source.spec, target.spec, Channels((2, 3), (2, 3)), dim=16, heads=2, num_experts=2, top_k=1)
     example = QAExample(dataset="t", id="0", context="The cat sat on the mat near the door of the house.",
                         question="Where did the cat sit?", answers=("on the mat",))
-    built = condition_caches(mot, source, target, example)
+    built = condition_caches(mot, source, target, example, conditions=CONDITIONS)
     caches = built.kv
     # one owner of the build times: the MoT cache costs the translation, the random control that plus its replay
     assert built.seconds["mot"] == pytest.approx(translated_seconds(built.translation))

@@ -518,7 +518,8 @@ def test_mean_vector_control_replays_one_shared_vector_per_layer():
         condition_caches(mot, source, target, example, conditions=("native", "mean"))
     means = mean_vectors(target, (2, 3), ["a tale of two cities", "the lazy dog sleeps all day"], "test")
     assert means.tokens > 0 and means.keys.shape == (2, target.spec.kv_hidden)
-    built = condition_caches(mot, source, target, example, conditions=("native", "mot", "mean"), means=means)
+    built = condition_caches(mot, source, target, example, conditions=("native", "mot", "mean"),
+                             artifacts={"mean": means})
     translation, caches = built.translation, built.kv
     assert set(caches) == {"native", "mot", "mean"}
     # replaying the same window by hand gives the same cache

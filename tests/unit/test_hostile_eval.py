@@ -545,7 +545,7 @@ def test_a_folder_of_an_earlier_version_and_its_derived_files_still_resume(check
     assert evaluate.main(eval_argv(checkpoints, data, out, 1)) == 0
     md = out / "summary.md"
     md.write_text(md.read_text().replace("python -m mot_viz.eval.evaluate", "python -m mot_viz.evaluate", 1))
-    (out / "costs.md").write_text("what python -m mot_viz.eval.relay reads from these results\n")
+    (out / "costs.md").write_text("what python -m mot_viz.eval.costs reads from these results\n")
     assert evaluate.main(eval_argv(checkpoints, data, out, 2, "--resume")) == 0
     assert rows(out)["id"].nunique() == 2
 

@@ -88,7 +88,7 @@ def test_unshared_layers_read_token_0_only(model):
 def test_answers_batch_reads_a_kvcomm_cache_under_its_plan(model):
     selection = KVCommSelection((1, 2), (0.0,) * 4, 0.5, 0.5, ("1",))
     built = condition_caches(None, model, model, EXAMPLE, translation=_FakeTranslation(context_ids(model)),
-                             conditions=("native", "kvcomm"), kvcomm=selection)
+                             conditions=("native", "kvcomm"), artifacts={"kvcomm": selection})
     assert set(built.plans) == {"kvcomm"} and built.seconds["kvcomm"] > 0
     together = answers_from_caches(model, {"native": native_cache(model, context_ids(model)),
                                            "no_context": None, "kvcomm": built.kv["kvcomm"]}, EXAMPLE,

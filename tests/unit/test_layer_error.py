@@ -114,7 +114,7 @@ def test_long_context_flag_and_command_agree_per_budget_and_document(checkpoints
 
 
 def long_settings(checkpoints) -> LongSettings:
-    return LongSettings(str(checkpoints["smollm2-to-gemma3"]), None, "stacks", (900,), 1, 0,
+    return LongSettings(str(checkpoints["smollm2-to-gemma3"]), "stacks", (900,), 1, 0,
                         max_new_tokens=4, bootstrap=20, conditions=("native", "mot"))
 
 

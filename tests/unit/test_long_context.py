@@ -18,6 +18,7 @@ from mot_viz.errors import ConfigError, ContextError
 from mot_viz.eval import long_context
 from mot_viz.eval.long_context import summarize
 from mot_viz.eval.long_settings import LongSettings
+from run_settings import settings_of
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -101,7 +102,7 @@ def test_retention_and_gap_closed_are_paired_over_the_same_documents():
 def settings_for(checkpoints, **kw) -> LongSettings:
     base = dict(checkpoint=str(checkpoints["smollm2-to-gemma3"]), linear=str(checkpoints["smollm2-to-gemma3-linear"]),
                 source="stacks", budgets=(900,), n=2, seed=0, max_new_tokens=4, bootstrap=50)
-    return LongSettings(**{**base, **kw})
+    return settings_of(LongSettings, **{**base, **kw})
 
 
 @pytest.mark.parametrize("change, message", [
@@ -129,7 +130,7 @@ def test_the_evaluation_writes_every_condition_and_resumes_only_the_missing_docu
     computed = []
     real = long_context.document_rows
     monkeypatch.setattr(long_context, "document_rows",
-                        lambda *a, **k: computed.append(a[4].example.id) or real(*a, **k))
+                        lambda *a, **k: computed.append(a[3].example.id) or real(*a, **k))
     summary = long_context.run(settings_for(checkpoints, n=2), out, resume=True, progress=False)
     both = pd.read_csv(out / "examples.csv")
     assert len(computed) == 1 and computed[0] not in set(first["id"]) and both["id"].nunique() == 2

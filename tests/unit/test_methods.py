@@ -14,7 +14,7 @@ from mot_viz.analysis.eval_runs import open_run
 from mot_viz.analysis.method_figures import FIRST_TOKEN as FIGURE_FIRST_TOKEN
 from mot_viz.analysis.method_figures import (WHOLE_ANSWER, quality_time_figure, shipped_points, side_by_side,
                                              stages_figure)
-from mot_viz.analysis.methods import (FIRST_TOKEN, METHODS, cache_methods, combine, kv_error_rows, relay_methods,
+from mot_viz.analysis.methods import (FIRST_TOKEN, methods, cache_methods, combine, kv_error_rows, relay_methods,
                                       summary_table)
 from mot_viz.engine.channels import terminal_channels
 from mot_viz.engine.checkpoint import load_checkpoint
@@ -31,6 +31,7 @@ from mot_viz.sharing.method import translated_seconds
 from mot_viz.sharing.relay import relay
 from mot_viz.train.quickfit import QuickFitConfig, fit_pair
 from tolerance import assert_close
+from mot_viz.eval.answers import CONDITIONS
 
 EXAMPLE = QAExample("1", "squad/validation", "The Eiffel Tower is a wrought-iron lattice tower in Paris, France. It "
                     "was designed by the company of Gustave Eiffel.", "Who designed the tower?", ("Gustave Eiffel",))
@@ -49,11 +50,11 @@ def pair(tmp_path_factory):
 
 def test_each_cache_method_answers_as_the_evaluator_and_hands_over_its_own_size(pair):
     source, target, mot, linear, translation = pair
-    result = cache_methods(mot, source, target, EXAMPLE, translation, linear=linear)
+    result = cache_methods(mot, source, target, EXAMPLE, translation, artifacts={"linear": linear})
     assert list(result.answers["method"]) == ["native", "no_context", "mot", "linear"]
 
     # the answers: the evaluator's caches, answered by its batch
-    built = condition_caches(mot, source, target, EXAMPLE, translation)
+    built = condition_caches(mot, source, target, EXAMPLE, translation, conditions=CONDITIONS)
     caches = {c: built.kv[c] for c in ("native", "no_context", "mot")}
     caches["linear"] = linear_cache(mot, linear, source, target, translation)
     expected = answers_from_caches(target, caches, EXAMPLE)
@@ -91,7 +92,7 @@ def test_each_cache_method_answers_as_the_evaluator_and_hands_over_its_own_size(
     np.testing.assert_allclose(errors[errors["method"] == "linear"]["rel_l2"], theirs["rel_l2"], rtol=1e-6)
 
     table = summary_table(result, "F1")
-    assert list(table["method"]) == [m for m in METHODS if m in set(answers.index)]
+    assert list(table["method"]) == [m for m in methods() if m in set(answers.index)]
     assert list(table["F1"]) == [expected[m].score for m in table["method"]]
     assert stages_figure(stages).data  # one stacked bar per stage
 
@@ -105,9 +106,9 @@ def test_a_direct_map_hands_over_every_layer_and_answers_from_it_as_the_evaluato
     mot = MoT.build(source.spec, target.spec, terminal_channels(6, 4, 0.5), dim=32, heads=4,
                     output_activation="none", variant="single")
     translation = translate(mot, source, target, build_prompt(EXAMPLE, target.chat_frame).context_text)
-    result = cache_methods(mot, source, target, EXAMPLE, translation, direct=direct)
+    result = cache_methods(mot, source, target, EXAMPLE, translation, artifacts={"direct": direct})
     built = condition_caches(mot, source, target, EXAMPLE, translation, conditions=("native", "no_context", "mot",
-                                                                                  "direct"), direct=direct)
+                                                                                  "direct"), artifacts={"direct": direct})
     expected = answers_from_caches(target, built.kv, EXAMPLE)
     answers = result.answers.set_index("method")["answer"]
     assert {m: answers[m] for m in expected} == {m: a.text for m, a in expected.items()}
@@ -130,11 +131,11 @@ def test_sharing_every_layer_of_the_same_model_is_the_native_cache():
                     dim=32, heads=4, output_activation="none", variant="single")
     translation = translate(mot, model, model, build_prompt(EXAMPLE, model.chat_frame).context_text)
     selection = kvcomm_selection(model, model, [EXAMPLE], fraction=1.0)
-    result = cache_methods(mot, model, model, EXAMPLE, translation, kvcomm=selection)
+    result = cache_methods(mot, model, model, EXAMPLE, translation, artifacts={"kvcomm": selection})
     answers = result.answers.set_index("method")["answer"]
     assert answers["kvcomm"] == answers["native"]
     errors = result.kv_error[result.kv_error["method"] == "kvcomm"]
-    assert sorted(set(errors["layer"])) == list(range(model.spec.num_layers)) == list(result.kvcomm_layers)
+    assert sorted(set(errors["layer"])) == list(range(model.spec.num_layers)) == list(result.recorded["kvcomm_layers"])
     assert (errors["rel_l2"] == 0).all()
     n = int(translation.target_ids.shape[1])  # the source's K/V of the context at the shared layers
     assert result.handed_over.set_index("method")["bytes"]["kvcomm"] == \
@@ -180,7 +181,7 @@ def test_the_shipped_points_are_their_folders_own_numbers():
         assert relay_folder.loc[method, "timed_to"] == WHOLE_ANSWER
     linear = points[points["folder"] == "eval/smollm2-to-gemma3-mid-linear-squad300"]
     assert set(linear["method"]) == {"native", "linear"}  # a linear checkpoint's "mot" rows are the linear map
-    assert not set(points["method"]) - set(METHODS)  # no controls
+    assert not set(points["method"]) - set(methods())  # no controls
     assert set(points["timed_to"]) <= {WHOLE_ANSWER, FIGURE_FIRST_TOKEN}
     live = pd.DataFrame({"method": ["mot"], "score": [0.5], "seconds": [1.0]})
     assert len(quality_time_figure(points, live).data) == points["method"].nunique() + 1

@@ -26,7 +26,7 @@ from mot_viz.eval import evaluate, long_context, patching
 from mot_viz.sharing.linear import linear_cache
 from mot_viz.eval.long_settings import LongSettings
 from mot_viz.eval.results_folder import check_results_folder
-from mot_viz.errors import ConfigError
+from mot_viz.errors import CheckpointError, ConfigError
 from tolerance import close
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,7 +116,7 @@ def test_resume_keeps_the_examples_done_and_equals_a_whole_run(folder, checkpoin
     assert patching.main(args(folder, checkpoints)) == 130
     assert written(folder).id.nunique() == 2
     with pytest.raises(ConfigError, match="pass --resume to continue it"):
-        patching.record(folder, ["mot", "linear"], linear=str(checkpoints["smollm2-to-gemma3-linear"]))
+        patching.record(folder, ["mot", "linear"], options={"linear": str(checkpoints["smollm2-to-gemma3-linear"])})
     with pytest.raises(ConfigError, match="pass the same options to --resume"):
         patching.record(folder, ["mot"], resume=True)
     calls.clear()
@@ -146,8 +146,12 @@ def test_two_processes_write_the_rows_of_one(folder, checkpoints, tmp_path):
 def test_bad_input_is_one_line_before_any_model_loads(folder, tmp_path, checkpoints):
     with pytest.raises(ConfigError, match="'relay' has no cache of the context to patch"):
         patching.record(folder, ["mot", "relay"])
-    with pytest.raises(ConfigError, match="the 'direct' method needs its map: pass --direct"):
+    with pytest.raises(ConfigError, match="the 'direct' condition needs --direct CHECKPOINT"):
         patching.record(folder, ["direct"])
+    with pytest.raises(ConfigError, match="--direct elsewhere is read by direct, which this run does not answer "
+                                          "under: add direct to --methods"):
+        patching.record(folder, ["mot"], options={"direct": "elsewhere"})
+    assert patching.check_methods(["mot", "linear", "mot"]) == ("mot", "linear")  # each method scanned once
     bare = tmp_path / "bare"
     bare.mkdir()
     with pytest.raises(ConfigError, match="is not a results folder"):
@@ -179,7 +183,7 @@ def test_direct_and_kvcomm_caches_restore_to_native_and_break_to_themselves(priv
     # KVComm needs a pair of one architecture: the target as its own sender
     for method, sender, extra in (("direct", source, {"direct": direct}),
                                   ("kvcomm", target, {"kvcomm": kvcomm_selection(target, target, [example], 0.5)})):
-        cache = patching.method_cache(method, direct, sender, target, translation, **extra)
+        cache = patching.method_cache(method, direct, sender, target, translation, extra[method])
         scan = patching.patching_scan(target.model, translation.native_kv, cache.kv, question, answer, every,
                                       hidden=cache.hidden)
         assert (cache.hidden is not None) == (method == "kvcomm")
@@ -196,7 +200,7 @@ def test_a_long_context_folder_is_scanned_at_one_budget(checkpoints, tmp_path, m
     monkeypatch.setattr(long_context, "load_model", load_test_model)
     monkeypatch.setattr(patching, "load_model", load_test_model)
     out = tmp_path / "long"
-    settings = LongSettings(checkpoint=str(checkpoints["smollm2-to-gemma3"]), linear=None, source="stacks",
+    settings = LongSettings(checkpoint=str(checkpoints["smollm2-to-gemma3"]), source="stacks",
                             budgets=(900, 950), n=1, seed=0, max_new_tokens=2, bootstrap=20,
                             conditions=("native", "mot"))
     long_context.run(settings, out, progress=False)
@@ -220,3 +224,65 @@ def test_a_long_context_folder_is_scanned_at_one_budget(checkpoints, tmp_path, m
                  rtol=1e-5)
     assert close(mine.loc[("break", "layer 3"), "logprob"], hf.continuation_logprob(
         target.model, patch(translation.native_kv, translation.mixed_kv, [3]), question, answer), rtol=1e-5)
+
+
+def _no_model(name, *args, **kwargs):
+    raise AssertionError(f"a model loaded ({name}) before the input was refused")
+
+
+def test_a_foreign_folder_and_a_map_that_is_no_checkpoint_are_one_line_before_any_model_loads(folder, checkpoints,
+                                                                                              monkeypatch):
+    monkeypatch.setattr(patching, "load_model", _no_model)
+    with pytest.raises(CheckpointError, match="not a MoT checkpoint folder"):  # never a FileNotFoundError of its hash
+        patching.record(folder, ["mot", "linear"], options={"linear": "/etc"})
+    (folder / "examples.csv").write_text("question,answer\nWhat?,Paris\n")  # another tool's table, same name
+    with pytest.raises(ConfigError, match=r"no column dataset, id, condition .* not the table evaluate writes"):
+        patching.record(folder)
+
+
+def test_a_torn_patching_csv_is_computed_again_and_a_broken_settings_file_refused(folder, checkpoints, tmp_path,
+                                                                                  monkeypatch):
+    import shutil
+
+    whole = tmp_path / "whole"
+    shutil.copytree(folder, whole)
+    one_process(args(whole, checkpoints, "--n", "2"))
+    one_process(args(folder, checkpoints, "--n", "2"))
+    table = folder / patching.PATCHING_FILE
+    text = table.read_text()
+    first = text.split("\n")[1].split(",")[1]
+    # a row of the first example damaged (a quote opened and never closed: pandas' ParserError) and the file cut
+    damaged = text.replace(f",{first},", f',"{first},', 1)
+    table.write_text(damaged[: len(damaged) - 40])
+    kept = patching.read_patching(table)
+    assert set(kept.id) <= {written(whole).id.unique()[1]}  # the damaged examples left out, whole rows only
+    scanned = []
+    scan = patching.scan_example
+    monkeypatch.setattr(patching, "scan_example", lambda *a, **k: scanned.append(a[3].id) or scan(*a, **k))
+    one_process(args(folder, checkpoints, "--n", "2", "--resume"))
+    assert first in scanned
+    pd.testing.assert_frame_equal(written(folder), written(whole))
+    (folder / patching.PATCHING_SETTINGS).write_text('{"methods": ["mot", "lin')  # cut short
+    monkeypatch.setattr(patching, "load_model", _no_model)
+    with pytest.raises(ConfigError, match="does not read as the settings of its patching.csv") as refused:
+        patching.record(folder, ["mot", "linear"], options={"linear": str(checkpoints["smollm2-to-gemma3-linear"])}, resume=True)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_folder_copied_out_of_the_checkout_finds_its_checkpoint_there(folder, checkpoints, tmp_path, monkeypatch):
+    """summary.json names the checkpoint relative to the checkout (pretrained/…); the folder copied anywhere and the
+    command run from anywhere reads it from the checkout."""
+    import shutil
+
+    from mot_viz import fsutil
+
+    checkout = Path(checkpoints["smollm2-to-gemma3"]).parents[1]
+    monkeypatch.setattr(fsutil, "CHECKOUT", checkout)
+    copied = tmp_path / "elsewhere" / "run"
+    shutil.copytree(folder, copied)
+    summary = json.loads((copied / "summary.json").read_text())
+    summary["settings"]["checkpoint"] = str(Path(checkpoints["smollm2-to-gemma3"]).relative_to(checkout))
+    (copied / "summary.json").write_text(json.dumps(summary))
+    monkeypatch.chdir(tmp_path)
+    one_process([str(copied), "--n", "1"])
+    assert written(copied).id.nunique() == 1

@@ -19,7 +19,7 @@ from mot_viz.engine.prompts import ChatFrame, QAExample, build_prompt
 from mot_viz.engine.testing import load_test_model
 from mot_viz.eval import evaluate
 from mot_viz.eval.answers import answer_from_cache
-from mot_viz.eval.relay import main
+from mot_viz.eval.costs import main
 from mot_viz.sharing.caches import condition_caches
 from mot_viz.sharing.relay import (BACKGROUND_INSTRUCTION, LOOP_TOKENS, SUMMARY_INSTRUCTION, read_message, relay,
                                    repeats_itself, source_prompt, write_message)
@@ -125,16 +125,18 @@ def test_relay_q_carries_the_question_and_relay_does_not(checkpoints):
     # the evaluator's caches: each relay message written by the source about this example, its cost recorded
     source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
     mot = load_checkpoint(checkpoints["smollm2-to-gemma3"], source, target)[0]
-    built = condition_caches(mot, source, target, EXAMPLE, conditions=("native", "relay", "relay_q"), relay_tokens=5)
+    built = condition_caches(mot, source, target, EXAMPLE, conditions=("native", "relay", "relay_q"),
+                             options={"relay_tokens": 5})
     for condition in ("relay", "relay_q"):
         written = write_message(source, EXAMPLE, condition, 5)
-        sent = built.relays[condition]
+        sent = built.built[condition].held
         assert (sent.message, sent.tokens) == (written.text, written.tokens) and built.kv[condition] is sent.kv
         assert sent.capped == (written.tokens == 5)
         assert built.seconds[condition] == pytest.approx(sent.generate_seconds + sent.prefill_seconds, rel=1e-9)
     # relay's writing needs no question: done ahead; relay_q writes for the question: after it
-    assert built.ahead["relay"] == built.relays["relay"].generate_seconds and built.ahead["relay_q"] == 0.0
-    assert built.after_question("relay") == pytest.approx(built.relays["relay"].prefill_seconds, rel=1e-9)
+    sent = built.built["relay"].held
+    assert built.ahead["relay"] == sent.generate_seconds and built.ahead["relay_q"] == 0.0
+    assert built.after_question("relay") == pytest.approx(sent.prefill_seconds, rel=1e-9)
     assert built.after_question("relay_q") == pytest.approx(built.seconds["relay_q"], rel=1e-9)
 
 
@@ -208,11 +210,15 @@ def test_relay_rows_survive_resume_and_old_folders_still_resume(checkpoints, dat
     assert main([str(tmp_path / "whole")]) == 0
     costs = pd.read_csv(tmp_path / "whole" / "costs.csv").set_index("condition")
     config = read_config(checkpoints["smollm2-to-gemma3"])
-    assert costs.loc["relay", "message_bytes"] == pytest.approx(relayed[relayed["condition"] == "relay"][
+    # what each way hands over: the rows' own cost columns (the methods' cost functions), averaged
+    assert costs.loc["relay", "handed_bytes"] == pytest.approx(relayed[relayed["condition"] == "relay"][
         "message_bytes"].astype(float).mean(), rel=1e-9)
     per_token = len(config["channels"]) * 2 * config["target"]["num_kv_heads"] * config["target"]["head_dim"] * 2
-    assert costs.loc["mot", "window_bytes"] == pytest.approx(costs.loc["mot", "context_tokens"] * per_token, rel=1e-9)
-    assert costs.loc["mot", "full_cache_bytes"] > costs.loc["mot", "window_bytes"]
+    assert costs.loc["mot", "handed_bytes"] == pytest.approx(costs.loc["mot", "context_tokens"] * per_token, rel=1e-9)
+    assert costs.loc["native", "handed_bytes"] > costs.loc["mot", "handed_bytes"] > costs.loc["no_context",
+                                                                                             "handed_bytes"] == 0
+    assert costs.loc["mot", "target_work"] == "replay" and costs.loc["relay", "target_work"] == "prefill"
+    assert costs["handed_bytes"].notna().all()  # every way of sharing's bytes are a number
     relay_costs = costs.loc["relay"]
     assert relay_costs["build_seconds"] == pytest.approx(relay_costs["write_seconds"] + relay_costs["read_seconds"],
                                                          rel=1e-6)

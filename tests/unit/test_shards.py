@@ -26,6 +26,7 @@ from mot_viz.eval import shard_caches
 from mot_viz.eval import shards as shard_eval
 from mot_viz.eval.shards import ShardSettings
 from tolerance import assert_close, close
+from run_settings import settings_of
 
 SHARDS = [CORPUS[0] + SEPARATOR, CORPUS[1] + SEPARATOR, CORPUS[2] + SEPARATOR, CORPUS[4]]
 
@@ -195,7 +196,7 @@ def test_empty_or_too_long_shards_are_refused():
 def settings_for(checkpoints, **kw) -> ShardSettings:
     base = dict(checkpoint=str(checkpoints["smollm2-to-gemma3"]), budget=1500, shards=(2, 3), n=1, seed=0,
                 max_new_tokens=4, bootstrap=50)
-    return ShardSettings(**{**base, **kw})
+    return settings_of(ShardSettings, **{**base, **kw})
 
 
 @pytest.mark.parametrize("change, message", [
@@ -274,7 +275,8 @@ def test_the_linear_map_composes_like_the_mot_and_the_mean_window_is_every_evalu
     linear = load_checkpoint(str(checkpoints["smollm2-to-gemma3-linear"]), source, target)[0]
     means = reference_means(target, mot.channels.target_layers, passages=4)
     doc = distractor_stacks(target.tokenizer, 1500, 1, seed=0)[0]
-    caches = shard_caches.setting_caches(mot, source, target, doc, (2,), ("linear", "mean"), linear=linear, means=means)
+    caches = shard_caches.setting_caches(mot, source, target, doc, (2,), ("linear", "mean"),
+                                         artifacts={"linear": linear, "mean": means})
     assert list(caches) == list(shard_eval.conditions((2,), ("linear", "mean")))
     assert "mean_2" not in caches and {"linear", "linear_2", "mean"} <= set(caches)
     context_text = shard_caches.build_prompt(doc.example, target.chat_frame).context_text

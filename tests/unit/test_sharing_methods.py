@@ -9,18 +9,21 @@ import math
 import pandas as pd
 import pytest
 
+from mot_viz.engine.checkpoint import read_config
 from mot_viz.engine.models import kv_cache_bytes
-from mot_viz.errors import ConfigError
+from mot_viz.errors import ConfigError, MotVizError
 from mot_viz.eval import conversation, evaluate, long_context
 from mot_viz.eval import shards as shard_eval
 from mot_viz.eval.conversation import ConversationSettings
 from mot_viz.eval.long_settings import LongSettings
 from mot_viz.eval.qa_settings import EvalSettings
+from mot_viz.eval.policy import ALWAYS
 from mot_viz.eval.shards import ShardSettings
 from mot_viz.sharing import registry
-from mot_viz.sharing.method import Method, layers_bytes
+from mot_viz.sharing.method import Method, Request, layers_bytes
 from mot_viz.sharing.native import NATIVE
 from mot_viz.sharing.no_context import NO_CONTEXT
+from run_settings import settings_of
 from test_conditions_everywhere import checkpoints, load  # noqa: F401  (checkpoints: a module fixture)
 
 MODULES = {"evaluate": evaluate, "long_context": long_context, "conversation": conversation, "shards": shard_eval}
@@ -31,24 +34,40 @@ def asked(m: Method, kind: str) -> tuple[str, ...]:
     """The conditions of a run that asks for `m`, in the registry's order: the evaluation's own and `m` (the shards'
     settings: those on request only, ALWAYS["shards"] being every run's)."""
     if kind == "shards":
-        return registry.names(among={m.name} - set(registry.ALWAYS[kind]))
-    return registry.names(among={*registry.ALWAYS[kind], m.name})
+        return registry.names(among={m.name} - set(ALWAYS[kind]))
+    return registry.names(among={*ALWAYS[kind], m.name})
+
+
+def options_for(m: Method, paths) -> dict:
+    """The options a run asking for `m` gives (those `m` reads): the test pair's maps, a 5-token message."""
+    given = {"direct": str(paths["direct"]), "linear": str(paths["linear"]), "relay_tokens": 5}
+    return {o.name: given.get(o.name) for o in m.options}
+
+
+def pair_for(m: Method, paths) -> str:
+    """The checkpoint of the pair a run asking for `m` evaluates: the test pair's MoT, or a MoT between two copies of
+    the source where `m`'s own checks refuse the test pair (kvcomm shares K/V as they are)."""
+    try:
+        m.check(Request((m.name,), read_config(paths["mot"]), str(paths["mot"]), 300, options_for(m, paths)))
+    except MotVizError:
+        return str(paths["same"])
+    return str(paths["mot"])
 
 
 def settings_for(m: Method, kind: str, paths, data):
     """The settings of a tiny run of `kind` asking for `m` (a same-shape pair when it shares the source's K/V)."""
-    checkpoint = str(paths["same"] if m.needs.kvcomm else paths["mot"])
-    direct = str(paths["direct"]) if m.needs.direct else None
-    linear = str(paths["linear"]) if m.needs.linear else None
-    conditions = asked(m, kind)
+    checkpoint, conditions, options = pair_for(m, paths), asked(m, kind), options_for(m, paths)
     if kind == "evaluate":
-        return EvalSettings(checkpoint, None, (str(data),), 1, 0, 3, 64, 20, conditions, relay_tokens=5,
-                            direct=direct)
+        return settings_of(EvalSettings, checkpoint=checkpoint, second=None, datasets=(str(data),), n=1, seed=0,
+                           max_new_tokens=3, max_context_tokens=64, bootstrap=20, conditions=conditions, **options)
     if kind == "long_context":
-        return LongSettings(checkpoint, linear, "stacks", (300,), 1, 0, 3, 20, conditions, 5, direct)
+        return settings_of(LongSettings, checkpoint=checkpoint, source="stacks", budgets=(300,), n=1, seed=0,
+                           max_new_tokens=3, bootstrap=20, conditions=conditions, **options)
     if kind == "conversation":
-        return ConversationSettings(checkpoint, 1, 2, 0, 3, 3000, 20, conditions, 5, direct, linear=linear)
-    return ShardSettings(checkpoint, 400, (2,), 1, 0, 3, 20, conditions, 5, direct, linear)
+        return settings_of(ConversationSettings, checkpoint=checkpoint, n=1, turns=2, seed=0, max_new_tokens=3,
+                           max_story_tokens=3000, bootstrap=20, conditions=conditions, **options)
+    return settings_of(ShardSettings, checkpoint=checkpoint, budget=400, shards=(2,), n=1, seed=0, max_new_tokens=3,
+                       bootstrap=20, sharing=conditions, **options)
 
 
 def run(kind: str, settings, out) -> pd.DataFrame:
@@ -66,7 +85,7 @@ def refused(kind: str, settings) -> None:
 def offered(m: Method, kind: str) -> bool:
     """Whether `kind` answers under `m`: it is among its choices or every run's, and, in a conversation, it does not
     write for one question."""
-    return (m.name in registry.choices(kind) or m.name in registry.ALWAYS[kind]) and \
+    return (m.name in registry.choices(kind) or m.name in ALWAYS[kind]) and \
         not (kind == "conversation" and m.for_question)
 
 
@@ -90,7 +109,7 @@ def check_costs(m: Method, rows: pd.DataFrame, tokens: pd.Series, target) -> Non
         assert pd.isna(r["message"]) and pd.isna(r["message_bytes"]) and pd.isna(r["message_looped"])
         if m is NATIVE:
             assert handed == kv_cache_bytes(target.spec, n) and work == "prefill" and work_tokens == n
-            assert side == r["native_prefill"]
+            assert side == r.get("native_prefill", side)  # a row with the stage's column: that stage
         elif m is NO_CONTEXT:
             assert handed == 0 and work == "none" and side == 0
         else:  # a cache: whole layers of K and V at every context position, fp16
@@ -110,7 +129,7 @@ def test_every_method_in_every_evaluation(name, kind, checkpoints, data, tmp_pat
     rows = run(kind, settings, tmp_path / kind)
     assert "skipped" not in set(rows["condition"]), rows.get("error")
     mine = rows[[registry.method(c).name == m.name for c in rows["condition"]]]
-    target = load("source6" if m.needs.kvcomm else "gemma3-270m")  # the target of the pair run
+    target = load("source6" if pair_for(m, checkpoints).endswith("same") else "gemma3-270m")  # the pair's target
     if kind == "evaluate":
         assert len(mine) == 1  # one example
         r = mine.iloc[0]
@@ -119,8 +138,7 @@ def test_every_method_in_every_evaluation(name, kind, checkpoints, data, tmp_pat
         if m.message:  # the message's columns, and its writing done ahead unless it needs the question
             assert r["message_bytes"] == len(str(r["message"]).encode("utf-8")) and 0 < r["message_tokens"] <= 5
             assert r["ahead_seconds"] == (0.0 if m.for_question else r["message_generate_seconds"])
-        else:
-            assert pd.isna(r["message"])
+        check_costs(m, mine, rows["context_tokens"], target)  # every evaluation writes the cost columns
         return
     if kind == "long_context":
         assert len(mine) == 1

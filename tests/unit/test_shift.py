@@ -18,6 +18,7 @@ from mot_viz.engine.prompts import QAExample
 from mot_viz.errors import ConfigError
 from mot_viz.sharing.random_window import random_control_cache
 from tolerance import close
+from mot_viz.eval.answers import CONDITIONS
 
 EXAMPLE = QAExample(id="t", dataset="tiny/test", context=CORPUS[0] + " " + CORPUS[1], question="Where is the tower?",
                     answers=("in Paris, France",))
@@ -290,7 +291,7 @@ def test_the_answers_batch_prompt_step_feeds_the_trace_and_the_first_token_kl(fa
     target = tiny_model(family, layers=4, bos=True)
     mot = MoT.build(source.spec, target.spec, Channels((1, 2), (1, 2)), ReplayConfig(topk_sparse_attn=4), dim=16, heads=2)
     case = shift.case_from_example(target, EXAMPLE)
-    built = condition_caches(mot, source, target, EXAMPLE, seed=3)
+    built = condition_caches(mot, source, target, EXAMPLE, seed=3, conditions=CONDITIONS)
     tr = built.translation
     suffix = target.tokenizer.decode(case.suffix_ids[0])
     prompted = {}

@@ -4,6 +4,7 @@ depth here; the shared id stream and its identity alignment; a translator of a r
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -138,3 +139,88 @@ def test_the_command_writes_a_synthetic_pairs_translator_that_loads_by_its_names
     assert write_synthetic_checkpoint(["--source", "smollm2-135m", "--target", target.spec.name,
                                        "--out", str(tmp_path / "refused")]) == 2
     assert "both be synthetic" in capsys.readouterr().err and not (tmp_path / "refused").exists()
+
+
+@pytest.mark.parametrize("name, words", [
+    ("synthetic:llama3.2-1b\n", r"control character '\n'"),  # never another model with other weights
+    ("synthetic:llama3.2-1b@" + "9" * 5000, "characters long"),
+    ("synthetic:llama3.2-1b@" + "9" * 40, "40-digit number of layers"),
+    ("synthetic:" + "a" * 100_000, "100,010 characters long"),
+    ("synthetic:" + "a" * 300, "Unknown synthetic model 'synthetic:aaaa"),
+])
+def test_a_name_no_model_has_is_refused_as_text_in_one_line(name, words, monkeypatch):
+    monkeypatch.setattr(synthetic, "build", lambda *a: pytest.fail("a model was built"))
+    for load in (load_model, model_geometry):
+        with pytest.raises(ModelLoadError, match=re.escape(words)) as refused:
+            load(name)
+        assert "\n" not in str(refused.value) and len(str(refused.value)) < 400
+
+
+def test_a_pair_that_cannot_fit_is_refused_before_either_is_built(monkeypatch, tmp_path, capsys):
+    """The source alone fits, the two do not: refused before the source is built (not after minutes of it)."""
+    built = []
+    monkeypatch.setattr(synthetic, "build", lambda name, *a: built.append(name) or pytest.fail("a model was built"))
+    source_bytes = synthetic.parameter_count("synthetic:llama3.2-1b") * 4
+    monkeypatch.setattr(synthetic, "available_bytes", lambda device: source_bytes + 2**20)
+    out = tmp_path / "pair"
+    assert write_synthetic_checkpoint(["--source", "synthetic:llama3.2-1b", "--target", "synthetic:qwen2.5-1.5b",
+                                       "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "synthetic:llama3.2-1b and synthetic:qwen2.5-1.5b need" in err
+    assert not built and not out.exists()
+
+
+def test_the_default_recipe_is_the_checkouts_and_a_bad_one_names_recipe(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # no configs/ here: the default comes from the checkout, not the working folder
+    out = tmp_path / "ck"
+    names = ["--source", "synthetic:smollm2-135m@1", "--target", "synthetic:gemma3-270m@1"]
+    assert write_synthetic_checkpoint([*names, "--out", str(out)]) == 0
+    assert json.loads((out / "config.json").read_text())["training"]["recipe"] == RECIPE
+    assert write_synthetic_checkpoint([*names, "--out", str(out)]) == 0  # its own checkpoint: replaced
+    assert write_synthetic_checkpoint([*names, "--recipe", "nowhere.json", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "--recipe 'nowhere.json' cannot be read" in err and "--config" not in err
+
+
+def _limits(root, cgroup: str, files: dict[str, str], status: str = "") -> None:
+    """A fake /proc and /sys/fs/cgroup under root: the process's cgroup line(s) and its limit files."""
+    (root / "proc" / "self").mkdir(parents=True)
+    (root / "proc" / "meminfo").write_text("MemTotal: 67108864 kB\nMemAvailable: 33554432 kB\n")  # 32 GiB free
+    (root / "proc" / "self" / "cgroup").write_text(cgroup)
+    (root / "proc" / "self" / "status").write_text(status)
+    for rel, text in files.items():
+        (root / "cgroup" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / "cgroup" / rel).write_text(text)
+
+
+@pytest.mark.parametrize("cgroup, files, expected", [
+    ("0::/job\n", {"job/memory.max": f"{4 * 2**30}\n", "job/memory.current": f"{2**30}\n"}, 3 * 2**30),  # v2
+    ("0::/a/b\n", {"a/b/memory.max": "max\n", "a/memory.max": f"{2 * 2**30}\n", "a/memory.current": "0\n"},
+     2 * 2**30),  # v2, a limit above its own cgroup
+    ("4:memory:/ctr\n0::/\n", {"memory/memory.limit_in_bytes": f"{5 * 2**30}\n",
+                               "memory/memory.usage_in_bytes": f"{2**30}\n"}, 4 * 2**30),  # v1, mounted at its root
+    ("4:memory:/\n", {"memory/memory.limit_in_bytes": "9223372036854771712\n"}, 32 * 2**30),  # v1 unlimited
+])
+def test_the_cpus_room_honours_cgroup_limits(tmp_path, monkeypatch, cgroup, files, expected):
+    _limits(tmp_path, cgroup, files)
+    monkeypatch.setattr(synthetic, "PROC", tmp_path / "proc")
+    monkeypatch.setattr(synthetic, "CGROUP", tmp_path / "cgroup")
+    import resource
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    assert synthetic.available_bytes(torch.device("cpu")) == expected
+
+
+def test_the_cpus_room_honours_the_address_space_and_data_rlimits(tmp_path, monkeypatch):
+    _limits(tmp_path, "0::/\n", {}, status="VmSize:\t 2097152 kB\nVmData:\t 1048576 kB\n")  # 2 GiB, 1 GiB in use
+    monkeypatch.setattr(synthetic, "PROC", tmp_path / "proc")
+    monkeypatch.setattr(synthetic, "CGROUP", tmp_path / "cgroup")
+    import resource
+
+    limits = {resource.RLIMIT_AS: 8 * 2**30, resource.RLIMIT_DATA: resource.RLIM_INFINITY}
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (limits[which], resource.RLIM_INFINITY))
+    assert synthetic.available_bytes(torch.device("cpu")) == 6 * 2**30
+    limits[resource.RLIMIT_DATA] = 3 * 2**30
+    assert synthetic.available_bytes(torch.device("cpu")) == 2 * 2**30
+    with pytest.raises(ModelLoadError, match="2.0 GiB free for this process"):
+        synthetic.check_fits(["synthetic:llama3.2-1b"], torch.device("cpu"))

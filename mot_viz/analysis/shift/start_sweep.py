@@ -19,6 +19,7 @@ from ...engine.models import LoadedModel
 from ...engine.mot import MoT, Translation, native_cache, replay, translate
 from ...errors import ConfigError
 from ...eval.answers import answer_from_cache
+from ...sharing.names import REFERENCE
 from .cases import WINDOW_CONDITIONS, ContextCase, window_caches
 from .metrics import TRACE_CONDITIONS, WindowShift, structural_advantage
 from .trace import trace_cache
@@ -48,6 +49,10 @@ def valid_starts(num_target_layers: int, window: int, num_source_layers: int | N
     if not starts:
         raise ConfigError(f"no injection window of size {window} fits a {num_target_layers}-layer target")
     return starts
+
+
+TABLES = ("summary", "tokens", "trajectories", "per_example")  # a saved sweep's CSVs, beside meta.json
+SWEEP_FILES = ("meta.json", *(f"{name}.csv" for name in TABLES))  # what SweepResult.save writes
 
 
 @dataclass
@@ -88,7 +93,7 @@ class SweepResult:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "meta.json").write_text(json.dumps(self.meta, indent=2, default=str))
-        for name in ("summary", "tokens", "trajectories", "per_example"):
+        for name in TABLES:
             getattr(self, name).to_csv(folder / f"{name}.csv", index=False, float_format="%.7g")  # float32-level digits
         return folder
 
@@ -96,7 +101,7 @@ class SweepResult:
     def load(cls, folder: str | Path) -> "SweepResult":
         folder = Path(folder)
         meta = json.loads((folder / "meta.json").read_text())
-        frames = {n: pd.read_csv(folder / f"{n}.csv") for n in ("summary", "tokens", "trajectories", "per_example")}
+        frames = {n: pd.read_csv(folder / f"{n}.csv") for n in TABLES}
         return cls(meta, **frames)
 
 
@@ -225,11 +230,11 @@ def _collect(target: LoadedModel, cases: Sequence[ContextCase], cfg: SweepConfig
             example_rows.append({"start": start, "example": ei, **{f"{metric}_{c}": v for c, v in r.scores.items()},
                                  **{f"answer_logprob_{c}": v for c, v in r.answer_logprob.items()},
                                  **{f"kl_{k}": v for k, v in r.kl.items()}})
-        for cond in ("native", *WINDOW_CONDITIONS):
+        for cond in (REFERENCE, *WINDOW_CONDITIONS):
             vals = [r.answer_logprob[cond] for r in runs if cond in r.answer_logprob]
             if vals:
                 row[f"answer_logprob_{cond}"] = float(np.mean(vals))
-                if cond != "native":
+                if cond != REFERENCE:
                     row[f"delta_answer_logprob_{cond}"] = row[f"answer_logprob_{cond}"] - row["answer_logprob_native"]
         for cond in ("native", "full_mix", "dir_only", "mag_only"):
             vals = [r.scores[cond] for r in runs if cond in r.scores]

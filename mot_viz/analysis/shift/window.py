@@ -14,6 +14,8 @@ from ...engine.models import LoadedModel
 from ...engine.mot import MoT, Translation, replay_window, translate
 from ...errors import ConfigError
 from ...eval.answers import PromptedCache, answer_from_cache
+from ...sharing.names import REFERENCE, TRANSLATED
+from ...sharing.random_window import RANDOM
 from .cases import ContextCase, ReplayFn, window_caches
 from .metrics import TRACE_CONDITIONS, TokenShift, WindowShift, kl_divergence, token_shifts
 from .trace import CacheTrace, trace_caches, trace_prompted
@@ -105,9 +107,9 @@ def analyse_translation(mot: MoT, source: LoadedModel, target: LoadedModel, case
     caches = window_caches(replay_fn, nk, nv, translation.translated.keys, translation.translated.values,
                            conditions, seed, ready={"full_mix": translation.mixed_kv}
                            | ({"random": random_kv} if random_kv is not None else {}))
-    rows = {"full_mix": "mot", "random": "random"}  # window condition -> answers condition
-    if prompted is not None and "native" in prompted and all(rows.get(c) in prompted for c in caches):
-        given = [prompted["native"]] + [prompted[rows[c]] for c in caches]
+    rows = {"full_mix": TRANSLATED, "random": RANDOM.name}  # window condition -> answers condition
+    if prompted is not None and REFERENCE in prompted and all(rows.get(c) in prompted for c in caches):
+        given = [prompted[REFERENCE]] + [prompted[rows[c]] for c in caches]
         if any(p.question_kv[0][0].shape[2] != case.suffix_ids.shape[1] for p in given):
             raise ConfigError("the prompted caches were made for another question than this case's suffix")
         contexts = [translation.native_kv] + [caches[c] for c in caches]
