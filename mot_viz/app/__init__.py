@@ -21,8 +21,8 @@ each importing only those above it:
 * ``lesson`` — the Lesson page's steps, each drawn by its page's own functions, and the lesson file of a run;
 * ``presenter`` — presenter mode: no sidebar or explanation boxes, larger text and figures, the arrow keys;
 * ``links`` — the applied view in ``st.query_params`` and back (the pure part is mot_viz.app.permalink);
-* ``page`` — what a page draws with (``explain``, ``method_picture``, ``run_caption``, ``show_figure``, ``show_error``) and keyed
-  widgets' first values (``widget_default``);
+* ``page`` — what a page draws with (``explain``, ``method_picture``, ``run_caption``, ``show_figure``,
+  ``show_error``) and keyed widgets' first values (``widget_default``);
 * ``sidebar`` — the model, checkpoint and context pickers, the quick-fit control;
 * ``frame`` — every page run's frame: ``run_page``, ``navigation_frame``, ``current_run`` → ``Run``;
 * ``results_folders`` — the Evaluations page's results folders: the shipped ones or one typed, each read once while
@@ -58,7 +58,8 @@ __all__ = [
     "first_token_kl",
     "fragment", "get_checkpoint", "get_model", "get_translation", "keep_widget_state", "lens_at", "lens_trace",
     "linear_baseline_for",
-    "link_params", "live_sweep", "method_picture", "long_document", "navigation_frame", "page_setup", "pretrained_dir", "python_code",
+    "link_params", "live_sweep", "long_document", "method_picture", "navigation_frame", "page_setup", "pretrained_dir",
+    "python_code",
     "quickfit_config", "run_caption", "run_page", "second_checkpoint", "second_run", "second_translation",
     "shipped_long_results", "show_error", "show_figure", "show_text", "sidebar", "test_mode", "translation_key",
     "verdict_validation", "what_if_pair", "widget_default", "window_analysis", "window_fidelity",
