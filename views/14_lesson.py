@@ -89,4 +89,4 @@ def _download(run) -> None:
                            file_name="mot_lesson.html", mime="text/html", key="lesson.download", on_click="ignore")
 
 
-app.run_page(main)
+app.run_page(main, view_download=False)  # its own download holds every step

@@ -60,7 +60,8 @@ def lesson_html(title: str, pages: list[LessonPage], facts: dict[str, str], cont
                                              for k, v in facts.items()) + "</table>",
         f"<details><summary>The context</summary><pre>{html.escape(context)}</pre></details>"]
     for i, page in enumerate(pages, 1):
-        parts.append(f'<section id="step{i}"><h2>{i}. {html.escape(page.title)}</h2><p>{markdown_html(page.text)}</p>')
+        parts.append(f'<section id="step{i}"><h2>{i}. {html.escape(page.title)}</h2>'
+                     + (f"<p>{markdown_html(page.text)}</p>" if page.text else ""))
         if page.shown is None:
             parts.append(f'<p class="note">Not drawn for this run: {html.escape(page.error)}</p>')
         else:
@@ -71,7 +72,9 @@ def lesson_html(title: str, pages: list[LessonPage], facts: dict[str, str], cont
                                          default_width="100%"))
             for caption, table in page.shown.tables:
                 parts.append(f"<p><b>{html.escape(caption)}</b></p>" + table.to_html(index=False, na_rep=""))
-        parts.append(f'<p class="try"><b>Try this</b> (in the app): {markdown_html(page.try_this)}</p></section>')
+        if page.try_this:
+            parts.append(f'<p class="try"><b>Try this</b> (in the app): {markdown_html(page.try_this)}</p>')
+        parts.append("</section>")
     parts.append(f"<h2>Reproduce it</h2><p>Run the app (<code>streamlit run app.py</code> in the repository) and open "
                  f"this view:</p><pre>{html.escape(link)}</pre><p>Or the same translation with the library:</p>"
                  f"<pre>{html.escape(reproduce)}</pre>")

@@ -20,7 +20,7 @@ from ..errors import MotVizError
 from .links import (LINK_DROP, LINK_NOTES, begin_page_run, drop_linked_page_options, link_notes_text, restore_link,
                     sync_link)
 from .loaders import get_checkpoint, get_model, get_translation
-from .page import escape_markdown, keep_widget_state, show_error
+from .page import VIEW_FIGURES, download_view, escape_markdown, keep_widget_state, show_error
 from .sidebar import sidebar
 from .state import Run, Selection
 
@@ -84,17 +84,21 @@ def navigation_frame():
         _FRAME_DREW_SIDEBAR.reset(token)
 
 
-def run_page(body: Callable[[], None]) -> None:
+def run_page(body: Callable[[], None], view_download: bool = True) -> None:
     """Every page's entry: the shared sidebar, then the page body; the one place an error becomes a message.
 
     A library error shows its fix; anything else a short message with a "Details" expander, never a bare
     traceback. st.stop and reruns are BaseExceptions and pass through. A completed run writes the view to the URL.
+    `view_download`: the page ends with "Download this view", its figures in one HTML file (page.download_view).
     """
     page_setup()
     begin_page_run()
+    st.session_state.pop(VIEW_FIGURES, None)  # the figures this run shows (show_figure), for "Download this view"
     token = _IN_PAGE_RUN.set(True)
     try:
         body()
+        if view_download:
+            download_view()
     except Exception as exc:
         _show_failure(exc, in_page_run=True)
     finally:

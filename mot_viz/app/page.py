@@ -12,14 +12,15 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
+from ..analysis.lesson_file import LessonPage, LessonStep, lesson_html
 from ..analysis.method_diagram import HIGHLIGHT_LABELS, diagram_of
 from ..engine.models import DEFAULT_SOURCE, DEFAULT_TARGET
 from ..engine.mot import MoT, Translation
 from ..engine.prompts import QAExample, choice_label_texts
 from ..errors import MotVizError
-from .links import LINK_UNCHECKED, check_linked_value, offer_page_option
+from .links import LINK_UNCHECKED, check_linked_value, link_params, offer_page_option, python_code
 from .loaders import available_checkpoints, second_translation
-from .permalink import PAGE_PREFIX
+from .permalink import PAGE_PREFIX, query_string
 from .settings import DATASET_MODE, DEFAULT_FREE_TEXT
 from .state import Run
 
@@ -29,6 +30,7 @@ _DEFAULTS: dict[str, object] = {
     "sb.checkpoint_other": "", "sb.mode": DATASET_MODE, "sb.dataset": "squad", "sb.example": 0,
     "sb.text": DEFAULT_FREE_TEXT, "sb.question": "Who designed the tower?", "sb.gold": "Gustave Eiffel",
 }
+VIEW_FIGURES = "view.figures"  # name -> figure, each figure the page run showed: what "Download this view" writes
 PAGE_KEY_PREFIX = PAGE_PREFIX  # pages give their widgets keys starting with "pg.", so they persist (and are linked)
 # Markdown (and Streamlit's :color[…] / :icon: / $math$ extensions) reads only ASCII punctuation as syntax, and
 # CommonMark lets a backslash make any of it literal
@@ -97,6 +99,27 @@ def show_figure(fig: go.Figure, data: pd.DataFrame, name: str) -> None:
                             "displaylogo": False})
     st.download_button(f"Download the data (CSV): {name}.csv", data.to_csv(index=False).encode("utf-8"),
                        file_name=f"{name}.csv", mime="text/csv", key=f"dl.{name}", on_click="ignore")
+    st.session_state.setdefault(VIEW_FIGURES, {})[name] = fig
+
+
+def download_view() -> None:
+    """"Download this view": the figures the page run showed, with the applied pair, checkpoint, context and link, as
+    one HTML file (plotly inside) that opens with no server and no network. Nothing on a page without figures."""
+    figures = st.session_state.get(VIEW_FIGURES)
+    sel = st.session_state.get("applied")
+    if not figures or sel is None:
+        return
+    with st.expander("Download this view"):
+        st.caption("This page's figures, interactive, in one HTML file (about 5 MB: plotly is inside) that opens in "
+                   "any browser with no server and no network, with the pair, checkpoint and context they show.")
+        if st.button("Prepare this view's file", key="view.prepare"):
+            shown = LessonPage("The figures", "", "", LessonStep(figures=[(f, None, n) for n, f in figures.items()]))
+            facts = {"source → target": f"{sel.source} → {sel.target}", "checkpoint": Path(sel.checkpoint).name,
+                     "context": sel.label}
+            document = lesson_html(f"MoT Viz: {sel.source} → {sel.target}", [shown], facts, sel.text,
+                                   python_code(sel), "http://localhost:8501/" + query_string(link_params()))
+            st.download_button("Download this view (HTML)", document.encode("utf-8"), file_name="mot_view.html",
+                               mime="text/html", key="view.download", on_click="ignore")
 
 
 def show_error(exc: BaseException) -> None:

@@ -137,3 +137,14 @@ def test_try_it_opens_the_steps_page_with_its_option_set():
     assert at.title[0].value == "Expert routing"
     assert at.radio(key="pg.routing.whatif").value == "drop one expert"
     assert at.query_params["routing.whatif"] == "drop one expert"
+
+
+def test_a_page_downloads_its_view_as_one_file_and_the_lesson_offers_its_own():
+    at = goto(open_app(), "4_alignment")
+    button(at, "Prepare this view's file").click().run()
+    assert not at.exception
+    assert [d.label for d in at.get("download_button") if d.label.startswith("Download this view")] == [
+        "Download this view (HTML)"]
+    assert set(at.session_state["view.figures"]) == {"alignment_shared_characters"}
+    at = goto(at, "14_lesson")
+    assert not any(b.label == "Prepare this view's file" for b in at.button)
