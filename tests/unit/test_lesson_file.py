@@ -28,6 +28,9 @@ def test_the_file_holds_plotly_every_step_and_nothing_from_the_network():
     assert document.count('class="plotly-graph-div"') == 1 and "<td>replay</td>" in document
     assert "A &lt;context&gt; &amp; more" in document and "Try &lt;b&gt;this&lt;/b&gt;." in document
     assert "lesson.step=2" in document and "print(1)" in document
+    view = lesson_html("View", [LessonPage("The figures", "", "", LessonStep(figures=[(fig, None, "one")]))], {}, "",
+                       "", "")
+    assert "Try this" not in view and '<h2>1. The figures</h2><div' in view  # a page's view: no text, no try
 
 
 def test_markdown_html_escapes_everything_but_bold_and_code():
