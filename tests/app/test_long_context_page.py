@@ -65,10 +65,10 @@ def test_the_page_shows_the_librarys_answers_positions_and_shipped_curve(pretrai
     mot, _ = load_checkpoint(pretrained["smollm2-to-gemma3"], source, target)
     linear, _ = load_checkpoint(pretrained["smollm2-to-gemma3-linear"], source, target)
     doc = distractor_stacks(target.tokenizer, BUDGET, 1, seed=0)[0]
-    settings = LongSettings(str(pretrained["smollm2-to-gemma3"]), str(pretrained["smollm2-to-gemma3-linear"]),
-                            "stacks", (BUDGET,), 1, 0)
+    settings = LongSettings(str(pretrained["smollm2-to-gemma3"]), "stacks", (BUDGET,), 1, 0,
+                            options={"linear": str(pretrained["smollm2-to-gemma3-linear"])})
     means = reference_means(target, mot.channels.target_layers, 16)  # the app's MEAN_VECTOR_PASSAGES
-    result = evaluate_document(mot, linear, source, target, doc, settings, means)
+    result = evaluate_document(mot, source, target, doc, settings, {"linear": linear, "mean": means})
     expected = pd.DataFrame(result.rows)
     shown = at.dataframe[0].value
     assert shown["condition"].tolist() == expected["condition"].tolist() == ["native", "no_context", "mot", "linear",
@@ -126,10 +126,11 @@ def test_a_pasted_document_with_a_question_is_answered_as_the_library_answers_it
     linear, _ = load_checkpoint(pretrained["smollm2-to-gemma3-linear"], source, target)
     readers = app.long_context.readers(source, target, 0, 10_000)
     doc = user_long_document(STORY, "Who designed the tower?", "Gustave Eiffel | Eiffel", readers)
-    settings = LongSettings(str(pretrained["smollm2-to-gemma3"]), str(pretrained["smollm2-to-gemma3-linear"]),
-                            doc.source, (doc.budget,), 1, 0)
+    settings = LongSettings(str(pretrained["smollm2-to-gemma3"]), doc.source, (doc.budget,), 1, 0,
+                            options={"linear": str(pretrained["smollm2-to-gemma3-linear"])})
     means = reference_means(target, mot.channels.target_layers, 16)
-    expected = pd.DataFrame(evaluate_document(mot, linear, source, target, doc, settings, means).rows)
+    expected = pd.DataFrame(evaluate_document(mot, source, target, doc, settings, {"linear": linear, "mean": means})
+                            .rows)
     shown_table = at.dataframe[0].value
     assert shown_table["answer"].tolist() == expected["answer"].tolist()
     assert shown_table["F1"].tolist() == pytest.approx(expected["score"].tolist())
