@@ -51,8 +51,16 @@ def _spec_text(run: Run) -> str:
     s, t = run.source.spec, run.target.spec
     return (f"The source ({s.name}, {s.num_layers} layers) and the target ({t.name}, {t.num_layers} layers) each "
             "read the same context and keep a key (K) and a value (V) vector per token in every layer: "
-            f"{s.kv_hidden} numbers per token and layer in the source, {t.kv_hidden} in the target. Their caches "
-            "have different depths, widths and spaces, so the target cannot read the source's cache as it is.")
+            f"{s.kv_hidden} numbers per token and layer in the source, {t.kv_hidden} in the target. "
+            + _difference(s, t))
+
+
+def _difference(s, t) -> str:
+    if s.fingerprint == t.fingerprint:
+        return "Here both are the same model, so the translator has the identity to learn."
+    differ = [what for what, d in (("depth", s.num_layers != t.num_layers), ("width", s.kv_hidden != t.kv_hidden)) if d]
+    return (f"Their caches differ in {' and '.join(differ)}, and " if differ else "Their caches have one shape, but ") + (
+        "each model's K/V live in a space of its own, so the target cannot read the source's cache as it is.")
 
 
 def _two_caches(run: Run) -> LessonStep:
