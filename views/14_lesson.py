@@ -22,7 +22,8 @@ def main() -> None:
     presenter = st.session_state["pg.lesson.presenter"]
     if presenter:
         presenter_mode()
-    st.title("Lesson: how a Mixture-of-Translators works")
+    st.title("Lesson")  # the page's title in the navigation, as every page's
+    st.markdown("How a Mixture-of-Translators carries one model's cache into another's, in eight steps.")
     app.explain(
         "Eight steps through the method on the sidebar's translation, each drawn by its own page's figure for this "
         "context: two models and their caches, the tokens, the translator and router, the replay, the answers, "
