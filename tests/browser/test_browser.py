@@ -694,7 +694,7 @@ def test_the_lesson_in_presenter_mode_with_the_arrow_keys_and_its_file_offline(a
     page.set_viewport_size({"width": 1920, "height": 1080})
     page.get_by_role("heading", name=f"1. {STEPS[0].title}").wait_for()
     _wait_until_settled(page)
-    assert not page.locator('[data-testid="stSidebar"]').is_visible()
+    page.locator('[data-testid="stSidebar"]').wait_for(state="hidden", timeout=30_000)  # the presenter's style
     seconds = {}
     for number, step in enumerate(STEPS, 1):
         if number > 1:
