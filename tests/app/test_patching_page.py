@@ -149,3 +149,31 @@ def test_a_linked_document_number_out_of_range_is_named_and_dropped(doc):
     assert f"long.doc={int(doc)} (the option takes a whole number from 0 to 63)" in link_warning(at)
     assert r"document: stacks \#0 at 512 target tokens" in " ".join(c.value for c in at.caption)
     assert at.query_params.get("long.doc") is None
+
+
+def test_the_page_opens_on_the_direct_map_where_the_pair_has_one_and_says_why(pretrained_copy, monkeypatch):
+    """Where the pair offers a full-depth direct map, the page opens on it (its gap is large enough to place, the
+    MoT's often is not) and says why; the MoT stays one click away."""
+    import shutil
+
+    from mot_viz.engine.testing import load_test_model
+    from mot_viz.train.quickfit import QuickFitConfig, fit_pair
+
+    folder = next(iter(pretrained_copy.values())).parent
+    # the tiny source has fewer layers than the tiny target: the reverse pair has a direct map
+    fitted = fit_pair(load_test_model("gemma3-270m"), load_test_model("smollm2-135m"),
+                      QuickFitConfig(tokens=256, min_context_tokens=16, max_context_tokens=48, direct=True, top_k=2))
+    shutil.copytree(fitted, folder / "gemma3-to-smollm2-direct")
+    monkeypatch.setenv("MOT_VIZ_PRETRAINED", str(folder))
+    at = open_app()
+    at.selectbox(key="sb.source").set_value("gemma3-270m").run()
+    at.selectbox(key="sb.target").set_value("smollm2-135m").run()
+    at.selectbox(key="sb.checkpoint").set_value("gemma3-to-smollm2").run()
+    translate_button(at).click().run()
+    at = goto(at, PAGE)
+    assert not at.exception and not errors(at), errors(at)
+    assert at.radio(key="pg.patch.method").value == "direct"
+    assert any(c.value.startswith("Opens on the direct map") for c in at.caption)
+    at.radio(key="pg.patch.method").set_value("mot").run()
+    assert not any(c.value.startswith("Opens on the direct map") for c in at.caption)
+    assert at.query_params.get("patch.method") == "mot"  # the MoT, no longer the page's first view, is in the link
