@@ -193,7 +193,8 @@ def test_default_pair_every_page_and_two_tabs(app_url, browser):
     assert page.locator(".js-plotly-plot").count() >= 1 and page.locator('[data-testid="stDataFrame"]').count() >= 1
     page.wait_for_timeout(500)
     page.screenshot(path=str(SCREENSHOTS / "multi_agent.png"))
-    # Layer patching: restoring and breaking each target layer of the MoT cache, then of the direct map's
+    # Layer patching: restoring and breaking each target layer of the direct map's cache (the page's first view where
+    # the pair has one, saying why), then of the MoT's
     _nav_link(page, "Layer patching").click()
     page.get_by_role("heading", name="Layer patching", exact=True).wait_for()
     page.get_by_role("heading", name="Groups: layers patched together").wait_for(timeout=SLOW_MS)
@@ -201,13 +202,14 @@ def test_default_pair_every_page_and_two_tabs(app_url, browser):
     _assert_no_failure(page)
     in_expanders = page.locator('[data-testid="stExpander"] .js-plotly-plot').count()  # the method's picture
     assert page.locator(".js-plotly-plot").count() - in_expanders == 1
-    page.get_by_text("direct map (every layer, no replay)").click()
+    assert page.get_by_text("Opens on the direct map").count() == 1
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(SCREENSHOTS / "layer_patching.png"))
+    page.get_by_text("MoT (translated window, replayed)").first.click()
     page.wait_for_timeout(1000)
     _wait_until_settled(page)
     _assert_no_failure(page)
-    assert _query(page)["patch.method"] == "direct"
-    page.wait_for_timeout(500)
-    page.screenshot(path=str(SCREENSHOTS / "layer_patching.png"))
+    assert _query(page)["patch.method"] == "mot"
     assert all((SCREENSHOTS / f"{n}.png").stat().st_size > 10_000
                for n in ["overview", "shift_sweep", "long_context", "logit_lens", "multi_agent", "layer_patching",
                          *PAGES.values()])
