@@ -146,7 +146,7 @@ def test_its_flag_is_refused_where_it_is_not_asked_and_its_check_runs_before_any
                         "reads its factor from a JSON file: pass --scaled_file FILE")):
         assert evaluate.main([*base, *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert err == [f"error: ConfigError: {said}"] or (len(err) == 1 and said in err[0]), err
+        assert len(err) == 1 and err[0].startswith("error: ConfigError: ") and said in err[0], err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     with pytest.raises(ConfigError, match="registered already"):
         registry.register(SCALED)
