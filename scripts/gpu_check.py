@@ -199,10 +199,11 @@ def train_and_resume(device: str, out: Path, scale: Scale) -> tuple[list[str], b
             f"| seconds, uninterrupted run (bank stage included) | {seconds:.1f} |", *rows], ok
 
 
-def passes(way, options: dict) -> bool:
-    """Whether a way of sharing's own checks (Method.check) accept this pair's checkpoint and `options`."""
+def passes(way, config: dict, options: dict) -> bool:
+    """Whether a way of sharing's own checks (Method.check) accept this pair's checkpoint (its `config`) and
+    `options`."""
     try:
-        way.check(Request((way.name,), read_config(ROOT / CHECKPOINT), str(ROOT / CHECKPOINT), 448, options))
+        way.check(Request((way.name,), config, str(ROOT / CHECKPOINT), 448, options))
     except MotVizError:
         return False
     return True
@@ -213,7 +214,8 @@ def squad_evaluation(device: str, out: Path, scale: Scale) -> list[str]:
     # every condition this pair and its shipped maps allow (kvcomm shares K/V as they are: only a pair of one
     # architecture has it, and this pair is not one); the direct map is shipped beside the checkpoint
     options = {"direct": str(ROOT / DIRECT)}
-    conditions = registry.names(lambda m: passes(m, options), registry.choices("evaluate"))
+    config = read_config(ROOT / CHECKPOINT)
+    conditions = registry.names(lambda m: passes(m, config, options), registry.choices("evaluate"))
     direct = registry.option_args(options, conditions, registry.choices("evaluate")).split()
     n = scale.examples
     t0 = time.perf_counter()

@@ -16,7 +16,6 @@ from ..analysis.methods import MethodsResult, cache_methods, methods, relay_meth
 from ..engine.checkpoint import read_config
 from ..engine.mot import MoT
 from ..errors import MotVizError
-from ..sharing import registry
 from ..sharing.caches import run_artifacts
 from ..sharing.direct import DIRECT, DIRECT_OPTION
 from ..sharing.kvcomm import KVCOMM, check_kvcomm_pair
@@ -125,7 +124,7 @@ def _cached_cache_methods(sel: Selection, stamp: int, test: bool, options: tuple
     opts = {name: value for name, value, _ in options}
     # what each offered method loads (Method.load); a calibrated one (KVComm's layer choice) on a set of size 1, its
     # default: here, this context and question
-    offered = tuple(m for m in methods() if m not in missing and not registry.method(m).message)
+    offered = tuple(m for m in methods() if m not in missing)  # cache_methods leaves out the relays
     artifacts = run_artifacts(offered, opts, src, tgt, mot, [sel.example] if sel.example is not None else [])
     return cache_methods(mot, src, tgt, sel.example, get_translation(sel), sel.suffix, artifacts, opts,
                          max_new_tokens=max_new_tokens)

@@ -180,8 +180,7 @@ class PatchingSettings(SharingSettings):
 
     def same_run(self, other: PatchingSettings) -> bool:
         """Whether `other` records the same scan (what the artifacts recorded apart)."""
-        return (self.methods, self.buckets, self.weights, self.budget, self.options) == \
-            (other.methods, other.buckets, other.weights, other.budget, other.options)
+        return replace(self, recorded={}) == replace(other, recorded={})
 
 
 NUMBERS = ("logprob", "share", "native", "translated", "K_rel_l2", "V_rel_l2")  # empty where a reading has none

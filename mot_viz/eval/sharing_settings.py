@@ -32,13 +32,13 @@ class SharingSettings:
 
     @classmethod
     def split_json(cls, data: dict) -> dict:
-        """The keyword arguments of the settings as summary.json stores them: the offered methods' options (defaults
-        where the file lacks one), what they recorded, and the evaluation's own fields."""
+        """The keyword arguments of the settings as summary.json stores them: the offered methods' options it holds
+        (__post_init__ gives the others their defaults), what they recorded, and the evaluation's own fields."""
         options = registry.options(cls.offered())
         records = {key for m in registry.methods(cls.offered()) for key in m.records}
         own = {f.name for f in fields(cls)} - set(OWN)
         return {**{k: v for k, v in data.items() if k in own},
-                "options": {name: o.default if data.get(name) is None else data[name] for name, o in options.items()},
+                "options": {k: v for k, v in data.items() if k in options},
                 "recorded": {k: v for k, v in data.items() if k in records}}
 
     def option_args(self, asked) -> str:

@@ -4,7 +4,7 @@ and what a run's methods load once beside the MoT (load_artifacts)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..engine import hf
 from ..engine.models import LoadedModel
@@ -27,7 +27,6 @@ class ConditionCaches:
     kv: dict[str, list[hf.KV] | None]
     built: dict[str, Built]  # condition -> its build, as Method.build returned it
     prompt: Prompt | None = None  # the example's prompt, built once: its context was translated, its suffix is asked
-    artifacts: Mapping = field(default_factory=dict)  # condition -> what it loaded for the run (Method.load)
 
     @property
     def seconds(self) -> dict[str, float]:
@@ -79,7 +78,7 @@ def condition_caches(mot: MoT, source: LoadedModel, target: LoadedModel, example
         translation = translate(mot, source, target, prompt.context_text)
     builds = {m.name: m.build(Inputs(mot, source, target, translation, example, seed, options, artifacts.get(m.name)))
               for m in asked}
-    return ConditionCaches(translation, {c: b.kv for c, b in builds.items()}, builds, prompt, artifacts)
+    return ConditionCaches(translation, {c: b.kv for c, b in builds.items()}, builds, prompt)
 
 
 def run_artifacts(conditions, options: Mapping, source: LoadedModel, target: LoadedModel, mot: MoT | None = None,

@@ -185,9 +185,10 @@ class SelectiveLayers(Method):
 
     def load(self, loading: Loading) -> KVCommSelection | None:
         """Its layer choice, calibrated on the run's first example (none: nothing to calibrate on)."""
-        if not loading.calibration:
+        calibration = loading.calibration  # made once: the run prepares its first example(s) here
+        if not calibration:
             return None
-        return kvcomm_selection(loading.source, loading.target, list(loading.calibration),
+        return kvcomm_selection(loading.source, loading.target, list(calibration),
                                 FRACTION_OPTION.of(loading.options))
 
     def record(self, artifact) -> dict:
