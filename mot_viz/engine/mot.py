@@ -135,13 +135,14 @@ def target_context_ids(target: LoadedModel, text: str, max_tokens: int | None = 
 
 
 @torch.no_grad()
-def prepare_source(mot: MoT, source: LoadedModel, target: LoadedModel, target_ids: torch.Tensor,
+def prepare_source(mot: MoT | None, source: LoadedModel, target: LoadedModel, target_ids: torch.Tensor,
                    timings: dict[str, float] | None = None, with_attention: bool = True) -> SourceContext:
     """Re-tokenize the target context for the source, prefill the source, align the tokens (method.md §2).
 
     timings, if given, receives the seconds spent in "alignment" and "source_prefill". The prefill keeps the
     top-k source positions the sparse replay needs (so source_prefill includes choosing them); without
-    with_attention it keeps none (nothing for sparse replay; the training bank needs none).
+    with_attention it keeps none (nothing for sparse replay; the training bank and the ways of sharing trained without
+    a MoT need none: `mot` may then be None).
     """
     timings = {} if timings is None else timings
     t0 = time.perf_counter()
@@ -163,9 +164,9 @@ def prepare_source(mot: MoT, source: LoadedModel, target: LoadedModel, target_id
     timings["alignment"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     p = len(source.prefix_ids)
-    needed = {sparse_source_layer(mot.channels, l, mot.source.num_layers) for l in mot.sparse_layers()}
-    k_top = mot.replay.topk_sparse_attn
-    plan = hf.AttentionPlan(record_topk={l: (k_top, p) for l in needed} if with_attention and k_top else {})
+    k_top = mot.replay.topk_sparse_attn if with_attention else None
+    needed = {sparse_source_layer(mot.channels, l, mot.source.num_layers) for l in mot.sparse_layers()} if k_top else ()
+    plan = hf.AttentionPlan(record_topk={l: (k_top, p) for l in needed})
     out = hf.run(source.model, source.ids_tensor(source.prefix_ids + s_ids), plan=plan, logits_to_keep=None)
     # the source's BOS position is dropped: only context tokens are aligned and translated
     kv = [context_positions(layer, p) for layer in out.kv]

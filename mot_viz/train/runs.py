@@ -85,15 +85,15 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
     return False
 
 
-def _parameter_names(mot: MoT, optimizer: torch.optim.Optimizer) -> list[str]:
-    """The translator's names of the optimiser's parameters, in the order its state_dict numbers them."""
-    names = {id(p): n for n, p in mot.translator.named_parameters()}
+def _parameter_names(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The module's names of the optimiser's parameters, in the order its state_dict numbers them."""
+    names = {id(p): n for n, p in module.named_parameters()}
     return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
 
-def _optimizer_state(mot: MoT, optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+def optimizer_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
     """The optimiser's full state_dict keyed by parameter name: its tensors ("<name>::<key>") and the rest as JSON."""
-    order = _parameter_names(mot, optimizer)
+    order = _parameter_names(module, optimizer)
     saved = optimizer.state_dict()
     tensors, values = {}, {}
     for index, state in saved["state"].items():
@@ -106,10 +106,10 @@ def _optimizer_state(mot: MoT, optimizer: torch.optim.Optimizer) -> tuple[dict[s
     return tensors, {"param_groups": groups, "values": values}
 
 
-def _load_optimizer_state(unit: Path, mot: MoT, optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
+def load_optimizer_state(unit: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
                           saved: dict) -> None:
-    """Give the optimiser back what _optimizer_state wrote, every parameter its own step and moments."""
-    index = {name: i for i, name in enumerate(_parameter_names(mot, optimizer))}
+    """Give the optimiser back what optimizer_state wrote, every parameter its own step and moments."""
+    index = {name: i for i, name in enumerate(_parameter_names(module, optimizer))}
     try:
         state: dict[int, dict] = {}
         for key, tensor in tensors.items():
@@ -127,7 +127,7 @@ def _load_optimizer_state(unit: Path, mot: MoT, optimizer: torch.optim.Optimizer
 def save_state(run_dir: Path, mot: MoT, optimizer: torch.optim.Optimizer, step: int, training: dict,
                metrics: dict) -> Path:
     """Write checkpoint + the optimiser's full state + step as one unit, atomically."""
-    tensors, values = _optimizer_state(mot, optimizer)
+    tensors, values = optimizer_state(mot.translator, optimizer)
     final = run_dir / CHECKPOINT
     tmp = final.with_name(final.name + f".tmp-{os.getpid()}")
     write_checkpoint(mot, tmp, training={**training, "steps_done": step}, metrics=metrics)
@@ -195,7 +195,7 @@ def load_state(run_dir: Path, mot: MoT, optimizer: torch.optim.Optimizer) -> int
     except (SafetensorError, OSError) as exc:
         raise CheckpointError(f"{unit / OPTIMIZER_FILE} is damaged ({exc}). Start the run again with --overwrite.") from exc
     if "optimizer" in state:
-        _load_optimizer_state(unit, mot, optimizer, tensors, state["optimizer"])
+        load_optimizer_state(unit, mot.translator, optimizer, tensors, state["optimizer"])
     else:
         _load_moments_only(unit, mot, optimizer, tensors, state["adam_step"])
     return int(state["step"])

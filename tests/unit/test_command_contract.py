@@ -51,6 +51,7 @@ COMMANDS = (
                                                              "synthetic:gemma3-270m@1", "--out", "{out}")),
     Command("mot_viz.train.train", "folder", ("--config", str(ROOT / "configs" / "smollm2-to-gemma3.json"),
                                               "--output_dir", "{out}")),
+    Command("mot_viz.train.rival", "folder", ("--method", "lsc", "--output_dir", "{out}")),
     Command("scripts/bundle.py", "file", ("--out", "{out}")),
     Command("scripts/gpu_check.py", "part", ("--device", "cpu", "--quick", "--out", "{out}")),
     Command("scripts/gpu_check.py", "part", ("--synthetic", "--device", "cpu", "--quick", "--out", "{out}")),

@@ -119,9 +119,10 @@ class ForwardResult:
     queries: dict[int, tuple[torch.Tensor, float, int | None]] = field(default_factory=dict)
 
 
-def run(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: AttentionPlan | None = None,
-        logits_to_keep: int | torch.Tensor | None = 0) -> ForwardResult:
-    """One forward pass of `ids` [B, N] on top of the (copied, never mutated) cache `kv`, under `plan`.
+def run(model, ids: torch.Tensor | None, kv: list[KV] | None = None, plan: AttentionPlan | None = None,
+        logits_to_keep: int | torch.Tensor | None = 0, embeds: torch.Tensor | None = None) -> ForwardResult:
+    """One forward pass of `ids` [B, N] on top of the (copied, never mutated) cache `kv`, under `plan`; or, with
+    `embeds` [B, N, hidden] (ids None), of those input embeddings in the tokens' place (a latent hand-off).
 
     logits_to_keep: 0 keeps all logits, n > 0 only the last n, a tensor of positions only those (each saves the
     big output layer's time); None runs no output layer at all (logits None): a prefill that only builds a cache,
@@ -132,6 +133,8 @@ def run(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: AttentionPla
     """
     cache = cache_from_kv(kv) if kv else new_cache()
     keep: int | torch.Tensor | None = logits_to_keep
+    inputs = {"input_ids": ids} if embeds is None else {"inputs_embeds": embeds}
+    ids = ids if embeds is None else embeds[..., 0]  # its [B, N] shape is what the kept positions read
     if isinstance(logits_to_keep, int) and logits_to_keep > 1 and ids.shape[0] > 1:
         # kept positions as a tensor: transformers then copies those rows, where the strided slice of a batch would
         # run the output layer as a batched matmul at half the speed (Gemma-3's 262k-row output layer: 2x). Not for
@@ -143,13 +146,13 @@ def run(model, ids: torch.Tensor, kv: list[KV] | None = None, plan: AttentionPla
             logits = None
             stop = _STOP_AFTER.set(len(decoder_layers(model)) - 1 if _CACHE_ONLY_STOP.get() else None)
             try:
-                model.base_model(input_ids=ids, cache=cache, use_cache=True)
+                model.base_model(**inputs, cache=cache, use_cache=True)
             except _CacheBuilt:
                 pass
             finally:
                 _STOP_AFTER.reset(stop)
         else:
-            logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=keep).logits
+            logits = model(**inputs, cache=cache, use_cache=True, logits_to_keep=keep).logits
     computed = kv_from_cache(cache)
     if plan is None:
         return ForwardResult(logits=logits, kv=computed, topk={})

@@ -1,0 +1,44 @@
+"""``interlat``: a latent hand-off (Interlat as the MoT authors compare with it, method.md §15), its processor
+trained by python -m mot_viz.train.rival (mot_viz.train.interlat): the source's last-layer hidden states over the
+context, processed, are the target's input embeddings; the target runs a forward over them in the text's place,
+behind its own BOS, and answers from that cache. Its positions are the source's tokens, not the target's, so no
+layer of its cache compares with native's position by position.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..engine.mot import MoT
+from ..train.interlat import NAME, latent_cache, source_hidden
+from .method import Built, Inputs, Option
+from .trained import Handed, TrainedWay, shipped_beside
+
+
+class LatentHandOff(TrainedWay):
+    def build(self, inputs: Inputs) -> Built:
+        start = time.perf_counter()
+        with torch.no_grad():
+            hidden = source_hidden(inputs.source, inputs.translation.text)
+            ahead = time.perf_counter() - start
+            kv = latent_cache(inputs.artifact.net, hidden, inputs.target)
+        total = time.perf_counter() - start
+        positions = int(hidden.shape[1])  # the target's forward runs over one latent per source token
+        return Built(kv, total, ahead, held=Handed(hidden_positions=positions, prefill=positions),
+                     timings={"source_prefill": ahead, "translator": total - ahead})
+
+    def carries(self, mot: MoT, artifact=None) -> tuple[int, ...] | None:
+        return None
+
+
+INTERLAT_OPTION = Option("interlat", str, None, "the hidden-state processor the 'interlat' way of sharing answers "
+                         "from (python -m mot_viz.train.rival --method interlat; default: pretrained/<pair>-interlat "
+                         "beside --checkpoint)", beside=shipped_beside(NAME))
+
+INTERLAT = LatentHandOff(NAME, "Interlat latent hand-off (the source's last hidden states, processed, are the target's "
+                         "input embeddings: the target runs over them in the text's place)", (INTERLAT_OPTION,),
+                         "its trained processor: pass --interlat CHECKPOINT", comparable=False, one_reader=True,
+                         short="Interlat latent hand-off (target runs over latents)",
+                         side="processor + target forward over the latents")
