@@ -41,6 +41,7 @@ from ..sharing.random_window import RANDOM
 from ..sharing.registry import REFERENCE, TRANSLATED
 from ..train.mean_vector import MeanVectors, reference_means
 from ..train.quickfit import fits_dir
+from ..train.rival_checkpoint import is_trained_folder
 from ..train.window_fidelity import translation_fidelity
 from .settings import (DEFAULT_CHECKPOINT, EXAMPLES_PER_DATASET, MAX_CONTEXT_TOKENS, MEAN_VECTOR_PASSAGES,
                        REPO_ROOT, pretrained_dir, test_mode)
@@ -54,7 +55,8 @@ WITH_MEANS = (MEAN.name,)
 
 
 def available_checkpoints() -> dict[str, str]:
-    """Checkpoint folders in pretrained/, then the linear maps fitted here (<cache>/fits): name -> path."""
+    """Checkpoint folders in pretrained/, then the linear maps fitted here (<cache>/fits): name -> path (the networks
+    of other ways of sharing shipped beside them are not MoT checkpoints: the Methods page finds those)."""
     found = {}
     try:
         fits = fits_dir()
@@ -62,7 +64,8 @@ def available_checkpoints() -> dict[str, str]:
         fits = None
     for root, prefix in ((pretrained_dir(), ""), (fits, FIT_PREFIX)):
         if root is not None and root.is_dir():
-            found.update({prefix + p.name: str(p) for p in sorted(root.iterdir()) if (p / "config.json").is_file()})
+            found.update({prefix + p.name: str(p) for p in sorted(root.iterdir())
+                          if (p / "config.json").is_file() and not is_trained_folder(p)})
     return found
 
 

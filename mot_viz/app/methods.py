@@ -15,15 +15,18 @@ from ..analysis.method_figures import shipped_points
 from ..analysis.methods import MethodsResult, cache_methods, methods, relay_methods
 from ..engine.checkpoint import read_config
 from ..engine.mot import MoT
-from ..errors import MotVizError
+from ..errors import CheckpointError, MotVizError
 from ..sharing.caches import run_artifacts
 from ..sharing.direct import DIRECT, DIRECT_OPTION
 from ..sharing.kvcomm import KVCOMM, check_kvcomm_pair
 from ..sharing.linear import LINEAR, LINEAR_OPTION
+from ..sharing import registry
 from ..sharing.relay import RELAY_TOKENS
+from ..sharing.trained import TrainedWay
+from ..train.rival_checkpoint import is_trained_folder, load_trained, read_trained_config
 from .loaders import (available_checkpoints, checkpoint_stamp, get_checkpoint, get_model, get_translation,
                       linear_baseline_for)
-from .settings import REPO_ROOT, test_mode
+from .settings import REPO_ROOT, pretrained_dir, test_mode
 from .state import Run, Selection
 
 
@@ -52,13 +55,30 @@ def direct_map_for(mot: MoT) -> str | None:
     return None
 
 
+def trained_for(way: TrainedWay, mot: MoT) -> str | None:
+    """The network of `way` shipped in pretrained/ for the MoT's pair (its source and target fingerprints), if any."""
+    root = pretrained_dir()
+    for path in sorted(root.iterdir()) if root.is_dir() else ():
+        try:
+            config = read_trained_config(path)
+        except CheckpointError:
+            continue
+        if (config["method"] == way.name and config["source"].get("fingerprint") == mot.source.fingerprint
+                and config["target"].get("fingerprint") == mot.target.fingerprint):
+            return str(path)
+    return None
+
+
 def _loads(path: str | None, what: str, run: Run) -> tuple[str | None, str | None]:
     """(path, None) when the checkpoint on offer at path loads for the run's pair, else (None, the note saying why it
     is left out): a broken one leaves out that method only, never the page (the user never chose it)."""
     if path is None:
         return None, None
     try:
-        get_checkpoint(path, run.source, run.target)
+        if is_trained_folder(path):
+            load_trained(path, run.source.spec, run.target.spec)
+        else:
+            get_checkpoint(path, run.source, run.target)
     except MotVizError as exc:
         return None, (f"the {what} {Path(path).name} does not load ({type(exc).__name__}: {str(exc)[:300]}). Fix or "
                       "remove that folder; the other methods are shown.")
@@ -92,7 +112,15 @@ def methods_offer(run: Run) -> MethodsOffer:
         # the check's message less its command-line advice
         missing[KVCOMM.name] = (str(exc).split(" Use it with")[0] + " It is offered for a pair of one architecture "
                              "(e.g. smollm2-135m → smollm2-135m).")
-    return MethodsOffer({LINEAR_OPTION.name: linear, DIRECT_OPTION.name: direct}, missing)
+    options = {LINEAR_OPTION.name: linear, DIRECT_OPTION.name: direct}
+    for way in registry.REGISTRY.values():
+        if isinstance(way, TrainedWay):
+            path, broken = _loads(trained_for(way, run.mot), f"{way.name} network", run)
+            options[way.option.name] = path
+            if path is None:
+                missing[way.name] = broken or (f"no {way.name} network for this pair in pretrained/ (python -m "
+                                               f"mot_viz.train.rival --method {way.name} trains one).")
+    return MethodsOffer(options, missing)
 
 
 def option_stamps(options: dict) -> tuple:

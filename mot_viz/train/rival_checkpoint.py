@@ -110,6 +110,15 @@ def read_trained_config(path: str | Path, flag: str = "") -> dict:
     return config
 
 
+def is_trained_folder(path: str | Path) -> bool:
+    """Whether `path` holds a network of another way of sharing trained here (not a MoT checkpoint)."""
+    try:
+        config = json.loads((Path(path) / CONFIG_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return isinstance(config, dict) and config.get("format") == FORMAT
+
+
 def load_trained(path: str | Path, source: ModelSpec | None = None, target: ModelSpec | None = None,
                  expect: str | None = None) -> TrainedCheckpoint:
     """A trained way of sharing's checkpoint (float32 weights), checked against the models it will run with."""

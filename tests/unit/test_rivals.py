@@ -184,3 +184,25 @@ def test_each_answers_in_every_evaluation_from_its_checkpoint(trained, checkpoin
     assert patching.main([str(tmp_path / "evaluate"), "--methods", "mot", "c2c-pr", "lsc"]) == 0
     scans = pd.read_csv(tmp_path / "evaluate" / patching.PATCHING_FILE, dtype={"id": str})
     assert {"c2c-pr", "lsc"} <= set(scans["method"])
+
+
+def test_the_methods_page_offers_each_with_its_shipped_network_and_the_sidebar_lists_none(trained, pages_env):
+    """The networks shipped beside the MoT checkpoints are offered on the Methods page, each answering from its own
+    cache (the library's answer on the same context), and are not MoT checkpoints the sidebar could pick."""
+    from streamlit.testing.v1 import AppTest
+
+    from mot_viz.analysis.methods import method_labels
+    from mot_viz.app.loaders import available_checkpoints
+
+    assert not {f"smollm2-to-gemma3-{m}" for m in RIVALS} & set(available_checkpoints())
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"), default_timeout=300)
+    at.run()
+    at.switch_page("views/12_methods.py").run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    answers = at.dataframe[0].value.set_index("method")
+    sizes = at.dataframe[1].value.set_index("method")
+    for method in RIVALS:
+        short = registry.method(method).short
+        assert short in answers.index and sizes.loc[short, "bytes"] > 0
+    captions = " ".join(c.value for c in at.caption)
+    assert not any(f"**{method_labels()[m]}** is not offered" in captions for m in RIVALS)
