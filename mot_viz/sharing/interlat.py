@@ -12,22 +12,27 @@ import time
 import torch
 
 from ..engine.mot import MoT
-from ..train.interlat import NAME, latent_cache, source_hidden
+from ..train.interlat import NAME, latent_forward, source_hidden
 from .method import Built, Inputs, Option
 from .trained import Handed, TrainedWay, shipped_beside
 
 
 class LatentHandOff(TrainedWay):
     def build(self, inputs: Inputs) -> Built:
-        start = time.perf_counter()
+        """The source's forward over the context (done ahead of the question), the processor, then the target's
+        forward over the latents (its prefill), each timed."""
+        times = [time.perf_counter()]
         with torch.no_grad():
             hidden = source_hidden(inputs.source, inputs.translation.text)
-            ahead = time.perf_counter() - start
-            kv = latent_cache(inputs.artifact.net, hidden, inputs.target)
-        total = time.perf_counter() - start
+            times.append(time.perf_counter())
+            latents = inputs.artifact.net(hidden)
+            times.append(time.perf_counter())
+            kv = latent_forward(inputs.target, latents)
+            times.append(time.perf_counter())
+        stages = dict(zip(("source_prefill", "translator", "native_prefill"), (b - a for a, b in zip(times, times[1:]))))
         positions = int(hidden.shape[1])  # the target's forward runs over one latent per source token
-        return Built(kv, total, ahead, held=Handed(hidden_positions=positions, prefill=positions),
-                     timings={"source_prefill": ahead, "translator": total - ahead})
+        return Built(kv, sum(stages.values()), stages["source_prefill"], timings=stages,
+                     held=Handed(hidden_positions=positions, prefill=positions))
 
     def carries(self, mot: MoT, artifact=None) -> tuple[int, ...] | None:
         return None

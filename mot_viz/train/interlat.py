@@ -81,9 +81,14 @@ def source_hidden(source: LoadedModel, text: str) -> torch.Tensor:
     return hidden[:, len(source.prefix_ids):]
 
 
+def latent_forward(target: LoadedModel, embeds: torch.Tensor) -> list[hf.KV]:
+    """The target's cache from its forward over input embeddings [1, N, hidden_T], behind its own BOS prefix."""
+    return hf.run(target.model, None, empty_context_cache(target), logits_to_keep=None, embeds=embeds).kv
+
+
 def latent_cache(net: HiddenProcessor, hidden: torch.Tensor, target: LoadedModel) -> list[hf.KV]:
-    """The target's cache from its forward over the processed latents, behind its own BOS prefix."""
-    return hf.run(target.model, None, empty_context_cache(target), logits_to_keep=None, embeds=net(hidden)).kv
+    """The target's cache from its forward over the processed latents of the source's hidden states."""
+    return latent_forward(target, net(hidden))
 
 
 def loss(net, source, target, row, progress, other_row=None):
