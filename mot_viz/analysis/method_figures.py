@@ -22,7 +22,7 @@ from ..sharing.registry import TRANSLATED
 from .eval_runs import REPO_ROOT, open_run, shipped_runs, stated_summary
 from .methods import STAGES, method_labels, methods
 
-SHIPPED_FOLDERS = ("relay", "direct", "eval", "kvcomm", "long")  # the results/ folders whose runs compare methods
+SHIPPED_FOLDERS = ("relay", "direct", "eval", "kvcomm", "long", "rivals")  # the results/ folders whose runs compare methods
 FIRST_TOKEN, WHOLE_ANSWER = "first answer token", "whole answer"
 POINT_COLUMNS = ("folder", "group", "method", "checkpoint", "source", "target", "n", "metric", "score", "seconds",
                  "timed_to")
