@@ -5,7 +5,7 @@ themselves (mot_viz.sharing) say only what they are and where they may run (Meth
 from __future__ import annotations
 
 from ..sharing import registry
-from ..sharing.c2c import C2C_PR
+from ..sharing.c2c import C2C, C2C_PR
 from ..sharing.direct import DIRECT
 from ..sharing.interlat import INTERLAT
 from ..sharing.kvcomm import KVCOMM
@@ -31,7 +31,7 @@ EVALUATE_PAIRS = ((TRANSLATED, RANDOM.name), (TRANSLATED, FLOOR), (TRANSLATED, M
                   (TRANSLATED, SECOND), (SECOND, MEAN.name), (SECOND, FLOOR),
                   *((TRANSLATED, m.name) for m in (RELAY, RELAY_Q)),
                   *((m.name, FLOOR) for m in (RELAY, RELAY_Q)),
-                  *(p for m in (KVCOMM, DIRECT, C2C_PR, LSC, INTERLAT) for p in ((TRANSLATED, m.name), (m.name, FLOOR))))
+                  *(p for m in (KVCOMM, DIRECT, C2C_PR, C2C, LSC, INTERLAT) for p in ((TRANSLATED, m.name), (m.name, FLOOR))))
 
 
 def on_request(kind: str) -> tuple[str, ...]:

@@ -1,7 +1,12 @@
-"""``c2c-pr``: a single projection path (the MoT authors' projection baseline of C2C, method.md §15), its network
-trained by python -m mot_viz.train.rival (mot_viz.train.c2c): the target's top N = min(L_S, L_T) layers' cache
-projected from the source's top N, last aligned to last; below them the target's own prefill. For SmolLM2 → Gemma 3
-(N = L_T) it replaces the target's every layer, so the target runs no prefill and no replay.
+"""C2C (method.md §15) in its two forms, their networks trained by python -m mot_viz.train.rival (mot_viz.train.c2c):
+
+* ``c2c-pr``, a single projection path (the MoT authors' projection baseline): the target's top N = min(L_S, L_T)
+  layers' cache projected from the source's top N, last aligned to last, in place of the target's own; below them the
+  target's own prefill. For SmolLM2 → Gemma 3 (N = L_T) it replaces the target's every layer, so the target runs no
+  prefill and no replay. It answers MoT's question: can the target skip reading the context?
+* ``c2c``, C2C's own fuser: the target prefills the context itself, then each of its top N layers' K/V is enriched
+  with a gated residual computed from its own and the aligned source layer's. It answers another question: does the
+  source's cache add to a target that has read the context? Native is not its ceiling.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ import time
 import torch
 
 from ..engine.mot import native_cache
-from ..train.c2c import NAME, projected_cache
+from ..train.c2c import FUSER, NAME, fused_cache, projected_cache
 from .method import Built, Inputs, Option
 from .trained import Handed, TrainedWay, shipped_beside
 
@@ -41,3 +46,25 @@ C2C_PR = ProjectionWay(NAME, "C2C projection path (one MLP maps each aligned sou
                        "layer; no replay: the target never reads the context)", (C2C_PR_OPTION,),
                        "its trained projection path: pass --c2c_pr CHECKPOINT", patchable=True, one_reader=True,
                        short="C2C projection path (every layer, no replay)", side="alignment + projection")
+
+
+class FuserWay(TrainedWay):
+    def build(self, inputs: Inputs) -> Built:
+        """The target's own prefill (the MoT's translation's native cache, timed there), then the fusion."""
+        start = time.perf_counter()
+        t = inputs.translation
+        with torch.no_grad():
+            kv = fused_cache(inputs.artifact.net, t.source, inputs.source, inputs.target, t.native_kv)
+        net = inputs.artifact.net
+        held = Handed(len(net.source_layers), prefill=int(t.target_ids.shape[1]))
+        return self.built(inputs, kv, start - t.timings.get("native_prefill", 0.0), held,
+                          t.timings.get("native_prefill", 0.0))
+
+
+C2C_OPTION = Option("c2c", str, None, "the fuser the 'c2c' way of sharing answers from (python -m mot_viz.train.rival "
+                    "--method c2c; default: pretrained/<pair>-c2c beside --checkpoint)", beside=shipped_beside(FUSER))
+
+C2C = FuserWay(FUSER, "C2C fuser (the target reads the context itself; each layer's K/V gains a gated residual from "
+               "its own and the source's: native enriched, not replaced)", (C2C_OPTION,),
+               "its trained fuser: pass --c2c CHECKPOINT", patchable=True, one_reader=True,
+               short="C2C fuser (target prefill + fusion)", side="target prefill + fusion")

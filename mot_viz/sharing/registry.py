@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 
 from ..errors import ConfigError
-from .c2c import C2C_PR
+from .c2c import C2C, C2C_PR
 from .direct import DIRECT
 from .interlat import INTERLAT
 from .kvcomm import KVCOMM
@@ -29,7 +29,7 @@ from .random_window import RANDOM
 from .relay import RELAY, RELAY_Q
 
 REGISTRY: dict[str, Method] = {m.name: m for m in (NATIVE, NO_CONTEXT, MOT, RANDOM, LINEAR, MEAN, RELAY, RELAY_Q,
-                                                   DIRECT, KVCOMM, C2C_PR, LSC, INTERLAT)}
+                                                   DIRECT, KVCOMM, C2C_PR, C2C, LSC, INTERLAT)}
 KINDS = ("evaluate", "long_context", "conversation", "shards")  # the evaluations that answer under these methods
 # the settings of an evaluation that are the MoT under another name: a shard count's, the whole document's, a second
 # checkpoint of the pair (python -m mot_viz.eval.evaluate --second)

@@ -105,7 +105,8 @@ class TrainedWay(Method):
                            built.held)
 
     def carries(self, mot: MoT, artifact=None) -> tuple[int, ...] | None:
-        return tuple(range(mot.target.num_layers))
+        """The target layers its network writes (every layer before the network is loaded)."""
+        return tuple(range(mot.target.num_layers)) if artifact is None else tuple(artifact.net.target_layers)
 
     def handed_bytes(self, built: Built | None, tokens: int, target: ModelSpec, window_layers: int,
                      source: ModelSpec | None = None) -> float:

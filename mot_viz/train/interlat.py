@@ -69,8 +69,7 @@ class HiddenProcessor(nn.Module):
         return self.adaptive(self.post_norm(normed + attended)).clamp(-CLAMP, CLAMP)
 
 
-NETWORK = HiddenProcessor
-DEFAULTS = {"heads": 8, "dropout": 0.1}  # the recipe's processor, whole
+NETWORKS = {NAME: (HiddenProcessor, {"heads": 8, "dropout": 0.1})}  # the recipe's processor, whole
 
 
 def source_hidden(source: LoadedModel, text: str) -> torch.Tensor:
@@ -118,3 +117,6 @@ def loss(net, source, target, row, progress, other_row=None):
         total = total + (0.01 + 0.49 * min(1.0, max(0.0, margin.detach().item() / 0.69))) * margin
         terms["contrast"] = margin.detach().item()
     return total, terms
+
+
+LOSSES = {NAME: loss}

@@ -81,7 +81,7 @@ class SharedLatent(nn.Module):
     def __init__(self, source: ModelSpec, target: ModelSpec, arch: dict):
         super().__init__()
         self.key_space = arch["key_space"]
-        self.source_layers = tuple(range(source.num_layers))
+        self.source_layers, self.target_layers = tuple(range(source.num_layers)), tuple(range(target.num_layers))
         self.key_to_shared, self.value_to_shared = ToShared(source, arch), ToShared(source, arch)
         self.key_from_shared, self.value_from_shared = FromShared(target, arch), FromShared(target, arch)
 
@@ -91,7 +91,6 @@ class SharedLatent(nn.Module):
 
 # the recipe (prosopher/MoT configs/train_lsc.json): translator_dim 512, 16 heads, mlp_ratio 4, 32 slots × 128; here
 # narrower for two CPU cores and a shipped file under 15 MB (docs/decisions.md records the departure)
-NETWORK = SharedLatent
 DEFAULTS = {"dim": 32, "heads": 4, "mlp_ratio": 4, "slots": 16, "slot_dim": 32, "key_space": "pre_rope"}
 
 
@@ -102,4 +101,5 @@ def latent_cache(net: SharedLatent, src, source, target):
     return target_cache(target, keys, values, net.key_space)
 
 
-loss = cache_loss(latent_cache)  # the recipe's: the target's next-token cross-entropy over the translated cache
+NETWORKS = {NAME: (SharedLatent, DEFAULTS)}
+LOSSES = {NAME: cache_loss(latent_cache)}  # the recipe's: the target's next-token cross-entropy over its cache

@@ -42,13 +42,14 @@ from .bank import CORPORA, BankConfig, context_ids
 from .fit import cosine_lr
 from .rival_caches import Row, answer_ce
 from .rival_checkpoint import NETWORKS, TrainedCheckpoint, architecture, load_trained
+from .train import stop_after_step
 
 ANSWER_TOKENS = 64  # tokens scored after each context (the MoT's prompt length, method.md §7)
 
 
 @dataclass
 class RivalConfig:
-    method: str = "c2c-pr"  # the way of sharing to train: c2c-pr | lsc | interlat
+    method: str = "c2c-pr"  # the way of sharing to train: c2c-pr | c2c | lsc | interlat
     source: str = "smollm2-135m"  # source model: bundled name, Hub id or folder
     target: str = "gemma3-270m"  # target model
     output_dir: str = "runs/rival"  # run folder: checkpoint (weights + optimiser state), log.jsonl, train_config.json
@@ -97,8 +98,8 @@ def training_rows(target: LoadedModel, cfg: RivalConfig) -> list[Row]:
     return rows
 
 
-LOSSES: dict[str, Callable] = {m.NAME: m.loss for m in (c2c, lsc, interlat)}  # (net, source, target, row, step
-# fraction, another row) -> (total, terms): each way's loss, in its own module
+# each way's loss, in its own module: (net, source, target, row, step fraction, another row) -> (total, terms)
+LOSSES: dict[str, Callable] = {name: fn for m in (c2c, lsc, interlat) for name, fn in m.LOSSES.items()}
 
 
 def held_out_scores(ckpt: TrainedCheckpoint, source: LoadedModel, target: LoadedModel, rows: list[Row],
@@ -146,8 +147,10 @@ def load_unit(run_dir: Path, ckpt: TrainedCheckpoint, optimizer: torch.optim.Opt
 
 
 def train(cfg: RivalConfig, resume: bool = False, overwrite: bool = False, export: str = "",
-          models: tuple[LoadedModel, LoadedModel] | None = None, progress: bool = True) -> Path:
-    """Run (or resume) a way's training; returns the run folder. Models can be passed in (tests)."""
+          models: tuple[LoadedModel, LoadedModel] | None = None, progress: bool = True, until: int | None = None
+          ) -> Path:
+    """Run (or resume) a way's training; returns the run folder. Models can be passed in (tests). Ctrl-C, or reaching
+    step `until`, saves the step in progress and stops (the held-out score and the export wait for the run's end)."""
     log = logger(__name__).info
     run_dir = Path(cfg.output_dir)
     resume = runs.prepare_run_dir(run_dir, resume, overwrite)
@@ -165,8 +168,7 @@ def train(cfg: RivalConfig, resume: bool = False, overwrite: bool = False, expor
     params = [p for p in ckpt.net.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     step = load_unit(run_dir, ckpt, optimizer) if resume else 0
-    if not resume:
-        runs.truncate_log(run_dir / runs.LOG_FILE, 0)
+    runs.truncate_log(run_dir / runs.LOG_FILE, step)  # lines past the saved step are written again
     rows = training_rows(target, cfg)
     train_rows, held = rows[: -cfg.held_out], rows[-cfg.held_out:]
     log(f"{cfg.method}: {sum(p.numel() for p in params):,} trainable parameters; {len(train_rows)} training rows, "
@@ -175,35 +177,41 @@ def train(cfg: RivalConfig, resume: bool = False, overwrite: bool = False, expor
     bar = tqdm(total=cfg.max_steps, initial=step, desc=f"train {cfg.method}", disable=not progress,
                dynamic_ncols=True)
     start = time.time()
-    while step < cfg.max_steps:
-        step += 1
-        ckpt.net.train()
-        torch.manual_seed(cfg.seed * 100_003 + step)  # the network's noise of this step: the same after a resume
-        for group in optimizer.param_groups:
-            group["lr"] = cosine_lr(cfg.learning_rate, step, cfg.warmup_steps, cfg.max_steps)
-        optimizer.zero_grad(set_to_none=True)
-        terms_sum: dict[str, float] = {}
-        for j in range(cfg.batch_size):
-            index = ((step - 1) * cfg.batch_size + j) % len(train_rows)
-            epoch = ((step - 1) * cfg.batch_size + j) // len(train_rows)
-            order = torch.randperm(len(train_rows), generator=torch.Generator().manual_seed(cfg.seed + epoch))
-            row, other = train_rows[int(order[index])], train_rows[int(order[(index + 1) % len(train_rows)])]
-            total, terms = loss_of(ckpt.net, source, target, row, step / cfg.max_steps, other)
-            (total / cfg.batch_size).backward()
-            for k, v in terms.items():
-                terms_sum[k] = terms_sum.get(k, 0.0) + v / cfg.batch_size
-        if not all(math.isfinite(v) for v in terms_sum.values()):
-            raise ConfigError(f"step {step}: the loss is not finite ({terms_sum}); lower --learning_rate.")
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip_norm)
-        optimizer.step()
-        bar.update(1)
-        bar.set_postfix({k: f"{v:.3f}" for k, v in terms_sum.items()})
-        if step % cfg.log_every == 0 or step == cfg.max_steps:
-            with open(run_dir / runs.LOG_FILE, "a") as f:
-                f.write(json.dumps({"step": step, "lr": optimizer.param_groups[0]["lr"], **terms_sum,
-                                    "seconds": time.time() - start}) + "\n")
-        if step % cfg.save_every == 0 or step == cfg.max_steps:
-            save_unit(run_dir, ckpt, optimizer, step)
+    with stop_after_step() as stop:
+        while step < cfg.max_steps:
+            step += 1
+            ckpt.net.train()
+            torch.manual_seed(cfg.seed * 100_003 + step)  # the network's noise of this step: the same after a resume
+            for group in optimizer.param_groups:
+                group["lr"] = cosine_lr(cfg.learning_rate, step, cfg.warmup_steps, cfg.max_steps)
+            optimizer.zero_grad(set_to_none=True)
+            terms_sum: dict[str, float] = {}
+            for j in range(cfg.batch_size):
+                index = ((step - 1) * cfg.batch_size + j) % len(train_rows)
+                epoch = ((step - 1) * cfg.batch_size + j) // len(train_rows)
+                order = torch.randperm(len(train_rows), generator=torch.Generator().manual_seed(cfg.seed + epoch))
+                row, other = train_rows[int(order[index])], train_rows[int(order[(index + 1) % len(train_rows)])]
+                total, terms = loss_of(ckpt.net, source, target, row, step / cfg.max_steps, other)
+                (total / cfg.batch_size).backward()
+                for k, v in terms.items():
+                    terms_sum[k] = terms_sum.get(k, 0.0) + v / cfg.batch_size
+            if not all(math.isfinite(v) for v in terms_sum.values()):
+                raise ConfigError(f"step {step}: the loss is not finite ({terms_sum}); lower --learning_rate.")
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip_norm)
+            optimizer.step()
+            bar.update(1)
+            bar.set_postfix({k: f"{v:.3f}" for k, v in terms_sum.items()})
+            if step % cfg.log_every == 0 or step == cfg.max_steps:
+                with open(run_dir / runs.LOG_FILE, "a") as f:
+                    f.write(json.dumps({"step": step, "lr": optimizer.param_groups[0]["lr"], **terms_sum,
+                                        "seconds": time.time() - start}) + "\n")
+            if step % cfg.save_every == 0 or step == cfg.max_steps:
+                save_unit(run_dir, ckpt, optimizer, step)
+            if stop.is_set() or (until is not None and step >= until):
+                save_unit(run_dir, ckpt, optimizer, step)
+                bar.close()
+                log(f"stopped after step {step} of {cfg.max_steps}; continue with --output_dir {run_dir} --resume")
+                return run_dir
     bar.close()
     if not (run_dir / runs.CHECKPOINT).is_dir():
         save_unit(run_dir, ckpt, optimizer, step)

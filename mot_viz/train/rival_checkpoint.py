@@ -35,7 +35,7 @@ class Network:
     defaults: dict
 
 
-NETWORKS: dict[str, Network] = {m.NAME: Network(m.NETWORK, m.DEFAULTS) for m in (c2c, lsc, interlat)}
+NETWORKS: dict[str, Network] = {name: Network(*made) for m in (c2c, lsc, interlat) for name, made in m.NETWORKS.items()}
 
 
 def network(name: str) -> Network:

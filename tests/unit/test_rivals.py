@@ -23,15 +23,14 @@ from mot_viz.sharing.trained import shipped_beside
 from mot_viz.train.rival_checkpoint import load_trained
 from mot_viz.train import rival
 
-RIVALS = ("c2c-pr", "lsc", "interlat")
-FLAGS = {"c2c-pr": "--c2c_pr", "lsc": "--lsc", "interlat": "--interlat"}
+RIVALS = ("c2c-pr", "c2c", "lsc", "interlat")
 ROWS = [{"id": f"e{i}", "context": text, "question": "What is it?", "answers": [text.split()[3]]}
         for i, text in enumerate(("The Eiffel Tower stands in Paris and was finished in 1889.",
                                   "The quick brown fox jumps over the lazy dog near the river."))]
 
 
 def tiny_config(method: str, out: Path, steps: int = 2, **kw) -> rival.RivalConfig:
-    arch = {"dim": 32} if method == "c2c-pr" else {}
+    arch = {"dim": 32} if method.startswith("c2c") else {}
     return rival.RivalConfig(method=method, output_dir=str(out), architecture=arch, max_steps=steps, batch_size=1,
                              corpus="lambada", corpus_tokens=1500, min_context=8, max_context=24, held_out=2,
                              save_every=1, log_every=1, **kw)
@@ -55,11 +54,13 @@ def trained(pair, checkpoints, tmp_path_factory):
 
 
 def test_each_trains_resumably_and_records_its_held_out_score(pair, tmp_path):
-    """Two steps then two more on --resume give the weights four steps in one run give (interlat: its dropout and
-    the shuffled rows are seeded by the step), and the run scores held-out rows against native and no context."""
+    """A run stopped after two of four steps and resumed gives the weights four steps in one run give (interlat's
+    dropout, the fuser's gate noise and the shuffled rows are seeded by the step), and a finished run scores held-out
+    rows against native and no context."""
     for method in RIVALS:
         whole = rival.train(tiny_config(method, tmp_path / f"{method}-whole", steps=4), models=pair, progress=False)
-        rival.train(tiny_config(method, tmp_path / f"{method}-split", steps=2), models=pair, progress=False)
+        rival.train(tiny_config(method, tmp_path / f"{method}-split", steps=4), models=pair, progress=False, until=2)
+        assert not (tmp_path / f"{method}-split" / "log.jsonl").read_text().count('"step": 3')
         rival.train(tiny_config(method, tmp_path / f"{method}-split", steps=4), resume=True, models=pair,
                     progress=False)
         a = load_trained(whole / "checkpoint").net.state_dict()
@@ -102,10 +103,17 @@ def test_each_builds_the_cache_its_recipe_says(pair, trained, checkpoints):
             assert way.carries(mot, ckpt) is None and not way.comparable
         else:
             assert built.kv[0][0].shape[2] == native_len
-            assert way.carries(mot, ckpt) == tuple(range(target.spec.num_layers)) and way.patchable
+            every = tuple(range(target.spec.num_layers))
+            assert way.carries(mot, ckpt) == (every if method == "lsc" else every[2:]) and way.patchable
         assert way.handed_bytes(built, 10, target.spec, 3, source.spec) > 0 and built.seconds >= built.ahead > 0
         if method == "lsc":
             assert way.target_work(built, 99) == ("none", 0)
+        if method == "c2c":  # the target's own prefill, its top 4 layers enriched by the gated residual
+            assert way.target_work(built, 99) == ("prefill", t.target_ids.shape[1])
+            torch.testing.assert_close(built.kv[1][0], t.native_kv[1][0])
+            gates = (ckpt.net.gate_logits > 0).tolist()
+            for i, layer in enumerate(ckpt.net.target_layers):  # a closed gate leaves the layer native
+                assert torch.equal(built.kv[layer][1], t.native_kv[layer][1]) != gates[i]
         if method == "c2c-pr":  # 4 source layers, 6 target layers: the top 4 projected, the bottom 2 the target's own
             assert ckpt.net.target_layers == (2, 3, 4, 5) and ckpt.net.source_layers == (0, 1, 2, 3)
             assert way.target_work(built, 99) == ("prefill", t.target_ids.shape[1])
@@ -157,6 +165,7 @@ def test_each_answers_in_every_evaluation_from_its_checkpoint(trained, checkpoin
     by = rows.set_index("condition")
     assert (by.loc["interlat", "target_work"] == "prefill").all()
     assert (by.loc["c2c-pr", "target_work"] == "prefill").all()  # the tiny target is deeper than its source
+    assert (by.loc["c2c", "target_work"] == "prefill").all()
     assert (by.loc["lsc", "target_work"] == "none").all()
     assert (rows["handed_bytes"] > 0).all()
     settings = json.loads((out / "summary.json").read_text())["settings"]
