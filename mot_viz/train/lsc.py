@@ -91,7 +91,7 @@ class SharedLatent(nn.Module):
 
 # the recipe (prosopher/MoT configs/train_lsc.json): translator_dim 512, 16 heads, mlp_ratio 4, 32 slots × 128; here
 # narrower for two CPU cores and a shipped file under 15 MB (docs/decisions.md records the departure)
-DEFAULTS = {"dim": 32, "heads": 4, "mlp_ratio": 4, "slots": 16, "slot_dim": 32, "key_space": "pre_rope"}
+DEFAULTS = {"dim": 28, "heads": 4, "mlp_ratio": 4, "slots": 16, "slot_dim": 32, "key_space": "pre_rope"}
 
 
 def latent_cache(net: SharedLatent, src, source, target):
