@@ -35,7 +35,8 @@ class ProjectionWay(TrainedWay):
                 prefill = time.perf_counter() - before
             kv = projected_cache(net, src, inputs.source, inputs.target, native)
         positions = int(src.target_ids.shape[1]) if net.target_layers[0] else 0
-        return self.built(inputs, kv, start, Handed(len(net.source_layers), prefill=positions), prefill)
+        held = Handed(len(net.source_layers), int(src.source_ids.shape[1]), positions)
+        return self.built(inputs, kv, start, held, prefill)
 
 
 C2C_PR_OPTION = Option("c2c_pr", str, None, "the projection path the 'c2c-pr' way of sharing answers from (python -m "
@@ -56,7 +57,7 @@ class FuserWay(TrainedWay):
         with torch.no_grad():
             kv = fused_cache(inputs.artifact.net, t.source, inputs.source, inputs.target, t.native_kv)
         net = inputs.artifact.net
-        held = Handed(len(net.source_layers), prefill=int(t.target_ids.shape[1]))
+        held = Handed(len(net.source_layers), int(t.source.source_ids.shape[1]), int(t.target_ids.shape[1]))
         return self.built(inputs, kv, start - t.timings.get("native_prefill", 0.0), held,
                           t.timings.get("native_prefill", 0.0))
 

@@ -32,7 +32,7 @@ class LatentHandOff(TrainedWay):
         stages = dict(zip(("source_prefill", "translator", "native_prefill"), (b - a for a, b in zip(times, times[1:]))))
         positions = int(hidden.shape[1])  # the target's forward runs over one latent per source token
         return Built(kv, sum(stages.values()), stages["source_prefill"], timings=stages,
-                     held=Handed(hidden_positions=positions, prefill=positions))
+                     held=Handed(0, positions, prefill=positions))
 
     def carries(self, mot: MoT, artifact=None) -> tuple[int, ...] | None:
         return None

@@ -21,7 +21,8 @@ class LatentWay(TrainedWay):
         net = inputs.artifact.net
         with torch.no_grad():
             kv = latent_cache(net, inputs.translation.source, inputs.source, inputs.target)
-        return self.built(inputs, kv, start, Handed(len(net.source_layers)))
+        held = Handed(len(net.source_layers), int(inputs.translation.source.source_ids.shape[1]))
+        return self.built(inputs, kv, start, held)
 
 
 LSC_OPTION = Option("lsc", str, None, "the shared-latent translators the 'lsc' way of sharing answers from (python -m "

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..engine import hf
@@ -45,10 +45,10 @@ def shipped_beside(method: str) -> Callable[[str], str | None]:
 
 @dataclass(frozen=True)
 class Handed:
-    """What a trained way's build read and made the target compute (Built.held): its costs read it."""
+    """What a trained way's build read of the source and made the target compute (Built.held): its costs read it."""
 
-    source_layers: int = 0  # source layers whose K/V the network reads (0: it reads none)
-    hidden_positions: int = 0  # source positions whose last-layer hidden states it reads (Interlat)
+    source_layers: int  # source layers whose K/V the network reads (0: it reads their hidden states instead)
+    positions: int  # source positions it reads: the context's source tokens
     prefill: int = 0  # positions the target runs a forward over (0: none)
 
 
@@ -101,8 +101,9 @@ class TrainedWay(Method):
         one = agents.one
         built = self.build(Inputs(agents.mot, agents.source, agents.target, one, agents.example,
                                   options=agents.options, artifact=agents.artifact(self)))
-        return agents.read(built.kv, (one.source.source_prefix_len + int(one.source.source_ids.shape[1]),),
+        read = agents.read(built.kv, (one.source.source_prefix_len + int(one.source.source_ids.shape[1]),),
                            built.held)
+        return replace(read, timings=dict(built.timings or {}))
 
     def carries(self, mot: MoT, artifact=None) -> tuple[int, ...] | None:
         """The target layers its network writes (every layer before the network is loaded)."""
@@ -111,23 +112,26 @@ class TrainedWay(Method):
     def handed_bytes(self, built: Built | None, tokens: int, target: ModelSpec, window_layers: int,
                      source: ModelSpec | None = None) -> float:
         """What the network reads of the source, fp16 (it runs on the target's side): the K and V of the layers it
-        reads, or the last-layer hidden states (Built.held: a Handed; not built: every source layer's K and V)."""
+        reads at the source's every context position, or their last-layer hidden states (Built.held: a Handed; not
+        built: every source layer's K and V over `tokens` positions)."""
         spec = source or target
-        handed = built.held if built is not None and isinstance(built.held, Handed) else Handed(spec.num_layers)
-        return float(layers_bytes(tokens, handed.source_layers, spec.kv_hidden)
-                     + handed.hidden_positions * spec.hidden_size * FP16_BYTES)
+        handed = built.held if built is not None and isinstance(built.held, Handed) else Handed(spec.num_layers,
+                                                                                                 tokens)
+        if not handed.source_layers:
+            return float(handed.positions * spec.hidden_size * FP16_BYTES)
+        return float(layers_bytes(handed.positions, handed.source_layers, spec.kv_hidden))
 
     def handed_what(self, built: Built | None, target: ModelSpec, window_layers: int) -> str:
         handed = built.held if built is not None and isinstance(built.held, Handed) else None
-        if handed is not None and handed.hidden_positions:
+        if handed is not None and not handed.source_layers:
             return "the source's last-layer hidden states, one per source token"
         read = f"{handed.source_layers} layers" if handed is not None else "the layers it reads"
         return f"the source's own K/V at {read} (the network runs on the target's side)"
 
     def target_work(self, built: Built | None, tokens: int, prefix: int = 0) -> tuple[str, int]:
         """A prefill where the network's cache needs one (Handed.prefill), else nothing over the context."""
-        handed = built.held if built is not None and isinstance(built.held, Handed) else Handed()
-        return ("prefill", handed.prefill) if handed.prefill else ("none", 0)
+        prefill = built.held.prefill if built is not None and isinstance(built.held, Handed) else 0
+        return ("prefill", prefill) if prefill else ("none", 0)
 
     def target_side(self, built: Built | None, timings) -> float:
         """Alignment + the network (+ the target's prefill where it runs one), as measured; the source's prefill is

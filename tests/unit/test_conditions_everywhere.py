@@ -37,6 +37,7 @@ from mot_viz.sharing.relay import read_message
 from mot_viz.eval.shards import ShardSettings
 from test_shards import SHARDS, cache_at_offset, identity_mot
 from run_settings import settings_of
+from rival_networks import trained_networks
 from tolerance import assert_close
 from mot_viz.train.quickfit import QuickFitConfig, fit_pair
 
@@ -59,8 +60,8 @@ def random_checkpoint(source, target, path: Path, **kwargs) -> Path:
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    """A MoT of the test pair, its direct map and its linear window, and a MoT between two copies of the source
-    (kvcomm's pair)."""
+    """A MoT of the test pair, its direct map and its linear window, the networks of the ways of sharing trained here,
+    and a MoT between two copies of the source (kvcomm's pair)."""
     root = tmp_path_factory.mktemp("checkpoints")
     source, target = load("source6"), load("gemma3-270m")
     paths = {"mot": random_checkpoint(source, target, root / "mot", variant="mot", num_experts=4, top_k=2),
@@ -69,6 +70,7 @@ def checkpoints(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MOT_VIZ_CACHE", str(root / "cache"))
         paths["direct"] = fit_pair(source, target, DIRECT)
+    paths.update(trained_networks(source, target, root / "runs", root, "mot"))  # each found beside the MoT
     return paths
 
 

@@ -22,18 +22,11 @@ from mot_viz.sharing.method import Inputs
 from mot_viz.sharing.trained import shipped_beside
 from mot_viz.train.rival_checkpoint import load_trained
 from mot_viz.train import rival
+from rival_networks import RIVALS, tiny_config, trained_networks
 
-RIVALS = ("c2c-pr", "c2c", "lsc", "interlat")
 ROWS = [{"id": f"e{i}", "context": text, "question": "What is it?", "answers": [text.split()[3]]}
         for i, text in enumerate(("The Eiffel Tower stands in Paris and was finished in 1889.",
                                   "The quick brown fox jumps over the lazy dog near the river."))]
-
-
-def tiny_config(method: str, out: Path, steps: int = 2, **kw) -> rival.RivalConfig:
-    arch = {"dim": 32} if method.startswith("c2c") else {}
-    return rival.RivalConfig(method=method, output_dir=str(out), architecture=arch, max_steps=steps, batch_size=1,
-                             corpus="lambada", corpus_tokens=1500, min_context=8, max_context=24, held_out=2,
-                             save_every=1, log_every=1, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -44,13 +37,8 @@ def pair():
 @pytest.fixture(scope="module")
 def trained(pair, checkpoints, tmp_path_factory):
     """Each rival trained for two steps and exported beside the tiny MoT checkpoint, as pretrained/ ships them."""
-    root = tmp_path_factory.mktemp("rivals")
-    out = {}
-    for method in RIVALS:
-        export = checkpoints["smollm2-to-gemma3"].parent / f"smollm2-to-gemma3-{method}"
-        rival.train(tiny_config(method, root / method), export=str(export), models=pair, progress=False)
-        out[method] = export
-    return out
+    return trained_networks(*pair, tmp_path_factory.mktemp("rivals"), checkpoints["smollm2-to-gemma3"].parent,
+                            "smollm2-to-gemma3")
 
 
 def test_each_trains_resumably_and_records_its_held_out_score(pair, tmp_path):

@@ -23,6 +23,7 @@ from mot_viz.sharing import registry
 from mot_viz.sharing.method import Method, Request, layers_bytes
 from mot_viz.sharing.native import NATIVE
 from mot_viz.sharing.no_context import NO_CONTEXT
+from mot_viz.sharing.trained import TrainedWay
 from run_settings import settings_of
 from test_conditions_everywhere import checkpoints, load  # noqa: F401  (checkpoints: a module fixture)
 
@@ -39,8 +40,11 @@ def asked(m: Method, kind: str) -> tuple[str, ...]:
 
 
 def options_for(m: Method, paths) -> dict:
-    """The options a run asking for `m` gives (those `m` reads): the test pair's maps, a 5-token message."""
-    given = {"direct": str(paths["direct"]), "linear": str(paths["linear"]), "relay_tokens": 5}
+    """The options a run asking for `m` gives (those `m` reads): the test pair's maps and trained networks, a
+    5-token message."""
+    given = {"direct": str(paths["direct"]), "linear": str(paths["linear"]), "relay_tokens": 5,
+             **{way.option.name: str(paths[name]) for name, way in registry.REGISTRY.items()
+                if isinstance(way, TrainedWay)}}
     return {o.name: given.get(o.name) for o in m.options}
 
 
@@ -112,6 +116,8 @@ def check_costs(m: Method, rows: pd.DataFrame, tokens: pd.Series, target) -> Non
             assert side == r.get("native_prefill", side)  # a row with the stage's column: that stage
         elif m is NO_CONTEXT:
             assert handed == 0 and work == "none" and side == 0
+        elif isinstance(m, TrainedWay):  # what its network reads of the source: K/V of whole layers, or hidden states
+            assert handed > 0 and (work == "none") == (work_tokens == 0) and side > 0
         else:  # a cache: whole layers of K and V at every context position, fp16
             layers = handed / layers_bytes(n, 1, target.spec.kv_hidden)
             assert layers == round(layers) and 1 <= layers <= target.spec.num_layers
