@@ -399,11 +399,15 @@ def translate_direct(mot: MoT, source: LoadedModel, target: LoadedModel, text: s
                        timings=timings, native_queries=native_queries)
 
 
-def after_prefix(target: LoadedModel, kv: list[KV]) -> list[KV]:
-    """A cache of the context alone [1, n_kv, N, d] per layer behind the target's own BOS prefix cache (if any)."""
+def after_prefix(target: LoadedModel, kv: list[KV], layers=None) -> list[KV]:
+    """A cache of the context alone [1, n_kv, N, d] per layer behind the target's own BOS prefix cache (if any);
+    `layers`: the target layers `kv` holds, in order (default every layer)."""
     prefix = empty_context_cache(target)
-    return kv if prefix is None else [(torch.cat([pk, k.to(pk.dtype)], 2), torch.cat([pv, v.to(pv.dtype)], 2))
-                                      for (pk, pv), (k, v) in zip(prefix, kv, strict=True)]
+    if prefix is None:
+        return kv
+    prefix = prefix if layers is None else [prefix[l] for l in layers]
+    return [(torch.cat([pk, k.to(pk.dtype)], 2), torch.cat([pv, v.to(pv.dtype)], 2))
+            for (pk, pv), (k, v) in zip(prefix, kv, strict=True)]
 
 
 def translate_again(mot: MoT, source: LoadedModel, target: LoadedModel, base: Translation,

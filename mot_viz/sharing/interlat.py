@@ -29,7 +29,8 @@ class LatentHandOff(TrainedWay):
             times.append(time.perf_counter())
             kv = latent_forward(inputs.target, latents)
             times.append(time.perf_counter())
-        stages = dict(zip(("source_prefill", "translator", "native_prefill"), (b - a for a, b in zip(times, times[1:]))))
+        steps = (b - a for a, b in zip(times, times[1:]))
+        stages = dict(zip(("source_prefill", "translator", "native_prefill"), steps))
         positions = int(hidden.shape[1])  # the target's forward runs over one latent per source token
         return Built(kv, sum(stages.values()), stages["source_prefill"], timings=stages,
                      held=Handed(0, positions, prefill=positions))

@@ -1,10 +1,11 @@
-"""The networks of C2C (method.md §15): ``c2c``, C2C's own fuser (below), and ``c2c-pr``, a single projection path (the MoT authors' projection baseline of C2C, method.md §15). The top
-N = min(L_S, L_T) layers of the two models aligned from the last one down (target layer t reads source layer
-t + L_S − N); one MLP for K and one for V, the same for every layer (as read in prosopher/MoT, alg/c2c), maps each
-token's source K (V) at that layer to the target's, in place of the target's own. Below the top N layers the target
-keeps the cache of its own prefill of the context. With N = L_T (every pair whose target is the shallower, as
-SmolLM2 → Gemma 3) the projection replaces the target's every layer: its prefill would be overwritten whole, so it is
-not run, and the target answers from the projected cache with no replay.
+"""The networks of C2C (method.md §15): ``c2c``, C2C's own fuser (below), and ``c2c-pr``, a single projection path (the
+MoT authors' projection baseline of C2C, method.md §15). The top N = min(L_S, L_T) layers of the two models aligned
+from the last one down (target layer t reads source layer t + L_S − N); one MLP for K and one for V, the same for
+every layer (as read in prosopher/MoT, alg/c2c), maps each token's source K (V) at that layer to the target's, in
+place of the target's own. Below the top N layers the target keeps the cache of its own prefill of the context. With
+N = L_T (every pair whose target is the shallower, as SmolLM2 → Gemma 3) the projection replaces the target's every
+layer: its prefill would be overwritten whole, so it is not run, and the target answers from the projected cache with
+no replay.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""The processor of ``interlat``, a latent hand-off (Interlat as the MoT authors compare with it, method.md §15). The source's
-last-layer hidden states over the context (one per source token) pass through a small processor — a linear to the
-target's hidden size, self-attention over the context, LayerNorms, an adaptive projection, values clamped to ±10 —
-and enter the target as its input embeddings: the target runs a full forward over those positions, in the text's
-tokens' place, behind its own BOS, and answers from that cache. Its cache is the target's own computation over other
-positions than the text's, so no layer of it compares with native's position by position.
+"""The processor of ``interlat``, a latent hand-off (Interlat as the MoT authors compare with it, method.md §15). The
+source's last-layer hidden states over the context (one per source token) pass through a small processor — a linear
+to the target's hidden size, self-attention over the context, LayerNorms, an adaptive projection, values clamped to
+±10 — and enter the target as its input embeddings: the target runs a full forward over those positions, in the
+text's tokens' place, behind its own BOS, and answers from that cache. Its cache is the target's own computation over
+other positions than the text's, so no layer of it compares with native's position by position.
 """
 
 from __future__ import annotations

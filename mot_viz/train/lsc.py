@@ -1,8 +1,8 @@
-"""The network of ``lsc``, a global shared latent space (LSC as the MoT authors compare with it, method.md §15). One translator per
-model, not per pair: `to_shared` maps a token's K (and apart its V) at every layer of its model — a [layers, H]
-block — into a latent of `slots` × `slot_dim`, and `from_shared` maps a latent out to that model's every layer. The
-source's cache goes through the source's `to_shared` and the target's `from_shared` into the target's full-depth
-cache, used as it is: no target prefill, no replay.
+"""The network of ``lsc``, a global shared latent space (LSC as the MoT authors compare with it, method.md §15). One
+translator per model, not per pair: `to_shared` maps a token's K (and apart its V) at every layer of its model — a
+[layers, H] block — into a latent of `slots` × `slot_dim`, and `from_shared` maps a latent out to that model's every
+layer. The source's cache goes through the source's `to_shared` and the target's `from_shared` into the target's
+full-depth cache, used as it is: no target prefill, no replay.
 
 Each direction reads and writes through the same latent, so any model with its two translators can exchange caches
 with any other without a translator per pair; the network trained here holds the source's `to_shared` and the

@@ -13,9 +13,9 @@ from ..engine import hf
 from ..engine.alignment import apply_alignment
 from ..engine.layout import window_blocks
 from ..engine.models import LoadedModel
-from ..engine.mot import SourceContext, empty_context_cache, per_layer_kv, prepare_source, rotate_block
+from ..engine.mot import SourceContext, after_prefix, per_layer_kv, prepare_source, rotate_block
 
-KEY_SPACES = ("pre_rope", "post_rope")
+KEY_SPACES = ("pre_rope", "post_rope")  # the networks' key space (architecture key_space)
 
 
 def rotated(lm: LoadedModel, keys: torch.Tensor, layers, prefix_len: int, space: str, inverse: bool) -> torch.Tensor:
@@ -38,14 +38,7 @@ def target_cache(target: LoadedModel, keys: torch.Tensor, values: torch.Tensor, 
     rotated to the target's own positions for pre_rope), each behind its own BOS prefix."""
     layers = tuple(range(target.spec.num_layers)) if layers is None else tuple(layers)
     keys = rotated(target, keys, layers, len(target.prefix_ids), space, inverse=False)
-    per_layer = per_layer_kv(keys, values, target.spec.num_kv_heads)
-    prefix = empty_context_cache(target)
-    if prefix is None:
-        return per_layer
-    return [(torch.cat([prefix[l][0], k.to(prefix[l][0].dtype)], 2), torch.cat([prefix[l][1], v.to(prefix[l][1].dtype)], 2))
-            for l, (k, v) in zip(layers, per_layer, strict=True)]
-
-
+    return after_prefix(target, per_layer_kv(keys, values, target.spec.num_kv_heads), layers)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from ..engine.checkpoint import spec_from_json, swap_into_place
 from ..engine.models import ModelSpec
 from ..errors import CheckpointError, ConfigError
 from . import c2c, interlat, lsc
+from .rival_caches import KEY_SPACES
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "weights.safetensors"
@@ -51,7 +52,10 @@ def architecture(name: str, given: dict | None = None) -> dict:
     if unknown:
         raise ConfigError(f"{name} has no architecture setting {', '.join(unknown)}: choose from "
                           f"{', '.join(defaults)}.")
-    return {**defaults, **(given or {})}
+    arch = {**defaults, **(given or {})}
+    if "key_space" in arch and arch["key_space"] not in KEY_SPACES:
+        raise ConfigError(f"key_space {arch['key_space']!r}: choose from {' '.join(KEY_SPACES)}.")
+    return arch
 
 
 @dataclass
