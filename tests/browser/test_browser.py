@@ -668,7 +668,8 @@ def test_evaluations_lost_answers_and_one_opened_in_the_app(app_url, browser):
 
 def test_methods_side_by_side_with_the_text_relay(app_url, browser):
     """The Methods page on the default context with the text relay (opened from its link): every method's answer,
-    its time by stage, its K/V error and the shipped results' quality against time, and the relay's messages."""
+    its time by stage, its K/V error and the shipped results' quality against time, and the relay's messages; the
+    ways of sharing whose networks are shipped in pretrained/ (C2C, LSC, Interlat) among them."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page = _open(browser, f"{app_url}/methods?{urlencode({'methods.relay': 'true'})}")
     page.get_by_role("heading", name="Methods", exact=True).wait_for()
@@ -679,6 +680,9 @@ def test_methods_side_by_side_with_the_text_relay(app_url, browser):
     plots.nth(2).wait_for(state="visible", timeout=SLOW_MS)  # time by stage, K/V error, quality against time
     assert plots.count() == 3
     assert page.get_by_role("checkbox", name="Include the text relay").is_checked()
+    drawn = " ".join(plots.nth(0).all_inner_texts())  # time by stage: one bar per method, the trained ways' too
+    for name in ("C2C projection path", "C2C fuser", "LSC shared latent", "Interlat latent hand-off"):
+        assert name in drawn, f"{name} is not on the Methods page (its network in pretrained/ was not offered)"
     page.get_by_role("heading", name="Answers", exact=True).scroll_into_view_if_needed()
     page.wait_for_timeout(500)  # let plotly finish drawing before the screenshot
     page.screenshot(path=str(SCREENSHOTS / "methods.png"))
