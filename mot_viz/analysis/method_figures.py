@@ -62,6 +62,8 @@ def shipped_points(root: str | Path = REPO_ROOT / "results", folders: tuple[str,
             run = open_run(folder)
         except MotVizError:
             continue
+        if run.kind.name not in ("evaluate", "long_context"):  # a conversation or the shards: not one answer per text
+            continue
         source, target, variant = _checkpoint_models(str(run.settings.get("checkpoint", "")), root.parent)
         long = run.kind.name == "long_context"
         for s in stated_summary(run).itertuples():
