@@ -43,10 +43,11 @@ C2C_PR_OPTION = Option("c2c_pr", str, None, "the projection path the 'c2c-pr' wa
                        "mot_viz.train.rival --method c2c-pr; default: pretrained/<pair>-c2c-pr beside --checkpoint)",
                        beside=shipped_beside(NAME))
 
-C2C_PR = ProjectionWay(NAME, "C2C projection path (one MLP maps each aligned source layer's K/V to the target's every "
-                       "layer; no replay: the target never reads the context)", (C2C_PR_OPTION,),
+C2C_PR = ProjectionWay(NAME, "C2C projection path (one MLP maps the source's top layers' K/V onto the target's, in "
+                       "place of its own; no replay; with every target layer projected, as for SmolLM2 → Gemma 3, the "
+                       "target never reads the context)", (C2C_PR_OPTION,),
                        "its trained projection path: pass --c2c_pr CHECKPOINT", patchable=True, one_reader=True,
-                       short="C2C projection path (every layer, no replay)", side="alignment + projection")
+                       short="C2C projection path (top layers, no replay)", side="alignment + projection")
 
 
 class FuserWay(TrainedWay):
