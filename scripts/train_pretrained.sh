@@ -7,8 +7,33 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 default="smollm2-to-gemma3-linear smollm2-to-gemma3 smollm2-to-gemma3-mid-linear smollm2-to-gemma3-mid
 smollm2-to-gemma3-mid-single gemma3-to-smollm2-linear smollm2-to-smollm2-linear gemma3-to-smollm2 smollm2-to-smollm2
-smollm2-to-gemma3-direct smollm2-to-gemma3-direct-depth-matched"
+smollm2-to-gemma3-direct smollm2-to-gemma3-direct-depth-matched smollm2-to-gemma3-c2c-pr smollm2-to-gemma3-c2c
+smollm2-to-gemma3-lsc smollm2-to-gemma3-interlat"
+# the other ways of sharing trained here (python -m mot_viz.train.rival, docs/decisions.md 40), as they were shipped:
+# each planned for a first --max_steps, stopped after a step, then resumed to a shorter one (the cosine decay
+# re-planned there); <method> "<first run's flags>" <stopped after> <resumed to>
+rival_plan() {
+  case "$1" in
+    c2c-pr) echo "--max_steps 300 --batch_size 4|100|150" ;;
+    c2c) echo "--max_steps 150 --batch_size 4|20|80" ;;
+    lsc) echo "--max_steps 250 --batch_size 4|25|120" ;;
+    interlat) echo "--max_steps 120 --batch_size 2 --warmup_steps 10|30|60" ;;
+  esac
+}
 for name in ${@:-$default}; do
+  method="${name#smollm2-to-gemma3-}"
+  if [[ -n "$(rival_plan "$method")" ]]; then
+    IFS='|' read -r flags stop resumed <<< "$(rival_plan "$method")"
+    run=(.venv/bin/python -m mot_viz.train.rival --output_dir "runs/$name")
+    if [ ! -f "runs/$name/train_config.json" ]; then
+      OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" "${run[@]}" --method "$method" $flags --learning_rate 5e-4 \
+        --corpus_tokens 400000 --stop_after "$stop" >> "runs/$name.log" 2>&1 || { echo "$name failed"; continue; }
+    fi
+    OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" "${run[@]}" --resume --max_steps "$resumed" --export "pretrained/$name" \
+      >> "runs/$name.log" 2>&1 || { echo "$name failed"; continue; }
+    cp "runs/$name/log.jsonl" "pretrained/$name/"
+    continue
+  fi
   # the full-depth maps without replay: closed-form fits, no run (the bank of the top-k recipe resumes if killed)
   if [[ "$name" == smollm2-to-gemma3-direct* ]]; then
     recipe="top_k"; [[ "$name" == *-depth-matched ]] && recipe="depth_matched"

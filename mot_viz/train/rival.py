@@ -225,7 +225,7 @@ def train(cfg: RivalConfig, resume: bool = False, overwrite: bool = False, expor
     return run_dir
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[RivalConfig, bool, bool, str]:
+def parse_args(argv: list[str] | None = None) -> tuple[RivalConfig, bool, bool, str, int | None]:
     parser = argparse.ArgumentParser(prog="python -m mot_viz.train.rival", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     defaults = RivalConfig()
@@ -238,6 +238,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[RivalConfig, bool, bool, 
     parser.add_argument("--resume", action="store_true", help="continue the run in --output_dir")
     parser.add_argument("--overwrite", action="store_true", help="replace the run in --output_dir")
     parser.add_argument("--export", default="", help="write the trained network here, fp16 (what is shipped)")
+    parser.add_argument("--stop_after", type=int, default=None,
+                        help="save and stop after this step, as Ctrl-C would (continue with --resume)")
     args = parser.parse_args(argv)
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RivalConfig)
              if getattr(args, f.name) is not None}
@@ -245,13 +247,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[RivalConfig, bool, bool, 
         saved = Path(given["output_dir"]) / runs.CONFIG_FILE
         if saved.is_file():  # a resumed run keeps its settings; the command line may extend max_steps
             given = {**json.loads(saved.read_text()), **given}
-    return RivalConfig(**given), args.resume, args.overwrite, args.export
+    return RivalConfig(**given), args.resume, args.overwrite, args.export, args.stop_after
 
 
 def main(argv: list[str] | None = None) -> int:
     def body() -> None:
-        cfg, resume, overwrite, export = parse_args(argv)
-        train(cfg, resume=resume, overwrite=overwrite, export=export)
+        cfg, resume, overwrite, export, stop_after = parse_args(argv)
+        train(cfg, resume=resume, overwrite=overwrite, export=export, until=stop_after)
 
     return run_cli(body)
 

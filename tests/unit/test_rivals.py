@@ -61,6 +61,23 @@ def test_each_trains_resumably_and_records_its_held_out_score(pair, tmp_path):
         assert steps == [1, 2, 3, 4]
 
 
+def test_the_command_stops_where_asked_and_resumes_to_a_shorter_plan(tmp_path, monkeypatch):
+    """`--stop_after` saves and stops as Ctrl-C would; `--resume --max_steps` continues with the run's own settings."""
+    monkeypatch.setattr(rival, "load_model", load_test_model)
+    flags = ["--method", "lsc", "--output_dir", str(tmp_path / "run"), "--batch_size", "1", "--corpus", "lambada",
+             "--corpus_tokens", "1500", "--min_context", "8", "--max_context", "24", "--held_out", "2"]
+    assert rival.main([*flags, "--max_steps", "6", "--stop_after", "2"]) == 0
+    state = json.loads((tmp_path / "run" / "checkpoint" / "train_state.json").read_text())
+    assert state["step"] == 2 and "held_out" not in json.loads((tmp_path / "run" / "checkpoint" / "config.json")
+                                                              .read_text())["metrics"]
+    export = tmp_path / "shipped"
+    assert rival.main(["--output_dir", str(tmp_path / "run"), "--resume", "--max_steps", "3", "--export",
+                       str(export)]) == 0
+    config = json.loads((export / "config.json").read_text())
+    assert config["training"]["steps_done"] == 3 and config["training"]["max_steps"] == 3
+    assert config["training"]["min_context"] == 8 and config["metrics"]["held_out"]["rows"] == 2
+
+
 def test_a_run_is_never_replaced_silently_and_resumes_with_its_own_settings(pair, tmp_path):
     rival.train(tiny_config("c2c-pr", tmp_path / "run", steps=1), models=pair, progress=False)
     with pytest.raises(ConfigError, match="already holds a training run"):
