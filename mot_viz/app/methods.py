@@ -15,15 +15,15 @@ from ..analysis.method_figures import shipped_points
 from ..analysis.methods import MethodsResult, cache_methods, methods, relay_methods
 from ..engine.checkpoint import read_config
 from ..engine.mot import MoT
-from ..errors import CheckpointError, MotVizError
+from ..errors import MotVizError
 from ..sharing.caches import run_artifacts
 from ..sharing.direct import DIRECT, DIRECT_OPTION
 from ..sharing.kvcomm import KVCOMM, check_kvcomm_pair
 from ..sharing.linear import LINEAR, LINEAR_OPTION
 from ..sharing import registry
 from ..sharing.relay import RELAY_TOKENS
-from ..sharing.trained import TrainedWay
-from ..train.rival_checkpoint import is_trained_folder, load_trained, read_trained_config
+from ..sharing.trained import TrainedWay, trained_in
+from ..train.rival_checkpoint import is_trained_folder, load_trained
 from .loaders import (available_checkpoints, checkpoint_stamp, get_checkpoint, get_model, get_translation,
                       linear_baseline_for)
 from .settings import REPO_ROOT, pretrained_dir, test_mode
@@ -57,16 +57,8 @@ def direct_map_for(mot: MoT) -> str | None:
 
 def trained_for(way: TrainedWay, mot: MoT) -> str | None:
     """The network of `way` shipped in pretrained/ for the MoT's pair (its source and target fingerprints), if any."""
-    root = pretrained_dir()
-    for path in sorted(root.iterdir()) if root.is_dir() else ():
-        try:
-            config = read_trained_config(path)
-        except CheckpointError:
-            continue
-        if (config["method"] == way.name and config["source"].get("fingerprint") == mot.source.fingerprint
-                and config["target"].get("fingerprint") == mot.target.fingerprint):
-            return str(path)
-    return None
+    found = trained_in(pretrained_dir(), way.name, {"source": mot.source.to_json(), "target": mot.target.to_json()})
+    return None if found is None else str(found)
 
 
 def _loads(path: str | None, what: str, run: Run) -> tuple[str | None, str | None]:

@@ -22,6 +22,19 @@ from .method import (FP16_BYTES, Built, Inputs, Loading, Method, Option, Request
                      translation_stages)
 
 
+def trained_in(folder: Path, method: str, pair: dict) -> Path | None:
+    """The first folder in `folder` that holds `method`'s network for the pair of `pair` (a checkpoint's config.json:
+    its source's and target's fingerprints), if any."""
+    for path in sorted(folder.iterdir()) if folder.is_dir() else ():
+        try:
+            config = read_trained_config(path)
+        except CheckpointError:
+            continue
+        if config["method"] == method and same_pair(pair, config):
+            return path
+    return None
+
+
 def shipped_beside(method: str) -> Callable[[str], str | None]:
     """An Option.beside: the folder beside --checkpoint that holds this way's network for the same pair (the shipped
     pretrained/<pair>-<method>), when there is one."""
@@ -31,14 +44,8 @@ def shipped_beside(method: str) -> Callable[[str], str | None]:
             pair = json.loads((Path(checkpoint) / "config.json").read_text())
         except (OSError, json.JSONDecodeError):
             return None
-        for folder in sorted(Path(checkpoint).resolve().parent.glob(f"*-{method}")):
-            try:
-                config = read_trained_config(folder)
-            except CheckpointError:
-                continue
-            if config["method"] == method and same_pair(pair, config):
-                return str(Path(checkpoint).parent / folder.name)
-        return None
+        found = trained_in(Path(checkpoint).resolve().parent, method, pair)
+        return None if found is None else str(Path(checkpoint).parent / found.name)
 
     return find
 
@@ -50,6 +57,11 @@ class Handed:
     source_layers: int  # source layers whose K/V the network reads (0: it reads their hidden states instead)
     positions: int  # source positions it reads: the context's source tokens
     prefill: int = 0  # positions the target runs a forward over (0: none)
+
+
+def handed(built: Built | None) -> Handed | None:
+    """What a trained way's build read and made the target compute (its Built.held), when built."""
+    return built.held if built is not None and isinstance(built.held, Handed) else None
 
 
 class TrainedWay(Method):
@@ -115,22 +127,21 @@ class TrainedWay(Method):
         reads at the source's every context position, or their last-layer hidden states (Built.held: a Handed; not
         built: every source layer's K and V over `tokens` positions)."""
         spec = source or target
-        handed = built.held if built is not None and isinstance(built.held, Handed) else Handed(spec.num_layers,
-                                                                                                 tokens)
-        if not handed.source_layers:
-            return float(handed.positions * spec.hidden_size * FP16_BYTES)
-        return float(layers_bytes(handed.positions, handed.source_layers, spec.kv_hidden))
+        read = handed(built) or Handed(spec.num_layers, tokens)
+        if not read.source_layers:
+            return float(read.positions * spec.hidden_size * FP16_BYTES)
+        return float(layers_bytes(read.positions, read.source_layers, spec.kv_hidden))
 
     def handed_what(self, built: Built | None, target: ModelSpec, window_layers: int) -> str:
-        handed = built.held if built is not None and isinstance(built.held, Handed) else None
-        if handed is not None and not handed.source_layers:
+        read = handed(built)
+        if read is not None and not read.source_layers:
             return "the source's last-layer hidden states, one per source token"
-        read = f"{handed.source_layers} layers" if handed is not None else "the layers it reads"
-        return f"the source's own K/V at {read} (the network runs on the target's side)"
+        layers = f"{read.source_layers} layers" if read is not None else "the layers it reads"
+        return f"the source's own K/V at {layers} (the network runs on the target's side)"
 
     def target_work(self, built: Built | None, tokens: int, prefix: int = 0) -> tuple[str, int]:
         """A prefill where the network's cache needs one (Handed.prefill), else nothing over the context."""
-        prefill = built.held.prefill if built is not None and isinstance(built.held, Handed) else 0
+        prefill = (handed(built) or Handed(0, 0)).prefill
         return ("prefill", prefill) if prefill else ("none", 0)
 
     def target_side(self, built: Built | None, timings) -> float:
