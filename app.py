@@ -20,6 +20,7 @@ import streamlit as st
 from mot_viz import app
 from mot_viz.analysis.cache_metrics import cost_table
 from mot_viz.analysis.method_diagram import diagram_caption, diagram_of
+from mot_viz.app.openings import why_default_context
 from mot_viz.engine.models import kv_cache_bytes
 
 PAGES_DIR = Path(__file__).parent / "views"
@@ -76,6 +77,9 @@ def _overview() -> None:
     st.plotly_chart(diagram_of(mot), width="stretch", key="fig.method_diagram")
     st.caption(diagram_caption(mot.translator.config, mot.replay))
     app.run_caption(run)
+    why = why_default_context(run.selection)
+    if why:
+        st.caption(why)
     spec = run.mot.translator.config
     cols = st.columns(4)
     cols[0].metric("Target tokens", len(run.target_tokens))

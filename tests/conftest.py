@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from mot_viz.app.openings import DEFAULT_DATASET, DEFAULT_EXAMPLE
 from mot_viz.app.settings import MAX_CONTEXT_TOKENS
 from mot_viz.data.eval_data import load_dataset
 from mot_viz.engine.checkpoint import load_checkpoint
@@ -67,11 +68,11 @@ def pretrained_copy(pretrained, tmp_path) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def default_context(pretrained):
     """What the app opens on in the app tests, computed by the library: the tiny pair, the test MoT and its linear map,
-    SQuAD #0, its prompt and its translation (source, target, mot, linear, example, prompt, translation)."""
+    the sidebar's first example, its prompt and its translation (source, target, mot, linear, example, prompt, translation)."""
     source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
     mot, _ = load_checkpoint(pretrained["smollm2-to-gemma3"], source, target)
     linear, _ = load_checkpoint(pretrained["smollm2-to-gemma3-linear"], source, target)
-    example = load_dataset("squad", n=50, seed=0)[0]
+    example = load_dataset(DEFAULT_DATASET, n=DEFAULT_EXAMPLE + 1, seed=0)[DEFAULT_EXAMPLE]
     prompt = build_prompt(example, target.chat_frame)
     translation = translate(mot, source, target, prompt.context_text,
                             max_tokens=min(MAX_CONTEXT_TOKENS, target.spec.max_positions))

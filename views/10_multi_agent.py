@@ -6,6 +6,7 @@ from mot_viz import app
 from mot_viz.analysis.multi_agent_figures import conversation_figure, shard_error_figure
 from mot_viz.app.long_context import take_upload
 from mot_viz.app.multi_agent import CONVERSATIONS, SHARD_BUDGET, SHARD_DOCUMENTS, your_conversation_view
+from mot_viz.app.openings import DEFAULT_CONVERSATION, WHY_DEFAULT_CONVERSATION, on_measured_checkpoint
 from mot_viz.data.user_documents import UPLOAD_TYPES, document_label, questions_text
 from mot_viz.errors import MotVizError
 from mot_viz.sharing.registry import FLOOR, REFERENCE
@@ -39,7 +40,7 @@ def main() -> None:
     cols = st.columns(3)
     app.widget_default("pg.agents.story", "coqa", list(STORIES))
     yours = cols[0].selectbox("Story", list(STORIES), format_func=STORIES.get, key="pg.agents.story") == "yours"
-    app.widget_default("pg.agents.conversation", 0)
+    app.widget_default("pg.agents.conversation", DEFAULT_CONVERSATION)
     index = cols[1].number_input("Conversation number", 0, CONVERSATIONS - 1, step=1, key="pg.agents.conversation",
                                  disabled=yours, help="CoQA validation stories of at most 512 target tokens (seed 0), "
                                                       "as the shipped evaluation samples them.")
@@ -48,6 +49,8 @@ def main() -> None:
                               help="Your own text: one turn per question.")
     for key in ("pg.agents.text", "pg.agents.questions"):  # kept (and linked) while a CoQA story is shown
         app.widget_default(key, "")
+    if not yours and index == DEFAULT_CONVERSATION and turns == 5 and on_measured_checkpoint(run.selection):
+        st.caption(WHY_DEFAULT_CONVERSATION)
     try:
         if yours:
             _your_text()

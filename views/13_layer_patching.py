@@ -8,21 +8,13 @@ from mot_viz import app
 from mot_viz.analysis.methods import method_labels
 from mot_viz.analysis.patching import MEASURES, group_table, scan_figure
 from mot_viz.app.methods import methods_offer
+from mot_viz.app.openings import WHY_OPENS_ON_DIRECT, opens_on
 from mot_viz.app.patching import gold_answer_text, long_selection, offered_methods, scan
 from mot_viz.engine.patching import ANSWER_SENTENCE, REST, layer_groups
 from mot_viz.errors import MotVizError
-from mot_viz.sharing.direct import DIRECT
 from mot_viz.sharing.registry import TRANSLATED
 
 CONTEXTS = {"sidebar": "the sidebar's context", "long": "the Long context page's document"}
-# the page opens on a cache whose error costs the answer visibly (where this pair has one): the full-depth direct map,
-# whose gap is large and sits mostly at Gemma's global layers; the MoT's gap is often too small to place
-OPENS_ON = DIRECT.name
-WHY_OPENS_ON = ("Opens on the direct map: its error costs the answer far more than the MoT's, so its shares say where "
-                "the cost sits — over 100 SQuAD examples, restoring Gemma's three global layers wins back 92% [86%, "
-                "97%] of its gap (docs/results/lost-answers.md). The MoT's gap is often too small to place: choose "
-                "it above.")
-
 
 def main() -> None:
     st.title("Layer patching")
@@ -78,12 +70,12 @@ def main() -> None:
     global_layers = default_groups.get("global", ())
 
     cols = st.columns([2, 2, 1])
-    first = OPENS_ON if OPENS_ON in methods else TRANSLATED
+    first = opens_on(methods)
     app.widget_default("pg.patch.method", first, methods)
     method = cols[0].radio("Method", methods, key="pg.patch.method", horizontal=True,
                            format_func=lambda m: method_labels().get(m, m))
-    if method == OPENS_ON == first:
-        st.caption(WHY_OPENS_ON)
+    if method == first != TRANSLATED:
+        st.caption(WHY_OPENS_ON_DIRECT)
     app.widget_default("pg.patch.measure", "share", list(MEASURES))
     measure = cols[1].radio("Measure", list(MEASURES), key="pg.patch.measure", format_func=MEASURES.get,
                             horizontal=True)

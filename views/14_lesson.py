@@ -3,17 +3,34 @@
 import streamlit as st
 
 from mot_viz import app
-from mot_viz.app.lesson import STEPS, lesson_document, warm_later_steps
-from mot_viz.app.links import link_params
-from mot_viz.app.permalink import query_string
+from mot_viz.app.lesson import STEPS, lesson_document, lesson_work
+from mot_viz.app.links import view_address
 from mot_viz.app.presenter import BACK, NEXT, enlarge, presenter_mode
 from mot_viz.errors import MotVizError
 
 STEP_NUMBERS = list(range(1, len(STEPS) + 1))
+POLL_SECONDS = 0.5  # how often a step still computing asks whether it is done
 
 
 def _move(by: int) -> None:
     st.session_state["pg.lesson.step"] = min(max(st.session_state["pg.lesson.step"] + by, 1), len(STEPS))
+
+
+@st.fragment(run_every=POLL_SECONDS)
+def _computing(work, index: int, wait: str) -> None:
+    """A heavy step's progress line, asking again every POLL_SECONDS; the whole page reruns once the step is built."""
+    if work.ask(index) is not None:
+        st.rerun()
+    share, line = work.progress(index)
+    st.progress(share, text=f"{wait} {line} · {share * work.heavy:.0f} of {work.heavy} computed steps ready")
+
+
+def _built(step, run):
+    try:
+        return step.build(run)
+    except MotVizError as exc:  # e.g. a context without a gold answer on the patching step
+        app.show_error(exc)
+        return None
 
 
 def main() -> None:
@@ -47,14 +64,17 @@ def main() -> None:
     step = STEPS[number - 1]
     st.header(f"{number}. {step.title}")
     st.markdown(step.text(run))
-    progress = st.progress(0.0, text=step.wait) if step.wait else None
-    try:
-        shown = step.build(run)
-    except MotVizError as exc:  # e.g. a context without a gold answer on the patching step
-        shown = None
-        app.show_error(exc)
-    if progress is not None:
-        progress.empty()
+    work = lesson_work(run)  # the heavy steps, in the background, once the first translation is done
+    if step.wait is None:
+        shown, error = _built(step, run), None
+    else:
+        shown, error = work.ask(number - 1) or (None, None)
+        if shown is None and error is None:  # still computing: the text, a progress line, and "try this" meanwhile
+            _computing(work, number - 1, step.wait)
+    if isinstance(error, MotVizError):
+        app.show_error(error)
+    elif error is not None:
+        raise error
     if shown is not None:
         if shown.note:
             st.markdown(app.escape_markdown(shown.note))
@@ -67,7 +87,6 @@ def main() -> None:
     if st.button("Try it on its page" if step.tries else "Open this step's page", key="lesson.try"):
         st.session_state.update(step.tries or {})  # the page's options, kept while it opens (pg.* keys)
         st.switch_page(f"views/{step.page}")
-    warm_later_steps(run)  # the heavy steps, in the background, once the first translation is done
     if not presenter:
         _download(run)
 
@@ -81,7 +100,7 @@ def _download(run) -> None:
                                                                           key="lesson.prepare"):
         bar = st.progress(0.0)
         document = lesson_document(
-            run, "http://localhost:8501/lesson" + query_string(link_params()), app.python_code(run.selection),
+            run, view_address(__file__), app.python_code(run.selection),
             lambda i, title: bar.progress(i / len(STEPS), text=f"Step {i + 1}: {title} …"))
         bar.empty()
         st.session_state["lesson.file"] = (key, document.encode("utf-8"))

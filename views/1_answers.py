@@ -7,6 +7,7 @@ import streamlit as st
 
 from mot_viz import app
 from mot_viz.analysis.figures import answers_figure
+from mot_viz.app.openings import why_default_context
 from mot_viz.errors import MotVizError
 from mot_viz.eval.answers import CONDITIONS, TIE_LABELS, ties_with_mot
 
@@ -38,6 +39,9 @@ def main() -> None:
     app.run_caption(run)
     sel = run.selection
     app.question_header(sel.example)
+    why = why_default_context(sel)
+    if why:
+        st.caption(why)
 
     second = app.second_checkpoint(run, "pg.answers.second")
     app.widget_default("pg.answers.max_new", app.DEFAULT_MAX_NEW_TOKENS)

@@ -69,6 +69,8 @@ def _checkpoint_window(run: app.Run) -> None:
                     "shift_correction_trajectory")
     app.show_figure(correction_split_figure(summary), summary, "shift_correction_split")
     st.number_input("Random-control seed", min_value=0, step=1, key="pg.shift.seed")
+    # the layers whose correction or amplification the figures trace; a window at the top leaves none
+    app.method_picture(run, "above" if ws.num_upper_layers else "window")
 
 
 def _traced(sel: app.Selection) -> tuple[shift.WindowAnalysis, shift.ContextCase]:

@@ -5,6 +5,7 @@ import streamlit as st
 
 from mot_viz import app
 from mot_viz.app.long_context import LONG_DOCUMENTS, take_upload, your_long_document
+from mot_viz.app.openings import DEFAULT_LONG_DOCUMENT, WHY_DEFAULT_LONG_DOCUMENT, on_measured_checkpoint
 from mot_viz.analysis.long_context import (first_token_figure, first_token_table, position_error_figure,
                                            retention_curve_figure)
 from mot_viz.data.long_context import BUDGETS, DEPTHS
@@ -50,10 +51,13 @@ def main() -> None:
     budget = cols[1].selectbox("Length (target tokens)", list(BUDGETS), key="pg.long.budget", disabled=yours,
                                help="Longer documents take longer: on two CPU cores about 20 s at 512 tokens and "
                                     "a few minutes at 4,096. Your own text is read at its own length.")
-    app.widget_default("pg.long.doc", 0, range(LONG_DOCUMENTS))  # a linked number out of range is named and dropped
+    # a linked number out of range is named and dropped
+    app.widget_default("pg.long.doc", DEFAULT_LONG_DOCUMENT, range(LONG_DOCUMENTS))
     index = cols[2].number_input("Document number", 0, LONG_DOCUMENTS - 1, step=1, key="pg.long.doc", disabled=yours)
     for key in ("pg.long.text", "pg.long.question", "pg.long.gold"):  # kept (and linked) while another is shown
         app.widget_default(key, "")
+    if source == "stacks" and index == DEFAULT_LONG_DOCUMENT and on_measured_checkpoint(run.selection):
+        st.caption(WHY_DEFAULT_LONG_DOCUMENT)
     try:
         if yours:
             _your_text()

@@ -18,9 +18,9 @@ from ..analysis.figures import token_labels
 from ..engine.alignment import check_text
 from ..errors import MotVizError
 from .links import (LINK_DROP, LINK_NOTES, begin_page_run, drop_linked_page_options, link_notes_text, restore_link,
-                    sync_link)
+                    sync_link, view_address)
 from .loaders import get_checkpoint, get_model, get_translation
-from .page import VIEW_FIGURES, download_view, escape_markdown, keep_widget_state, show_error
+from .page import DRAWING, VIEW, View, download_view, escape_markdown, keep_widget_state, show_error
 from .sidebar import sidebar
 from .state import Run, Selection
 
@@ -93,7 +93,8 @@ def run_page(body: Callable[[], None], view_download: bool = True) -> None:
     """
     page_setup()
     begin_page_run()
-    st.session_state.pop(VIEW_FIGURES, None)  # the figures this run shows (show_figure), for "Download this view"
+    page_file = body.__code__.co_filename  # the page's file (views/): its path in the view's address
+    view = st.session_state[VIEW] = View(page_file)  # the figures this run shows, for "Download this view"
     token = _IN_PAGE_RUN.set(True)
     try:
         body()
@@ -106,6 +107,7 @@ def run_page(body: Callable[[], None], view_download: bool = True) -> None:
     if drop_linked_page_options(failed=False):  # a widget replaced a linked value it does not offer
         st.rerun()
     sync_link()  # with the page options this run gave their first values
+    view.drawn(view_address(page_file))
     st.session_state.pop(LINK_NOTES, None)  # shown in this completed run
 
 
@@ -119,12 +121,20 @@ def fragment(body: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(body)
     def part(*args, **kwargs) -> None:
         in_page_run = _IN_PAGE_RUN.get()  # else a rerun of this fragment alone
+        view = st.session_state.get(VIEW)
+        if view is not None and not in_page_run:
+            view.redraw(body.__qualname__)
+        token = DRAWING.set(body.__qualname__)
         try:
             body(*args, **kwargs)
         except Exception as exc:  # Streamlit would show a fragment's exception as a traceback
             _show_failure(exc, in_page_run)
+        finally:
+            DRAWING.reset(token)
         if not in_page_run:  # a page run writes the URL once it completes
             sync_link()
+            if view is not None:
+                view.drawn(view_address(view.page_file))
 
     return part
 

@@ -13,6 +13,7 @@ import re
 import threading
 from collections import OrderedDict
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import streamlit as st
 
@@ -25,8 +26,8 @@ from ..engine.synthetic import synthetic_names
 from .loaders import available_checkpoints
 from .long_context import LONG_DOCUMENTS
 from .multi_agent import CONVERSATIONS, SHARD_DOCUMENTS
-from .permalink import (MAX_QUERY_CHARS, PAGE_PREFIX, SidebarLink, check_value, fit_link, page_params, parse_link,
-                        python_snippet, query_string, sidebar_params, text_digest, text_in_link)
+from .permalink import (MAX_QUERY_CHARS, PAGE_PREFIX, SidebarLink, check_value, fit_link, page_params, page_path,
+                        parse_link, python_snippet, query_string, sidebar_params, text_digest, text_in_link)
 from .settings import (DATASET_MODE, EXAMPLES_PER_DATASET, FREE_TEXT_MODE, MAX_CONTEXT_TOKENS, OTHER, REPO_ROOT,
                        page_option_groups)
 from .state import Selection
@@ -229,6 +230,13 @@ def sync_link() -> dict[str, str]:
     params = link_params()
     _write_link(params)
     return params
+
+
+def view_address(page_file: str) -> str:
+    """This view's address: the app's scheme, host and port as the browser reached it (localhost:8501 where it did
+    not say), the page's path and the view's query."""
+    parts = urlsplit(st.context.url or "http://localhost:8501/")
+    return f"{parts.scheme}://{parts.netloc}/{page_path(page_file)}" + query_string(link_params())
 
 
 def _write_link(params: dict[str, str]) -> None:

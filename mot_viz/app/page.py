@@ -3,6 +3,7 @@ first value of each keyed widget, kept while its page or mode is not shown."""
 
 from __future__ import annotations
 
+import contextvars
 import string
 import traceback
 from pathlib import Path
@@ -18,19 +19,20 @@ from ..engine.models import DEFAULT_SOURCE, DEFAULT_TARGET
 from ..engine.mot import MoT, Translation
 from ..engine.prompts import QAExample, choice_label_texts
 from ..errors import MotVizError
-from .links import LINK_UNCHECKED, check_linked_value, link_params, offer_page_option, python_code
+from .links import LINK_UNCHECKED, check_linked_value, offer_page_option, python_code
 from .loaders import available_checkpoints, second_translation
-from .permalink import PAGE_PREFIX, query_string
+from .openings import DEFAULT_DATASET, DEFAULT_EXAMPLE
+from .permalink import PAGE_PREFIX
 from .settings import DATASET_MODE, DEFAULT_FREE_TEXT
 from .state import Run
 
 # Widget keys that outlive the page that shows them (see keep_widget_state); buttons are never listed.
 _DEFAULTS: dict[str, object] = {
     "sb.source": DEFAULT_SOURCE, "sb.source_other": "", "sb.target": DEFAULT_TARGET, "sb.target_other": "",
-    "sb.checkpoint_other": "", "sb.mode": DATASET_MODE, "sb.dataset": "squad", "sb.example": 0,
+    "sb.checkpoint_other": "", "sb.mode": DATASET_MODE, "sb.dataset": DEFAULT_DATASET, "sb.example": DEFAULT_EXAMPLE,
     "sb.text": DEFAULT_FREE_TEXT, "sb.question": "Who designed the tower?", "sb.gold": "Gustave Eiffel",
 }
-VIEW_FIGURES = "view.figures"  # name -> figure, each figure the page run showed: what "Download this view" writes
+VIEW = "view"  # the View of the page shown: what "Download this view" writes
 PAGE_KEY_PREFIX = PAGE_PREFIX  # pages give their widgets keys starting with "pg.", so they persist (and are linked)
 # Markdown (and Streamlit's :color[…] / :icon: / $math$ extensions) reads only ASCII punctuation as syntax, and
 # CommonMark lets a backslash make any of it literal
@@ -99,27 +101,67 @@ def show_figure(fig: go.Figure, data: pd.DataFrame, name: str) -> None:
                             "displaylogo": False})
     st.download_button(f"Download the data (CSV): {name}.csv", data.to_csv(index=False).encode("utf-8"),
                        file_name=f"{name}.csv", mime="text/csv", key=f"dl.{name}", on_click="ignore")
-    st.session_state.setdefault(VIEW_FIGURES, {})[name] = fig
+    view = st.session_state.get(VIEW)
+    if view is not None:
+        view.show(name, fig, DRAWING.get())
+
+
+DRAWING: contextvars.ContextVar[str | None] = contextvars.ContextVar("drawing", default=None)  # the fragment drawing
+
+
+class View:
+    """The figures a page shows now, in page order, each with the fragment (if any) that drew it, and the view's
+    address: the page run starts one, and a fragment's run alone replaces that fragment's figures and the address, so
+    "Download this view" writes what the reader sees (read when the button is pressed, on another thread)."""
+
+    def __init__(self, page_file: str):
+        self.page_file = page_file
+        self.address = ""
+        self._figures: list[tuple[str | None, str, go.Figure]] = []  # (fragment, name, figure)
+        self._at: int | None = None  # where a fragment's run alone puts its figures
+
+    def show(self, name: str, fig: go.Figure, fragment: str | None) -> None:
+        figures = [f for f in self._figures if f[1] != name]
+        at = len(figures) if self._at is None or fragment is None else self._at
+        self._figures = figures[:at] + [(fragment, name, fig)] + figures[at:]
+        if self._at is not None and fragment is not None:
+            self._at += 1
+
+    def redraw(self, fragment: str) -> None:
+        """A fragment runs alone: its figures go, and those it draws now take their place."""
+        self._at = next((i for i, f in enumerate(self._figures) if f[0] == fragment), len(self._figures))
+        self._figures = [f for f in self._figures if f[0] != fragment]
+
+    def drawn(self, address: str) -> None:
+        """A run (the page's, or a fragment's alone) has completed, with the view's address."""
+        self._at, self.address = None, address
+
+    def figures(self) -> list[tuple[str, go.Figure]]:
+        return [(name, fig) for _, name, fig in list(self._figures)]
+
+
+def view_document(view: View, sel) -> bytes:
+    """The view's file: its figures (plotly inside), the pair, checkpoint and context, how to reproduce it."""
+    shown = LessonPage("The figures", "", "", LessonStep(figures=[(f, None, n) for n, f in view.figures()]))
+    facts = {"source → target": f"{sel.source} → {sel.target}", "checkpoint": Path(sel.checkpoint).name,
+             "context": sel.label}
+    return lesson_html(f"MoT Viz: {sel.source} → {sel.target}", [shown], facts, sel.text, python_code(sel),
+                       view.address).encode("utf-8")
 
 
 def download_view() -> None:
-    """"Download this view": the figures the page run showed, with the applied pair, checkpoint, context and link, as
-    one HTML file (plotly inside) that opens with no server and no network. Nothing on a page without figures."""
-    figures = st.session_state.get(VIEW_FIGURES)
-    sel = st.session_state.get("applied")
-    if not figures or sel is None:
+    """"Download this view": the figures the page shows when the button is pressed (options changed since
+    included), with the applied pair, checkpoint, context and link, as one HTML file (plotly inside) that opens with
+    no server and no network. Nothing on a page without figures."""
+    view, sel = st.session_state.get(VIEW), st.session_state.get("applied")
+    if view is None or not view.figures() or sel is None:
         return
     with st.expander("Download this view"):
-        st.caption("This page's figures, interactive, in one HTML file (about 5 MB: plotly is inside) that opens in "
-                   "any browser with no server and no network, with the pair, checkpoint and context they show.")
-        if st.button("Prepare this view's file", key="view.prepare"):
-            shown = LessonPage("The figures", "", "", LessonStep(figures=[(f, None, n) for n, f in figures.items()]))
-            facts = {"source → target": f"{sel.source} → {sel.target}", "checkpoint": Path(sel.checkpoint).name,
-                     "context": sel.label}
-            document = lesson_html(f"MoT Viz: {sel.source} → {sel.target}", [shown], facts, sel.text,
-                                   python_code(sel), "http://localhost:8501/" + query_string(link_params()))
-            st.download_button("Download this view (HTML)", document.encode("utf-8"), file_name="mot_view.html",
-                               mime="text/html", key="view.download", on_click="ignore")
+        st.caption("This page's figures as they are when you press the button, interactive, in one HTML file "
+                   "(about 5 MB: plotly is inside) that opens in any browser with no server and no network, with the "
+                   "pair, checkpoint and context they show.")
+        st.download_button("Download this view (HTML)", lambda: view_document(view, sel), file_name="mot_view.html",
+                           mime="text/html", key="view.download", on_click="ignore")
 
 
 def show_error(exc: BaseException) -> None:

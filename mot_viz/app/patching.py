@@ -25,6 +25,7 @@ from ..eval.patching import PATCHING_FILE, layer_error_columns, method_cache, re
 from .loaders import checkpoint_stamp, get_checkpoint, get_model, get_translation
 from .long_context import LONG_DOCUMENTS, USER_MAX_TOKENS, cached_document, readers
 from .methods import MethodsOffer, option_stamps
+from .openings import DEFAULT_LONG_DOCUMENT
 from .page import widget_default
 from .settings import test_mode
 from .state import Run, Selection
@@ -32,7 +33,7 @@ from .state import Run, Selection
 
 # the Long context page's document options (its pg.long.* widgets) and their first values there
 LONG_SOURCES = ("stacks", "qasper", "yours")
-LONG_DEFAULTS = {"pg.long.source": "stacks", "pg.long.budget": BUDGETS[0], "pg.long.doc": 0, "pg.long.text": "",
+LONG_DEFAULTS = {"pg.long.source": "stacks", "pg.long.budget": BUDGETS[0], "pg.long.doc": DEFAULT_LONG_DOCUMENT, "pg.long.text": "",
                  "pg.long.question": "", "pg.long.gold": ""}
 
 

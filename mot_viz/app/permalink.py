@@ -21,6 +21,7 @@ import hashlib
 import json
 import math
 import re
+from pathlib import Path
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import quote_plus, urlencode
@@ -222,7 +223,12 @@ def example_link(view) -> str | None:
     sidebar = sidebar_params(SidebarLink(view.source, view.target, view.checkpoint, dataset=view.dataset,
                                          example=view.example))
     params, _ = fit_link({**sidebar, **page_params(view.options)})
-    return "./" + re.sub(r"^[0-9]+_", "", view.page) + query_string(params)
+    return "./" + page_path(view.page) + query_string(params)
+
+
+def page_path(page_file: str) -> str:
+    """A page's path in the app's address, as the navigation names it: its file's stem less its leading number."""
+    return re.sub(r"^[0-9]+_", "", Path(page_file).stem)
 
 def _short(value: str, limit: int = 60) -> str:
     return repr(value if len(value) <= limit else value[:limit] + "…")

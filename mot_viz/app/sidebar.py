@@ -16,6 +16,7 @@ from ..train.quickfit import QuickFitConfig, fit_pair, fits_dir
 from .links import LINK, link_of_widgets, share
 from .loaders import (FIT_PREFIX, available_checkpoints, checkpoints_for_pair, dataset_examples, default_checkpoint,
                       get_model)
+from .openings import DEFAULT_DATASET
 from .page import choices_text, escape_markdown, show_error, show_text, widget_default
 from .settings import DATASET_LABELS, DATASET_MODE, FREE_TEXT_MODE, OTHER, pretrained_dir, test_mode
 from .state import Selection
@@ -111,7 +112,7 @@ def _context_picker(target: str) -> tuple[str, QAExample | None, str | None, str
         gold = st.text_input("Gold answer(s), separated by |", key="sb.gold")
         context, example, suffix = free_text_selection(text, question, gold, chat)
         return context, example, suffix, "free text"
-    widget_default("sb.dataset", "squad", list(BUILTIN_DATASETS))
+    widget_default("sb.dataset", DEFAULT_DATASET, list(BUILTIN_DATASETS))
     name = st.selectbox("Dataset", list(BUILTIN_DATASETS), key="sb.dataset", format_func=DATASET_LABELS.get)
     try:
         examples = dataset_examples(name)

@@ -12,13 +12,22 @@ from pathlib import Path
 from streamlit.testing.v1 import AppTest
 
 from mot_viz.app.loaders import available_checkpoints
+from mot_viz.app.openings import DEFAULT_DATASET, DEFAULT_EXAMPLE
 from mot_viz.app.permalink import parse_link
 from mot_viz.app.settings import EXAMPLES_PER_DATASET, page_option_groups
-from mot_viz.data.eval_data import BUILTIN_DATASETS
+from mot_viz.data.eval_data import BUILTIN_DATASETS, load_dataset
 from mot_viz.engine.model_files import BUNDLED_MODELS
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 TIMEOUT = 300  # seconds per script run: two CPU cores shared with training
+
+
+def default_example():
+    """The example the sidebar opens on (the dataset's examples as the app offers them: seed 0, the first n)."""
+    return load_dataset(DEFAULT_DATASET, n=DEFAULT_EXAMPLE + 1, seed=0)[DEFAULT_EXAMPLE]
+
+
+DEFAULT_LABEL = f"SQuAD #{DEFAULT_EXAMPLE}"  # the applied selection's label on the first screen
 
 
 def open_app(page: str | None = None, params: dict[str, str] | None = None) -> AppTest:

@@ -12,6 +12,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app_helpers import APP, TIMEOUT, errors, open_app, shown
+from mot_viz.app.openings import DEFAULT_LONG_DOCUMENT
 from mot_viz import app
 from mot_viz.analysis.long_context import position_error_table
 from mot_viz.app.permalink import FINGERPRINT, MAX_TEXT_IN_LINK, text_digest
@@ -64,7 +65,7 @@ def test_the_page_shows_the_librarys_answers_positions_and_shipped_curve(pretrai
     source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
     mot, _ = load_checkpoint(pretrained["smollm2-to-gemma3"], source, target)
     linear, _ = load_checkpoint(pretrained["smollm2-to-gemma3-linear"], source, target)
-    doc = distractor_stacks(target.tokenizer, BUDGET, 1, seed=0)[0]
+    doc = distractor_stacks(target.tokenizer, BUDGET, DEFAULT_LONG_DOCUMENT + 1, seed=0)[DEFAULT_LONG_DOCUMENT]
     settings = LongSettings(str(pretrained["smollm2-to-gemma3"]), "stacks", (BUDGET,), 1, 0,
                             options={"linear": str(pretrained["smollm2-to-gemma3-linear"])})
     means = reference_means(target, mot.channels.target_layers, 16)  # the app's MEAN_VECTOR_PASSAGES
@@ -98,7 +99,8 @@ def test_the_view_lives_in_the_url_and_another_document_is_another_computation()
     at.number_input(key="pg.long.doc").set_value(1).run()
     assert not at.exception and not at.error
     target = load_test_model("gemma3-270m")
-    first, second = distractor_stacks(target.tokenizer, BUDGET, 2, seed=0)
+    stacks = distractor_stacks(target.tokenizer, BUDGET, DEFAULT_LONG_DOCUMENT + 1, seed=0)
+    first, second = stacks[DEFAULT_LONG_DOCUMENT], stacks[1]  # the page's first document, then #1
     assert first.example.question in texts and second.example.question in {t.value for t in at.text}
     assert second.depth == "middle" and at.query_params.get("long.doc") == "1"
 

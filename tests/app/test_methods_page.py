@@ -18,7 +18,7 @@ pytestmark = pytest.mark.usefixtures("pages_env")  # every page runs on the tiny
 
 @pytest.fixture(scope="module")
 def library(default_context):
-    """The page's default context (SQuAD #0) translated and shared by every method, computed by the library."""
+    """The page's default context (the sidebar's first example) translated and shared by every method, computed by the library."""
     return default_context
 
 

@@ -15,6 +15,7 @@ from app_helpers import APP, TIMEOUT, errors, open_app, shown
 from mot_viz import app
 from mot_viz.app.multi_agent import story_tokens
 from mot_viz.app.permalink import FINGERPRINT, MAX_TEXT_IN_LINK, text_digest
+from mot_viz.app.openings import DEFAULT_CONVERSATION
 from mot_viz.data.coqa import coqa_conversations
 from mot_viz.data.user_documents import document_label, user_conversation
 from mot_viz.engine.checkpoint import load_checkpoint
@@ -46,7 +47,8 @@ def test_the_page_answers_a_conversation_as_the_library_does(pretrained):
     assert not at.exception and not at.error
     source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
     mot, _ = load_checkpoint(pretrained["smollm2-to-gemma3"], source, target)
-    conversation = coqa_conversations(target.tokenizer, 1, 2, 0, story_tokens())[0]
+    conversation = coqa_conversations(target.tokenizer, DEFAULT_CONVERSATION + 1, 2, 0,
+                                      story_tokens())[DEFAULT_CONVERSATION]  # the page's first story
     rows = pd.DataFrame(conversation_rows(mot, source, target, conversation,
                                           ConversationSettings(str(pretrained["smollm2-to-gemma3"]), 1, 2,
                                                                max_story_tokens=story_tokens())))
@@ -132,7 +134,7 @@ def test_the_coqa_caption_names_the_story_not_the_sidebars_passage():
     at = open_app(PAGE)
     at.selectbox(key="pg.agents.turns").set_value(1).run()
     caption = next(shown(c.value) for c in at.caption if "checkpoint" in c.value)
-    assert caption.endswith("document: CoQA story #0, its first 1 turns") and "SQuAD" not in caption
+    assert caption.endswith(f"document: CoQA story #{DEFAULT_CONVERSATION}, its first 1 turns") and "SQuAD" not in caption
 
 
 def test_an_empty_too_long_or_binary_story_is_one_message_and_no_computation():

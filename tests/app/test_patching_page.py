@@ -7,6 +7,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app_helpers import errors, goto, open_app, translate_button
+from mot_viz.app.openings import DEFAULT_LONG_DOCUMENT
 from mot_viz.analysis.methods import method_labels
 from mot_viz.data.long_context import BUDGETS, long_examples
 from mot_viz.engine.alignment import encode
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("pages_env")  # every page runs on the tiny
 
 @pytest.fixture(scope="module")
 def library(default_context):
-    """The page's default context (SQuAD #0), its translation, question and gold answer, computed by the library."""
+    """The page's default context (the sidebar's first example), its translation, question and gold answer, computed by the library."""
     source, target, mot, linear, example, prompt, translation = default_context
     question = target.ids_tensor(encode(target.tokenizer, prompt.suffix_text))
     answer = answer_token_ids(target.tokenizer, example, None)
@@ -141,13 +142,13 @@ def test_the_long_context_pages_document_is_scanned_and_its_choice_lives_in_the_
 @pytest.mark.parametrize("doc", ["99999", "-5"])
 def test_a_linked_document_number_out_of_range_is_named_and_dropped(doc):
     """long.doc past the last document, or negative (which indexing would have read from the end): the link warning
-    names it with the range, the page scans the first document, and the option leaves the URL."""
+    names it with the range, the page scans the page's first document, and the option leaves the URL."""
     from test_permalinks import link_warning
 
     at = goto(open_app(params={"patch.context": "long", "long.doc": doc}), PAGE)
     assert not at.exception and not at.error, errors(at)
     assert f"long.doc={int(doc)} (the option takes a whole number from 0 to 63)" in link_warning(at)
-    assert r"document: stacks \#0 at 512 target tokens" in " ".join(c.value for c in at.caption)
+    assert rf"document: stacks \#{DEFAULT_LONG_DOCUMENT} at 512 target tokens" in " ".join(c.value for c in at.caption)
     assert at.query_params.get("long.doc") is None
 
 

@@ -20,7 +20,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import mot_viz.engine.models
-from app_helpers import errors, goto, open_app, shown, translate_button
+from app_helpers import DEFAULT_LABEL, errors, goto, open_app, shown, translate_button
+from mot_viz.app.openings import DEFAULT_EXAMPLE
 from mot_viz import app
 from mot_viz.app.permalink import (MAX_QUERY_CHARS, MAX_TEXT_IN_LINK, SidebarLink, check_value, decode_value,
                                    encode_value, fit_link, page_params, parse_link, query_string, sidebar_params,
@@ -163,9 +164,9 @@ def test_a_link_cut_inside_a_fingerprint_says_it_was_cut_short():
 def test_the_applied_selection_and_page_options_are_in_the_url_and_a_fresh_session_restores_them():
     at = open_app()
     assert at.query_params == {"src": "smollm2-135m", "tgt": "gemma3-270m", "ckpt": "smollm2-to-gemma3",
-                               "ds": "squad", "ex": "0"}
+                               "ds": "squad", "ex": str(DEFAULT_EXAMPLE)}
     at.number_input(key="sb.example").set_value(3).run()
-    assert at.query_params["ex"] == "0"  # not applied yet: the URL keeps the applied view
+    assert at.query_params["ex"] == str(DEFAULT_EXAMPLE)  # not applied yet: the URL keeps the applied view
     translate_button(at).click().run()
     assert at.query_params["ex"] == "3" and at.session_state["applied"].label == "SQuAD #3"
     at = goto(at, "2_cache_error")
@@ -256,7 +257,7 @@ def test_a_long_free_text_is_linked_by_digest_and_restored_only_where_it_was_see
     lost = open_app(params=params)
     assert len(lost.warning) == 1 and f"sha256:{params['th']}" in link_warning(lost)
     assert "paste the text under Free text" in link_warning(lost)
-    assert lost.session_state["applied"].label == "SQuAD #0"  # the default context, not a half-restored one
+    assert lost.session_state["applied"].label == DEFAULT_LABEL  # the default context, not a half-restored one
     assert "th" not in lost.query_params  # the URL now says what is shown
 
 
@@ -272,7 +273,7 @@ def test_hostile_parameters_give_one_warning_and_the_defaults():
     assert sidebar_values(at) == sidebar_values(default)
     assert at.session_state["applied"] == default.session_state["applied"]
     assert at.session_state["sb.source_other"] == "no-such-model"  # offered under "other", not loaded
-    assert at.query_params["src"] == "smollm2-135m" and at.query_params["ex"] == "0"
+    assert at.query_params["src"] == "smollm2-135m" and at.query_params["ex"] == str(DEFAULT_EXAMPLE)
 
     for params in ({"ex": "99999999999999999999"}, {"ex": "-3"}, {"ds": "squad", "ex": str(EXAMPLES_PER_DATASET)},
                    {"ckpt": ""}):

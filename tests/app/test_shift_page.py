@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app_helpers import open_app
+from app_helpers import default_example, open_app
 from mot_viz.analysis import shift
 from mot_viz.data.eval_data import load_dataset
 from mot_viz.engine.checkpoint import load_checkpoint
@@ -50,7 +50,7 @@ def test_page_traces_the_checkpoint_window_and_shows_the_shipped_sweep(pretraine
     # the same analysis computed directly
     source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
     mot, _ = load_checkpoint(pretrained["smollm2-to-gemma3"])
-    example = load_dataset("squad", n=50, seed=0)[0]
+    example = default_example()
     prompt = build_prompt(example)
     case = shift.case_from_text(target, prompt.context_text, prompt.suffix_text, example)
     ws, run = shift.analyse_translation(mot, source, target, case, translate(mot, source, target, prompt.context_text),
@@ -123,7 +123,7 @@ def test_after_the_answers_page_the_shift_and_per_layer_pages_reuse_its_question
     assert not at.exception, at.exception
     source, target = load_test_model("smollm2-135m"), load_test_model("gemma3-270m")
     mot, _ = load_checkpoint(pretrained["smollm2-to-gemma3"])
-    example = load_dataset("squad", n=50, seed=0)[0]
+    example = default_example()
     prompt = build_prompt(example)
     translation = translate(mot, source, target, prompt.context_text)
     case = shift.case_from_text(target, prompt.context_text, prompt.suffix_text, example)

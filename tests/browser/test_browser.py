@@ -20,6 +20,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import pytest
 
+from mot_viz.app.openings import DEFAULT_EXAMPLE
+
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOTS = (REPO / "docs" / "screenshots" if os.environ.get("MOT_VIZ_UPDATE_SCREENSHOTS") == "1"
                else Path(tempfile.mkdtemp(prefix="mot_viz_screenshots_")))
@@ -146,6 +148,12 @@ def test_default_pair_every_page_and_two_tabs(app_url, browser):
         if title == "Answers":
             rows = page.locator('[data-testid="stDataFrame"]')
             assert rows.count() == 1
+            # the first screen's example, and the reason the app gives for it (mot_viz.app.openings), as measured
+            page.get_by_text(f"The app opens on SQuAD #{DEFAULT_EXAMPLE} because").wait_for()
+            scores = page.locator(".js-plotly-plot").first.evaluate("e => e.data[0]")
+            answers = dict(zip(scores["x"], scores["customdata"]))
+            assert answers["native"] == answers["mot"] == "Kromme Rijn", answers
+            assert answers["no_context"] == answers["random"] == "The Rhine", answers
         page.wait_for_timeout(500)  # let plotly finish drawing before the screenshot
         page.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
     # the last page is Shift analysis: its shipped sweep (results/shift) draws below the checkpoint's own window
@@ -549,6 +557,17 @@ def test_instrument_screenshots_and_fragment_links(app_url, browser, tmp_path):
         assert runs.wait(page, since) == [runs.fragment]  # the fragment reran, not the page
         titles.filter(has_text=re.compile(r"^V: ")).wait_for(timeout=60_000)
         assert titles.filter(has_text=re.compile(r"^K: ")).count() == 0
+        # "Download this view" after that fragment's rerun alone: the file holds the V heatmap, not the K one
+        _wait_until_settled(page)  # a rerun still drawing would redraw the expander closed
+        page.get_by_test_id("stExpander").filter(has_text="Download this view").locator("summary").click()
+        button = page.get_by_role("button", name="Download this view (HTML)")
+        button.wait_for(state="visible", timeout=60_000)
+        with page.expect_download(timeout=120_000) as download:
+            button.click()
+        download.value.save_as(tmp_path / "view.html")
+        shown = (tmp_path / "view.html").read_text(encoding="utf-8")
+        assert re.search(r'"text":\s*"V: ', shown) and not re.search(r'"text":\s*"K: ', shown)
+        assert "error.kv=V" in shown  # the view's address, with the option
         query = _query(page)
         assert query["ckpt"] == "smollm2-to-gemma3-mid" and not {"error.metric", "error.comparison"} & set(query)
 
@@ -701,20 +720,23 @@ def test_the_lesson_in_presenter_mode_with_the_arrow_keys_and_its_file_offline(a
     page.get_by_role("heading", name=f"1. {STEPS[0].title}").wait_for()
     _wait_until_settled(page)
     page.locator('[data-testid="stSidebar"]').wait_for(state="hidden", timeout=30_000)  # the presenter's style
-    seconds = {}
+    shown, drawn = {}, {}  # seconds after the arrow key until the step's header, and until its run settled
     for number, step in enumerate(STEPS, 1):
         if number > 1:
             start = time.monotonic()
             page.locator("body").press("ArrowRight")
             page.get_by_role("heading", name=f"{number}. {step.title}").wait_for(timeout=SLOW_MS)
+            shown[number] = time.monotonic() - start
+            page.get_by_text("Try this:").wait_for(timeout=SLOW_MS)  # the step's text is drawn, figure or not
             _wait_until_settled(page)
-            seconds[number] = time.monotonic() - start
+            drawn[number] = time.monotonic() - start
         _assert_no_failure(page)
         assert _query(page).get("lesson.step", "1") == str(number)
         if number == 3:
             page.wait_for_timeout(500)  # let plotly finish drawing before the screenshot
             page.screenshot(path=str(SCREENSHOTS / "lesson_presenter.png"))
-    print("seconds per step after the arrow key:", {k: round(v, 1) for k, v in seconds.items()})
+    print("seconds after the arrow key, to the step's header:", {k: round(v, 1) for k, v in shown.items()},
+          "to a settled page:", {k: round(v, 1) for k, v in drawn.items()})
     page.locator("body").press("ArrowLeft")
     page.get_by_role("heading", name=f"{len(STEPS) - 1}. {STEPS[-2].title}").wait_for()
 
