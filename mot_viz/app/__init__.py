@@ -12,13 +12,16 @@ each importing only those above it:
 * ``permalink`` — the pure part of links: a view as query parameters and back, checked value by value;
 * ``settings`` — where the checkpoints live, test mode (``MOT_VIZ_TEST_MODELS=1``), limits and defaults;
 * ``state`` — ``Selection`` (the inputs of one translation) and ``Run`` (what a page shows for it);
+* ``openings`` — what the app and each page open on, and why (the shipped results that chose it);
 * ``loaders`` — the cached loaders: checkpoints on offer, models, checkpoints, translations, answers, fidelity;
 * ``long_context`` — the Long context page's loaders: one long document evaluated, the shipped results;
 * ``multi_agent`` — the Multi-agent page's loaders: one CoQA conversation answered turn by turn, the shipped results,
   one document read in shards by several source agents;
-* ``methods`` — the Methods page's loaders: which ways of sharing the pair offers, each one's cache and answer;
+* ``methods`` — the Methods page's loaders: which ways of sharing the pair offers (each finds and loads its own
+  artifact), each one's cache and answer;
 * ``patching`` — the Layer patching page's loaders: one method's patching scan of the applied context;
-* ``lesson`` — the Lesson page's steps, each drawn by its page's own functions, and the lesson file of a run;
+* ``lesson`` — the Lesson page's steps, each drawn by its page's own functions (the heavy ones in a background
+  thread), and the lesson file of a run;
 * ``presenter`` — presenter mode: no sidebar or explanation boxes, larger text and figures, the arrow keys;
 * ``links`` — the applied view in ``st.query_params`` and back (the pure part is mot_viz.app.permalink);
 * ``page`` — what a page draws with (``explain``, ``method_picture``, ``run_caption``, ``show_figure``,

@@ -36,7 +36,8 @@ from ..eval.answers import (CONDITION_LABELS, CONDITIONS, Answer, PromptedCache,
 from ..sharing import registry
 from ..sharing.caches import ConditionCaches, condition_caches
 from ..sharing.mean import MEAN
-from ..sharing.method import translated_seconds
+from ..sharing.linear import find_linear
+from ..sharing.method import Offering, translated_seconds
 from ..sharing.random_window import RANDOM
 from ..sharing.registry import REFERENCE, TRANSLATED
 from ..train.mean_vector import MeanVectors, reference_means
@@ -240,21 +241,16 @@ def cached_mean_vectors(target: str, layers: tuple[int, ...], test: bool) -> Mea
     return reference_means(get_model(target), layers, MEAN_VECTOR_PASSAGES)
 
 
+def app_offering(checkpoint: str, mot: MoT) -> Offering:
+    """What the ways of sharing are offered with beside `checkpoint` (its MoT) in the app: the MoT checkpoints on offer
+    (shipped and fitted) and the shipped networks' folder."""
+    return Offering(checkpoint, mot, tuple(available_checkpoints().values()), pretrained_dir())
+
+
 def linear_baseline_for(checkpoint: str, mot: MoT) -> str | None:
-    """A shipped 'linear' checkpoint for the same pair and window as `mot` (the checkpoint at `checkpoint`), other
-    than that checkpoint itself, if any."""
-    for path in available_checkpoints().values():
-        if path == checkpoint:
-            continue
-        try:
-            cfg = read_config(path)
-        except MotVizError:
-            continue
-        if (cfg["translator"].get("variant") == "linear" and cfg["source"].get("fingerprint") == mot.source.fingerprint
-                and cfg["target"].get("fingerprint") == mot.target.fingerprint
-                and cfg["channels"] == mot.channels.to_json()):
-            return path
-    return None
+    """A shipped or fitted 'linear' checkpoint for the same pair and window as `mot` (the checkpoint at `checkpoint`),
+    other than that checkpoint itself, if any (the linear way's own finder)."""
+    return find_linear(app_offering(checkpoint, mot))
 
 
 def window_fidelity(run: Run, second: str | None = None) -> pd.DataFrame:

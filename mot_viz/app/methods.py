@@ -13,20 +13,13 @@ import streamlit as st
 
 from ..analysis.method_figures import shipped_points
 from ..analysis.methods import MethodsResult, cache_methods, methods, relay_methods
-from ..engine.checkpoint import read_config
-from ..engine.mot import MoT
 from ..errors import MotVizError
-from ..sharing.caches import run_artifacts
-from ..sharing.direct import DIRECT, DIRECT_OPTION
-from ..sharing.kvcomm import KVCOMM, check_kvcomm_pair
-from ..sharing.linear import LINEAR, LINEAR_OPTION
 from ..sharing import registry
+from ..sharing.caches import run_artifacts
+from ..sharing.method import Loading, Method, Option
 from ..sharing.relay import RELAY_TOKENS
-from ..sharing.trained import TrainedWay, trained_in
-from ..train.rival_checkpoint import is_trained_folder, load_trained
-from .loaders import (available_checkpoints, checkpoint_stamp, get_checkpoint, get_model, get_translation,
-                      linear_baseline_for)
-from .settings import REPO_ROOT, pretrained_dir, test_mode
+from .loaders import app_offering, checkpoint_stamp, get_checkpoint, get_model, get_translation
+from .settings import REPO_ROOT, test_mode
 from .state import Run, Selection
 
 
@@ -41,77 +34,55 @@ class MethodsOffer(NamedTuple):
         return name not in self.missing
 
 
-def direct_map_for(mot: MoT) -> str | None:
-    """A checkpoint on offer (pretrained/ or fitted here) that is a full-depth map without replay for the MoT's
-    pair (its source and target fingerprints), if any."""
-    for path in available_checkpoints().values():
-        try:
-            cfg = read_config(path)
-        except MotVizError:
-            continue
-        if (cfg.get("replay", {}).get("direct") and cfg["source"].get("fingerprint") == mot.source.fingerprint
-                and cfg["target"].get("fingerprint") == mot.target.fingerprint):
-            return path
+def _loads(way: Method, option: Option, path: str | None, run: Run) -> tuple[str | None, str | None]:
+    """(path, None) when what the option found at path loads for the run's pair (the method's own load), else (None,
+    the note saying why it is left out): a broken one leaves out that method only, never the page (the user never
+    chose it)."""
+    if path is None:
+        return None, None
+    sel = run.selection
+    failure = _load_failure(way.name, option.name, path, _stamp(path), sel.source, sel.target, test_mode())
+    if failure is None:
+        return path, None
+    return None, (f"the {option.what} {Path(path).name} does not load ({failure}). Fix or remove it; the other methods "
+                  "are shown.")
+
+
+def _stamp(path: str) -> int:
+    """The newest modification time of the file at path or of the files in its folder (a rewritten one is read
+    again)."""
+    found = Path(path)
+    files = [found] if found.is_file() else [f for f in found.iterdir() if f.is_file()] if found.is_dir() else []
+    return max((f.stat().st_mtime_ns for f in files), default=0)
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def _load_failure(method: str, option: str, path: str, stamp: int, source: str, target: str, test: bool) -> str | None:
+    """Why the method's load of what its option names at path fails for the pair, in one line; None when it loads."""
+    try:
+        registry.method(method).load(Loading(get_model(source), get_model(target), None, {option: path}))
+    except MotVizError as exc:
+        return f"{type(exc).__name__}: {str(exc)[:300]}"
     return None
 
 
-def trained_for(way: TrainedWay, mot: MoT) -> str | None:
-    """The network of `way` shipped in pretrained/ for the MoT's pair (its source and target fingerprints), if any."""
-    found = trained_in(pretrained_dir(), way.name, {"source": mot.source.to_json(), "target": mot.target.to_json()})
-    return None if found is None else str(found)
-
-
-def _loads(path: str | None, what: str, run: Run) -> tuple[str | None, str | None]:
-    """(path, None) when the checkpoint on offer at path loads for the run's pair, else (None, the note saying why it
-    is left out): a broken one leaves out that method only, never the page (the user never chose it)."""
-    if path is None:
-        return None, None
-    try:
-        if is_trained_folder(path):
-            load_trained(path, run.source.spec, run.target.spec)
-        else:
-            get_checkpoint(path, run.source, run.target)
-    except MotVizError as exc:
-        return None, (f"the {what} {Path(path).name} does not load ({type(exc).__name__}: {str(exc)[:300]}). Fix or "
-                      "remove that folder; the other methods are shown.")
-    return path, None
-
-
 def methods_offer(run: Run) -> MethodsOffer:
-    """The optional methods for the run's pair and checkpoint, and the options they read (the maps found for it)."""
-    missing = {}
-    linear = None
-    if run.mot.translator.config.variant == "linear":
-        missing[LINEAR.name] = "the checkpoint itself is a linear map: its row is MoT's."
-    else:
-        linear = linear_baseline_for(run.selection.checkpoint, run.mot)
-        if linear is None:
-            missing[LINEAR.name] = ("no linear checkpoint (a `-linear` folder) for this pair and window: the sidebar's "
-                                 "“Fit a linear translator” makes one.")
-        linear, broken = _loads(linear, "linear map", run)
-        if broken:
-            missing[LINEAR.name] = broken
-    direct = direct_map_for(run.mot)
-    if direct is None:
-        missing[DIRECT.name] = ("no full-depth map without replay for this pair (e.g. pretrained/smollm2-to-gemma3-"
-                             "direct; python -m mot_viz.train.quickfit --direct fits one).")
-    direct, broken = _loads(direct, "full-depth map", run)
-    if broken:
-        missing[DIRECT.name] = broken
-    try:
-        check_kvcomm_pair(run.source.spec, run.target.spec)
-    except MotVizError as exc:
-        # the check's message less its command-line advice
-        missing[KVCOMM.name] = (str(exc).split(" Use it with")[0] + " It is offered for a pair of one architecture "
-                             "(e.g. smollm2-135m → smollm2-135m).")
-    options = {LINEAR_OPTION.name: linear, DIRECT_OPTION.name: direct}
+    """The ways of sharing the run's pair and checkpoint offer, and the options they read: each method says whether
+    it fits the pair (Method.not_offered) and finds what its options name among the checkpoints on offer
+    (Option.find), which must load."""
+    offering = app_offering(run.selection.checkpoint, run.mot)
+    options, missing = {}, {}
     for way in registry.REGISTRY.values():
-        if isinstance(way, TrainedWay):
-            path, broken = _loads(trained_for(way, run.mot), f"{way.name} network", run)
-            options[way.option.name] = path
-            if path is None:
-                missing[way.name] = broken or (f"no {way.name} network for this pair in pretrained/ (python -m "
-                                               f"mot_viz.train.rival --method {way.name} trains one).")
+        why = way.not_offered(offering)
+        for option in way.options:
+            if option.find is None:
+                continue
+            path, broken = (None, None) if why else _loads(way, option, option.find(offering), run)
+            options[option.name] = path
+            if why is None and path is None:
+                why = broken or option.missing
+        if why is not None:
+            missing[way.name] = why
     return MethodsOffer(options, missing)
 
 

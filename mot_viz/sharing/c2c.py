@@ -17,8 +17,8 @@ import torch
 
 from ..engine.mot import native_cache
 from ..train.c2c import FUSER, NAME, fused_cache, projected_cache
-from .method import Built, Inputs, Option
-from .trained import Handed, TrainedWay, shipped_beside
+from .method import Built, Inputs
+from .trained import Handed, TrainedWay, trained_option
 
 
 class ProjectionWay(TrainedWay):
@@ -39,9 +39,9 @@ class ProjectionWay(TrainedWay):
         return self.built(inputs, kv, start, held, prefill)
 
 
-C2C_PR_OPTION = Option("c2c_pr", str, None, "the projection path the 'c2c-pr' way of sharing answers from (python -m "
-                       "mot_viz.train.rival --method c2c-pr; default: pretrained/<pair>-c2c-pr beside --checkpoint)",
-                       beside=shipped_beside(NAME))
+C2C_PR_OPTION = trained_option(NAME, "c2c_pr", "the projection path the 'c2c-pr' way of sharing answers from (python "
+                               "-m mot_viz.train.rival --method c2c-pr; default: pretrained/<pair>-c2c-pr beside "
+                               "--checkpoint)")
 
 C2C_PR = ProjectionWay(NAME, "C2C projection path (one MLP maps the source's top layers' K/V onto the target's, in "
                        "place of its own; no replay; with every target layer projected, as for SmolLM2 → Gemma 3, the "
@@ -63,8 +63,8 @@ class FuserWay(TrainedWay):
                           t.timings.get("native_prefill", 0.0))
 
 
-C2C_OPTION = Option("c2c", str, None, "the fuser the 'c2c' way of sharing answers from (python -m mot_viz.train.rival "
-                    "--method c2c; default: pretrained/<pair>-c2c beside --checkpoint)", beside=shipped_beside(FUSER))
+C2C_OPTION = trained_option(FUSER, "c2c", "the fuser the 'c2c' way of sharing answers from (python -m "
+                            "mot_viz.train.rival --method c2c; default: pretrained/<pair>-c2c beside --checkpoint)")
 
 C2C = FuserWay(FUSER, "C2C fuser (the target reads the context itself; each layer's K/V gains a gated residual from "
                "its own and the source's: native enriched, not replaced)", (C2C_OPTION,),

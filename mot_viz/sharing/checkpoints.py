@@ -3,6 +3,8 @@ loads."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..engine.checkpoint import read_config
 from ..errors import CheckpointError, MotVizError
 
@@ -24,3 +26,18 @@ def full_depth(config: dict) -> bool:
 def same_pair(config: dict, other: dict) -> bool:
     """Whether two checkpoints' configs were made for one model pair (their models' fingerprints)."""
     return all(other[k].get("fingerprint") == config[k].get("fingerprint") for k in ("source", "target"))
+
+
+def first_offered(folders, accept: Callable[[dict], bool], skip: str | None = None) -> str | None:
+    """The first checkpoint folder of `folders` (other than `skip`) whose config.json `accept` takes; one that does not
+    read is passed over (the app offers the others)."""
+    for folder in folders:
+        if folder == skip:
+            continue
+        try:
+            config = read_config(folder)
+        except MotVizError:
+            continue
+        if accept(config):
+            return folder
+    return None

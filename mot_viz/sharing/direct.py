@@ -7,13 +7,21 @@ from ..engine.checkpoint import load_checkpoint
 from ..engine.models import ModelSpec
 from ..engine.mot import MoT, translate
 from ..errors import CheckpointError, ConfigError
-from .checkpoints import checked_config, full_depth, same_pair
-from .method import (Built, Inputs, Loading, Method, Option, Request, layers_bytes, target_stages_seconds,
-                     translated_seconds)
+from .checkpoints import checked_config, first_offered, full_depth, same_pair
+from .method import (Built, Inputs, Loading, Method, Offering, Option, Request, layers_bytes,
+                     target_stages_seconds, translated_seconds)
+
+def find_direct(offering: Offering) -> str | None:
+    """A full-depth map without replay on offer for the MoT's pair."""
+    pair = offering.pair()
+    return first_offered(offering.folders, lambda c: bool((c.get("replay") or {}).get("direct")) and same_pair(pair, c))
+
 
 DIRECT_OPTION = Option("direct", str, None, "the full-depth map without replay the 'direct' way of sharing answers "
                        "from (a checkpoint of python -m mot_viz.train.quickfit --direct, e.g. "
-                       "pretrained/smollm2-to-gemma3-direct)")
+                       "pretrained/smollm2-to-gemma3-direct)", find=find_direct, what="full-depth map",
+                       missing="no full-depth map without replay for this pair (e.g. pretrained/smollm2-to-gemma3-"
+                               "direct; python -m mot_viz.train.quickfit --direct fits one).")
 
 
 def check_direct_map(direct: MoT | None) -> None:

@@ -13,8 +13,8 @@ import torch
 
 from ..engine.mot import MoT
 from ..train.interlat import NAME, latent_forward, source_hidden
-from .method import Built, Inputs, Option
-from .trained import Handed, TrainedWay, shipped_beside
+from .method import Built, Inputs
+from .trained import Handed, TrainedWay, trained_option
 
 
 class LatentHandOff(TrainedWay):
@@ -39,9 +39,9 @@ class LatentHandOff(TrainedWay):
         return None
 
 
-INTERLAT_OPTION = Option("interlat", str, None, "the hidden-state processor the 'interlat' way of sharing answers "
-                         "from (python -m mot_viz.train.rival --method interlat; default: pretrained/<pair>-interlat "
-                         "beside --checkpoint)", beside=shipped_beside(NAME))
+INTERLAT_OPTION = trained_option(NAME, "interlat", "the hidden-state processor the 'interlat' way of sharing "
+                                 "answers from (python -m mot_viz.train.rival --method interlat; default: "
+                                 "pretrained/<pair>-interlat beside --checkpoint)")
 
 INTERLAT = LatentHandOff(NAME, "Interlat latent hand-off (the source's last hidden states, processed, are the target's "
                          "input embeddings: the target runs over them in the text's place)", (INTERLAT_OPTION,),

@@ -45,7 +45,7 @@ from ..engine.models import LoadedModel, ModelSpec
 from ..engine.mot import MoT, native_cache, target_context_ids
 from ..engine.prompts import QAExample, build_prompt
 from ..errors import ConfigError
-from .method import Built, Inputs, Loading, Method, Option, Request, layers_bytes
+from .method import Built, Inputs, Loading, Method, Offering, Option, Request, layers_bytes
 
 KVCOMM_FRACTION = 0.3  # share of the layers whose K/V are shared (KVComm's README; --kvcomm_fraction)
 KVCOMM_ALPHA = 0.5  # weight of the attention score against the depth prior (method.md §15 records no default)
@@ -178,6 +178,14 @@ def kvcomm_cache(source: LoadedModel, target: LoadedModel, target_ids: torch.Ten
 
 
 class SelectiveLayers(Method):
+    def not_offered(self, offering: Offering) -> str | None:
+        try:
+            check_kvcomm_pair(offering.mot.source, offering.mot.target)
+        except ConfigError as exc:  # its message less its command-line advice
+            return (str(exc).split(" Use it with")[0] + " It is offered for a pair of one architecture (e.g. "
+                    "smollm2-135m → smollm2-135m).")
+        return None
+
     def check(self, request: Request) -> None:
         check_kvcomm_fraction(FRACTION_OPTION.of(request.options))
         if self.name in request.conditions:

@@ -13,8 +13,8 @@ from ..engine.checkpoint import load_checkpoint, read_config
 from ..engine.models import LoadedModel, ModelSpec
 from ..engine.mot import MoT, Translation, replay_window, translate_window
 from ..errors import ConfigError
-from .checkpoints import same_pair
-from .method import Built, Inputs, Loading, Method, Option, Request
+from .checkpoints import first_offered, same_pair
+from .method import Built, Inputs, Loading, Method, Offering, Option, Request
 
 
 def timed_linear_cache(mot: MoT, linear: MoT, source: LoadedModel, target: LoadedModel,
@@ -40,8 +40,18 @@ def default_linear(checkpoint: str) -> str | None:
     return str(path) if path != Path(checkpoint) and (path / "config.json").is_file() else None
 
 
+def find_linear(offering: Offering) -> str | None:
+    """A linear checkpoint on offer for the MoT's pair and window, other than the MoT's own checkpoint."""
+    pair, window = offering.pair(), offering.mot.channels.to_json()
+    return first_offered(offering.folders, lambda c: c["translator"].get("variant") == "linear"
+                         and same_pair(pair, c) and c["channels"] == window, skip=offering.checkpoint)
+
+
 LINEAR_OPTION = Option("linear", str, None, "the pair's closed-form map of the same window the 'linear' control "
-                       "replays (default: <checkpoint>-linear, when there is one)", beside=default_linear)
+                       "replays (default: <checkpoint>-linear, when there is one)", beside=default_linear,
+                       find=find_linear, what="linear map",
+                       missing="no linear checkpoint (a `-linear` folder) for this pair and window: the app's “Fit a "
+                               "linear translator” (or python -m mot_viz.train.quickfit) makes one.")
 
 
 def check_linear(conditions: tuple[str, ...], linear: str | None, checkpoint: str, config: dict) -> None:
@@ -56,6 +66,11 @@ def check_linear(conditions: tuple[str, ...], linear: str | None, checkpoint: st
 
 
 class LinearMap(Method):
+    def not_offered(self, offering: Offering) -> str | None:
+        if offering.mot.translator.config.variant == "linear":
+            return "the checkpoint itself is a linear map: its row is MoT's."
+        return None
+
     def check(self, request: Request) -> None:
         check_linear(request.conditions, LINEAR_OPTION.of(request.options), request.checkpoint, request.config)
 

@@ -11,8 +11,8 @@ import time
 import torch
 
 from ..train.lsc import NAME, latent_cache
-from .method import Built, Inputs, Option
-from .trained import Handed, TrainedWay, shipped_beside
+from .method import Built, Inputs
+from .trained import Handed, TrainedWay, trained_option
 
 
 class LatentWay(TrainedWay):
@@ -25,9 +25,9 @@ class LatentWay(TrainedWay):
         return self.built(inputs, kv, start, held)
 
 
-LSC_OPTION = Option("lsc", str, None, "the shared-latent translators the 'lsc' way of sharing answers from (python -m "
-                    "mot_viz.train.rival --method lsc; default: pretrained/<pair>-lsc beside --checkpoint)",
-                    beside=shipped_beside(NAME))
+LSC_OPTION = trained_option(NAME, "lsc", "the shared-latent translators the 'lsc' way of sharing answers from "
+                            "(python -m mot_viz.train.rival --method lsc; default: pretrained/<pair>-lsc beside "
+                            "--checkpoint)")
 
 LSC = LatentWay(NAME, "LSC shared latent space (the source's every layer into a latent, out to the target's every "
                 "layer; no replay: the target never reads the context)", (LSC_OPTION,),

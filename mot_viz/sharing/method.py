@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -62,6 +63,10 @@ class Option:
     help: str = ""
     # a default found beside the run's --checkpoint when the flag is not given (linear: "<checkpoint>-linear")
     beside: Callable[[str], object] | None = None
+    # the value an app offers it with, found among the checkpoints on offer for the pair (Offering); None: none found
+    find: Callable[["Offering"], str | None] | None = None
+    what: str = ""  # what `find` finds, as a message names it ("linear map")
+    missing: str = ""  # one line saying that none was found and how to make one
 
     @property
     def flag(self) -> str:
@@ -71,6 +76,21 @@ class Option:
         """Its value in a run's options (its default where they do not hold it)."""
         value = options.get(self.name)
         return self.default if value is None else value
+
+
+@dataclass(frozen=True)
+class Offering:
+    """What a way of sharing is offered with beside a MoT checkpoint in the app: the checkpoint, its MoT, and the
+    checkpoint folders on offer, where each method finds its own artifact (Option.find, Method.not_offered)."""
+
+    checkpoint: str  # the MoT checkpoint's folder
+    mot: MoT
+    folders: tuple[str, ...]  # the MoT checkpoint folders on offer (shipped, fitted here)
+    pretrained: Path  # where trained networks of the other ways ship
+
+    def pair(self) -> dict:
+        """The MoT's pair as a checkpoint's config holds it (source and target specs)."""
+        return {"source": self.mot.source.to_json(), "target": self.mot.target.to_json()}
 
 
 @dataclass(frozen=True)
@@ -170,6 +190,11 @@ class Method:
     def load(self, loading: Loading) -> object | None:
         """What it needs beside the MoT's translation, loaded once per run (a checkpoint, a calibration, the mean
         native window); None by default (nothing)."""
+        return None
+
+    def not_offered(self, offering: Offering) -> str | None:
+        """Why this method cannot be offered beside the checkpoint at all (a pair it does not fit; the checkpoint is
+        itself the artifact), in one line; None where it can (its options' `find` then look for what it reads)."""
         return None
 
     def record(self, artifact) -> dict:

@@ -18,7 +18,7 @@ from ..engine.mot import MoT
 from ..errors import CheckpointError, ConfigError
 from ..train.rival_checkpoint import TrainedCheckpoint, load_trained, read_trained_config
 from .checkpoints import same_pair
-from .method import (FP16_BYTES, Built, Inputs, Loading, Method, Option, Request, layers_bytes,
+from .method import (FP16_BYTES, Built, Inputs, Loading, Method, Offering, Option, Request, layers_bytes,
                      translation_stages)
 
 
@@ -48,6 +48,19 @@ def shipped_beside(method: str) -> Callable[[str], str | None]:
         return None if found is None else str(Path(checkpoint).parent / found.name)
 
     return find
+
+
+def trained_option(method: str, name: str, help: str) -> Option:
+    """The option naming a trained way's network: by default the one shipped for the pair beside --checkpoint
+    (Option.beside); in the app the one in pretrained/ for the pair (Option.find)."""
+
+    def find(offering: Offering) -> str | None:
+        found = trained_in(offering.pretrained, method, offering.pair())
+        return None if found is None else str(found)
+
+    return Option(name, str, None, help, beside=shipped_beside(method), find=find, what=f"{method} network",
+                  missing=f"no {method} network for this pair in pretrained/ (python -m mot_viz.train.rival --method "
+                          f"{method} trains one).")
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,7 @@ def test_a_broken_direct_map_in_pretrained_leaves_out_that_method_only(pretraine
     captions = [shown(c.value) for c in at.caption]
     note = next(c for c in captions if c.startswith(f"**{method_labels()['direct']}** is not offered"))
     assert "the full-depth map smollm2-to-gemma3-direct does not load (CheckpointError: " in note
-    assert note.endswith("Fix or remove that folder; the other methods are shown.")
+    assert note.endswith("Fix or remove it; the other methods are shown.")
 
 
 def test_a_broken_linear_map_in_pretrained_leaves_out_that_method_only(pretrained_copy, monkeypatch):
@@ -113,4 +113,4 @@ def test_a_broken_linear_map_in_pretrained_leaves_out_that_method_only(pretraine
     captions = [shown(c.value) for c in at.caption]
     note = next(c for c in captions if c.startswith(f"**{method_labels()['linear']}** is not offered"))
     assert "the linear map smollm2-to-gemma3-linear does not load (CheckpointError: " in note
-    assert note.endswith("Fix or remove that folder; the other methods are shown.")
+    assert note.endswith("Fix or remove it; the other methods are shown.")

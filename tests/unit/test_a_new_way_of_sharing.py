@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -152,18 +153,41 @@ def test_its_flag_is_refused_where_it_is_not_asked_and_its_check_runs_before_any
         registry.register(SCALED)
 
 
-def test_the_methods_page_shows_it_beside_the_others(scaled, pages_env):
-    registry.unregister(SCALED.name)  # the page offers it with its file as its option's default
-    offered = ScaledWindow(SCALED.name, SCALED.label, (Option(SCALED_FILE.name, str, str(scaled), SCALED_FILE.help),),
-                           SCALED.loads, records=SCALED.records, patchable=True, one_reader=True, short=SCALED.short)
-    registry.register(offered)
+def offered_with(finder) -> Method:
+    """The way registered again with its option's own finder for the app (Option.find), which finds its file."""
+    registry.unregister(SCALED.name)
+    option = replace(SCALED_FILE, find=finder, what="factor file",
+                     missing="no factor file for this pair (write one beside the checkpoint)")
+    way = ScaledWindow(SCALED.name, SCALED.label, (option,), SCALED.loads, records=SCALED.records, patchable=True,
+                       one_reader=True, short=SCALED.short)
+    registry.register(way)
+    return way
+
+
+def methods_page() -> AppTest:
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
     at.run()
     at.switch_page("views/12_methods.py").run()
     assert not at.exception and not at.error, [e.value for e in at.error]
+    return at
+
+
+def test_the_methods_page_finds_its_artifact_and_shows_it_beside_the_others(scaled, pages_env):
+    found = []
+    offered_with(lambda offering: found.append(offering) or str(scaled))
+    at = methods_page()
+    assert found and found[0].checkpoint == at.session_state["applied"].checkpoint  # asked with the app's checkpoint
     answers = at.dataframe[0].value.set_index("method")
     assert SCALED.short in answers.index
     mot = method_labels()["mot"]
     assert answers.loc[SCALED.short, "answer"] == answers.loc[mot, "answer"]  # a factor of 1: the MoT's cache
     sizes = at.dataframe[1].value.set_index("method")
     assert sizes.loc[SCALED.short, "bytes"] == sizes.loc[mot, "bytes"]
+
+
+def test_the_methods_page_says_why_it_is_not_offered_where_nothing_is_found(scaled, pages_env):
+    offered_with(lambda offering: None)
+    at = methods_page()
+    assert SCALED.short not in at.dataframe[0].value["method"].tolist()
+    assert any(f"**{SCALED.short}** is not offered: no factor file for this pair" in c.value.replace("\\", "")
+               for c in at.caption)
