@@ -100,7 +100,7 @@ def _download(run) -> None:
                                                                           key="lesson.prepare"):
         bar = st.progress(0.0)
         document = lesson_document(
-            run, view_address(__file__), app.python_code(run.selection),
+            run, view_address(__file__, app.link_params()), app.python_code(run.selection),
             lambda i, title: bar.progress(i / len(STEPS), text=f"Step {i + 1}: {title} …"))
         bar.empty()
         st.session_state["lesson.file"] = (key, document.encode("utf-8"))

@@ -106,8 +106,7 @@ def run_page(body: Callable[[], None], view_download: bool = True) -> None:
         _IN_PAGE_RUN.reset(token)
     if drop_linked_page_options(failed=False):  # a widget replaced a linked value it does not offer
         st.rerun()
-    sync_link()  # with the page options this run gave their first values
-    view.drawn(view_address(page_file))
+    view.drawn(view_address(page_file, sync_link()))  # with the page options this run gave their first values
     st.session_state.pop(LINK_NOTES, None)  # shown in this completed run
 
 
@@ -132,9 +131,9 @@ def fragment(body: Callable[..., None]) -> Callable[..., None]:
         finally:
             DRAWING.reset(token)
         if not in_page_run:  # a page run writes the URL once it completes
-            sync_link()
+            params = sync_link()
             if view is not None:
-                view.drawn(view_address(view.page_file))
+                view.drawn(view_address(view.page_file, params))
 
     return part
 

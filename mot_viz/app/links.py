@@ -232,11 +232,11 @@ def sync_link() -> dict[str, str]:
     return params
 
 
-def view_address(page_file: str) -> str:
-    """This view's address: the app's scheme, host and port as the browser reached it (localhost:8501 where it did
-    not say), the page's path and the view's query."""
+def view_address(page_file: str, params: dict[str, str]) -> str:
+    """A view's address: the app's scheme, host and port as the browser reached it (localhost:8501 where it did not
+    say), the page's path and the view's query parameters (link_params)."""
     parts = urlsplit(st.context.url or "http://localhost:8501/")
-    return f"{parts.scheme}://{parts.netloc}/{page_path(page_file)}" + query_string(link_params())
+    return f"{parts.scheme}://{parts.netloc}/{page_path(page_file)}" + query_string(params)
 
 
 def _write_link(params: dict[str, str]) -> None:
