@@ -212,8 +212,9 @@ STEPS = (
          tries={"pg.patch.method": TRANSLATED}),
     Step("The other ways of sharing", "12_methods.py",
          lambda run: ("The same context handed over in the field's other ways: the target's own reading, no "
-                      "context, and those this pair offers (a linear or full-depth map, KVComm). The bars split each "
-                      "method's time to the first answer token into its stages."),
+                      "context, and those this pair offers (a linear or full-depth map, KVComm, the C2C, LSC and "
+                      "Interlat networks trained here). The bars split each method's time to the first answer token "
+                      "into its stages."),
          "On Methods, tick “Include the text relay”: the source writes a message instead of handing over a cache.",
          _methods, wait="Building every method's cache and answering from it (a first visit: tens of seconds) …",
          tries={"pg.methods.relay": True}),
