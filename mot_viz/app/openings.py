@@ -20,16 +20,16 @@ DEFAULT_DATASET, DEFAULT_EXAMPLE = "squad", 12
 WHY_DEFAULT_EXAMPLE = (
     "The app opens on SQuAD #12 because one example there shows the method's point: on this pair and checkpoint the "
     "target answers “Kromme Rijn” from its own cache and from the MoT's, and “The Rhine” with no context and from "
-    "the random control (the native window plus random noise as large as the translation's error). One example proves nothing: over 300 "
-    "SQuAD examples the MoT's F1 is 0.360 against the target's own 0.357 and no context's 0.077 "
-    "(results/eval/smollm2-to-gemma3-mid-squad300).")
+    "the random control (the native window plus random noise as large as the translation's error). One example "
+    "proves nothing: over 300 SQuAD examples the MoT's F1 is 0.360 against the target's own 0.357 and no context's "
+    "0.077 (results/eval/smollm2-to-gemma3-mid-squad300).")
 # the Long context page's first document: SQuAD #12's passage among distractors
 DEFAULT_LONG_DOCUMENT = 12
 WHY_DEFAULT_LONG_DOCUMENT = (
     "Opens on stack #12 (SQuAD #12's passage among distractor passages): at 512, 1,024 and 2,048 tokens the MoT "
     "answers “Kromme Rijn”, while no context and the mean-vector window answer with the Rhine "
-    "(results/long/smollm2-to-gemma3-mid-stacks). Over all 51 stacks the MoT keeps 72–91% of the target's own F1 "
-    "from 512 to 4,096 tokens; at 4,096 it misses this one too.")
+    "(results/long/smollm2-to-gemma3-mid-stacks). Over the 51 stacks of each length the MoT keeps 72–91% of the "
+    "target's own F1 from 512 to 4,096 tokens; at 4,096 it misses this one too.")
 # the Multi-agent page's first conversation
 DEFAULT_CONVERSATION = 1
 WHY_DEFAULT_CONVERSATION = (
