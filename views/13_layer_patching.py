@@ -16,6 +16,7 @@ from mot_viz.sharing.registry import TRANSLATED
 
 CONTEXTS = {"sidebar": "the sidebar's context", "long": "the Long context page's document"}
 
+
 def main() -> None:
     st.title("Layer patching")
     app.explain(

@@ -33,8 +33,8 @@ from .state import Run, Selection
 
 # the Long context page's document options (its pg.long.* widgets) and their first values there
 LONG_SOURCES = ("stacks", "qasper", "yours")
-LONG_DEFAULTS = {"pg.long.source": "stacks", "pg.long.budget": BUDGETS[0], "pg.long.doc": DEFAULT_LONG_DOCUMENT, "pg.long.text": "",
-                 "pg.long.question": "", "pg.long.gold": ""}
+LONG_DEFAULTS = {"pg.long.source": "stacks", "pg.long.budget": BUDGETS[0], "pg.long.doc": DEFAULT_LONG_DOCUMENT,
+                 "pg.long.text": "", "pg.long.question": "", "pg.long.gold": ""}
 
 
 def long_selection(run: Run) -> Selection:

@@ -21,9 +21,9 @@ import hashlib
 import json
 import math
 import re
-from pathlib import Path
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import quote_plus, urlencode
 
 MAX_TEXT_IN_LINK = 1000  # longer free text is linked by its sha256 prefix (URLs stay short enough to paste)
@@ -229,6 +229,7 @@ def example_link(view) -> str | None:
 def page_path(page_file: str) -> str:
     """A page's path in the app's address, as the navigation names it: its file's stem less its leading number."""
     return re.sub(r"^[0-9]+_", "", Path(page_file).stem)
+
 
 def _short(value: str, limit: int = 60) -> str:
     return repr(value if len(value) <= limit else value[:limit] + "…")

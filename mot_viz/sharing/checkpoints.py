@@ -28,14 +28,15 @@ def same_pair(config: dict, other: dict) -> bool:
     return all(other[k].get("fingerprint") == config[k].get("fingerprint") for k in ("source", "target"))
 
 
-def first_offered(folders, accept: Callable[[dict], bool], skip: str | None = None) -> str | None:
-    """The first checkpoint folder of `folders` (other than `skip`) whose config.json `accept` takes; one that does not
-    read is passed over (the app offers the others)."""
+def first_offered(folders, accept: Callable[[dict], bool], skip: str | None = None,
+                  read: Callable[[str], dict] = read_config):
+    """The first checkpoint folder of `folders` (other than `skip`) whose config.json (as `read` reads it: a MoT
+    checkpoint's by default) `accept` takes; one that does not read is passed over (the app offers the others)."""
     for folder in folders:
         if folder == skip:
             continue
         try:
-            config = read_config(folder)
+            config = read(folder)
         except MotVizError:
             continue
         if accept(config):

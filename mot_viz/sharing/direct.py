@@ -11,6 +11,7 @@ from .checkpoints import checked_config, first_offered, full_depth, same_pair
 from .method import (Built, Inputs, Loading, Method, Offering, Option, Request, layers_bytes,
                      target_stages_seconds, translated_seconds)
 
+
 def find_direct(offering: Offering) -> str | None:
     """A full-depth map without replay on offer for the MoT's pair."""
     pair = offering.pair()

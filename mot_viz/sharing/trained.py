@@ -17,7 +17,7 @@ from ..engine.models import ModelSpec
 from ..engine.mot import MoT
 from ..errors import CheckpointError, ConfigError
 from ..train.rival_checkpoint import TrainedCheckpoint, load_trained, read_trained_config
-from .checkpoints import same_pair
+from .checkpoints import first_offered, same_pair
 from .method import (FP16_BYTES, Built, Inputs, Loading, Method, Offering, Option, Request, layers_bytes,
                      translation_stages)
 
@@ -25,14 +25,9 @@ from .method import (FP16_BYTES, Built, Inputs, Loading, Method, Offering, Optio
 def trained_in(folder: Path, method: str, pair: dict) -> Path | None:
     """The first folder in `folder` that holds `method`'s network for the pair of `pair` (a checkpoint's config.json:
     its source's and target's fingerprints), if any."""
-    for path in sorted(folder.iterdir()) if folder.is_dir() else ():
-        try:
-            config = read_trained_config(path)
-        except CheckpointError:
-            continue
-        if config["method"] == method and same_pair(pair, config):
-            return path
-    return None
+    return first_offered(sorted(folder.iterdir()) if folder.is_dir() else (),
+                         lambda config: config["method"] == method and same_pair(pair, config),
+                         read=read_trained_config)
 
 
 def shipped_beside(method: str) -> Callable[[str], str | None]:
